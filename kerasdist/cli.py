@@ -1,0 +1,102 @@
+"""The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``.
+
+Exit codes: 0 success; 2 bad input (recipe, data, run directory; nothing written, nothing started);
+1 a failure during training; 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Sequence
+
+from kerasdist.errors import KerasdistError
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="path to a YAML recipe (see recipes/)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe field, e.g. --set trainer.epochs=3 (repeatable; "
+                             "VALUE is parsed as YAML; the result is validated again)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kerasdist", description="Distributed training of Keras 3 models from YAML recipes.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    fit = sub.add_parser("fit", help="train, evaluate and save the model a recipe describes")
+    _add_recipe_args(fit)
+    fit.add_argument("--overwrite", action="store_true",
+                     help="discard checkpoints of a different model in output.run_dir")
+    fit.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None,
+                     help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
+
+    validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
+    _add_recipe_args(validate)
+    validate.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+
+    sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
+    return parser
+
+
+def _cmd_validate(args) -> int:
+    from kerasdist.config import dump_recipe, load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    if args.json:
+        print(json.dumps(recipe.model_dump(mode="json"), indent=2))
+    else:
+        print(f"# {args.recipe}: valid recipe (defaults filled in)")
+        print(dump_recipe(recipe), end="")
+    return EXIT_OK
+
+
+def _cmd_schema(args) -> int:
+    from kerasdist.config import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+def _cmd_fit(args) -> int:
+    from kerasdist.config import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from kerasdist.training import fit, summary_text
+
+    result = fit(recipe, overwrite=args.overwrite, verbose=args.verbose)
+    print(summary_text(result))
+    return EXIT_OK
+
+
+COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code (see module docs)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from kerasdist import __version__
+
+        print(f"kerasdist {__version__}")
+        return EXIT_OK
+    if not args.command:
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return COMMANDS[args.command](args)
+    except KerasdistError as err:
+        print(f"kerasdist: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("kerasdist: interrupted; the latest checkpoint is kept, re-run to resume",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -1,0 +1,199 @@
+"""Typed, frozen recipe models (pydantic v2).
+
+A recipe is a YAML mapping with the sections below. Every model forbids unknown keys and is frozen,
+so a validated :class:`Recipe` can be passed around (and pickled to child tasks) without anyone
+changing it. Closed sets are ``Literal`` so that recipes round-trip through YAML and JSON Schema.
+
+Batch sizes: ``data.batch_size`` is the **global** batch size, the number of examples consumed by
+one optimizer step summed over every replica in the cluster. Each replica receives
+``batch_size // num_replicas_in_sync`` examples per step (TF's
+``InputContext.get_per_replica_batch_size``); the global batch size must be divisible by the number
+of replicas, otherwise :func:`kerasdist.training.fit` raises :class:`kerasdist.errors.RecipeError`
+before anything starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kerasdist.errors import RecipeError
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------------------- model
+class ModelConfig(_Frozen):
+    """``model``: which Keras builder to call and with what keyword arguments.
+
+    ``name`` is a registered builder (``mnist_cnn``, ``linear``) or an import path
+    ``package.module:function`` returning an uncompiled ``keras.Model``. ``loss`` and ``metrics``
+    default to the registered builder's own; a custom builder must name its ``loss``.
+    """
+
+    name: str = Field("mnist_cnn", min_length=1, description="Registered builder or 'pkg.mod:fn'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword args of the builder.")
+    loss: str | None = Field(None, description="Keras loss identifier; default: the builder's.")
+    metrics: list[str] | None = Field(None, description="Keras metric names; default: builder's.")
+
+
+# ---------------------------------------------------------------------------------------- data
+DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_linear"]
+AutoShard = Literal["auto", "off", "data", "file"]
+
+
+class DataConfig(_Frozen):
+    """``data``: where examples come from, how they are split, batched and shuffled.
+
+    Splits use TFDS slicing syntax (``test[:80%]``, ``train[10:200]``, ``test[:10%]+test[90%:]``).
+    ``batch_size`` is the global batch size (see module docs). Training batches drop the remainder
+    so that every step consumes exactly ``batch_size`` examples.
+    """
+
+    source: DataSource = "embedded"
+    path: Path | None = Field(None, description="Folder (idx, tfrecord) or file (npz).")
+    name: str = Field("mnist", description="TFDS dataset name (source 'tfds').")
+    data_dir: Path | None = Field(None, description="TFDS data_dir (source 'tfds').")
+    train_split: str = "test[:80%]"
+    eval_split: str | None = "test[80%:]"
+    batch_size: int = Field(128, gt=0, description="Global batch size, examples per step.")
+    shuffle_buffer: int = Field(10_000, ge=0, description="0 disables shuffling.")
+    shuffle_seed: int = 42
+    normalize: bool = Field(True, description="Scale uint8 images to float32 in [0, 1].")
+    prefetch: int = Field(-1, ge=-1, description="Batches to prefetch; -1 = tf.data.AUTOTUNE.")
+    num_examples: int = Field(1000, gt=0, description="synthetic_linear: examples generated.")
+    noise_std: float = Field(0.33, ge=0, description="synthetic_linear: std of N(0, s^2).")
+    auto_shard: AutoShard = Field(
+        "auto",
+        description="Multi-worker sharding: auto = by data for in-memory sources, by file for "
+        "tfrecord; off = every worker reads everything (seeded differently).",
+    )
+
+    @model_validator(mode="after")
+    def _check_path(self) -> DataConfig:
+        needs_path = self.source in ("idx", "npz", "tfrecord")
+        if needs_path and self.path is None:
+            raise ValueError(f"data.path is required for source '{self.source}'. Received: path=None")
+        if needs_path and not self.path.exists():
+            raise ValueError(f"data.path does not exist. Received: path='{self.path}'")
+        return self
+
+
+# ----------------------------------------------------------------------------------- optimizer
+class OptimizerConfig(_Frozen):
+    """``optimizer``: a Keras 3 optimizer by name. ``momentum``/``nesterov`` apply to SGD and RMSprop.
+
+    ``scale_lr_by_replicas`` applies the linear scaling rule (Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD"): the learning rate is multiplied by the number of replicas in sync.
+    """
+
+    name: Literal["adam", "sgd", "rmsprop", "adamw"] = "adam"
+    learning_rate: float = Field(1e-3, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    nesterov: bool = False
+    scale_lr_by_replicas: bool = False
+
+
+# ------------------------------------------------------------------------------------ strategy
+class DefaultStrategyConfig(_Frozen):
+    """One device (``tf.distribute.get_strategy()``'s default, or the device named)."""
+
+    kind: Literal["default"] = "default"
+    device: str | None = Field(None, description="e.g. '/cpu:0' or '/gpu:0'; None = TF's choice.")
+
+
+class MirroredStrategyConfig(_Frozen):
+    """Synchronous in-graph replication over the devices of one host (``MirroredStrategy``).
+
+    With ``logical_cpus: N`` the host CPU is split into N logical devices and one replica runs on
+    each, which is how the seed's multi-GPU tower training is exercised on a CPU-only machine.
+    """
+
+    kind: Literal["mirrored"] = "mirrored"
+    devices: list[str] | None = Field(None, description="Devices; None = all GPUs, else the CPU.")
+    logical_cpus: int | None = Field(None, ge=1, description="Split the CPU into N devices.")
+    cross_device_ops: Literal["auto", "reduce_to_one", "nccl", "hierarchical_copy"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_of(self) -> MirroredStrategyConfig:
+        if self.devices and self.logical_cpus:
+            raise ValueError(
+                "strategy: give either 'devices' or 'logical_cpus', not both. "
+                f"Received: devices={self.devices}, logical_cpus={self.logical_cpus}"
+            )
+        return self
+
+
+StrategyConfig = Annotated[
+    Union[DefaultStrategyConfig, MirroredStrategyConfig],
+    Field(discriminator="kind"),
+]
+
+
+# ------------------------------------------------------------------------------------- cluster
+class ClusterConfig(_Frozen):
+    """``cluster``: where the tasks of the strategy run.
+
+    ``this_process``: the current process is the whole job (default, mirrored). ``local`` and
+    ``tf_config`` place worker/ps tasks in local subprocesses or on machines named by ``TF_CONFIG``;
+    they are used by the multi-worker and parameter-server strategies.
+    """
+
+    kind: Literal["this_process"] = "this_process"
+
+
+# ------------------------------------------------------------------------------------- trainer
+class CheckpointConfig(_Frozen):
+    """Checkpoints of model + optimizer + progress, written with ``tf.train.CheckpointManager``."""
+
+    enabled: bool = True
+    max_to_keep: int = Field(3, ge=1)
+
+
+class TrainerConfig(_Frozen):
+    """``trainer``: epochs, steps and seeds. A step is one optimizer update on one global batch."""
+
+    epochs: int = Field(5, ge=1)
+    steps_per_epoch: int | None = Field(None, gt=0, description="None = one pass over the split.")
+    validation: bool = True
+    validation_steps: int | None = Field(None, gt=0)
+    seed: int = Field(42, description="keras.utils.set_random_seed (weights, dropout).")
+    deterministic: bool = Field(False, description="tf.config.experimental.enable_op_determinism")
+    verbose: Literal["auto", 0, 1, 2] = "auto"
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+class OutputConfig(_Frozen):
+    """``output``: the run directory and what goes into it."""
+
+    run_dir: Path = Path("runs/default")
+    tensorboard: bool = True
+    save_model: bool = True
+
+
+# -------------------------------------------------------------------------------------- recipe
+class Recipe(_Frozen):
+    """A whole training recipe. See the README's recipe reference for every field."""
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    strategy: StrategyConfig = DefaultStrategyConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    output: OutputConfig = OutputConfig()
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: ModelConfig) -> ModelConfig:
+        from kerasdist.models import registry
+
+        try:
+            registry.check(value)
+        except RecipeError as err:
+            raise ValueError(str(err)) from None
+        return value

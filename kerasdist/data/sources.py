@@ -1,0 +1,216 @@
+"""Data sources: each returns a split as in-memory NumPy arrays ``(x, y)``.
+
+Supported sources (``data.source``):
+
+* ``embedded``: the real MNIST test set (10,000 digits, IDX files) shipped inside the package, so the
+  quickstart runs with no network. Only the split ``test`` exists. Provenance: ``sample/README.md``.
+* ``tfds``: ``tensorflow_datasets.load(name, split=..., data_dir=...)`` (downloads when online).
+* ``idx``: a folder of the original MNIST IDX files (``train-images-idx3-ubyte[.gz]``, ...).
+* ``npz``: a Keras ``mnist.npz`` file (``x_train, y_train, x_test, y_test``).
+* ``tfrecord``: a folder of ``<split>*.tfrecord*`` files in the seed's schema: ``image_raw`` (bytes,
+  raw uint8 28x28) and ``label`` (int64). :func:`write_tfrecord` writes that schema.
+* ``synthetic_linear``: the seed-001 regression ``y = 2 x + 10 + N(0, noise_std^2)``, ``x ~ N(0, 1)``,
+  seeded by ``data.shuffle_seed`` and the split name.
+
+Images are ``uint8`` of shape ``(N, 28, 28)``; labels ``int64`` of shape ``(N,)``. The linear source
+gives ``float32`` ``x`` and ``y`` of shape ``(N, 1)``. Split strings use TFDS slicing
+(``test[:80%]``); they are resolved with ``tfds.core.ReadInstruction``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import types
+import zlib
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from kerasdist.errors import DataError
+
+MNIST_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+LINEAR_W, LINEAR_B = 2.0, 10.0  # seed 001: y = 2x + 10
+
+
+def embedded_dir() -> Path:
+    """Folder of the embedded MNIST sample inside the installed package."""
+    return Path(str(resources.files("kerasdist.data") / "sample"))
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Parse an IDX file (gzipped or not) into a NumPy array of its declared shape and dtype.
+
+    Raises:
+        DataError: the file is not IDX (wrong magic) or truncated.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, EOFError, zlib.error) as err:
+        raise DataError(f"cannot read IDX file '{path}': {err}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise DataError(f"'{path}' is not an IDX file of uint8 (bad magic). Received: {raw[:4]!r}")
+    ndim = raw[3]
+    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    offset = 4 + 4 * ndim
+    expected = int(np.prod(dims))
+    if len(raw) - offset != expected:
+        raise DataError(f"IDX file '{path}' is truncated: header says {expected} bytes of data, "
+                        f"found {len(raw) - offset}")
+    return np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(dims)
+
+
+def _find(folder: Path, stem: str) -> Path:
+    for name in (stem, stem + ".gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise DataError(f"data.path: '{folder}' has no '{stem}' or '{stem}.gz'")
+
+
+def load_idx_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST IDX ``split`` ('train' or 'test') from ``folder``."""
+    if split not in MNIST_IDX_FILES:
+        raise DataError(f"split '{split}' is not an MNIST IDX split; available: train, test")
+    images_stem, labels_stem = MNIST_IDX_FILES[split]
+    x = read_idx(_find(folder, images_stem))
+    y = read_idx(_find(folder, labels_stem)).astype(np.int64)
+    if len(x) != len(y):
+        raise DataError(f"'{folder}': {len(x)} images but {len(y)} labels for split '{split}'")
+    return x, y
+
+
+def load_npz_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Split from a Keras ``mnist.npz`` (keys ``x_<split>``, ``y_<split>``)."""
+    try:
+        with np.load(path) as archive:
+            keys = set(archive.files)
+            if f"x_{split}" not in keys or f"y_{split}" not in keys:
+                raise DataError(f"data.path: '{path}' has no x_{split}/y_{split} arrays "
+                                f"(found: {', '.join(sorted(keys))})")
+            return archive[f"x_{split}"], archive[f"y_{split}"].astype(np.int64)
+    except (OSError, ValueError) as err:
+        raise DataError(f"data.path: cannot read npz file '{path}': {err}") from None
+
+
+def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Split from ``<folder>/<split>*.tfrecord*`` in the seed schema (``image_raw``, ``label``)."""
+    import tensorflow as tf
+
+    files = sorted(str(p) for p in folder.glob(f"{split}*.tfrecord*"))
+    if not files:
+        raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
+    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+    images, labels = [], []
+    try:
+        for record in tf.data.TFRecordDataset(files).batch(4096):
+            parsed = tf.io.parse_example(record, spec)
+            images.append(tf.io.decode_raw(parsed["image_raw"], tf.uint8).numpy())
+            labels.append(parsed["label"].numpy())
+    except tf.errors.OpError as err:
+        raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
+    x = np.concatenate(images)
+    side = int(round(np.sqrt(x.shape[1])))
+    return x.reshape(-1, side, side), np.concatenate(labels).astype(np.int64)
+
+
+def write_tfrecord(x: np.ndarray, y: np.ndarray, path: str | Path) -> Path:
+    """Write uint8 images ``(N, H, W)`` and int labels ``(N,)`` in the seed TFRecord schema."""
+    import tensorflow as tf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for image, label in zip(np.asarray(x, np.uint8), np.asarray(y)):
+            feature = {
+                "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
+                "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
+            }
+            writer.write(tf.train.Example(features=tf.train.Features(feature=feature))
+                         .SerializeToString())
+    return path
+
+
+def synthetic_linear(split: str, *, num_examples: int, noise_std: float, seed: int):
+    """The seed-001 data: ``x ~ N(0,1)``, ``y = 2x + 10 + N(0, noise_std^2)``; float32 (N, 1)."""
+    rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
+    x = rng.standard_normal((num_examples, 1)).astype(np.float32)
+    y = (LINEAR_W * x + LINEAR_B + rng.standard_normal((num_examples, 1)) * noise_std)
+    return x, y.astype(np.float32)
+
+
+def _full_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
+    source = config.source
+    if source == "embedded":
+        if split != "test":
+            raise DataError(f"the embedded sample holds only the MNIST 'test' split (10,000 real "
+                            f"digits); use e.g. 'test[:80%]'. Received: split '{split}'")
+        return load_idx_split(embedded_dir(), "test")
+    if source == "idx":
+        return load_idx_split(Path(config.path), split)
+    if source == "npz":
+        return load_npz_split(Path(config.path), split)
+    if source == "tfrecord":
+        return load_tfrecord_split(Path(config.path), split)
+    if source == "synthetic_linear":
+        return synthetic_linear(split, num_examples=config.num_examples,
+                                noise_std=config.noise_std, seed=config.shuffle_seed)
+    raise DataError(f"data.source: unknown source '{source}'")
+
+
+def _load_tfds(config, split: str) -> tuple[np.ndarray, np.ndarray]:
+    import tensorflow_datasets as tfds
+
+    try:
+        ds = tfds.load(config.name, split=split, as_supervised=True, batch_size=-1,
+                       data_dir=str(config.data_dir) if config.data_dir else None)
+    except Exception as err:  # TFDS raises many types (network, registration, split errors)
+        raise DataError(f"data.source 'tfds': cannot load '{config.name}' split '{split}': {err}. "
+                        "Offline? Use data.source: embedded.") from None
+    x, y = tfds.as_numpy(ds)
+    if x.ndim == 4 and x.shape[-1] == 1:
+        x = x[..., 0]
+    return x, y.astype(np.int64)
+
+
+def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Load ``split`` (TFDS slicing syntax) of the source described by a ``DataConfig``.
+
+    Returns:
+        ``(x, y)`` NumPy arrays; see the module docs for shapes and dtypes.
+
+    Raises:
+        DataError: missing files, unknown split name or an out-of-range slice.
+    """
+    if config.source == "tfds":
+        return _load_tfds(config, split)
+    import tensorflow_datasets as tfds
+
+    try:
+        instruction = tfds.core.ReadInstruction.from_spec(split)
+    except (ValueError, AssertionError) as err:
+        raise DataError(f"bad split string {split!r}: {err}") from None
+    parts = []
+    cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name in {re.match(r"\s*([\w-]+)", part).group(1) for part in split.split("+")}:
+        cache[name] = _full_split(config, name)
+    infos = {name: types.SimpleNamespace(num_examples=len(arr[0]), shard_lengths=[len(arr[0])])
+             for name, arr in cache.items()}
+    try:
+        absolute = instruction.to_absolute(infos)
+    except (ValueError, AssertionError) as err:
+        raise DataError(f"split {split!r}: {err}") from None
+    for part in absolute:
+        x, y = cache[part.splitname]
+        parts.append((x[part.from_:part.to], y[part.from_:part.to]))
+    x = np.concatenate([p[0] for p in parts])
+    y = np.concatenate([p[1] for p in parts])
+    if len(x) == 0:
+        raise DataError(f"split {split!r} selects no examples")
+    return x, y

@@ -1,0 +1,116 @@
+"""Registry of model builders: name -> builder plus the loss and metrics it trains with.
+
+A builder is a function of keyword arguments returning an *uncompiled* ``keras.Model``. Recipes name
+a registered builder (``model.name: mnist_cnn``) or any importable one (``my_pkg.models:build``).
+Lookup and argument checking never import TensorFlow, so ``kerasdist validate`` stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kerasdist.errors import RecipeError
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A registered builder with its default loss and metrics (Keras identifiers)."""
+
+    build: Callable[..., Any]
+    loss: str
+    metrics: tuple[str, ...] = field(default_factory=tuple)
+    task: str = "classification"
+
+
+_REGISTRY: dict[str, ModelSpec] = {}
+
+
+def register(name: str, *, loss: str, metrics: tuple[str, ...] = (), task: str = "classification"):
+    """Decorator registering ``fn`` as builder ``name``."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _REGISTRY[name] = ModelSpec(build=fn, loss=loss, metrics=tuple(metrics), task=task)
+        return fn
+
+    return wrap
+
+
+def available() -> list[str]:
+    """Names of the registered builders, sorted."""
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def _load_builtin() -> None:
+    importlib.import_module("kerasdist.models.seed")
+
+
+def resolve(name: str, loss: str | None = None, metrics: list[str] | None = None) -> ModelSpec:
+    """Return the :class:`ModelSpec` for ``name`` (registered name or ``module:function``).
+
+    Raises:
+        RecipeError: unknown name, unimportable path, or a custom builder without ``loss``.
+    """
+    _load_builtin()
+    if name in _REGISTRY:
+        spec = _REGISTRY[name]
+    elif ":" in name:
+        spec = ModelSpec(build=_import_builder(name), loss=loss or "", metrics=())
+        if not loss:
+            raise RecipeError(
+                f"model.loss is required for the custom builder '{name}'. Received: loss=None"
+            )
+    else:
+        raise RecipeError(
+            f"model.name: unknown model '{name}'. Available: {', '.join(available())}, "
+            "or an import path 'package.module:function'."
+        )
+    return ModelSpec(
+        build=spec.build,
+        loss=loss or spec.loss,
+        metrics=tuple(metrics) if metrics is not None else spec.metrics,
+        task=spec.task,
+    )
+
+
+def _import_builder(path: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise RecipeError(f"model.name: cannot import module '{module_name}' ({err}). "
+                          f"Received: name='{path}'") from None
+    builder = getattr(module, attr, None)
+    if not callable(builder):
+        raise RecipeError(f"model.name: '{module_name}' has no callable '{attr}'. "
+                          f"Received: name='{path}'")
+    return builder
+
+
+def check(config: Any) -> ModelSpec:
+    """Validate a :class:`~kerasdist.config.ModelConfig`: name resolves and params fit the builder.
+
+    Raises:
+        RecipeError: naming ``model.name`` or ``model.params.<key>``.
+    """
+    spec = resolve(config.name, config.loss, config.metrics)
+    sig = inspect.signature(spec.build)
+    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    if not takes_kwargs:
+        for key in config.params:
+            if key not in sig.parameters:
+                raise RecipeError(
+                    f"model.params.{key}: not a parameter of model '{config.name}' "
+                    f"(accepted: {', '.join(sig.parameters) or 'none'}). Received: {key}="
+                    f"{config.params[key]!r}"
+                )
+    return spec
+
+
+def build(config: Any):
+    """Build the uncompiled ``keras.Model`` described by a ``ModelConfig``."""
+    spec = check(config)
+    return spec.build(**config.params)
