@@ -12,6 +12,7 @@ import gzip
 import os
 import struct
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +138,24 @@ def make_server(tf, args):
         config=session_config(tf, threads=args.threads),
     )
     return cluster, server, ps_hosts, worker_hosts
+
+
+def wait_for_chief(tf, server, config, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
+    """Non-chief: poll until the chief has initialised the shared variables.
+
+    MonitoredTrainingSession's worker session creator checks readiness and then
+    sleeps 30 s (not configurable there) between checks; polling here first
+    lets a worker join as soon as the chief is ready, like the seed's
+    Supervisor(recovery_wait_secs=1).
+    """
+    v1 = tf.compat.v1
+    not_ready = v1.report_uninitialized_variables(v1.global_variables())
+    deadline = time.time() + timeout_s
+    with v1.Session(server.target, config=config) as sess:
+        while len(sess.run(not_ready)) > 0:
+            if time.time() > deadline:
+                raise TimeoutError(f"chief did not initialise the variables in {timeout_s} s")
+            time.sleep(poll_s)
 
 
 def serve_forever(server, label: str) -> None:

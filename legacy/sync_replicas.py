@@ -38,6 +38,7 @@ from legacy._common import (
     say,
     serve_forever,
     session_config,
+    wait_for_chief,
 )
 
 TRUE_W, TRUE_B, NOISE = 2.0, 10.0, 0.33
@@ -167,24 +168,6 @@ def _read_final(tf, server, g, config):
     """Read W and b back from the ps with a plain session (they live there)."""
     with tf.compat.v1.Session(server.target, config=config) as sess:
         return sess.run([g["w"], g["b"], g["global_step"]])
-
-
-def wait_for_chief(tf, server, config, timeout_s: float = 600.0, poll_s: float = 0.5) -> None:
-    """Non-chief: poll until the chief has initialised the shared variables.
-
-    MonitoredTrainingSession's worker session creator checks readiness and then
-    sleeps 30 s (not configurable there) between checks; polling here first
-    lets a worker join as soon as the chief is ready, like the seed's
-    Supervisor(recovery_wait_secs=1).
-    """
-    v1 = tf.compat.v1
-    not_ready = v1.report_uninitialized_variables(v1.global_variables())
-    deadline = time.time() + timeout_s
-    with v1.Session(server.target, config=config) as sess:
-        while len(sess.run(not_ready)) > 0:
-            if time.time() > deadline:
-                raise TimeoutError(f"chief did not initialise the variables in {timeout_s} s")
-            time.sleep(poll_s)
 
 
 def _monitored_session(tf, args, g, server, is_chief, config, num_workers):
