@@ -14,6 +14,8 @@ from kerasdist.config.schema import (
     DefaultStrategyConfig,
     MirroredStrategyConfig,
     ModelConfig,
+    MultiWorkerStrategyConfig,
+    ParameterServerStrategyConfig,
     OptimizerConfig,
     OutputConfig,
     Recipe,
@@ -22,7 +24,8 @@ from kerasdist.config.schema import (
 
 __all__ = [
     "CheckpointConfig", "ClusterConfig", "DataConfig", "DefaultStrategyConfig",
-    "MirroredStrategyConfig", "ModelConfig", "OptimizerConfig", "OutputConfig", "Recipe",
+    "MirroredStrategyConfig", "ModelConfig", "MultiWorkerStrategyConfig",
+    "ParameterServerStrategyConfig", "OptimizerConfig", "OutputConfig", "Recipe",
     "TrainerConfig", "apply_overrides", "dump_recipe", "json_schema", "load_recipe",
     "validate_recipe",
 ]

@@ -128,8 +128,42 @@ class MirroredStrategyConfig(_Frozen):
         return self
 
 
+class MultiWorkerStrategyConfig(_Frozen):
+    """Synchronous between-graph replication over worker tasks (``MultiWorkerMirroredStrategy``).
+
+    Every worker runs the same program on its own data shard; gradients are all-reduced with
+    collective ops every step. Worker 0 is the chief (writes the outputs).
+    Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
+    """
+
+    kind: Literal["multi_worker"] = "multi_worker"
+    communication: Literal["auto", "ring", "nccl"] = "auto"
+    timeout_s: float = Field(60.0, gt=0, description="Collective-op timeout: a lost peer fails "
+                             "the survivors after this many seconds.")
+
+
+class ParameterServerStrategyConfig(_Frozen):
+    """Asynchronous data parallelism with parameter servers (``ParameterServerStrategy``).
+
+    Variables live on the ``ps`` tasks; a coordinator (the chief, in the launching process)
+    schedules training steps onto workers with ``ClusterCoordinator``; each worker applies its
+    gradients to the ps variables without waiting for the others.
+    Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
+    """
+
+    kind: Literal["parameter_server"] = "parameter_server"
+    variable_partitioning: Literal["none", "min_size", "max_shards"] = Field(
+        "none", description="Shard large variables over the ps tasks "
+        "(tf.distribute.experimental.partitioners)."
+    )
+    min_shard_bytes: int = Field(256 << 10, gt=0, description="min_size: smallest shard, bytes.")
+    max_shards: int | None = Field(None, ge=1, description="max_shards: default = number of ps.")
+    steps_per_execution: int = Field(1, ge=1, description="Steps run by one scheduled function.")
+
+
 StrategyConfig = Annotated[
-    Union[DefaultStrategyConfig, MirroredStrategyConfig],
+    Union[DefaultStrategyConfig, MirroredStrategyConfig, MultiWorkerStrategyConfig,
+          ParameterServerStrategyConfig],
     Field(discriminator="kind"),
 ]
 
@@ -138,12 +172,20 @@ StrategyConfig = Annotated[
 class ClusterConfig(_Frozen):
     """``cluster``: where the tasks of the strategy run.
 
-    ``this_process``: the current process is the whole job (default, mirrored). ``local`` and
-    ``tf_config`` place worker/ps tasks in local subprocesses or on machines named by ``TF_CONFIG``;
-    they are used by the multi-worker and parameter-server strategies.
+    * ``this_process``: the current process is the whole job (strategies default, mirrored).
+    * ``local``: kerasdist starts ``workers`` worker tasks and ``ps`` parameter-server tasks as
+      subprocesses on free localhost ports, each with its own ``TF_CONFIG``.
+    * ``tf_config``: the process takes the role named by the ``TF_CONFIG`` environment variable
+      (or the ``--job-name/--task-index/--ps-hosts/--worker-hosts`` flags): real machines.
     """
 
-    kind: Literal["this_process"] = "this_process"
+    kind: Literal["this_process", "local", "tf_config"] = "this_process"
+    workers: int = Field(1, ge=1, description="local: number of worker tasks.")
+    ps: int = Field(0, ge=0, description="local: number of parameter-server tasks.")
+    max_restarts: int = Field(0, ge=0, description="local, multi_worker: cluster restarts after "
+                              "a task dies (resuming from the last backup).")
+    start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
+    threads_per_task: int = Field(0, ge=0, description="intra-op threads per task; 0 = TF default.")
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -186,6 +228,23 @@ class Recipe(_Frozen):
     cluster: ClusterConfig = ClusterConfig()
     trainer: TrainerConfig = TrainerConfig()
     output: OutputConfig = OutputConfig()
+
+    @model_validator(mode="after")
+    def _cluster_fits_strategy(self) -> Recipe:
+        kind, cluster = self.strategy.kind, self.cluster
+        if kind == "parameter_server" and cluster.kind == "local" and cluster.ps < 1:
+            raise ValueError("cluster.ps must be >= 1 for strategy 'parameter_server'. "
+                             f"Received: ps={cluster.ps}")
+        if kind in ("parameter_server", "multi_worker") and cluster.kind == "this_process":
+            raise ValueError(f"strategy '{kind}' needs cluster.kind 'local' or 'tf_config'. "
+                             "Received: kind='this_process'")
+        if kind in ("default", "mirrored") and cluster.kind != "this_process":
+            raise ValueError(f"strategy '{kind}' runs in one process; cluster.kind must be "
+                             f"'this_process'. Received: kind='{cluster.kind}'")
+        if kind == "multi_worker" and cluster.kind == "local" and cluster.ps:
+            raise ValueError("strategy 'multi_worker' has no parameter servers; cluster.ps must be "
+                             f"0. Received: ps={cluster.ps}")
+        return self
 
     @field_validator("model")
     @classmethod

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-def build(config):
+def build(config, **_):
     """Return ``tf.distribute.get_strategy()``, or ``OneDeviceStrategy(config.device)``.
 
     Raises:

@@ -37,7 +37,7 @@ def split_cpu(n: int) -> list[str]:
     return [d.name for d in logical[:n]]
 
 
-def build(config):
+def build(config, **_):
     """Return a ``MirroredStrategy`` over ``config.devices``, ``config.logical_cpus`` CPUs or TF's
     default device list (all GPUs, else the CPU)."""
     import tensorflow as tf

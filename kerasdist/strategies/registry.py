@@ -1,6 +1,6 @@
 """Registry of strategies, one module each. ``get(kind)`` returns the module's ``build`` function.
 
-Each strategy module defines ``build(strategy_config) -> tf.distribute.Strategy``. Modules are
+Each strategy module defines ``build(strategy_config, **kwargs) -> tf.distribute.Strategy``. Modules are
 imported lazily, so listing or validating strategies never imports TensorFlow.
 """
 
@@ -14,6 +14,8 @@ from kerasdist.errors import RecipeError
 _MODULES: dict[str, str] = {
     "default": "kerasdist.strategies.default",
     "mirrored": "kerasdist.strategies.mirrored",
+    "multi_worker": "kerasdist.strategies.multi_worker",
+    "parameter_server": "kerasdist.strategies.parameter_server",
 }
 
 
@@ -39,6 +41,9 @@ def get(kind: str) -> Callable[[Any], Any]:
     return importlib.import_module(_MODULES[kind]).build
 
 
-def build(strategy_config: Any):
-    """Build the ``tf.distribute.Strategy`` described by a strategy config section."""
-    return get(strategy_config.kind)(strategy_config)
+def build(strategy_config: Any, **kwargs: Any):
+    """Build the ``tf.distribute.Strategy`` described by a strategy config section.
+
+    ``kwargs`` go to the strategy's ``build`` (e.g. ``cluster_resolver=`` for cluster strategies).
+    """
+    return get(strategy_config.kind)(strategy_config, **kwargs)

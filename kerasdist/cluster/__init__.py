@@ -1,0 +1,1 @@
+"""Clusters: TF_CONFIG specs and validation, in-process clusters, the local process launcher."""
