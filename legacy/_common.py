@@ -204,12 +204,14 @@ def hard_exit(code: int = 0) -> None:
 # The MNIST CNN of seeds 000 and 004, on raw v1 variables.
 # ---------------------------------------------------------------------------
 
-def cnn_logits(tf, images, keep_prob, variable_device=None):
+def cnn_logits(tf, images, keep_prob, variable_device=None, stddevs=(0.1, 0.1, 0.1, 0.1)):
     """conv5x5x32 -> pool -> conv5x5x64 -> pool -> fc1024 -> dropout -> fc10 logits.
 
     ``images`` is a float [batch, 784] tensor. Variables are made with
     ``get_variable`` so a caller can share them between towers through the
     enclosing variable scope; ``variable_device`` pins them (towers: the CPU).
+    ``stddevs`` are the truncated-normal widths of conv1, conv2, fc1, logits
+    weights (seed 000 uses 0.1 everywhere; seed 004 uses 0.05, 0.05, 0.04, 0.04).
     """
     v1 = tf.compat.v1
 
@@ -219,24 +221,24 @@ def cnn_logits(tf, images, keep_prob, variable_device=None):
         with tf.device(variable_device):
             return v1.get_variable(name, shape, initializer=init, dtype=tf.float32)
 
-    def weights(name, shape):
-        return var(name, shape, v1.truncated_normal_initializer(stddev=0.1))
+    def weights(name, shape, stddev):
+        return var(name, shape, v1.truncated_normal_initializer(stddev=stddev))
 
     def bias(name, shape):
         return var(name, shape, v1.constant_initializer(0.1))
 
     x = tf.reshape(images, [-1, 28, 28, 1])
     with v1.variable_scope("conv1"):
-        h = tf.nn.relu(tf.nn.conv2d(x, weights("w", [5, 5, 1, 32]), [1, 1, 1, 1], "SAME")
+        h = tf.nn.relu(tf.nn.conv2d(x, weights("w", [5, 5, 1, 32], stddevs[0]), [1, 1, 1, 1], "SAME")
                        + bias("b", [32]))
     h = tf.nn.max_pool2d(h, 2, 2, "SAME")
     with v1.variable_scope("conv2"):
-        h = tf.nn.relu(tf.nn.conv2d(h, weights("w", [5, 5, 32, 64]), [1, 1, 1, 1], "SAME")
+        h = tf.nn.relu(tf.nn.conv2d(h, weights("w", [5, 5, 32, 64], stddevs[1]), [1, 1, 1, 1], "SAME")
                        + bias("b", [64]))
     h = tf.nn.max_pool2d(h, 2, 2, "SAME")
     h = tf.reshape(h, [-1, 7 * 7 * 64])
     with v1.variable_scope("fc1"):
-        h = tf.nn.relu(tf.matmul(h, weights("w", [7 * 7 * 64, 1024])) + bias("b", [1024]))
+        h = tf.nn.relu(tf.matmul(h, weights("w", [7 * 7 * 64, 1024], stddevs[2])) + bias("b", [1024]))
     h = tf.nn.dropout(h, rate=1.0 - keep_prob)
     with v1.variable_scope("logits"):
-        return tf.matmul(h, weights("w", [1024, 10])) + bias("b", [10])
+        return tf.matmul(h, weights("w", [1024, 10], stddevs[3])) + bias("b", [10])

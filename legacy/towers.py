@@ -29,6 +29,7 @@ from legacy._common import cnn_logits, load_mnist, say, session_config
 
 IMAGE_PIXELS = 28 * 28
 TOWER_NAME = "tower"
+SEED004_STDDEVS = (5e-2, 5e-2, 0.04, 0.04)  # the seed's truncated-normal initialisers
 TRAIN_FILE = "train.tfrecords"
 VALIDATION_FILE = "validation.tfrecords"
 
@@ -127,7 +128,7 @@ def tower_loss(tf, scope, filename, batch_size, seed):
     """Loss of one tower on its own batches; variables shared through the variable scope."""
     v1 = tf.compat.v1
     images, labels = queue_inputs(tf, filename, batch_size, seed)
-    logits = cnn_logits(tf, images, 1.0, variable_device="/cpu:0")
+    logits = cnn_logits(tf, images, 1.0, variable_device="/cpu:0", stddevs=SEED004_STDDEVS)
     xent = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=tf.cast(labels, tf.int64), logits=logits), name="cross_entropy")
     v1.add_to_collection("losses", xent)
@@ -180,7 +181,8 @@ def build_eval(tf, validation_file):
         ds = tf.data.TFRecordDataset(validation_file).map(lambda s: decode(tf, s)).batch(500)
         images, labels = v1.data.make_one_shot_iterator(ds).get_next()
         with v1.variable_scope(v1.get_variable_scope(), reuse=True):
-            logits = cnn_logits(tf, images, 1.0, variable_device="/cpu:0")
+            logits = cnn_logits(tf, images, 1.0, variable_device="/cpu:0",
+                                stddevs=SEED004_STDDEVS)
         hits = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32),
                                               labels), tf.int32))
     return hits, tf.size(labels)

@@ -1,0 +1,159 @@
+"""Recipe validation: every bad input names its field and what was received."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kerasdist.config import (
+    Recipe,
+    apply_overrides,
+    dump_recipe,
+    json_schema,
+    load_recipe,
+    validate_recipe,
+)
+from kerasdist.errors import RecipeError
+
+GOOD = """
+model: {name: mnist_cnn, params: {dropout: 0.25}}
+data: {batch_size: 32}
+trainer: {epochs: 2}
+"""
+
+
+def test_good_recipe_fills_defaults(write_recipe):
+    recipe = load_recipe(write_recipe(GOOD))
+    assert recipe.model.params == {"dropout": 0.25}
+    assert recipe.data.batch_size == 32
+    assert recipe.data.source == "embedded"
+    assert recipe.strategy.kind == "default"
+
+
+def test_recipe_is_frozen(write_recipe):
+    recipe = load_recipe(write_recipe(GOOD))
+    with pytest.raises(Exception, match="frozen"):
+        recipe.data.batch_size = 7
+
+
+def test_every_shipped_recipe_validates():
+    from pathlib import Path
+
+    recipes = sorted((Path(__file__).parents[2] / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 2
+    for path in recipes:
+        assert isinstance(load_recipe(path), Recipe)
+
+
+def test_malformed_yaml_reports_file_line_column(write_recipe):
+    path = write_recipe("model:\n  name: [mnist_cnn\ndata: {}\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert f"{path}:3:" in str(err.value) and "malformed YAML" in str(err.value)
+
+
+def test_unknown_key_reports_dotted_path_and_line(write_recipe):
+    path = write_recipe("data:\n  batch_size: 32\n  batchsize: 64\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert "data.batchsize: unknown key" in str(err.value)
+    assert f"{path}:3:3" in str(err.value)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("data: {batch_size: 0}", "data.batch_size"),
+    ("data: {batch_size: -4}", "Received: -4"),
+    ("trainer: {epochs: 0}", "trainer.epochs"),
+    ("optimizer: {learning_rate: 0}", "optimizer.learning_rate"),
+    ("optimizer: {learning_rate: -0.1}", "Received: -0.1"),
+    ("data: {batch_size: many}", "Received: 'many'"),
+    ("trainer: {epochs: [1]}", "trainer.epochs"),
+])
+def test_out_of_range_and_wrong_type(write_recipe, text, needle):
+    with pytest.raises(RecipeError, match="invalid recipe") as err:
+        load_recipe(write_recipe(text))
+    assert needle in str(err.value)
+
+
+def test_unknown_strategy_lists_available(write_recipe):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe("strategy: {kind: horovod}"))
+    message = str(err.value)
+    assert "strategy.kind" in message and "'horovod'" in message
+    assert "'mirrored'" in message and "'parameter_server'" in message
+
+
+def test_unknown_model_lists_available(write_recipe):
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write_recipe("model: {name: resnet}"))
+    assert "unknown model 'resnet'" in str(err.value)
+    assert "mnist_cnn" in str(err.value) and "linear" in str(err.value)
+
+
+def test_unknown_model_param_is_named(write_recipe):
+    with pytest.raises(RecipeError, match=r"model\.params\.dropuot"):
+        load_recipe(write_recipe("model: {name: mnist_cnn, params: {dropuot: 0.5}}"))
+
+
+def test_unknown_data_source(write_recipe):
+    with pytest.raises(RecipeError, match=r"data\.source.*'mnist_csv'"):
+        load_recipe(write_recipe("data: {source: mnist_csv}"))
+
+
+@pytest.mark.parametrize("source", ["idx", "npz", "tfrecord"])
+def test_file_sources_need_an_existing_path(write_recipe, tmp_path, source):
+    with pytest.raises(RecipeError, match="data.path is required"):
+        load_recipe(write_recipe(f"data: {{source: {source}}}"))
+    missing = tmp_path / "nowhere"
+    with pytest.raises(RecipeError, match=f"data.path does not exist.*{missing}"):
+        load_recipe(write_recipe(f"data: {{source: {source}, path: '{missing}'}}"))
+
+
+def test_custom_builder_by_import_path(write_recipe):
+    text = "model: {name: 'kerasdist.models.seed:linear', loss: mse, params: {units: 1}}"
+    assert load_recipe(write_recipe(text)).model.name == "kerasdist.models.seed:linear"
+    with pytest.raises(RecipeError, match="model.loss is required"):
+        load_recipe(write_recipe("model: {name: 'kerasdist.models.seed:linear'}"))
+    with pytest.raises(RecipeError, match="cannot import module 'no_such_pkg.models'"):
+        load_recipe(write_recipe("model: {name: 'no_such_pkg.models:build', loss: mse}"))
+
+
+def test_overrides_apply_and_are_validated(write_recipe):
+    path = write_recipe(GOOD)
+    recipe = load_recipe(path, ["trainer.epochs=3", "data.eval_split=null", "model.params={}"])
+    assert recipe.trainer.epochs == 3 and recipe.data.eval_split is None
+    assert recipe.model.params == {}
+    with pytest.raises(RecipeError, match="trainer.epochs"):
+        load_recipe(path, ["trainer.epochs=0"])
+    with pytest.raises(RecipeError, match="trainer.epohcs: unknown key"):
+        load_recipe(path, ["trainer.epohcs=3"])
+    with pytest.raises(RecipeError, match="KEY=VALUE"):
+        load_recipe(path, ["trainer.epochs"])
+
+
+def test_override_into_scalar_is_refused():
+    with pytest.raises(RecipeError, match="'data.batch_size' is not a section"):
+        apply_overrides({"data": {"batch_size": 3}}, ["data.batch_size.x=1"])
+
+
+def test_cluster_must_fit_strategy():
+    with pytest.raises(RecipeError, match="cluster.ps must be >= 1"):
+        validate_recipe({"strategy": {"kind": "parameter_server"},
+                         "cluster": {"kind": "local", "workers": 2, "ps": 0}})
+    with pytest.raises(RecipeError, match="needs cluster.kind"):
+        validate_recipe({"strategy": {"kind": "multi_worker"}})
+    with pytest.raises(RecipeError, match="logical_cpus"):
+        validate_recipe({"strategy": {"kind": "mirrored", "devices": ["/cpu:0"],
+                                      "logical_cpus": 2}})
+
+
+def test_dump_round_trips_and_schema_lists_sections():
+    recipe = validate_recipe({"trainer": {"epochs": 2}})
+    import yaml
+
+    assert validate_recipe(yaml.safe_load(dump_recipe(recipe))) == recipe
+    schema = json_schema()
+    assert set(schema["properties"]) == {"model", "data", "optimizer", "strategy", "cluster",
+                                         "trainer", "output"}
+    json.dumps(schema)

@@ -1,0 +1,130 @@
+"""Data sources and pipelines: real files in every supported format, splits, bad paths."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+
+import numpy as np
+import pytest
+
+from kerasdist.config import DataConfig
+from kerasdist.data import build_datasets, embedded_dir, load_split, make_dataset_fn, write_tfrecord
+from kerasdist.data.sources import read_idx
+from kerasdist.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_split(DataConfig(), "test")
+
+
+def test_embedded_sample_is_the_real_mnist_test_set(digits):
+    x, y = digits
+    assert x.shape == (10000, 28, 28) and x.dtype == np.uint8
+    assert y.shape == (10000,) and y.dtype == np.int64
+    assert y[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]  # the well-known first test labels
+    assert np.bincount(y).tolist()[:2] == [980, 1135]
+    assert (embedded_dir() / "README.md").read_text().count("CC BY-SA 3.0") == 1
+
+
+def test_tfds_style_splits(digits):
+    config = DataConfig()
+    train_x, _ = load_split(config, "test[:80%]")
+    eval_x, eval_y = load_split(config, "test[80%:]")
+    assert len(train_x) == 8000 and len(eval_x) == 2000
+    np.testing.assert_array_equal(eval_y, digits[1][8000:])
+    both, _ = load_split(config, "test[:10]+test[-10:]")
+    np.testing.assert_array_equal(both, np.concatenate([digits[0][:10], digits[0][-10:]]))
+
+
+@pytest.mark.parametrize("split, needle", [("train", "only the MNIST 'test' split"),
+                                           ("test[:300%]", "bad split string"),
+                                           ("test[5:5]", "selects no examples")])
+def test_bad_splits(split, needle):
+    with pytest.raises(DataError, match=needle):
+        load_split(DataConfig(), split)
+
+
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_folder_gzipped_or_not(tmp_path, digits, gz):
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        src = embedded_dir() / f"{name}.gz"
+        if gz:
+            shutil.copy(src, tmp_path / f"{name}.gz")
+        else:
+            (tmp_path / name).write_bytes(gzip.decompress(src.read_bytes()))
+    x, y = load_split(DataConfig(source="idx", path=tmp_path), "test[:100]")
+    np.testing.assert_array_equal(x, digits[0][:100])
+    np.testing.assert_array_equal(y, digits[1][:100])
+
+
+def test_idx_missing_files_and_corrupt(tmp_path):
+    with pytest.raises(DataError, match="has no 't10k-images-idx3-ubyte'"):
+        load_split(DataConfig(source="idx", path=tmp_path), "test")
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"\x01\x02\x03\x04rest")
+    with pytest.raises(DataError, match="bad magic"):
+        read_idx(bad)
+
+
+def test_npz_keras_layout(tmp_path, digits):
+    path = tmp_path / "mnist.npz"
+    np.savez(path, x_train=digits[0][:50], y_train=digits[1][:50],
+             x_test=digits[0][50:80], y_test=digits[1][50:80])
+    x, y = load_split(DataConfig(source="npz", path=path), "train[10:20]")
+    np.testing.assert_array_equal(y, digits[1][10:20])
+    x, _ = load_split(DataConfig(source="npz", path=path), "test")
+    assert len(x) == 30
+    with pytest.raises(DataError, match="no x_validation"):
+        load_split(DataConfig(source="npz", path=path), "validation")
+
+
+def test_tfrecord_seed_schema_round_trip(tmp_path, digits):
+    write_tfrecord(digits[0][:64], digits[1][:64], tmp_path / "train.tfrecords")
+    x, y = load_split(DataConfig(source="tfrecord", path=tmp_path), "train[:40]")
+    np.testing.assert_array_equal(x, digits[0][:40])
+    np.testing.assert_array_equal(y, digits[1][:40])
+    with pytest.raises(DataError, match="no 'test\\*.tfrecord\\*' files"):
+        load_split(DataConfig(source="tfrecord", path=tmp_path), "test")
+
+
+def test_synthetic_linear_is_seeded_and_follows_the_seed_law():
+    config = DataConfig(source="synthetic_linear", num_examples=5000)
+    x, y = load_split(config, "train")
+    x2, _ = load_split(config, "train")
+    np.testing.assert_array_equal(x, x2)
+    slope, intercept = np.polyfit(x[:, 0], y[:, 0], 1)
+    assert abs(slope - 2) < 0.05 and abs(intercept - 10) < 0.05
+    assert abs(np.std(y[:, 0] - (2 * x[:, 0] + 10)) - 0.33) < 0.02
+    other, _ = load_split(DataConfig(source="synthetic_linear", shuffle_seed=7), "train")
+    assert not np.array_equal(other, x[:1000])
+
+
+def test_dataset_fn_batches_globally_or_per_replica_and_shards(digits):
+    import tensorflow as tf
+
+    x, y = digits[0][:256], digits[1][:256]
+    fn = make_dataset_fn(x, y, global_batch_size=64, training=True, seed=1)
+    images, labels = next(iter(fn()))
+    assert images.shape == (64, 28, 28, 1) and images.dtype == tf.float32
+    assert float(tf.reduce_max(images)) <= 1.0
+    ctx0 = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0,
+                                      num_replicas_in_sync=2)
+    ctx1 = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
+                                      num_replicas_in_sync=2)
+    seen0 = np.concatenate([b[1].numpy() for b in fn(ctx0)])
+    seen1 = np.concatenate([b[1].numpy() for b in fn(ctx1)])
+    assert len(seen0) == len(seen1) == 128  # per-replica batch 32, 4 full batches per shard
+    assert sorted(np.concatenate([seen0, seen1]).tolist()) == sorted(y.tolist())
+
+
+def test_eval_pipeline_keeps_order_and_remainder(digits):
+    fn = make_dataset_fn(digits[0][:100], digits[1][:100], global_batch_size=64, training=False)
+    labels = np.concatenate([b[1].numpy() for b in fn()])
+    np.testing.assert_array_equal(labels, digits[1][:100])
+
+
+def test_train_split_smaller_than_a_batch():
+    with pytest.raises(DataError, match="fewer than one global batch"):
+        build_datasets(DataConfig(train_split="test[:10]", batch_size=32))
