@@ -227,18 +227,20 @@ def cnn_logits(tf, images, keep_prob, variable_device=None, stddevs=(0.1, 0.1, 0
     def bias(name, shape):
         return var(name, shape, v1.constant_initializer(0.1))
 
-    x = tf.reshape(images, [-1, 28, 28, 1])
+    def conv_relu_pool(h, shape, stddev):
+        kernel = weights("w", shape, stddev)
+        h = tf.nn.relu(tf.nn.conv2d(h, kernel, [1, 1, 1, 1], "SAME") + bias("b", shape[-1:]))
+        return tf.nn.max_pool2d(h, 2, 2, "SAME")
+
+    h = tf.reshape(images, [-1, 28, 28, 1])
     with v1.variable_scope("conv1"):
-        h = tf.nn.relu(tf.nn.conv2d(x, weights("w", [5, 5, 1, 32], stddevs[0]), [1, 1, 1, 1], "SAME")
-                       + bias("b", [32]))
-    h = tf.nn.max_pool2d(h, 2, 2, "SAME")
+        h = conv_relu_pool(h, [5, 5, 1, 32], stddevs[0])
     with v1.variable_scope("conv2"):
-        h = tf.nn.relu(tf.nn.conv2d(h, weights("w", [5, 5, 32, 64], stddevs[1]), [1, 1, 1, 1], "SAME")
-                       + bias("b", [64]))
-    h = tf.nn.max_pool2d(h, 2, 2, "SAME")
+        h = conv_relu_pool(h, [5, 5, 32, 64], stddevs[1])
     h = tf.reshape(h, [-1, 7 * 7 * 64])
     with v1.variable_scope("fc1"):
-        h = tf.nn.relu(tf.matmul(h, weights("w", [7 * 7 * 64, 1024], stddevs[2])) + bias("b", [1024]))
+        h = tf.nn.relu(tf.matmul(h, weights("w", [7 * 7 * 64, 1024], stddevs[2]))
+                       + bias("b", [1024]))
     h = tf.nn.dropout(h, rate=1.0 - keep_prob)
     with v1.variable_scope("logits"):
         return tf.matmul(h, weights("w", [1024, 10], stddevs[3])) + bias("b", [10])

@@ -270,7 +270,8 @@ def _execute(flow, tasks, done_jobs, timeout_s, fault=None, threads=1, echo=prin
             except ClusterRunError as err:
                 bad = run.task(err.task) if err.task else None
                 if bad is not None:
-                    echo(f"[{flow}] FAILED: {err}\n  last lines of {bad.log}:\n{tail(read_log(bad))}")
+                    echo(f"[{flow}] FAILED: {err}\n  last lines of {bad.log}:\n"
+                         f"{tail(read_log(bad))}")
                 raise
     except KeyboardInterrupt:
         echo(f"[{flow}] interrupted; all {len(run.pids)} task processes stopped")
