@@ -36,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="discard checkpoints of a different model in output.run_dir")
     fit.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None,
                      help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
+    roles = fit.add_argument_group(
+        "cluster role (seed-style flags; alternative to the TF_CONFIG environment variable)")
+    roles.add_argument("--job-name", choices=["chief", "worker", "ps"])
+    roles.add_argument("--task-index", type=int, default=0)
+    roles.add_argument("--ps-hosts", default="", help="comma-separated host:port list")
+    roles.add_argument("--worker-hosts", default="", help="comma-separated host:port list")
+    roles.add_argument("--chief-host", default="", help="host:port of the chief (coordinator)")
 
     validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
     _add_recipe_args(validate)
@@ -67,12 +74,27 @@ def _cmd_schema(args) -> int:
 def _cmd_fit(args) -> int:
     from kerasdist.config import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from kerasdist.training import fit, summary_text
+    overrides = list(args.overrides)
+    tf_config = None
+    if args.job_name:
+        from kerasdist.cluster.spec import from_flags
 
-    result = fit(recipe, overwrite=args.overwrite, verbose=args.verbose)
-    print(summary_text(result))
+        overrides.append("cluster.kind=tf_config")
+        tf_config = from_flags(job_name=args.job_name, task_index=args.task_index,
+                               ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
+                               chief_host=args.chief_host)
+    recipe = load_recipe(args.recipe, overrides)
+    if tf_config is not None and recipe.strategy.kind == "parameter_server" and not tf_config.num("ps"):
+        from kerasdist.errors import ClusterError
+
+        raise ClusterError("strategy 'parameter_server' needs --ps-hosts. Received: ps_hosts=''")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from kerasdist.training import summary_text
+    from kerasdist.training.run import run
+
+    result = run(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
+    if result is not None:
+        print(summary_text(result))
     return EXIT_OK
 
 

@@ -26,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,9 +89,12 @@ def _child_env(threads: int) -> dict:
 
 
 def make_run_dir(flow: str, run_dir=None) -> Path:
+    """``run_dir`` or a new folder runs/legacy/<flow>-<time>-<random> in the repo (git-ignored)."""
     if run_dir is None:
+        base = REPO_ROOT / "runs" / "legacy"
+        base.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = REPO_ROOT / "runs" / "legacy" / f"{flow}-{stamp}-{os.getpid()}"
+        return Path(tempfile.mkdtemp(prefix=f"{flow}-{stamp}-", dir=base))
     path = Path(run_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -234,8 +238,13 @@ def read_log(task: Task) -> str:
         return ""
 
 
+_TF_NOISE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
+
+
 def tail(text: str, n: int = 15) -> str:
-    return "\n".join("    | " + line for line in text.splitlines()[-n:])
+    """The last ``n`` lines of a task log, without TF's C++ start-up chatter."""
+    lines = [line for line in text.splitlines() if not _TF_NOISE.match(line)]
+    return "\n".join("    | " + line for line in lines[-n:])
 
 
 # ---------------------------------------------------------------------------

@@ -177,9 +177,11 @@ class ClusterConfig(_Frozen):
       subprocesses on free localhost ports, each with its own ``TF_CONFIG``.
     * ``tf_config``: the process takes the role named by the ``TF_CONFIG`` environment variable
       (or the ``--job-name/--task-index/--ps-hosts/--worker-hosts`` flags): real machines.
+    * ``slurm``: the role comes from the Slurm job (``SlurmClusterResolver``), one task per node
+      or per ``srun`` task.
     """
 
-    kind: Literal["this_process", "local", "tf_config"] = "this_process"
+    kind: Literal["this_process", "local", "tf_config", "slurm"] = "this_process"
     workers: int = Field(1, ge=1, description="local: number of worker tasks.")
     ps: int = Field(0, ge=0, description="local: number of parameter-server tasks.")
     max_restarts: int = Field(0, ge=0, description="local, multi_worker: cluster restarts after "
@@ -194,6 +196,9 @@ class CheckpointConfig(_Frozen):
 
     enabled: bool = True
     max_to_keep: int = Field(3, ge=1)
+    every_steps: int | None = Field(None, gt=0, description="Also save every N optimizer steps "
+                                    "(multi_worker: the backup a restarted cluster resumes from); "
+                                    "None = at epoch ends only.")
 
 
 class TrainerConfig(_Frozen):

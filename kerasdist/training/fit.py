@@ -40,6 +40,22 @@ class RunResult:
     strategy: str
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def from_metrics(cls, path: Path) -> RunResult:
+        """Rebuild a result from a ``metrics.json`` written by :func:`write_metrics`."""
+        import json
+
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        known = {"history", "evaluation", "throughput", "wall_time_s", "initial_epoch", "epochs",
+                 "num_replicas", "strategy", "model_path", "versions"}
+        model_path = Path(data["model_path"]) if data.get("model_path") else None
+        return cls(history=data["history"], evaluation=data["evaluation"],
+                   throughput=data["throughput"], wall_time_s=data["wall_time_s"],
+                   run_dir=Path(path).parent, model_path=model_path, metrics_path=Path(path),
+                   initial_epoch=data["initial_epoch"], epochs=data["epochs"],
+                   num_replicas=data["num_replicas"], strategy=data["strategy"],
+                   extra={k: v for k, v in data.items() if k not in known})
+
 
 def say(message: str) -> None:
     """Print a kerasdist status line (stdout, flushed)."""

@@ -1,0 +1,185 @@
+"""Local multi-process clusters: start tasks as subprocesses, watch them, always stop them.
+
+Each task is ``python -m kerasdist <args>`` with its own ``TF_CONFIG`` in the child's environment
+only. Output goes to ``<log_dir>/<type>-<index>.log``. Children run in their own process group and
+are killed with the launcher: on normal exit, on errors, on Ctrl-C / SIGTERM (the context manager
+and :func:`terminate_on_sigterm`), and, on Linux, when the launcher process itself dies
+(``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from kerasdist.cluster.spec import TFConfig
+from kerasdist.errors import ClusterError
+
+
+@dataclass
+class Task:
+    """A started task: its name (``worker:1``), process and log file."""
+
+    name: str
+    tf_config: TFConfig
+    process: subprocess.Popen
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def describe_exit(code: int | None) -> str:
+    """``'exited with code 3'`` / ``'was killed by SIGKILL'`` / ``'is running'``."""
+    if code is None:
+        return "is running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class LocalLauncher:
+    """Start, watch and stop the tasks of a local cluster.
+
+    Args:
+        log_dir: folder for the task logs (created).
+        threads_per_task: if > 0, ``TF_NUM_INTRAOP_THREADS`` / ``OMP_NUM_THREADS`` for children.
+
+    Use as a context manager: leaving the block stops every task it started.
+    """
+
+    def __init__(self, *, log_dir: str | Path, threads_per_task: int = 0):
+        self.log_dir = Path(log_dir)
+        self.threads_per_task = threads_per_task
+        self.tasks: list[Task] = []
+
+    def __enter__(self) -> LocalLauncher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_all()
+
+    def start(self, tf_config: TFConfig, args: Sequence[str],
+              *, program: Sequence[str] | None = None) -> Task:
+        """Start ``python -m kerasdist *args`` (or ``program + args``) as the task ``tf_config``
+        names, with ``TF_CONFIG`` set in the child's environment only."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        name = tf_config.task_name
+        log_path = self.log_dir / f"{tf_config.task_type}-{tf_config.task_index}.log"
+        env = dict(os.environ, TF_CONFIG=tf_config.to_json(), PYTHONUNBUFFERED="1")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        if self.threads_per_task:
+            env["TF_NUM_INTRAOP_THREADS"] = env["OMP_NUM_THREADS"] = str(self.threads_per_task)
+        with open(log_path, "ab") as log:
+            program = list(program or [sys.executable, "-m", "kerasdist"])
+            process = subprocess.Popen([*program, *args], env=env,
+                                       stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        task = Task(name=name, tf_config=tf_config, process=process, log_path=log_path)
+        self.tasks.append(task)
+        return task
+
+    def wait_listening(self, tasks: Sequence[Task], *, timeout_s: float) -> None:
+        """Wait until every task accepts TCP connections on its port.
+
+        Raises:
+            ClusterError: a task exited, or did not listen within ``timeout_s`` (names it).
+        """
+        deadline = time.monotonic() + timeout_s
+        pending = list(tasks)
+        while pending:
+            task = pending[0]
+            if task.returncode() is not None:
+                raise ClusterError(f"task {task.name} {describe_exit(task.returncode())} while "
+                                   f"starting; log {task.log_path}:\n{self.tail(task)}")
+            host, _, port = task.tf_config.address.rpartition(":")
+            try:
+                with socket.create_connection((host, int(port)), timeout=0.5):
+                    pending.pop(0)
+                    continue
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"task {task.name} did not start listening on "
+                                   f"{task.tf_config.address} within {timeout_s:.0f} s; "
+                                   f"log {task.log_path}")
+            time.sleep(0.1)
+
+    def failed(self) -> list[Task]:
+        """Tasks that have exited with a non-zero code or a signal."""
+        return [t for t in self.tasks if t.returncode() not in (None, 0)]
+
+    def tail(self, task: Task, lines: int = 25) -> str:
+        """The last ``lines`` lines of a task's log."""
+        try:
+            text = task.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, task: Task, *, grace_s: float = 5.0) -> None:
+        """SIGTERM the task's process group, then SIGKILL after ``grace_s`` seconds."""
+        if task.returncode() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(task.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                task.process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def stop_all(self, *, grace_s: float = 5.0) -> None:
+        """Stop every task this launcher started (idempotent)."""
+        for task in self.tasks:
+            self.stop(task, grace_s=grace_s)
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when the process receives SIGTERM (see terminate_on_sigterm)."""
+
+
+@contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into a :class:`Terminated` exception so ``finally`` blocks stop children."""
+
+    def handler(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not in the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

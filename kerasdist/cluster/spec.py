@@ -1,0 +1,201 @@
+"""Cluster specs and TF_CONFIG: parse, build from seed-style flags, validate before anything starts.
+
+``TF_CONFIG`` is the JSON environment variable TensorFlow reads to learn the cluster and the current
+task (https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable)::
+
+    {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
+                 "ps": ["host3:2222"]},
+     "task": {"type": "worker", "index": 0}}
+
+TensorFlow accepts duplicate addresses silently and its "Could not start gRPC server" error does not
+name the port, so kerasdist validates the spec here and names the task and address at fault.
+kerasdist never writes ``TF_CONFIG`` into its own environment: :meth:`TFConfig.to_json` is passed
+only into a child process's environment.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from kerasdist.errors import ClusterError
+
+TASK_TYPES = ("chief", "worker", "ps", "evaluator")
+
+
+@dataclass(frozen=True)
+class TFConfig:
+    """A validated cluster spec plus the current task.
+
+    Attributes:
+        cluster: task type -> list of ``host:port`` addresses.
+        task_type: this process's task type (``chief``, ``worker``, ``ps`` or ``evaluator``).
+        task_index: this process's index within its task type, 0-based.
+    """
+
+    cluster: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    task_type: str = "worker"
+    task_index: int = 0
+
+    @property
+    def address(self) -> str:
+        """This task's ``host:port``."""
+        return self.cluster[self.task_type][self.task_index]
+
+    @property
+    def is_chief(self) -> bool:
+        """True for the chief task, or worker 0 when the cluster has no chief (TF's convention)."""
+        if self.task_type == "chief":
+            return True
+        return "chief" not in self.cluster and self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def task_name(self) -> str:
+        """``type:index``, e.g. ``worker:1``."""
+        return f"{self.task_type}:{self.task_index}"
+
+    def num(self, task_type: str) -> int:
+        """Number of tasks of ``task_type`` (0 if absent)."""
+        return len(self.cluster.get(task_type, ()))
+
+    def for_task(self, task_type: str, task_index: int) -> TFConfig:
+        """The same cluster seen from another task."""
+        return validate(dict(self.cluster), task_type, task_index)
+
+    def as_dict(self) -> dict:
+        return {"cluster": {k: list(v) for k, v in self.cluster.items()},
+                "task": {"type": self.task_type, "index": self.task_index}}
+
+    def to_json(self) -> str:
+        """The ``TF_CONFIG`` value for this task."""
+        return json.dumps(self.as_dict())
+
+    def cluster_spec(self):
+        """``tf.train.ClusterSpec`` of the cluster."""
+        import tensorflow as tf
+
+        return tf.train.ClusterSpec({k: list(v) for k, v in self.cluster.items()})
+
+    def cluster_resolver(self):
+        """A ``SimpleClusterResolver`` for this task (grpc), without touching ``os.environ``."""
+        import tensorflow as tf
+
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            self.cluster_spec(), task_type=self.task_type, task_id=self.task_index,
+            rpc_layer="grpc")
+
+
+def _check_address(task: str, address: object) -> None:
+    if not isinstance(address, str) or address.count(":") < 1:
+        raise ClusterError(f"cluster task {task}: address must be 'host:port'. Received: {address!r}")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterError(f"cluster task {task}: bad port in address. Received: '{address}'")
+
+
+def validate(cluster: Mapping, task_type: str, task_index: int,
+             *, require_ps: bool = False) -> TFConfig:
+    """Validate a cluster mapping and the current task; return a :class:`TFConfig`.
+
+    Raises:
+        ClusterError: unknown task type, empty job, index out of range, malformed or duplicate
+            addresses, or no ``ps`` task when ``require_ps``.
+    """
+    if not isinstance(cluster, Mapping) or not cluster:
+        raise ClusterError(f"TF_CONFIG 'cluster' must be a non-empty mapping. Received: {cluster!r}")
+    seen: dict[str, str] = {}
+    clean: dict[str, tuple[str, ...]] = {}
+    for job, addresses in cluster.items():
+        if job not in TASK_TYPES:
+            raise ClusterError(f"TF_CONFIG cluster: unknown task type '{job}'. "
+                               f"Available: {', '.join(TASK_TYPES)}")
+        if isinstance(addresses, str) or not isinstance(addresses, (list, tuple)) or not addresses:
+            raise ClusterError(f"TF_CONFIG cluster.{job} must be a non-empty list of 'host:port'. "
+                               f"Received: {addresses!r}")
+        for index, address in enumerate(addresses):
+            name = f"{job}:{index}"
+            _check_address(name, address)
+            if address in seen:
+                raise ClusterError(f"TF_CONFIG cluster: tasks {seen[address]} and {name} have the "
+                                   f"same address '{address}'")
+            seen[address] = name
+        clean[job] = tuple(addresses)
+    if len(clean.get("chief", ())) > 1:
+        raise ClusterError(f"TF_CONFIG cluster.chief holds at most one task. "
+                           f"Received: {list(clean['chief'])}")
+    if require_ps and not clean.get("ps"):
+        raise ClusterError("strategy 'parameter_server' needs at least one 'ps' task in the "
+                           f"cluster. Received task types: {', '.join(clean)}")
+    if task_type not in clean:
+        raise ClusterError(f"TF_CONFIG task.type '{task_type}' is not in the cluster "
+                           f"(task types: {', '.join(clean)})")
+    if not isinstance(task_index, int) or not 0 <= task_index < len(clean[task_type]):
+        raise ClusterError(f"TF_CONFIG task.index out of range for '{task_type}' "
+                           f"({len(clean[task_type])} task(s)). Received: index={task_index!r}")
+    return TFConfig(cluster=clean, task_type=task_type, task_index=task_index)
+
+
+def parse_tf_config(text: str | None, *, require_ps: bool = False) -> TFConfig:
+    """Parse and validate a ``TF_CONFIG`` JSON string.
+
+    Raises:
+        ClusterError: unset, not JSON (with line/column), or invalid (see :func:`validate`).
+    """
+    if not text:
+        raise ClusterError("cluster.kind 'tf_config' needs the TF_CONFIG environment variable (or "
+                           "--job-name/--task-index/--ps-hosts/--worker-hosts). Received: unset")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ClusterError(f"TF_CONFIG is not valid JSON (line {err.lineno}, column {err.colno}): "
+                           f"{err.msg}. Received: {text[:200]!r}") from None
+    if not isinstance(data, dict) or "cluster" not in data or "task" not in data:
+        raise ClusterError(f"TF_CONFIG needs 'cluster' and 'task' keys. Received: {text[:200]!r}")
+    task = data["task"]
+    if not isinstance(task, dict) or "type" not in task:
+        raise ClusterError(f"TF_CONFIG task needs 'type' and 'index'. Received: {task!r}")
+    return validate(data["cluster"], task["type"], task.get("index", 0), require_ps=require_ps)
+
+
+def from_flags(*, job_name: str, task_index: int, ps_hosts: str = "", worker_hosts: str = "",
+               chief_host: str = "", require_ps: bool = False) -> TFConfig:
+    """Build a :class:`TFConfig` from the seed tutorials' flags (comma-separated host lists).
+
+    Example: ``from_flags(job_name="worker", task_index=1, ps_hosts="h0:2222",
+    worker_hosts="h1:2222,h2:2222")``.
+    """
+    cluster = {}
+    for job, hosts in (("chief", chief_host), ("worker", worker_hosts), ("ps", ps_hosts)):
+        items = [h.strip() for h in hosts.split(",") if h.strip()]
+        if items:
+            cluster[job] = items
+    return validate(cluster, job_name, task_index, require_ps=require_ps)
+
+
+def check_port_free(address: str, task: str) -> None:
+    """Raise ClusterError naming ``task`` and the port when ``address`` cannot be bound here."""
+    host, _, port = address.rpartition(":")
+    bind_host = "" if host in ("localhost", "0.0.0.0", "[::]") else host
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((bind_host, int(port)))
+        except OSError as err:
+            raise ClusterError(f"task {task}: port {port} on '{host}' is already in use or cannot "
+                               f"be bound ({err.strerror}). Received: address='{address}'") from None
+
+
+def local_cluster(*, workers: int, ps: int = 0, chief: bool = False) -> TFConfig:
+    """A cluster on free localhost ports (portpicker), seen from ``chief:0`` or ``worker:0``."""
+    import portpicker
+
+    def ports(n):
+        return [f"localhost:{portpicker.pick_unused_port()}" for _ in range(n)]
+
+    cluster = {"worker": ports(workers)}
+    if ps:
+        cluster["ps"] = ports(ps)
+    if chief:
+        cluster["chief"] = ports(1)
+    return validate(cluster, "chief" if chief else "worker", 0)

@@ -1,0 +1,176 @@
+"""The TF1 tutorial reproductions in legacy/: real multi-process runs on localhost.
+
+Every TensorFlow program runs in a child process (the runner's tasks), never in
+the pytest process, so graph-mode switches cannot leak into other tests.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from legacy import runner  # noqa: E402
+from legacy._common import load_mnist  # noqa: E402
+
+pytestmark = pytest.mark.multiprocess
+
+
+def _alive(pids):
+    """PIDs (or process groups led by them) that still exist."""
+    left = []
+    for pid in pids:
+        for probe in (os.kill, os.killpg):
+            try:
+                probe(pid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass
+            left.append(pid)
+            break
+    return left
+
+
+def _kill_all(pids):
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.mark.timeout(30)
+def test_mnist_split_is_the_real_80_20_split():
+    (tx, ty), (ex, ey) = load_mnist()
+    assert tx.shape == (8000, 28, 28) and ex.shape == (2000, 28, 28)
+    assert ty.shape == (8000,) and ey.shape == (2000,)
+    assert set(ty.tolist()) == set(range(10)) and set(ey.tolist()) == set(range(10))
+    # real digits, not noise: mostly black background, a few bright strokes
+    assert 0.75 < (tx == 0).mean() < 0.85 and tx.max() == 255
+
+
+@pytest.mark.timeout(240)
+def test_sync_replicas_cluster_learns_w_and_b(tmp_path):
+    res = runner.run_sync_replicas(workers=2, train_steps=1000, timeout_s=200, run_dir=tmp_path)
+    assert abs(res["W"] - 2.0) < 0.1, res
+    assert abs(res["b"] - 10.0) < 0.1, res
+    # both workers read the same shared W, b back from the ps
+    for w, b in res["workers"].values():
+        assert abs(w - res["W"]) < 0.05 and abs(b - res["b"]) < 0.1
+    logs = {name: Path(p).read_text() for name, p in res["logs"].items()}
+    assert "Session initialization complete" in logs["worker:1"]
+    # synchronous: both workers contributed, ~half of the 2 x 1000 gradients each
+    local = {n: int(re.findall(r"local_step=(\d+)", logs[n])[-1]) for n in ("worker:0", "worker:1")}
+    assert all(300 < v < 1700 for v in local.values()), local
+    ckpts = list((tmp_path / "checkpoints").glob("model.ckpt-*.index"))
+    assert ckpts, "the chief wrote no checkpoint"
+    assert _alive(res["pids"]) == []
+    assert len(res["pids"]) == 3
+
+
+@pytest.mark.timeout(240)
+def test_async_cnn_reaches_97_percent_on_held_out_digits(tmp_path):
+    res = runner.run_async_cnn(workers=2, steps=400, timeout_s=220, run_dir=tmp_path)
+    assert res["accuracy"] >= 0.97, res
+    assert list((tmp_path / "checkpoints").glob("model.ckpt-*.index"))
+    assert list((tmp_path / "checkpoints").glob("events.out.tfevents.*")), "no chief summaries"
+    worker1 = Path(res["logs"]["worker:1"]).read_text()
+    assert re.search(r"Worker 1: done, local_step=\d+", worker1)
+    assert _alive(res["pids"]) == []
+
+
+@pytest.mark.timeout(200)
+def test_towers_train_on_two_logical_devices(tmp_path):
+    res = runner.run_towers(devices=2, steps=250, timeout_s=180, run_dir=tmp_path)
+    assert res["towers"] == {"tower_0": "/device:CPU:0", "tower_1": "/device:CPU:1"}, res
+    assert res["accuracy"] >= 0.95, res
+    assert (tmp_path / "tfrecords" / "train.tfrecords").stat().st_size > 8000 * 784
+    assert _alive(res["pids"]) == []
+
+
+@pytest.mark.timeout(120)
+def test_bad_flag_fails_fast_names_the_task_and_leaves_no_process(tmp_path):
+    t0 = time.time()
+    with pytest.raises(runner.ClusterRunError) as info:
+        runner.run_sync_replicas(train_steps=300, timeout_s=90, run_dir=tmp_path,
+                                 task_args={"worker:1": ["--no_such_flag"]})
+    err = info.value
+    assert err.task == "worker:1" and err.returncode == 2
+    assert "worker:1 exited with code 2" in str(err)
+    assert time.time() - t0 < 60
+    assert len(err.pids) == 3 and _alive(err.pids) == []
+
+
+@pytest.mark.timeout(150)
+def test_killed_worker_fails_the_run_within_its_timeout(tmp_path):
+    t0 = time.time()
+    fault = runner.Fault("worker:1", after_s=2.0, marker="Session initialization complete")
+    with pytest.raises(runner.ClusterRunError) as info:
+        # far more steps than can finish: only the kill can end this run early
+        runner.run_sync_replicas(train_steps=10**6, timeout_s=120, run_dir=tmp_path, fault=fault)
+    err = info.value
+    assert str(err) == "worker:1 exited with code -9"
+    assert err.task == "worker:1" and err.returncode == -9
+    assert time.time() - t0 < 120
+    assert "local_step=" in Path(err.logs["worker:1"]).read_text()  # it was training
+    assert _alive(err.pids) == []
+
+
+@pytest.mark.timeout(120)
+def test_overall_timeout_names_running_tasks(tmp_path):
+    with pytest.raises(runner.ClusterRunError) as info:
+        runner.run_sync_replicas(train_steps=10**6, timeout_s=20, run_dir=tmp_path)
+    err = info.value
+    assert str(err).startswith("timed out after 20 s; still running: worker:0, worker:1")
+    assert _alive(err.pids) == []
+
+
+@pytest.mark.timeout(180)
+def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "legacy", "sync-replicas", "--workers", "2",
+           "--train-steps", "400", "--timeout", "150", "--run-dir", str(tmp_path / "ok")]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0, done.stdout + done.stderr
+    m = re.search(r"W=([-\d.]+) b=([-\d.]+) \(target W=2, b=10, tolerance 0.1: OK\)", done.stdout)
+    assert m, done.stdout
+    started = [int(p) for p in re.findall(r"pid (\d+)", done.stdout)]
+    assert len(started) == 3 and _alive(started) == []
+
+    # Ctrl-C while training: the runner must take the whole cluster down with it.
+    cmd[cmd.index("400")] = str(10**6)
+    cmd[-1] = str(tmp_path / "interrupted")
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    children = []
+    try:
+        worker_log = tmp_path / "interrupted" / "worker-1.log"
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            if worker_log.exists() and "local_step=" in worker_log.read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("worker:1 never started training")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        children = [int(p) for p in re.findall(r"pid (\d+)", out)]
+        assert proc.returncode == 130, out
+        assert "interrupted; all 3 task processes stopped" in out
+        assert len(children) == 3 and _alive(children) == []
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        _kill_all(children)
