@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -151,9 +152,16 @@ def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
     # Ctrl-C while training: the runner must take the whole cluster down with it.
     cmd[cmd.index("400")] = str(10**6)
     cmd[-1] = str(tmp_path / "interrupted")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    children = []
+    proc = subprocess.Popen(cmd, cwd=REPO, env=dict(env, PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+
+    def children():
+        return [int(p) for p in re.findall(r"pid (\d+)", "".join(lines))]
+
     try:
         worker_log = tmp_path / "interrupted" / "worker-1.log"
         deadline = time.time() + 90
@@ -163,14 +171,16 @@ def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
             time.sleep(0.5)
         else:
             pytest.fail("worker:1 never started training")
+        assert len(children()) == 3 and _alive(children()) == children()
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
-        children = [int(p) for p in re.findall(r"pid (\d+)", out)]
+        proc.wait(timeout=30)
+        reader.join(timeout=5)
+        out = "".join(lines)
         assert proc.returncode == 130, out
         assert "interrupted; all 3 task processes stopped" in out
-        assert len(children) == 3 and _alive(children) == []
+        assert _alive(children()) == []
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        _kill_all(children)
+        _kill_all(children())
