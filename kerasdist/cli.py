@@ -49,6 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print JSON instead of YAML")
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
+
+    bench = sub.add_parser("bench", help="run a recipe under several strategies and baselines")
+    _add_recipe_args(bench)
+    bench.add_argument("--strategies", default="default,mirrored,multi_worker,parameter_server",
+                       help="comma list of: default, mirrored, multi_worker, parameter_server, "
+                            "legacy (default: all but legacy)")
+    bench.add_argument("--baselines", default="plain_keras,raw_step,tf_keras",
+                       help="comma list of: plain_keras, raw_step, tf_keras (needs .[bench])")
+    bench.add_argument("--repeats", type=int, default=1, help="runs per row (median and spread)")
+    bench.add_argument("--workers", type=int, default=2, help="workers of cluster strategies")
+    bench.add_argument("--sweep-workers", default="",
+                       help="comma list of worker counts to sweep for multi_worker and "
+                            "parameter_server, e.g. 1,2,3")
+    bench.add_argument("--target-accuracy", type=float, default=0.98,
+                       help="held-out accuracy for the time-to-accuracy column")
+    bench.add_argument("--out", default="runs/bench", help="folder for bench.json, table, plots")
+    bench.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     return parser
 
 
@@ -98,7 +115,37 @@ def _cmd_fit(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema}
+def _split(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _cmd_bench(args) -> int:
+    from kerasdist.errors import RecipeError
+
+    try:
+        sweep = [int(n) for n in _split(args.sweep_workers)]
+    except ValueError:
+        raise RecipeError(f"--sweep-workers takes integers. Received: '{args.sweep_workers}'")
+    if any(n < 1 for n in sweep) or args.workers < 1:
+        raise RecipeError(f"worker counts must be >= 1. Received: workers={args.workers}, "
+                          f"sweep={sweep}")
+    from kerasdist.bench.command import run_bench
+    from kerasdist.bench.report import markdown_table
+
+    result = run_bench(recipe_path=args.recipe, overrides=args.overrides,
+                       strategies=_split(args.strategies), baselines=_split(args.baselines),
+                       repeats=args.repeats, workers=args.workers, sweep_workers=sweep,
+                       out_dir=args.out, target=args.target_accuracy, timeout_s=args.timeout)
+    print(markdown_table(result))
+    print(f"kerasdist: bench.json, bench.md and plots in {args.out}")
+    failed = [n for n, r in result["rows"].items() if r["summary"]["succeeded"] < r["summary"]["runs"]]
+    if failed:
+        print(f"kerasdist: runs failed in: {', '.join(failed)} (see {args.out}/logs)", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,8 @@ class ThroughputMeter(keras.callbacks.Callback):
         timed_steps: number of timed steps.
         timed_seconds: their total wall time, seconds.
         examples_per_sec: ``timed_steps * global_batch_size / timed_seconds`` (0 if nothing timed).
+        epoch_end_s: for each epoch, seconds from the start of training to the end of the epoch
+            (after its validation), used for time-to-accuracy.
     """
 
     def __init__(self, global_batch_size: int):
@@ -26,6 +28,14 @@ class ThroughputMeter(keras.callbacks.Callback):
         self.timed_steps = 0
         self.timed_seconds = 0.0
         self._last = None
+        self._start = None
+        self.epoch_end_s: list[float] = []
+
+    def on_train_begin(self, logs=None):
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_end_s.append(time.perf_counter() - self._start)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._last = None
@@ -45,7 +55,8 @@ class ThroughputMeter(keras.callbacks.Callback):
 
     def summary(self) -> dict:
         return {"examples_per_sec": self.examples_per_sec, "timed_steps": self.timed_steps,
-                "timed_seconds": self.timed_seconds, "global_batch_size": self.global_batch_size}
+                "timed_seconds": self.timed_seconds, "global_batch_size": self.global_batch_size,
+                "epoch_end_s": list(self.epoch_end_s)}
 
 
 class EpochCheckpoint(keras.callbacks.Callback):

@@ -1,0 +1,181 @@
+"""The ``kerasdist bench`` command: run every row, compute ratios, write bench.json, table, plots."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kerasdist.bench import report
+from kerasdist.bench.runner import (
+    CLUSTER_STRATEGIES,
+    Measurement,
+    _figures_from_metrics,
+    environment,
+    python,
+    run_measured,
+    strategy_recipe,
+    summarize,
+    validate_names,
+)
+from kerasdist.config import load_recipe, validate_recipe
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _write_recipe(data: dict, path: Path) -> Path:
+    validate_recipe(data)  # every generated row recipe is valid before anything runs
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return path
+
+
+def _run_strategy(raw, strategy, *, workers, out: Path, tag: str, timeout_s) -> Measurement:
+    run_dir = out / "runs" / tag
+    shutil.rmtree(run_dir, ignore_errors=True)
+    recipe_path = _write_recipe(strategy_recipe(raw, strategy, workers=workers, run_dir=run_dir),
+                                out / "recipes" / f"{tag}.json")
+    log = out / "logs" / f"{tag}.log"
+    code, wall, rss = run_measured(tag, [python(), "-m", "kerasdist", "fit", str(recipe_path),
+                                         "--verbose", "0"], log_path=log, timeout_s=timeout_s)
+    metrics = run_dir / "metrics.json"
+    figures = _figures_from_metrics(metrics) if code == 0 and metrics.exists() else {}
+    return Measurement(tag, code, wall, rss, figures, str(log))
+
+
+def _run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) -> Measurement:
+    result = out / "results" / f"{tag}.json"
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.unlink(missing_ok=True)
+    log = out / "logs" / f"{tag}.log"
+    code, wall, rss = run_measured(tag, [*argv, str(result)], log_path=log, timeout_s=timeout_s,
+                                   env=env)
+    figures = json.loads(result.read_text()) if code == 0 and result.exists() else {}
+    return Measurement(tag, code, wall, rss, figures, str(log))
+
+
+def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s) -> list[Measurement]:
+    if name == "tf_keras":
+        if importlib.util.find_spec("tf_keras") is None:
+            return []
+        rows = []
+        for kind in CLUSTER_STRATEGIES:
+            recipe_path = _write_recipe(strategy_recipe(raw, kind, workers=workers,
+                                                        run_dir=out / "runs" / tag),
+                                        out / "recipes" / f"{tag}-{kind}.json")
+            rows.append(_run_json_job(
+                f"{tag}-{kind}", [python(), "-m", "kerasdist.bench.tfkeras_cluster", kind,
+                                  str(recipe_path), str(workers)], out, timeout_s=timeout_s))
+        return rows
+    recipe_path = _write_recipe(strategy_recipe(raw, "default", workers=1,
+                                                run_dir=out / "runs" / tag),
+                                out / "recipes" / f"{tag}.json")
+    return [_run_json_job(tag, [python(), "-m", "kerasdist.bench.baselines", name,
+                                str(recipe_path)], out, timeout_s=timeout_s)]
+
+
+def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measurement:
+    """The TF1 async CNN flow from legacy/ (between-graph, replica_device_setter)."""
+    steps = (recipe.trainer.steps_per_epoch or 8000 // recipe.data.batch_size) * \
+        recipe.trainer.epochs // workers
+    code = ("import json,sys; sys.path.insert(0, %r); from legacy.runner import run_async_cnn; "
+            "r = run_async_cnn(workers=%d, steps=%d, batch_size=%d); "
+            "json.dump({k: v for k, v in r.items() if isinstance(v, (int, float, str))}, "
+            "open(sys.argv[1], 'w'))") % (str(REPO_ROOT), workers, steps, recipe.data.batch_size)
+    m = _run_json_job(tag, [python(), "-c", code], out, timeout_s=timeout_s)
+    if m.figures:
+        train_s = m.figures.get("train_wall_s") or m.figures.get("wall_s") or m.wall_time_s
+        m.figures = {"throughput": {"examples_per_sec": steps * workers *
+                                    recipe.data.batch_size / train_s, "epoch_end_s": []},
+                     "final_accuracy": m.figures.get("accuracy"), "legacy": m.figures}
+    return m
+
+
+def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baselines: list[str],
+              repeats: int = 1, workers: int = 2, sweep_workers: list[int] = (),
+              out_dir: str | Path = "runs/bench", target: float | None = None,
+              timeout_s: float = 1800) -> dict[str, Any]:
+    """Run the benchmark; returns the bench.json content (also written to ``out_dir``).
+
+    Raises:
+        RecipeError: bad recipe, strategy or baseline names, repeats < 1 (before anything runs).
+    """
+    from kerasdist.errors import RecipeError
+
+    recipe = load_recipe(recipe_path, overrides)
+    validate_names(strategies, baselines)
+    if repeats < 1:
+        raise RecipeError(f"--repeats must be >= 1. Received: repeats={repeats}")
+    target = target if target is not None else 0.98
+    raw = recipe.model_dump(mode="json")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, list[Measurement]] = {}
+    kinds: dict[str, str] = {}
+    for name in baselines:
+        for rep in range(repeats):
+            for m in _run_baseline(raw, name, workers=workers, out=out, tag=f"{name}-r{rep}",
+                                   timeout_s=timeout_s):
+                row = m.name.rsplit("-r", 1)[0] if name != "tf_keras" else \
+                    "tf_keras_" + m.name.split("-", 2)[-1]
+                rows.setdefault(row, []).append(m)
+                kinds[row] = "baseline"
+    for name in strategies:
+        for rep in range(repeats):
+            tag = f"{name}-r{rep}"
+            if name == "legacy":
+                m = _run_legacy(recipe, workers=workers, out=out, tag=tag, timeout_s=timeout_s)
+            else:
+                m = _run_strategy(raw, name, workers=workers, out=out, tag=tag,
+                                  timeout_s=timeout_s)
+            rows.setdefault(name, []).append(m)
+            kinds[name] = "strategy"
+    sweep = _sweep(raw, strategies, sweep_workers, out=out, target=target, timeout_s=timeout_s)
+    result = _assemble(recipe, rows, kinds, sweep, target=target, workers=workers,
+                       repeats=repeats)
+    (out / "bench.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    report.write_all(result, out)
+    return result
+
+
+def _sweep(raw, strategies, sweep_workers, *, out, target, timeout_s) -> list[dict]:
+    points = []
+    for name in [s for s in strategies if s in CLUSTER_STRATEGIES]:
+        for count in sweep_workers:
+            m = _run_strategy(raw, name, workers=count, out=out, tag=f"sweep-{name}-w{count}",
+                              timeout_s=timeout_s)
+            s = summarize([m], target)
+            points.append({"strategy": name, "workers": count, "returncode": m.returncode,
+                           "examples_per_sec": s["examples_per_sec_median"],
+                           "time_to_target_s": s["time_to_target_s_median"],
+                           "final_accuracy": s["final_accuracy_median"]})
+    return points
+
+
+def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[str, Any]:
+    summaries = {name: summarize(ms, target) for name, ms in rows.items()}
+    baselines = [n for n, k in kinds.items() if k == "baseline"]
+    for name, s in summaries.items():
+        if kinds[name] != "strategy":
+            continue
+        s["ratio_examples_per_sec"] = {}
+        for base in baselines:
+            if base.startswith("tf_keras_") and base != f"tf_keras_{name}":
+                continue
+            mine, theirs = s["examples_per_sec_median"], summaries[base]["examples_per_sec_median"]
+            s["ratio_examples_per_sec"][base] = mine / theirs if mine and theirs else None
+        mine = s["time_to_target_s_median"]
+        theirs = summaries.get("plain_keras", {}).get("time_to_target_s_median")
+        s["ratio_time_to_target_vs_plain_keras"] = mine / theirs if mine and theirs else None
+    return {
+        "environment": environment(),
+        "recipe": recipe.model_dump(mode="json"),
+        "settings": {"target_accuracy": target, "workers": workers, "repeats": repeats,
+                     "global_batch_size": recipe.data.batch_size},
+        "rows": {name: {"kind": kinds[name], "summary": summaries[name],
+                        "runs": [asdict(m) for m in ms]} for name, ms in rows.items()},
+        "sweep": sweep,
+    }

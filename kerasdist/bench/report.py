@@ -1,0 +1,155 @@
+"""Bench output: a Markdown table and PNG plots (matplotlib, Agg backend) from bench.json data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(value, spec=".1f", suffix="") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def markdown_table(result: dict[str, Any]) -> str:
+    """One row per strategy/baseline: examples/s (median [min–max]), time to target, accuracy,
+    peak RSS of all tasks, staleness, and ratios to every baseline."""
+    settings = result["settings"]
+    head = (f"Target held-out accuracy {settings['target_accuracy']}, global batch "
+            f"{settings['global_batch_size']}, {settings['workers']} workers for cluster "
+            f"strategies, {settings['repeats']} repeat(s); "
+            f"{result['environment']['cpu_count']} CPU cores shared by all tasks.\n\n")
+    lines = ["| row | kind | examples/s median [min–max] | time to target (s) | final acc. | "
+             "peak RSS all tasks (MiB) | staleness mean/max | ratios |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, row in result["rows"].items():
+        s = row["summary"]
+        rate = (f"{_fmt(s['examples_per_sec_median'])} [{_fmt(s['examples_per_sec_min'])}–"
+                f"{_fmt(s['examples_per_sec_max'])}]")
+        stale = s.get("staleness") or {}
+        stale_text = (f"{_fmt(stale.get('mean'), '.2f')}/{_fmt(stale.get('max'), '.0f')}"
+                      if stale else "–")
+        ratios = ", ".join(f"{_fmt(v, '.2f')}x {k}" for k, v in
+                           (s.get("ratio_examples_per_sec") or {}).items())
+        if s.get("ratio_time_to_target_vs_plain_keras"):
+            ratios += f"; time-to-target {s['ratio_time_to_target_vs_plain_keras']:.2f}x plain_keras"
+        failed = "" if s["succeeded"] == s["runs"] else f" ({s['runs'] - s['succeeded']} failed)"
+        lines.append(f"| {name}{failed} | {row['kind']} | {rate} | "
+                     f"{_fmt(s['time_to_target_s_median'])} ({s['reached_target']}) | "
+                     f"{_fmt(s['final_accuracy_median'], '.4f')} | "
+                     f"{_fmt(s['peak_rss_mb_median'], '.0f')} | {stale_text} | {ratios or '–'} |")
+    text = head + "\n".join(lines) + "\n"
+    if result.get("sweep"):
+        text += ("\nWorker sweep (all tasks share this machine's cores; on a real cluster with "
+                 "TF_CONFIG the same command gives the real curve):\n\n"
+                 "| strategy | workers | examples/s | time to target (s) | final acc. |\n"
+                 "| --- | --- | --- | --- | --- |\n")
+        for p in result["sweep"]:
+            text += (f"| {p['strategy']} | {p['workers']} | {_fmt(p['examples_per_sec'])} | "
+                     f"{_fmt(p['time_to_target_s'])} | {_fmt(p['final_accuracy'], '.4f')} |\n")
+    return text
+
+
+def _first_ok(row):
+    for run in row["runs"]:
+        if run["returncode"] == 0 and run["figures"]:
+            return run["figures"]
+    return None
+
+
+def plot_curves(result: dict[str, Any], path: Path) -> Path:
+    """Held-out accuracy and loss against wall time since the start of training, one line per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, row in result["rows"].items():
+        figures = _first_ok(row)
+        if not figures:
+            continue
+        ends = figures.get("throughput", {}).get("epoch_end_s", [])
+        acc = figures.get("val_accuracy", [])[: len(ends)]
+        if acc:
+            acc_ax.plot(ends[: len(acc)], acc, marker="o", label=name)
+        loss = (figures.get("val_loss") or [])[: len(ends)]
+        if loss:
+            loss_ax.plot(ends[: len(loss)], loss, marker="o", label=name)
+    acc_ax.axhline(result["settings"]["target_accuracy"], color="grey", linestyle="--",
+                   linewidth=0.8)
+    acc_ax.set(xlabel="wall time since start of training (s)", ylabel="held-out accuracy",
+               title="Held-out accuracy")
+    loss_ax.set(xlabel="wall time since start of training (s)", ylabel="held-out loss",
+                title="Held-out loss")
+    acc_ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_throughput(result: dict[str, Any], path: Path) -> Path:
+    """Bar chart of median examples/s (min–max as error bars); baselines hatched."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, values, low, high, hatches = [], [], [], [], []
+    for name, row in result["rows"].items():
+        s = row["summary"]
+        if s["examples_per_sec_median"] is None:
+            continue
+        names.append(name)
+        values.append(s["examples_per_sec_median"])
+        low.append(s["examples_per_sec_median"] - s["examples_per_sec_min"])
+        high.append(s["examples_per_sec_max"] - s["examples_per_sec_median"])
+        hatches.append("//" if row["kind"] == "baseline" else "")
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 4))
+    bars = ax.bar(names, values, yerr=[low, high], capsize=4, color="#4c72b0")
+    for bar, hatch in zip(bars, hatches):
+        bar.set_hatch(hatch)
+    ax.set(ylabel="examples/s (timed steps)", title="Training throughput (hatched: baselines)")
+    ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(result: dict[str, Any], path: Path) -> Path | None:
+    """examples/s and time to target against the number of workers."""
+    if not result.get("sweep"):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate_ax, tta_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for strategy in sorted({p["strategy"] for p in result["sweep"]}):
+        points = [p for p in result["sweep"] if p["strategy"] == strategy]
+        rate_ax.plot([p["workers"] for p in points], [p["examples_per_sec"] for p in points],
+                     marker="o", label=strategy)
+        tta_ax.plot([p["workers"] for p in points], [p["time_to_target_s"] for p in points],
+                    marker="o", label=strategy)
+    rate_ax.set(xlabel="workers", ylabel="examples/s", title="Throughput vs workers (shared cores)")
+    tta_ax.set(xlabel="workers", ylabel="seconds", title="Time to target accuracy vs workers")
+    rate_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_all(result: dict[str, Any], out: Path) -> dict[str, str]:
+    """Write bench.md and the PNG plots into ``out``; return their paths."""
+    paths = {"table": out / "bench.md", "curves": out / "curves.png",
+             "throughput": out / "throughput.png"}
+    paths["table"].write_text(markdown_table(result), encoding="utf-8")
+    plot_curves(result, paths["curves"])
+    plot_throughput(result, paths["throughput"])
+    sweep = plot_sweep(result, out / "sweep.png")
+    if sweep:
+        paths["sweep"] = sweep
+    return {k: str(v) for k, v in paths.items()}

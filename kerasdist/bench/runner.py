@@ -1,0 +1,171 @@
+"""``kerasdist bench``: the same model, data and global batch under each strategy and baseline.
+
+Every run is a separate process tree (``python -m kerasdist fit ...`` for strategies, the baseline
+modules for baselines) so runs never share TensorFlow state; a sampler thread sums the RSS of all
+processes of the tree every 0.2 s to give the peak memory of all tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kerasdist.errors import RecipeError
+
+STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server", "legacy")
+BASELINES = ("plain_keras", "raw_step", "tf_keras")
+CLUSTER_STRATEGIES = ("multi_worker", "parameter_server")
+
+
+@dataclass
+class Measurement:
+    """One run: its figures (from metrics.json or the baseline's JSON) plus process-tree memory."""
+
+    name: str
+    returncode: int
+    wall_time_s: float
+    peak_rss_mb: float
+    figures: dict[str, Any] = field(default_factory=dict)
+    log: str = ""
+
+
+class _RssSampler(threading.Thread):
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self):
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self.stop.is_set():
+            total = 0
+            try:
+                for proc in [root, *root.children(recursive=True)]:
+                    try:
+                        total += proc.memory_info().rss
+                    except psutil.Error:
+                        pass
+            except psutil.Error:
+                break
+            self.peak = max(self.peak, total)
+            self.stop.wait(0.2)
+
+
+def run_measured(name: str, argv: list[str], *, log_path: Path, timeout_s: float,
+                 env: dict | None = None) -> tuple[int, float, float]:
+    """Run ``argv``; return (returncode, wall seconds, peak RSS of its process tree in MiB)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                env=env or dict(os.environ), start_new_session=True)
+        sampler = _RssSampler(proc.pid)
+        sampler.start()
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            code = proc.wait()
+        finally:
+            sampler.stop.set()
+            sampler.join()
+    return code, time.perf_counter() - start, sampler.peak / 2**20
+
+
+def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) -> dict:
+    """The recipe mapping for one strategy row (same model, data, global batch)."""
+    data = json.loads(json.dumps(raw))
+    if strategy == "mirrored":
+        data["strategy"] = {"kind": "mirrored", "logical_cpus": 2}
+        data["cluster"] = {"kind": "this_process"}
+    elif strategy in CLUSTER_STRATEGIES:
+        data["strategy"] = {"kind": strategy}
+        data["cluster"] = {**data.get("cluster", {}), "kind": "local", "workers": workers,
+                           "ps": 1 if strategy == "parameter_server" else 0}
+    else:
+        data["strategy"] = {"kind": "default"}
+        data["cluster"] = {"kind": "this_process"}
+    data["output"] = {**data.get("output", {}), "run_dir": str(run_dir)}
+    data["trainer"] = {**data.get("trainer", {}), "verbose": 0}
+    return data
+
+
+def _figures_from_metrics(path: Path) -> dict[str, Any]:
+    metrics = json.loads(path.read_text(encoding="utf-8"))
+    history = metrics.get("history", {})
+    return {"throughput": metrics.get("throughput", {}),
+            "val_accuracy": history.get("val_accuracy", []),
+            "val_loss": history.get("val_loss", []),
+            "final_accuracy": metrics.get("evaluation", {}).get("accuracy"),
+            "staleness": metrics.get("staleness"), "ps": metrics.get("parameter_server")}
+
+
+def time_to_target(figures: dict[str, Any], target: float) -> float | None:
+    """Seconds from the start of training to the end of the first epoch with held-out accuracy
+    >= ``target``; None if never reached."""
+    ends = figures.get("throughput", {}).get("epoch_end_s", [])
+    for accuracy, end in zip(figures.get("val_accuracy", []), ends):
+        if accuracy >= target:
+            return end
+    return None
+
+
+def validate_names(strategies: list[str], baselines: list[str]) -> None:
+    """Raises RecipeError for unknown strategy/baseline names (listing the known ones)."""
+    for name in strategies:
+        if name not in STRATEGIES:
+            raise RecipeError(f"--strategies: unknown strategy '{name}'. "
+                              f"Available: {', '.join(STRATEGIES)}")
+    for name in baselines:
+        if name not in BASELINES:
+            raise RecipeError(f"--baselines: unknown baseline '{name}'. "
+                              f"Available: {', '.join(BASELINES)}")
+
+
+def summarize(rows: list[Measurement], target: float) -> dict[str, Any]:
+    """Median and spread over the repeats of one row."""
+    ok = [r for r in rows if r.returncode == 0 and r.figures]
+    rates = [r.figures["throughput"].get("examples_per_sec", 0.0) for r in ok]
+    ttas = [t for t in (time_to_target(r.figures, target) for r in ok) if t is not None]
+    accs = [r.figures.get("final_accuracy") for r in ok if r.figures.get("final_accuracy")]
+    stale = [r.figures["staleness"] for r in ok if r.figures.get("staleness")]
+    return {
+        "runs": len(rows), "succeeded": len(ok),
+        "examples_per_sec_median": statistics.median(rates) if rates else None,
+        "examples_per_sec_min": min(rates) if rates else None,
+        "examples_per_sec_max": max(rates) if rates else None,
+        "time_to_target_s_median": statistics.median(ttas) if ttas else None,
+        "reached_target": f"{len(ttas)}/{len(ok)}",
+        "final_accuracy_median": statistics.median(accs) if accs else None,
+        "peak_rss_mb_median": statistics.median([r.peak_rss_mb for r in rows]) if rows else None,
+        "staleness": stale[0] if stale else None,
+    }
+
+
+def environment() -> dict[str, Any]:
+    """Versions, CPU count and devices of this machine (imports TensorFlow)."""
+    import keras
+    import tensorflow as tf
+
+    return {"tensorflow": tf.__version__, "keras": keras.__version__,
+            "python": platform.python_version(), "cpu_count": os.cpu_count(),
+            "platform": platform.platform(), "processor": platform.processor(),
+            "devices": [d.name for d in tf.config.list_physical_devices()],
+            "note": "all tasks of a cluster run on this one machine and share its CPU cores"}
+
+
+def python() -> str:
+    return sys.executable

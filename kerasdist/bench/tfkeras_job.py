@@ -1,0 +1,107 @@
+"""tf_keras (Keras 2) baseline: its own ``ParameterServerStrategy`` / ``MultiWorkerMirroredStrategy``
+``fit`` on the seed CNN and the recipe's data — the tool Keras 3 users are told to fall back to.
+
+Runs in a process started with ``TF_USE_LEGACY_KERAS=1`` (so ``tf.keras`` is tf_keras 2.x) and
+``TF_CONFIG`` naming its task; needs the optional ``tf-keras`` package (``pip install .[bench]``).
+
+Run: ``python -m kerasdist.bench.tfkeras_job {parameter_server,multi_worker} RECIPE OUT.json``.
+Only the chief (PS coordinator, or MWMS worker 0) writes ``OUT.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def _model(tf, recipe):
+    layers = tf.keras.layers
+    dropout = recipe.model.params.get("dropout", 0.5)
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=(28, 28, 1)),
+        layers.Conv2D(32, 5, padding="same", activation="relu"), layers.MaxPooling2D(2),
+        layers.Conv2D(64, 5, padding="same", activation="relu"), layers.MaxPooling2D(2),
+        layers.Flatten(), layers.Dense(1024, activation="relu"), layers.Dropout(dropout),
+        layers.Dense(10)])
+
+
+def _meter(tf, batch):
+    class Meter(tf.keras.callbacks.Callback):
+        """Same timing rule as kerasdist's ThroughputMeter (steps 2..n of each epoch)."""
+
+        def __init__(self):
+            super().__init__()
+            self.steps, self.seconds, self.last, self.epoch_end, self.start = 0, 0.0, None, [], None
+
+        def on_train_begin(self, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.last = None
+
+        def on_train_batch_end(self, batch_index, logs=None):
+            now = time.perf_counter()
+            if self.last is not None:
+                self.steps, self.seconds = self.steps + 1, self.seconds + now - self.last
+            self.last = now
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.epoch_end.append(time.perf_counter() - self.start)
+
+        def summary(self):
+            rate = self.steps * batch / self.seconds if self.seconds else 0.0
+            return {"examples_per_sec": rate, "timed_steps": self.steps,
+                    "timed_seconds": self.seconds, "global_batch_size": batch,
+                    "epoch_end_s": self.epoch_end}
+
+    return Meter()
+
+
+def run(kind: str, recipe) -> dict | None:
+    import tensorflow as tf
+
+    from kerasdist.cluster.spec import parse_tf_config
+    from kerasdist.data import build_datasets
+
+    tf_config = parse_tf_config(os.environ.get("TF_CONFIG"))
+    data = build_datasets(recipe.data, repeat_train=True)
+    steps = recipe.trainer.steps_per_epoch or data.steps_per_epoch
+    if kind == "parameter_server":
+        strategy = tf.distribute.ParameterServerStrategy(tf_config.cluster_resolver())
+        train = tf.keras.utils.experimental.DatasetCreator(data.train_fn)
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            cluster_resolver=tf_config.cluster_resolver())
+        train = strategy.distribute_datasets_from_function(data.train_fn)
+    with strategy.scope():
+        model = _model(tf, recipe)
+        model.compile(optimizer=tf.keras.optimizers.Adam(recipe.optimizer.learning_rate),
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    meter = _meter(tf, recipe.data.batch_size)
+    start = time.perf_counter()
+    hist = model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps,
+                     validation_data=data.eval_fn(), callbacks=[meter], verbose=0)
+    if not tf_config.is_chief:
+        return None
+    val = [float(v) for v in hist.history.get("val_accuracy", [])]
+    return {"throughput": meter.summary(), "wall_time_s": time.perf_counter() - start,
+            "val_accuracy": val, "final_accuracy": val[-1] if val else None,
+            "tf_keras": tf.keras.__version__ if hasattr(tf.keras, "__version__") else "2.x"}
+
+
+def main(argv=None) -> int:
+    kind, recipe_path, out_path = sys.argv[1:] if argv is None else argv
+    from kerasdist.config import load_recipe
+
+    result = run(kind, load_recipe(recipe_path))
+    if result is not None:
+        with open(out_path, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
