@@ -1,0 +1,60 @@
+"""`kerasdist bench` on a tiny recipe: every field of bench.json, a table, valid PNG plots.
+
+No test asserts a speed: the figures are checked for presence and sanity only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kerasdist.cli import EXIT_BAD_INPUT, main
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+REPO = Path(__file__).parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = ["--set", "trainer.epochs=2", "--set", "trainer.steps_per_epoch=4",
+        "--set", "data.eval_split=test[9000:9128]", "--set", "data.batch_size=32"]
+
+
+def test_bench_tiny_recipe_writes_every_field_and_plots(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), *TINY,
+                 "--strategies", "default", "--baselines", "plain_keras,raw_step",
+                 "--target-accuracy", "0.1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "| row | kind | examples/s" in printed
+    result = json.loads((out / "bench.json").read_text())
+    env = result["environment"]
+    assert {"tensorflow", "keras", "cpu_count", "devices", "python"} <= set(env)
+    assert result["settings"]["global_batch_size"] == 32
+    assert set(result["rows"]) == {"plain_keras", "raw_step", "default"}
+    for name, row in result["rows"].items():
+        summary = row["summary"]
+        assert summary["succeeded"] == summary["runs"] == 1, name
+        assert summary["examples_per_sec_median"] > 0
+        assert summary["examples_per_sec_min"] <= summary["examples_per_sec_max"]
+        assert summary["peak_rss_mb_median"] > 100  # a TensorFlow process tree
+        assert 0 <= summary["final_accuracy_median"] <= 1
+        assert summary["time_to_target_s_median"] > 0  # target 0.1 is reached after epoch 1
+        run = row["runs"][0]
+        assert len(run["figures"]["throughput"]["epoch_end_s"]) == 2
+        assert run["figures"]["throughput"]["timed_steps"] == 2 * 3
+    ratios = result["rows"]["default"]["summary"]["ratio_examples_per_sec"]
+    assert set(ratios) == {"plain_keras", "raw_step"} and all(v > 0 for v in ratios.values())
+    for png in ("curves.png", "throughput.png"):
+        assert (out / png).read_bytes()[:8] == PNG_MAGIC
+    assert "| default | strategy |" in (out / "bench.md").read_text()
+
+
+def test_bench_rejects_unknown_names_before_running(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), "--strategies", "horovod",
+                 "--out", str(out)]) == EXIT_BAD_INPUT
+    assert "unknown strategy 'horovod'" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), "--sweep-workers", "0",
+                 "--out", str(out)]) == EXIT_BAD_INPUT
