@@ -128,3 +128,32 @@ def test_eval_pipeline_keeps_order_and_remainder(digits):
 def test_train_split_smaller_than_a_batch():
     with pytest.raises(DataError, match="fewer than one global batch"):
         build_datasets(DataConfig(train_split="test[:10]", batch_size=32))
+
+
+def test_tfds_source_calls_tfds_load_with_split_and_data_dir(monkeypatch, tmp_path):
+    """The online path: tfds.load gets the recipe's name, split and data_dir (no download here)."""
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    calls = []
+
+    def fake_load(name, *, split, as_supervised, batch_size, data_dir):
+        calls.append((name, split, as_supervised, batch_size, data_dir))
+        images = tf.zeros((3, 28, 28, 1), tf.uint8)
+        return images, tf.constant([1, 2, 3], tf.int64)
+
+    monkeypatch.setattr(tfds, "load", fake_load)
+    x, y = load_split(DataConfig(source="tfds", data_dir=tmp_path), "train[:10%]")
+    assert calls == [("mnist", "train[:10%]", True, -1, str(tmp_path))]
+    assert x.shape == (3, 28, 28) and y.tolist() == [1, 2, 3]
+
+
+def test_tfds_offline_error_points_to_embedded(monkeypatch):
+    import tensorflow_datasets as tfds
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Failed to establish a new connection")
+
+    monkeypatch.setattr(tfds, "load", offline)
+    with pytest.raises(DataError, match="Offline\\? Use data.source: embedded"):
+        load_split(DataConfig(source="tfds"), "train")
