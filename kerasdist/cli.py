@@ -125,7 +125,8 @@ def _cmd_bench(args) -> int:
     try:
         sweep = [int(n) for n in _split(args.sweep_workers)]
     except ValueError:
-        raise RecipeError(f"--sweep-workers takes integers. Received: '{args.sweep_workers}'")
+        raise RecipeError("--sweep-workers takes integers. "
+                          f"Received: '{args.sweep_workers}'") from None
     if any(n < 1 for n in sweep) or args.workers < 1:
         raise RecipeError(f"worker counts must be >= 1. Received: workers={args.workers}, "
                           f"sweep={sweep}")

@@ -63,8 +63,8 @@ def raw_step(recipe) -> dict:
     import tensorflow as tf
 
     from kerasdist.data import make_dataset_fn
-    from kerasdist.training.fit import make_loss
     from kerasdist.models import registry
+    from kerasdist.training.fit import make_loss
 
     model, (x, y), (ex, ey) = _setup(recipe)
     loss_fn = make_loss(registry.resolve(recipe.model.name).loss)

@@ -107,7 +107,7 @@ def plot_throughput(result: dict[str, Any], path: Path) -> Path:
         hatches.append("//" if row["kind"] == "baseline" else "")
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(names)), 4))
     bars = ax.bar(names, values, yerr=[low, high], capsize=4, color="#4c72b0")
-    for bar, hatch in zip(bars, hatches):
+    for bar, hatch in zip(bars, hatches, strict=True):
         bar.set_hatch(hatch)
     ax.set(ylabel="examples/s (timed steps)", title="Training throughput (hatched: baselines)")
     ax.tick_params(axis="x", rotation=30)

@@ -117,7 +117,7 @@ def time_to_target(figures: dict[str, Any], target: float) -> float | None:
     """Seconds from the start of training to the end of the first epoch with held-out accuracy
     >= ``target``; None if never reached."""
     ends = figures.get("throughput", {}).get("epoch_end_s", [])
-    for accuracy, end in zip(figures.get("val_accuracy", []), ends):
+    for accuracy, end in zip(figures.get("val_accuracy", []), ends, strict=False):
         if accuracy >= target:
             return end
     return None

@@ -95,16 +95,7 @@ def _check_address(task: str, address: object) -> None:
         raise ClusterError(f"cluster task {task}: bad port in address. Received: '{address}'")
 
 
-def validate(cluster: Mapping, task_type: str, task_index: int,
-             *, require_ps: bool = False) -> TFConfig:
-    """Validate a cluster mapping and the current task; return a :class:`TFConfig`.
-
-    Raises:
-        ClusterError: unknown task type, empty job, index out of range, malformed or duplicate
-            addresses, or no ``ps`` task when ``require_ps``.
-    """
-    if not isinstance(cluster, Mapping) or not cluster:
-        raise ClusterError(f"TF_CONFIG 'cluster' must be a non-empty mapping. Received: {cluster!r}")
+def _check_jobs(cluster: Mapping) -> dict[str, tuple[str, ...]]:
     seen: dict[str, str] = {}
     clean: dict[str, tuple[str, ...]] = {}
     for job, addresses in cluster.items():
@@ -122,6 +113,20 @@ def validate(cluster: Mapping, task_type: str, task_index: int,
                                    f"same address '{address}'")
             seen[address] = name
         clean[job] = tuple(addresses)
+    return clean
+
+
+def validate(cluster: Mapping, task_type: str, task_index: int,
+             *, require_ps: bool = False) -> TFConfig:
+    """Validate a cluster mapping and the current task; return a :class:`TFConfig`.
+
+    Raises:
+        ClusterError: unknown task type, empty job, index out of range, malformed or duplicate
+            addresses, or no ``ps`` task when ``require_ps``.
+    """
+    if not isinstance(cluster, Mapping) or not cluster:
+        raise ClusterError(f"TF_CONFIG 'cluster' must be a non-empty mapping. Received: {cluster!r}")
+    clean = _check_jobs(cluster)
     if len(clean.get("chief", ())) > 1:
         raise ClusterError(f"TF_CONFIG cluster.chief holds at most one task. "
                            f"Received: {list(clean['chief'])}")

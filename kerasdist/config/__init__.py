@@ -15,9 +15,9 @@ from kerasdist.config.schema import (
     MirroredStrategyConfig,
     ModelConfig,
     MultiWorkerStrategyConfig,
-    ParameterServerStrategyConfig,
     OptimizerConfig,
     OutputConfig,
+    ParameterServerStrategyConfig,
     Recipe,
     TrainerConfig,
 )

@@ -127,7 +127,7 @@ def write_tfrecord(x: np.ndarray, y: np.ndarray, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for image, label in zip(np.asarray(x, np.uint8), np.asarray(y)):
+        for image, label in zip(np.asarray(x, np.uint8), np.asarray(y), strict=True):
             feature = {
                 "image_raw": tf.train.Feature(bytes_list=tf.train.BytesList(value=[image.tobytes()])),
                 "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
