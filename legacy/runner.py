@@ -341,8 +341,15 @@ def run_single_linear(train_steps: int = 4000, learning_rate: float = 0.01, time
 def run_async_cnn(workers: int = 2, steps: int = 600, batch_size: int = 64,
                   learning_rate: float = 1e-3, timeout_s: float = 300, run_dir=None,
                   seed: int = 1, task_args=None, fault: Fault | None = None,
-                  echo=print) -> dict:
-    """Seeds 000 + 003 on 1 ps + ``workers`` workers; ``steps`` is the global last step."""
+                  steps_per_worker: int | None = None, echo=print) -> dict:
+    """Seeds 000 + 003 on 1 ps + ``workers`` workers.
+
+    ``steps`` is the GLOBAL last step (StopAtStepHook): all workers' updates
+    together, so each worker makes about steps / workers of them. Pass
+    ``steps_per_worker`` instead to get steps = steps_per_worker * workers.
+    """
+    if steps_per_worker is not None:
+        steps = steps_per_worker * workers
     run_dir = make_run_dir("async-cnn", run_dir)
     args = [f"--train_steps={steps}", f"--batch_size={batch_size}",
             f"--learning_rate={learning_rate}", f"--seed={seed}",
@@ -352,8 +359,10 @@ def run_async_cnn(workers: int = 2, steps: int = 600, batch_size: int = 64,
                                        echo=echo)
     acc = _parse_or_fail(_ACCURACY, texts["worker:0"], "held-out accuracy", "worker:0", logs, pids)
     names = [f"worker:{i}" for i in range(workers)]
-    return dict(accuracy=float(acc), wall_s=wall, train_s=_train_seconds(texts, names),
-                logs=logs, pids=pids, run_dir=str(run_dir), steps=steps,
+    train_s = _train_seconds(texts, names)
+    return dict(accuracy=float(acc), wall_s=wall, train_s=train_s, train_wall_s=train_s,
+                logs=logs, pids=pids, run_dir=str(run_dir), steps=steps, global_steps=steps,
+                workers=workers, batch_size=batch_size,
                 checkpoint_dir=str(run_dir / "checkpoints"))
 
 
