@@ -94,7 +94,7 @@ def test_async_cnn_reaches_97_percent_on_held_out_digits(tmp_path):
 
 @pytest.mark.timeout(200)
 def test_towers_train_on_two_logical_devices(tmp_path):
-    res = runner.run_towers(devices=2, steps=250, timeout_s=180, run_dir=tmp_path)
+    res = runner.run_towers(devices=2, steps=200, timeout_s=180, run_dir=tmp_path)
     assert res["towers"] == {"tower_0": "/device:CPU:0", "tower_1": "/device:CPU:1"}, res
     assert res["accuracy"] >= 0.95, res
     assert (tmp_path / "tfrecords" / "train.tfrecords").stat().st_size > 8000 * 784
@@ -132,9 +132,9 @@ def test_killed_worker_fails_the_run_within_its_timeout(tmp_path):
 @pytest.mark.timeout(120)
 def test_overall_timeout_names_running_tasks(tmp_path):
     with pytest.raises(runner.ClusterRunError) as info:
-        runner.run_sync_replicas(train_steps=10**6, timeout_s=20, run_dir=tmp_path)
+        runner.run_sync_replicas(train_steps=10**6, timeout_s=12, run_dir=tmp_path)
     err = info.value
-    assert str(err).startswith("timed out after 20 s; still running: worker:0, worker:1")
+    assert str(err).startswith("timed out after 12 s; still running: worker:0, worker:1")
     assert _alive(err.pids) == []
 
 
@@ -142,7 +142,7 @@ def test_overall_timeout_names_running_tasks(tmp_path):
 def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "legacy", "sync-replicas", "--workers", "2",
-           "--train-steps", "400", "--timeout", "150", "--run-dir", str(tmp_path / "ok")]
+           "--train-steps", "300", "--timeout", "150", "--run-dir", str(tmp_path / "ok")]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout + done.stderr
     m = re.search(r"W=([-\d.]+) b=([-\d.]+) \(target W=2, b=10, tolerance 0.1: OK\)", done.stdout)
@@ -151,7 +151,7 @@ def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
     assert len(started) == 3 and _alive(started) == []
 
     # Ctrl-C while training: the runner must take the whole cluster down with it.
-    cmd[cmd.index("400")] = str(10**6)
+    cmd[cmd.index("300")] = str(10**6)
     cmd[-1] = str(tmp_path / "interrupted")
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(env, PYTHONUNBUFFERED="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
