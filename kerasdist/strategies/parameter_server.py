@@ -1,0 +1,79 @@
+"""``parameter_server``: asynchronous training with parameter servers (``ParameterServerStrategy``).
+
+Variables live on the ``ps`` tasks. The process that builds the strategy is the *coordinator*
+(TF_CONFIG task type ``chief``): it creates the variables, schedules training steps onto the
+``worker`` tasks with ``tf.distribute.coordinator.ClusterCoordinator`` and owns checkpoints and
+logging. Each worker applies its gradients to the ps variables without waiting for the others.
+
+Keras 3 ``model.fit`` cannot drive this strategy by itself; kerasdist's coordinator loop
+(:mod:`kerasdist.training.ps`, reached from plain ``model.fit`` after ``kerasdist.enable()``) does.
+
+Source: https://www.tensorflow.org/api_docs/python/tf/distribute/ParameterServerStrategy and
+https://www.tensorflow.org/tutorials/distribute/parameter_server_training
+"""
+
+from __future__ import annotations
+
+from kerasdist.errors import ClusterError
+
+
+def make_partitioner(config, num_ps: int):
+    """The variable partitioner named by ``config.variable_partitioning``, or None.
+
+    * ``none``: every variable lives whole on one ps task (round-robin over the ps tasks).
+    * ``min_size``: ``tf.distribute.experimental.partitioners.MinSizePartitioner``: a variable is
+      split along axis 0 into as many shards as keep each shard at least ``min_shard_bytes``
+      bytes, at most ``max_shards`` (default ``num_ps``) shards.
+    * ``max_shards``: ``FixedShardsPartitioner(max_shards or num_ps)``: every variable of rank
+      >= 1 is split along axis 0 into ``min(max_shards, shape[0])`` shards, whatever its size.
+      Chosen over ``MaxSizePartitioner`` because the recipe names a shard count, not a shard size.
+
+    Args:
+        config: a ``ParameterServerStrategyConfig``.
+        num_ps: number of ps tasks in the cluster (>= 1).
+
+    Returns:
+        A ``tf.distribute.experimental.partitioners.Partitioner`` or None.
+
+    Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/partitioners
+    """
+    import tensorflow as tf
+
+    partitioners = tf.distribute.experimental.partitioners
+    shards = config.max_shards or num_ps
+    if config.variable_partitioning == "min_size":
+        return partitioners.MinSizePartitioner(min_shard_bytes=config.min_shard_bytes,
+                                               max_shards=shards)
+    if config.variable_partitioning == "max_shards":
+        return partitioners.FixedShardsPartitioner(num_shards=shards)
+    return None
+
+
+def build(config, *, cluster_resolver=None, **_):
+    """Return a ``tf.distribute.ParameterServerStrategy`` for the cluster the resolver describes.
+
+    Args:
+        config: a ``ParameterServerStrategyConfig``.
+        cluster_resolver: a ``tf.distribute.cluster_resolver.ClusterResolver`` whose cluster has
+            ``worker`` and ``ps`` jobs and whose task is the coordinator (``chief``); default
+            ``TFConfigClusterResolver()`` (reads the ``TF_CONFIG`` environment variable).
+
+    Returns:
+        The strategy. Building it connects this process to the cluster (the workers and ps
+        tasks must be running) and starts this process's own server at the chief's address.
+
+    Raises:
+        ClusterError: the cluster has no ``ps`` or no ``worker`` task.
+    """
+    import tensorflow as tf
+
+    resolver = cluster_resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    jobs = resolver.cluster_spec().as_dict()
+    num_ps, num_workers = len(jobs.get("ps", [])), len(jobs.get("worker", []))
+    if num_ps < 1 or num_workers < 1:
+        raise ClusterError(
+            "strategy 'parameter_server' needs at least one 'ps' and one 'worker' task in the "
+            f"cluster spec. Received: ps={num_ps}, worker={num_workers} "
+            f"(jobs: {', '.join(sorted(jobs)) or 'none'})")
+    return tf.distribute.ParameterServerStrategy(
+        resolver, variable_partitioner=make_partitioner(config, num_ps))
