@@ -1,0 +1,217 @@
+"""Keras ``fit``/``evaluate`` for models built under ``tf.distribute.ParameterServerStrategy``.
+
+Keras 3 has no parameter-server support. Here the coordinator (this process) schedules small
+``tf.function`` steps (:mod:`~kerasdist.training.ps_steps`) onto the workers with
+``ClusterCoordinator.schedule`` and owns joins, metrics, callbacks and checkpoints
+(:mod:`~kerasdist.training.ps_loop`). After ``kerasdist.enable()`` plain ``model.fit`` and
+``model.evaluate`` come here for such models.
+
+Keras semantics kept: ``epochs``, ``initial_epoch``, ``steps_per_epoch`` (scheduled steps per
+epoch **summed over all workers**; required unless the input is a finite ``tf.data.Dataset`` or
+arrays, whose one pass is the default), ``validation_data``/``validation_steps``/
+``validation_freq``, ``callbacks`` (History, ProgbarLogger, ModelCheckpoint, TensorBoard,
+EarlyStopping, ...), the returned ``History``, ``model.stop_training`` and ``evaluate``'s
+``return_dict``. Inputs: see :mod:`~kerasdist.training.ps_data`.
+
+Validation and ``evaluate`` run as scheduled steps on the workers, over disjoint per-worker shards
+(exact: each batch once); metric variables live on the ps, every worker adds to them and the
+results are read after ``join``. Each epoch's logs (so ``History``) also hold the
+parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i>``,
+``ps_examples_per_sec``, ``ps_staleness_mean``, ``ps_staleness_max``; see
+:class:`~kerasdist.training.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
+
+Not supported (clear ``ValueError``): ``validation_split``, ``class_weight``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kerasdist.training import ps_data, ps_loop, ps_steps
+from kerasdist.training.ps_recipe import fit_recipe  # noqa: F401  (re-export)
+
+
+def is_parameter_server(strategy) -> bool:
+    """Whether ``strategy`` is a ``tf.distribute.ParameterServerStrategy``."""
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
+def cluster_spec(strategy):
+    """The strategy's cluster spec (its public ``cluster_resolver`` is None for this strategy)."""
+    resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
+    return resolver.cluster_spec()
+
+
+def _start(model) -> ps_loop.PSRun:
+    import tensorflow as tf
+
+    strategy = model.distribute_strategy
+    if not is_parameter_server(strategy):
+        raise ValueError("kerasdist.training.ps needs a model built and compiled inside "
+                         "ParameterServerStrategy.scope(). Received: distribute_strategy="
+                         f"{type(strategy).__name__}")
+    if not getattr(model, "compiled", False):
+        raise ValueError("You must call `compile()` before using the model.")
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
+    num_workers = cluster_spec(strategy).num_tasks("worker")
+    return ps_loop.PSRun(model=model, strategy=strategy, coordinator=coordinator,
+                         num_workers=num_workers)
+
+
+def _build(run: ps_loop.PSRun, per_worker_dataset) -> None:
+    """Create model, metric and optimizer variables (on the ps) before tracing any step."""
+    with run.strategy.scope():
+        run.model._symbolic_build(data_batch=per_worker_dataset.element_spec)
+
+
+@dataclass
+class _Eval:
+    dataset: Any
+    steps: int | None
+    batches: int
+
+
+def _eval_input(run, data, *, steps, batch_size, argument: str, steps_argument: str) -> _Eval:
+    x, y, weights = data, None, None
+    if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3 and not callable(data[0]):
+        x, y, weights = (tuple(data) + (None,))[:3]
+    ps_input = ps_data.to_ps_input(x, y, sample_weight=weights, batch_size=batch_size,
+                                   num_workers=run.num_workers, argument=argument)
+    if steps is None:
+        ps_input = ps_data.probe_infinite(ps_input, num_workers=run.num_workers,
+                                          replicas=run.strategy.num_replicas_in_sync)
+    steps = ps_data.resolve_steps(steps, ps_input, argument=steps_argument, training=False)
+    dataset = ps_data.make_per_worker_dataset(run.coordinator, ps_input,
+                                              num_workers=run.num_workers, repeat=False)
+    return _Eval(dataset, steps, ps_input.batches)
+
+
+def _should_validate(epoch: int, freq) -> bool:
+    if isinstance(freq, int):
+        return (epoch + 1) % freq == 0
+    return epoch + 1 in freq
+
+
+def _check_unsupported(**given) -> None:
+    bad = {k: v for k, v in given.items() if v}
+    if bad:
+        raise ValueError(
+            f"{', '.join(bad)} is not supported with ParameterServerStrategy; pass validation "
+            "data through `validation_data` and weights in the dataset. Received: "
+            + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+
+
+def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validation, freq):
+    model, total, training_logs = run.model, ps_loop.PSStats(run.num_workers), None
+    for epoch in range(initial_epoch, epochs):
+        model.reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        last_logs, stats = ps_loop.train_epoch(run, iterator, steps=steps, callbacks=callbacks)
+        epoch_logs = ps_loop.metrics_logs(model, last_logs)
+        epoch_logs.update(stats.logs(ps_loop.global_step(model)))
+        if validation is not None and _should_validate(epoch, freq):
+            val_logs = ps_loop.evaluate_loop(run, iter(validation.dataset), steps=validation.steps,
+                                             batches=validation.batches, callbacks=callbacks)
+            epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
+        callbacks.on_epoch_end(epoch, epoch_logs)
+        total.merge(stats)
+        training_logs = epoch_logs
+        if model.stop_training:
+            break
+    return training_logs, total
+
+
+def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="auto",
+        callbacks=None, validation_split: float = 0.0, validation_data=None, shuffle: bool = True,
+        class_weight=None, sample_weight=None, initial_epoch: int = 0, steps_per_epoch=None,
+        validation_steps=None, validation_batch_size=None, validation_freq=1):
+    """``model.fit`` under ``ParameterServerStrategy`` (arguments as Keras's; see module docs).
+
+    Args:
+        model: compiled inside ``ParameterServerStrategy.scope()``.
+        x: dataset function ``fn(input_context)``, ``tf.data.Dataset`` or arrays.
+        steps_per_epoch: scheduled steps per epoch, summed over workers.
+        validation_data: like ``x``, or a tuple ``(x_val, y_val[, sample_weight])`` of arrays.
+        validation_steps: batches per validation, summed over workers; None = the whole set.
+
+    Returns:
+        The ``keras.callbacks.History``; ``history.ps_stats`` holds the run's
+        parameter-server figures (``PSStats.summary``).
+
+    Raises:
+        ValueError: not a ParameterServerStrategy model, unsupported arguments, a missing
+            ``steps_per_epoch`` (the message names it and the received value), bad inputs.
+    """
+    import keras
+
+    _check_unsupported(validation_split=validation_split, class_weight=class_weight)
+    run = _start(model)
+    train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                   shuffle=shuffle, num_workers=run.num_workers)
+    steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
+                                  training=True)
+    with ps_steps.atomic_variable_updates():
+        train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,
+                                                   num_workers=run.num_workers, repeat=True)
+        _build(run, train_ds)
+        validation = None if validation_data is None else _eval_input(
+            run, validation_data, steps=validation_steps, batch_size=validation_batch_size,
+            argument="validation_data", steps_argument="validation_steps")
+        run.train_function = ps_steps.make_train_function(
+            model, run.strategy, steps_per_execution=int(model.steps_per_execution or 1))
+        run.test_function = ps_steps.make_test_function(model, run.strategy)
+        if not isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = keras.callbacks.CallbackList(
+                callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose,
+                epochs=epochs, steps=steps, model=model)
+        model.stop_training = False
+        callbacks.on_train_begin()
+        initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+        logs, total = _epochs(run, iter(train_ds), callbacks, epochs=epochs,
+                              initial_epoch=initial_epoch, steps=steps, validation=validation,
+                              freq=validation_freq)
+    if model.optimizer is not None and epochs > initial_epoch:
+        model.optimizer.finalize_variable_values(model.trainable_weights)
+    callbacks.on_train_end(logs=logs)
+    history = next((cb for cb in callbacks.callbacks if isinstance(cb, keras.callbacks.History)),
+                   None) or keras.callbacks.History()
+    history.ps_stats = total.summary(ps_loop.global_step(model))
+    return history
+
+
+def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_weight=None,
+             steps=None, callbacks=None, return_dict: bool = False):
+    """``model.evaluate`` under ``ParameterServerStrategy`` (arguments as Keras's).
+
+    Runs ``test_step`` as scheduled steps over disjoint per-worker shards of ``x`` (see module
+    docs); ``steps`` counts batches summed over workers, None = every batch once.
+
+    Returns:
+        The scalar loss/metrics as Keras returns them (a list, a float, or a dict with
+        ``return_dict``), read from the ps variables after the last step.
+
+    Raises:
+        ValueError: as :func:`fit`; ``steps`` is None for an infinite input.
+    """
+    import keras
+
+    run = _start(model)
+    with ps_steps.atomic_variable_updates():
+        evaluation = _eval_input(run, (x, y, sample_weight) if y is not None else x, steps=steps,
+                                 batch_size=batch_size, argument="x", steps_argument="steps")
+        _build(run, evaluation.dataset)
+        run.test_function = ps_steps.make_test_function(model, run.strategy)
+        if not isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = keras.callbacks.CallbackList(
+                callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+                steps=evaluation.steps or (evaluation.batches if evaluation.batches > 0 else None),
+                model=model)
+        logs = ps_loop.evaluate_loop(run, iter(evaluation.dataset), steps=evaluation.steps,
+                                     batches=evaluation.batches, callbacks=callbacks)
+    if return_dict:
+        return logs
+    values = list(logs.values())
+    return values[0] if len(values) == 1 else values

@@ -1,0 +1,235 @@
+"""Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker.
+
+``ParameterServerStrategy`` never sends batches from the coordinator: each worker runs its own
+input pipeline, created with ``ClusterCoordinator.create_per_worker_dataset``, and a scheduled step
+calls ``next()`` on the iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
+
+* **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (kerasdist convention,
+  e.g. :func:`kerasdist.data.make_dataset_fn`). It is called on each worker with a
+  ``tf.distribute.InputContext`` whose ``num_input_pipelines`` is the number of workers and whose
+  ``input_pipeline_id`` is the worker index (an int64 scalar tensor). It must shard or seed by
+  that id so that workers see different batches, and batch with
+  ``input_context.get_per_replica_batch_size(global_batch)``.
+* **a ``tf.data.Dataset``** (usually batched). Its graph is serialized once and rebuilt on each
+  worker, where worker ``i`` of ``N`` keeps elements ``i, i+N, i+2N, ...`` (``Dataset.shard`` on
+  the dataset's elements, i.e. on whole batches when it is batched). With a deterministic order
+  (no shuffle, or a seeded one; ``keras.utils.set_random_seed`` seeds unseeded shuffles) the
+  workers read disjoint batches. Every worker still runs the whole pipeline and drops the
+  batches of the others, so prefer a dataset function when preprocessing is expensive.
+  Datasets that cannot be serialized (``from_generator``, Python functions) need a dataset
+  function.
+* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32): worker
+  ``i`` keeps examples ``i, i+N, ...``, shuffles them each pass when ``shuffle`` and batches them.
+
+Training pipelines are repeated forever on the workers, so an epoch is ``steps_per_epoch``
+scheduled steps summed over all workers; evaluation pipelines are not repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+INFINITE = -1  # tf.data.INFINITE_CARDINALITY
+UNKNOWN = -2  # tf.data.UNKNOWN_CARDINALITY
+
+
+@dataclass(frozen=True)
+class PSInput:
+    """An input normalised for per-worker creation.
+
+    Attributes:
+        dataset_fn: ``fn(input_context) -> tf.data.Dataset`` to run on each worker.
+        batches: batches in one pass summed over all workers; ``INFINITE``, or ``UNKNOWN`` for a
+            dataset function (it is not built on the coordinator).
+        kind: ``"dataset_fn"``, ``"dataset"`` or ``"arrays"`` (for messages).
+    """
+
+    dataset_fn: Callable[[Any], Any]
+    batches: int
+    kind: str
+
+
+def _from_dataset(dataset, num_workers: int) -> PSInput:
+    import tensorflow as tf
+
+    try:
+        graph_def = tf.raw_ops.DatasetToGraphV2(
+            input_dataset=tf.data.experimental.to_variant(dataset),
+            external_state_policy=0, strip_device_assignment=True)  # 0 = WARN
+    except tf.errors.OpError as err:
+        raise ValueError(
+            "ParameterServerStrategy: this tf.data.Dataset cannot be serialized to run on the "
+            f"workers ({err.message.splitlines()[0]}). Pass a dataset function "
+            "`fn(input_context) -> tf.data.Dataset` instead. Received: x=<tf.data.Dataset>"
+        ) from None
+    spec = dataset.element_spec
+
+    def dataset_fn(input_context):
+        rebuilt = tf.data.experimental.from_variant(
+            tf.raw_ops.DatasetFromGraph(graph_def=graph_def), structure=spec)
+        return rebuilt.shard(num_workers, input_context.input_pipeline_id)
+
+    return PSInput(dataset_fn, int(dataset.cardinality().numpy()), "dataset")
+
+
+def _from_arrays(data, *, batch_size: int, shuffle: bool, num_workers: int) -> PSInput:
+    import tensorflow as tf
+
+    num = len(tf.nest.flatten(data)[0])
+
+    def dataset_fn(input_context):
+        ds = tf.data.Dataset.from_tensor_slices(data)
+        ds = ds.shard(num_workers, input_context.input_pipeline_id)
+        if shuffle:
+            ds = ds.shuffle(max(1, math.ceil(num / num_workers)), reshuffle_each_iteration=True)
+        return ds.batch(batch_size)
+
+    per_worker = [len(range(i, num, num_workers)) for i in range(num_workers)]
+    return PSInput(dataset_fn, sum(math.ceil(n / batch_size) for n in per_worker), "arrays")
+
+
+def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
+                shuffle: bool = False, num_workers: int, argument: str = "x") -> PSInput:
+    """Normalise a ``model.fit``/``evaluate`` input for per-worker creation (see module docs).
+
+    Args:
+        x: dataset function, ``tf.data.Dataset`` or NumPy array(s) (array, tuple, dict).
+        y, sample_weight: arrays matching ``x`` (arrays only).
+        batch_size: examples per step for arrays (default 32); must be None otherwise.
+        shuffle: shuffle arrays on each worker every pass.
+        num_workers: number of workers (>= 1).
+        argument: the name shown in errors (``x``, ``validation_data``).
+
+    Returns:
+        :class:`PSInput`.
+
+    Raises:
+        ValueError: ``y``/``sample_weight``/``batch_size`` given with a dataset or function;
+            an input of another type; a dataset that cannot be serialized.
+    """
+    import tensorflow as tf
+
+    is_dataset = isinstance(x, tf.data.Dataset)
+    if is_dataset or callable(x):
+        given = {"y": y, "sample_weight": sample_weight, "batch_size": batch_size}
+        extra = {k: v for k, v in given.items() if v is not None}
+        if extra:
+            raise ValueError(f"`{', '.join(extra)}` must be None when `{argument}` is a dataset or "
+                             f"a dataset function (it yields batches of (x, y[, sample_weight])). "
+                             f"Received: {', '.join(f'{k}={v!r}' for k, v in extra.items())}")
+        if is_dataset:
+            return _from_dataset(x, num_workers)
+        return PSInput(x, UNKNOWN, "dataset_fn")
+    if isinstance(x, (np.ndarray, list, tuple, dict)) or hasattr(x, "__array__"):
+        data = tuple(v for v in (x, y, sample_weight) if v is not None)
+        return _from_arrays(data if len(data) > 1 else data[0], batch_size=batch_size or 32,
+                            shuffle=shuffle, num_workers=num_workers)
+    raise ValueError(
+        f"ParameterServerStrategy training reads `{argument}` on the workers: pass a dataset "
+        "function `fn(input_context) -> tf.data.Dataset`, a tf.data.Dataset or NumPy arrays. "
+        f"Received: {argument}={type(x).__name__}")
+
+
+def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) -> int | None:
+    """Steps per epoch (training) or per evaluation, summed over all workers.
+
+    Args:
+        steps: the user's value, or None.
+        ps_input: the normalised input.
+        argument: its name in messages (``steps_per_epoch``, ``validation_steps``, ``steps``).
+        training: training pipelines repeat forever, so ``steps`` defaults to one pass over a
+            finite input of known size and is required otherwise. Evaluation with None runs
+            every worker's shard to its end.
+
+    Returns:
+        A positive int, or None (evaluation until the data ends).
+
+    Raises:
+        ValueError: ``steps`` is not a positive int, or it is None where it is required.
+    """
+    if steps is not None:
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise ValueError(f"`{argument}` must be a positive int. Received: {argument}={steps!r}")
+        return int(steps)
+    if ps_input.batches > 0 and training:
+        return ps_input.batches
+    if ps_input.batches == INFINITE or (training and ps_input.batches == UNKNOWN):
+        what = ("an infinite dataset" if ps_input.batches == INFINITE
+                else f"a {ps_input.kind.replace('_', ' ')} of unknown length")
+        raise ValueError(
+            f"`{argument}` is required with ParameterServerStrategy and {what}: each worker reads "
+            f"its own repeated pipeline, so an epoch ends after `{argument}` scheduled steps, "
+            f"summed over all workers. Received: {argument}=None")
+    return None
+
+
+def probe_infinite(ps_input: PSInput, *, num_workers: int, replicas: int) -> PSInput:
+    """Mark a dataset function whose pipeline never ends as ``INFINITE``.
+
+    Builds worker 0's pipeline once on the coordinator (cheap for in-memory data) and reads its
+    ``cardinality()``, so that evaluation without ``steps`` fails fast instead of running forever.
+    Other inputs are returned unchanged.
+    """
+    import dataclasses
+
+    import tensorflow as tf
+
+    if ps_input.kind != "dataset_fn":
+        return ps_input
+    context = tf.distribute.InputContext(num_input_pipelines=num_workers, input_pipeline_id=0,
+                                         num_replicas_in_sync=replicas)
+    if int(ps_input.dataset_fn(context).cardinality().numpy()) == INFINITE:
+        return dataclasses.replace(ps_input, batches=INFINITE)
+    return ps_input
+
+
+def worker_dataset(ps_input: PSInput, context, *, repeat: bool):
+    """Call ``ps_input.dataset_fn(context)`` while tracing a per-worker dataset function.
+
+    ``context.input_pipeline_id`` is the worker index, a tensor. TensorFlow's
+    ``random_seed.get_seed`` compares ``(graph_seed, op_seed) == (0, 0)`` in Python, so with the
+    global seed 0 (``keras.utils.set_random_seed(0)``) a shuffle seeded by ``seed +
+    input_pipeline_id`` cannot be traced. A graph seed of 0 is therefore replaced by 1 in this
+    function's graph only (runs stay reproducible: the streams are those of seed 1).
+    """
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    if graph.seed is not None and graph.seed % (2**31 - 1) == 0:
+        tf.random.set_seed(1)
+    ds = ps_input.dataset_fn(context)
+    return ds.repeat() if repeat else ds
+
+
+def make_per_worker_dataset(coordinator, ps_input: PSInput, *, num_workers: int, repeat: bool):
+    """Create the per-worker datasets of ``ps_input`` on every worker.
+
+    Args:
+        coordinator: the ``tf.distribute.coordinator.ClusterCoordinator``.
+        ps_input: the normalised input.
+        num_workers: number of workers.
+        repeat: repeat each worker's pipeline forever (training).
+
+    Returns:
+        The ``PerWorkerDataset``; ``iter()`` of it gives per-worker iterators to pass to
+        ``coordinator.schedule``. Source:
+        https://www.tensorflow.org/api_docs/python/tf/distribute/coordinator/ClusterCoordinator#create_per_worker_dataset
+    """
+    import tensorflow as tf
+
+    strategy = coordinator.strategy
+    replicas = strategy.num_replicas_in_sync
+
+    def per_worker_fn():
+        index = tf.distribute.coordinator.experimental_get_current_worker_index()
+        context = tf.distribute.InputContext(num_input_pipelines=num_workers,
+                                             input_pipeline_id=index,
+                                             num_replicas_in_sync=replicas)
+        return strategy.distribute_datasets_from_function(
+            lambda _: worker_dataset(ps_input, context, repeat=repeat))
+
+    return coordinator.create_per_worker_dataset(per_worker_fn)
