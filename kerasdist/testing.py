@@ -1,0 +1,59 @@
+"""pytest fixtures for code that trains under ``ParameterServerStrategy``.
+
+Use as a plugin, in a ``conftest.py`` or a test module::
+
+    pytest_plugins = ["kerasdist.testing"]
+
+    def test_my_training(ps_strategy):
+        with ps_strategy.scope():
+            model = ...
+
+Fixtures (session-scoped: in-process servers cannot be stopped, so one cluster serves the whole
+pytest session; see :mod:`kerasdist.cluster.inprocess`):
+
+* ``inprocess_ps_cluster``: an :class:`~kerasdist.cluster.inprocess.InProcessCluster` with 2
+  workers and 1 ps, worker servers configured against the 2-core deadlock.
+* ``ps_strategy``: a ``tf.distribute.ParameterServerStrategy`` on that cluster (variables of
+  different tests accumulate on the ps for the session; build fresh models per test).
+  TensorFlow's ``ParameterServerStrategy.__init__`` sets the environment variables
+  ``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE`` and ``TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY`` for the
+  process; requesting this fixture makes that happen once, at session setup, so that tests which
+  build further strategies (e.g. through ``fit_recipe``) do not count as leaking them.
+* ``kerasdist_enabled`` (per test): ``kerasdist.enable()`` for the test, undone afterwards when
+  it was not enabled before.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+NUM_WORKERS = 2
+NUM_PS = 1
+
+
+@pytest.fixture(scope="session")
+def inprocess_ps_cluster():
+    """A running in-process cluster: ``NUM_WORKERS`` workers, ``NUM_PS`` ps, for the session."""
+    from kerasdist.cluster.inprocess import start_inprocess_cluster
+
+    return start_inprocess_cluster(num_workers=NUM_WORKERS, num_ps=NUM_PS)
+
+
+@pytest.fixture(scope="session")
+def ps_strategy(inprocess_ps_cluster):
+    """``tf.distribute.ParameterServerStrategy`` connected to ``inprocess_ps_cluster``."""
+    import tensorflow as tf
+
+    return tf.distribute.ParameterServerStrategy(inprocess_ps_cluster.cluster_resolver)
+
+
+@pytest.fixture
+def kerasdist_enabled():
+    """Route ``model.fit``/``evaluate`` of ParameterServerStrategy models to kerasdist."""
+    from kerasdist.training import dispatch
+
+    was_enabled = dispatch.is_enabled()
+    dispatch.enable()
+    yield
+    if not was_enabled:
+        dispatch.disable()
