@@ -1,0 +1,200 @@
+"""Parameter-server pieces that need no servers: partitioners, inputs, steps rules, stats, opt-in."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kerasdist.cluster.inprocess import start_inprocess_cluster
+from kerasdist.config import ParameterServerStrategyConfig
+from kerasdist.data import make_dataset_fn
+from kerasdist.errors import ClusterError
+from kerasdist.strategies import parameter_server
+from kerasdist.training import dispatch, ps_data, ps_loop, ps_steps
+
+
+def _context(worker: int, workers: int = 2):
+    return tf.distribute.InputContext(num_input_pipelines=workers,
+                                      input_pipeline_id=tf.constant(worker, tf.int64),
+                                      num_replicas_in_sync=1)
+
+
+def _batches(ds) -> list[list[int]]:
+    return [np.asarray(b[0] if isinstance(b, tuple) else b).ravel().tolist() for b in ds]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind, shape, expected", [
+    ("none", (1024, 1024), None),
+    ("min_size", (1024, 1024), [3, 1]),  # 4 MiB, >= 256 KiB a shard: capped at 3 shards
+    ("min_size", (16, 16), [1, 1]),  # 1 KiB: one shard
+    ("max_shards", (16, 16), [3, 1]),  # fixed: 3 shards whatever the size
+    ("max_shards", (2, 16), [2, 1]),  # never more shards than rows
+])
+def test_partitioner_choice(kind, shape, expected):
+    config = ParameterServerStrategyConfig(variable_partitioning=kind)
+    partitioner = parameter_server.make_partitioner(config, num_ps=3)
+    if expected is None:
+        assert partitioner is None
+    else:
+        assert list(partitioner(tf.TensorShape(shape), tf.float32)) == expected
+
+
+@pytest.mark.timeout(60)
+def test_strategy_without_ps_is_refused_before_connecting():
+    spec = tf.train.ClusterSpec({"worker": ["localhost:1"], "chief": ["localhost:2"]})
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief",
+                                                                     task_id=0, rpc_layer="grpc")
+    with pytest.raises(ClusterError, match=r"Received: ps=0, worker=1"):
+        parameter_server.build(ParameterServerStrategyConfig(), cluster_resolver=resolver)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_workers": 0}, "Received: num_workers=0"),
+    ({"num_workers": 2, "inter_op_threads": 2}, r"num_workers \+ 1 = 3.*inter_op_threads=2"),
+])
+def test_inprocess_cluster_rejects_bad_counts(kwargs, message):
+    with pytest.raises(ClusterError, match=message):
+        start_inprocess_cluster(**kwargs)
+
+
+@pytest.mark.timeout(60)
+def test_steps_rules():
+    fn_input = ps_data.to_ps_input(lambda ctx: None, num_workers=2)
+    with pytest.raises(ValueError, match=r"`steps_per_epoch` is required.*"
+                                         r"Received: steps_per_epoch=None"):
+        ps_data.resolve_steps(None, fn_input, argument="steps_per_epoch", training=True)
+    with pytest.raises(ValueError, match=r"positive int. Received: steps_per_epoch=0"):
+        ps_data.resolve_steps(0, fn_input, argument="steps_per_epoch", training=True)
+    assert ps_data.resolve_steps(None, fn_input, argument="steps", training=False) is None
+    finite = ps_data.to_ps_input(tf.data.Dataset.range(10).batch(4), num_workers=2)
+    assert ps_data.resolve_steps(None, finite, argument="steps_per_epoch", training=True) == 3
+    endless = ps_data.to_ps_input(tf.data.Dataset.range(10).repeat(), num_workers=2)
+    with pytest.raises(ValueError, match="infinite dataset"):
+        ps_data.resolve_steps(None, endless, argument="steps_per_epoch", training=True)
+    repeated_fn = ps_data.probe_infinite(
+        ps_data.to_ps_input(lambda ctx: tf.data.Dataset.range(3).repeat(), num_workers=2),
+        num_workers=2, replicas=1)
+    with pytest.raises(ValueError, match="Received: validation_steps=None"):
+        ps_data.resolve_steps(None, repeated_fn, argument="validation_steps", training=False)
+
+
+@pytest.mark.timeout(60)
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match=r"Received: y=array"):
+        ps_data.to_ps_input(tf.data.Dataset.range(4), np.zeros(4), num_workers=2)
+    with pytest.raises(ValueError, match=r"Received: x=str"):
+        ps_data.to_ps_input("data.csv", num_workers=2)
+
+
+@pytest.mark.timeout(60)
+def test_dataset_input_gives_workers_disjoint_batches():
+    ps_input = ps_data.to_ps_input(tf.data.Dataset.range(10).batch(2), num_workers=2)
+    first, second = (_batches(ps_input.dataset_fn(_context(i))) for i in (0, 1))
+    assert first == [[0, 1], [4, 5], [8, 9]] and second == [[2, 3], [6, 7]]
+
+
+@pytest.mark.timeout(60)
+def test_array_input_gives_workers_disjoint_examples():
+    x = np.arange(11, dtype=np.float32)
+    ps_input = ps_data.to_ps_input(x, x, batch_size=2, shuffle=True, num_workers=2)
+    assert ps_input.batches == 3 + 3  # 6 and 5 examples, batches of 2
+    seen = [sorted(v for b in _batches(ps_input.dataset_fn(_context(i))) for v in b)
+            for i in (0, 1)]
+    assert seen == [list(range(0, 11, 2)), list(range(1, 11, 2))]
+
+
+@pytest.mark.timeout(60)
+def test_kerasdist_dataset_fn_shards_by_worker_tensor():
+    x = np.arange(64, dtype=np.float32).reshape(64, 1)
+    fn = make_dataset_fn(x, np.zeros(64, np.int64), global_batch_size=8, training=True)
+    seen = [{v for b in _batches(fn(_context(i))) for v in b} for i in (0, 1)]
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 64
+
+
+@pytest.mark.timeout(60)
+def test_worker_index_seeded_shuffle_traces_with_global_seed_zero():
+    x = np.arange(16, dtype=np.float32).reshape(16, 1)
+    fn = make_dataset_fn(x, np.zeros(16, np.int64), global_batch_size=4, training=True)
+    ps_input = ps_data.to_ps_input(fn, num_workers=2)
+    traced = tf.function(lambda i: ps_data.worker_dataset(ps_input, _context(0), repeat=False)
+                         .reduce(tf.constant(0.0), lambda a, b: a + tf.reduce_sum(b[0])))
+    tf.random.set_seed(0)  # keras.utils.set_random_seed(0): seed + worker tensor used to fail
+    try:
+        assert float(traced(tf.constant(0))) == sum(range(0, 16, 2))
+    finally:
+        tf.random.set_seed(None)
+
+
+@pytest.mark.timeout(60)
+def test_stats_arithmetic():
+    stats = ps_loop.PSStats(num_workers=2)
+    stats.add([0, 1, 0, 0, 32], timed=False)
+    stats.add([1, 2, 3, 2, 64], timed=True)
+    stats.timed_seconds = 2.0
+    other = ps_loop.PSStats(num_workers=2)
+    other.add([1, 1, 1, 1, 32], timed=True)
+    stats.merge(other)
+    logs = stats.logs(global_step=7)
+    assert logs["ps_steps"] == 4 and logs["ps_steps_worker_0"] == 1
+    assert logs["ps_steps_worker_1"] == 3 and logs["ps_staleness_max"] == 2
+    assert logs["ps_staleness_mean"] == pytest.approx(1.0)
+    assert logs["ps_examples_per_sec"] == pytest.approx(96 / 2.0)
+    summary = stats.summary(global_step=7)
+    assert summary["steps_per_worker"] == [1, 3] and summary["examples"] == 128
+
+
+@pytest.mark.timeout(60)
+def test_atomic_updates_patch_is_scoped_and_reentrant():
+    from keras.src.backend.tensorflow.core import Variable
+
+    original = Variable.assign_add
+    var = keras.Variable(1.0)
+    with ps_steps.atomic_variable_updates():
+        with ps_steps.atomic_variable_updates():
+            assert Variable.assign_add is not original
+        assert Variable.assign_add is not original
+        var.assign_add(2.0)
+        var.assign_sub(0.5)
+    assert Variable.assign_add is original and "assign_add" not in Variable.__dict__
+    assert float(var.numpy()) == pytest.approx(2.5)
+
+
+@pytest.fixture
+def restore_dispatch():
+    was = dispatch.is_enabled()
+    yield
+    (dispatch.enable if was else dispatch.disable)()
+
+
+@pytest.mark.timeout(120)
+def test_enable_is_idempotent_and_leaves_other_strategies_to_keras(restore_dispatch):
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    dispatch.disable()
+    keras_fit = TensorFlowTrainer.__dict__["fit"]
+    dispatch.enable()
+    dispatch.enable()
+    wrapped = TensorFlowTrainer.__dict__["fit"]
+    assert dispatch.is_enabled() and wrapped is not keras_fit
+    assert wrapped._kerasdist_original is keras_fit
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    history = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2 and not hasattr(history, "ps_stats")
+    dispatch.disable()
+    assert TensorFlowTrainer.__dict__["fit"] is keras_fit and not dispatch.is_enabled()
+
+
+@pytest.mark.timeout(60)
+def test_ps_fit_refuses_a_model_of_another_strategy():
+    from kerasdist.training import ps
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r"ParameterServerStrategy.scope\(\). "
+                                         r"Received: distribute_strategy=_Default"):
+        ps.fit(model, np.ones((4, 2)), np.ones((4, 1)))
