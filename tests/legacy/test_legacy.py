@@ -142,7 +142,7 @@ def test_overall_timeout_names_running_tasks(tmp_path):
 def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "legacy", "sync-replicas", "--workers", "2",
-           "--train-steps", "300", "--timeout", "150", "--run-dir", str(tmp_path / "ok")]
+           "--train-steps", "400", "--timeout", "150", "--run-dir", str(tmp_path / "ok")]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert done.returncode == 0, done.stdout + done.stderr
     m = re.search(r"W=([-\d.]+) b=([-\d.]+) \(target W=2, b=10, tolerance 0.1: OK\)", done.stdout)
@@ -151,7 +151,7 @@ def test_cli_runs_the_cluster_and_ctrl_c_stops_every_process(tmp_path):
     assert len(started) == 3 and _alive(started) == []
 
     # Ctrl-C while training: the runner must take the whole cluster down with it.
-    cmd[cmd.index("300")] = str(10**6)
+    cmd[cmd.index("400")] = str(10**6)
     cmd[-1] = str(tmp_path / "interrupted")
     proc = subprocess.Popen(cmd, cwd=REPO, env=dict(env, PYTHONUNBUFFERED="1"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
