@@ -79,8 +79,8 @@ def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s) -> list
 
 def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measurement:
     """The TF1 async CNN flow from legacy/ (between-graph, replica_device_setter)."""
-    steps = (recipe.trainer.steps_per_epoch or 8000 // recipe.data.batch_size) * \
-        recipe.trainer.epochs // workers
+    # Global steps (all workers' updates together), as kerasdist's parameter_server row counts.
+    steps = (recipe.trainer.steps_per_epoch or 8000 // recipe.data.batch_size) * recipe.trainer.epochs
     code = ("import json,sys; sys.path.insert(0, %r); from legacy.runner import run_async_cnn; "
             "r = run_async_cnn(workers=%d, steps=%d, batch_size=%d); "
             "json.dump({k: v for k, v in r.items() if isinstance(v, (int, float, str))}, "
@@ -88,8 +88,8 @@ def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measureme
     m = _run_json_job(tag, [python(), "-c", code], out, timeout_s=timeout_s)
     if m.figures:
         train_s = m.figures.get("train_wall_s") or m.figures.get("wall_s") or m.wall_time_s
-        m.figures = {"throughput": {"examples_per_sec": steps * workers *
-                                    recipe.data.batch_size / train_s, "epoch_end_s": []},
+        m.figures = {"throughput": {"examples_per_sec": steps * recipe.data.batch_size / train_s,
+                                    "epoch_end_s": []},
                      "final_accuracy": m.figures.get("accuracy"), "legacy": m.figures}
     return m
 
