@@ -21,12 +21,21 @@ from kerasdist.errors import (  # noqa: E402
 )
 
 
-def fit(recipe, **kwargs):
-    """Train a recipe; see :func:`kerasdist.training.fit`. Imports TensorFlow on first call."""
-    from kerasdist.training import fit as _fit
+def enable() -> None:
+    """Opt in: plain ``model.fit``/``evaluate`` under every supported strategy (see
+    :func:`kerasdist.training.dispatch.enable`). Imports Keras/TensorFlow."""
+    from kerasdist.training.dispatch import enable as _enable
 
-    return _fit(recipe, **kwargs)
+    _enable()
+
+
+def fit(recipe, **kwargs):
+    """Run a recipe wherever its strategy and cluster say (see :func:`kerasdist.training.run.run`);
+    returns the RunResult in the process that owns the outputs. Imports TensorFlow."""
+    from kerasdist.training.run import run as _run
+
+    return _run(recipe, **kwargs)
 
 
 __all__ = ["ClusterError", "DataError", "KerasdistError", "Recipe", "RecipeError", "RunDirError",
-           "__version__", "fit", "load_recipe"]
+           "__version__", "enable", "fit", "load_recipe"]

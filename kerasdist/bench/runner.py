@@ -110,7 +110,16 @@ def _figures_from_metrics(path: Path) -> dict[str, Any]:
             "val_accuracy": history.get("val_accuracy", []),
             "val_loss": history.get("val_loss", []),
             "final_accuracy": metrics.get("evaluation", {}).get("accuracy"),
-            "staleness": metrics.get("staleness"), "ps": metrics.get("parameter_server")}
+            "staleness": _staleness(metrics.get("parameter_server")),
+            "ps": metrics.get("parameter_server")}
+
+
+def _staleness(ps: dict | None) -> dict | None:
+    """Parameter-server staleness (updates applied by others between a step's read of the
+    variables and its own update), mean and max over the run; None for other strategies."""
+    if not ps or "staleness_mean" not in ps:
+        return None
+    return {"mean": ps["staleness_mean"], "max": ps.get("staleness_max")}
 
 
 def time_to_target(figures: dict[str, Any], target: float) -> float | None:
