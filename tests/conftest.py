@@ -20,6 +20,22 @@ def pytest_configure(config):
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
 
 
+IN_PROCESS_CLUSTER_FIXTURES = {"inprocess_ps_cluster", "ps_strategy"}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Run the tests that connect this process to an in-process cluster last.
+
+    ``tf.config.experimental_connect_to_cluster`` cannot be undone and its servers can never be
+    stopped; a MirroredStrategy step run afterwards in the same process hangs. Keeping those
+    tests at the end keeps every other test in a process that was never connected.
+    """
+    def connects(item) -> bool:
+        return bool(IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+    items.sort(key=connects)  # stable: the original order within each group is kept
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_environment():
     """Fail any test that leaves environment variables changed (TF_CONFIG above all)."""
