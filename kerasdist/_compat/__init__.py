@@ -1,11 +1,63 @@
-"""Version-gated mends of upstream Keras/TensorFlow bugs. Each names its upstream issue.
+"""Version-gated mends of upstream Keras/TensorFlow bugs, one module per bug, each naming its issue.
 
-``apply()`` installs every mend whose bug is present in the installed versions; it is idempotent.
+Keras 3.15 ``model.fit`` crashes twice under ``tf.distribute.MultiWorkerMirroredStrategy`` with more
+than one worker; kerasdist mends both here and nowhere else:
+
+======================================  ===================================================
+module                                  upstream issue
+======================================  ===================================================
+``keras_20585_symbolic_build``          https://github.com/keras-team/keras/issues/20585
+``tf_72388_scalar_reduce``              https://github.com/tensorflow/tensorflow/issues/72388
+======================================  ===================================================
+
+Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
+installed Keras/TF that runs no TensorFlow op, so it is safe before a
+``MultiWorkerMirroredStrategy`` is created) and ``install() -> bool``. A mend is installed only when
+its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream fixed ...: remove this
+mend" once a release fixes it. Both mends change behaviour only for a strategy in multi-worker mode,
+so single-process training runs the unmodified Keras code.
+
+Example::
+
+    import kerasdist
+    kerasdist._compat.apply()     # ['keras#20585', 'tensorflow#72388'] on Keras 3.15 / TF 2.21
 """
 
 from __future__ import annotations
 
+import importlib
+
+MENDS = (
+    "kerasdist._compat.keras_20585_symbolic_build",
+    "kerasdist._compat.tf_72388_scalar_reduce",
+)
+
 
 def apply() -> list[str]:
-    """Install the mends needed by the installed Keras/TF; return the names of those applied."""
-    return []
+    """Install every mend whose bug the installed Keras/TF have. Idempotent; runs no TF op.
+
+    Returns:
+        The names (``'keras#20585'``, ...) of the mends in effect after the call, in a fixed order;
+        calling again returns the same list and patches nothing twice.
+    """
+    applied = []
+    for module_name in MENDS:
+        module = importlib.import_module(module_name)
+        if module.install():
+            applied.append(module.NAME)
+    return applied
+
+
+def status() -> dict[str, str]:
+    """``{name: 'installed' | 'needed' | 'not needed'}`` for every known mend (for reports)."""
+    result = {}
+    for module_name in MENDS:
+        module = importlib.import_module(module_name)
+        if module.installed():
+            result[module.NAME] = "installed"
+        else:
+            result[module.NAME] = "needed" if module.bug_present() else "not needed"
+    return result
+
+
+__all__ = ["MENDS", "apply", "status"]

@@ -1,0 +1,109 @@
+"""Mend for keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a tuple batch across workers.
+
+Upstream: https://github.com/keras-team/keras/issues/20585 (Keras 3.15 still has it).
+
+Bug: before training, ``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed
+batch ``(x, y[, sample_weight])`` and, when every element is a ``DistributedValues``, passes the
+whole tuple to ``strategy.reduce("MEAN", batch, axis=None)`` only to learn its shapes. Under
+``MultiWorkerMirroredStrategy`` with two or more workers that reduce is a cross-worker collective
+that accepts one tensor, not a structure, and ``model.fit`` fails with "Attempt to convert a value
+(PerReplica...) ... to a Tensor".
+
+Mend: for a strategy in multi-worker mode only, take this worker's first local replica value of
+each element (``strategy.experimental_local_results(v)[0]``, no communication; its shapes and
+dtypes are those of a per-replica batch, which is all the symbolic build needs) and hand that batch
+to the unmodified method. Every other strategy takes the unmodified path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kerasdist._compat._fakes import fake_multi_worker_strategy, fake_per_replica, is_multi_worker
+
+NAME = "keras#20585"
+ISSUE = "https://github.com/keras-team/keras/issues/20585"
+_MARK = "_kerasdist_mend"
+
+
+def _trainer_class():
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return TensorFlowTrainer
+
+
+def _local_batch(strategy, batch):
+    import tensorflow as tf
+
+    def first_local(value):
+        if isinstance(value, tf.distribute.DistributedValues):
+            return strategy.experimental_local_results(value)[0]
+        return value
+
+    return tf.nest.map_structure(first_local, batch)
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or strategy is None or not is_multi_worker(strategy):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        for _, _, step_iterator in iterator:
+            data_batch = _local_batch(strategy, next(step_iterator))
+            break
+        return original(self, iterator=None, data_batch=data_batch)
+
+    setattr(_maybe_symbolic_build, _MARK, NAME)
+    return _maybe_symbolic_build
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return getattr(_trainer_class()._maybe_symbolic_build, _MARK, None) == NAME
+
+
+def _original():
+    method = _trainer_class()._maybe_symbolic_build
+    return getattr(method, "__wrapped__", method) if installed() else method
+
+
+def bug_present() -> bool:
+    """Probe: does the unmodified method hand a *structure* to ``strategy.reduce``?
+
+    Calls it on a stand-in trainer whose strategy is a fake multi-worker
+    ``MultiWorkerMirroredStrategy`` that records reduce calls (no cluster, no TF op). Returns False
+    when the method no longer exists or no longer reduces the batch, i.e. upstream changed it.
+    """
+    import types
+
+    import tensorflow as tf
+
+    strategy = fake_multi_worker_strategy()
+    batch = (fake_per_replica([[0.0]]), fake_per_replica([0]))
+    built = []
+    trainer = types.SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
+                                    _symbolic_build=lambda data_batch: built.append(data_batch))
+    try:
+        _original()(trainer, iterator=[(0, 0, iter([batch]))])
+    except (AttributeError, TypeError):
+        return False
+    return any(tf.nest.is_nested(call.value) for call in strategy.calls)
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    trainer = _trainer_class()
+    trainer._maybe_symbolic_build = _mended(trainer._maybe_symbolic_build)
+    return True
+
+
+def uninstall() -> None:
+    """Restore the upstream method (tests only)."""
+    if installed():
+        trainer = _trainer_class()
+        trainer._maybe_symbolic_build = trainer._maybe_symbolic_build.__wrapped__

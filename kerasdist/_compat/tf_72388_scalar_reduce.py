@@ -1,0 +1,117 @@
+"""Mend for tensorflow/tensorflow#72388: ``strategy.reduce("MEAN", v, axis=0)`` on scalar logs.
+
+Upstream: https://github.com/tensorflow/tensorflow/issues/72388 (TF 2.21 + Keras 3.15 still have it).
+
+Bug: after every train/test step Keras's ``reduce_per_replica`` (in
+``keras/src/backend/tensorflow/trainer.py``) averages the step's logs across workers with
+``strategy.reduce("MEAN", value, axis=0)`` when the strategy is a multi-worker
+``MultiWorkerMirroredStrategy``. The logs (loss, accuracy) are scalars, and ``Strategy.reduce``
+with an ``axis`` first sums the value along that axis, which a rank-0 tensor does not have:
+"Invalid reduction dimension 0 for input with 0 dimensions". TensorFlow could accept it (an axis
+on a scalar is a no-op reduction) or Keras could pass ``axis=None``; neither does yet.
+
+Mend: a wrapper around ``reduce_per_replica`` that, for a multi-worker strategy and the ``"auto"``
+or ``"mean"`` reduction only, averages every scalar log across all replicas with ``axis=None``
+(one all-reduce per step for all scalars together, packed into one vector) and leaves values of
+rank >= 1 to the unmodified function. Effect: every worker logs the same, global mean value.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
+
+NAME = "tensorflow#72388"
+ISSUE = "https://github.com/tensorflow/tensorflow/issues/72388"
+_MARK = "_kerasdist_mend"
+
+
+def _trainer_module():
+    from keras.src.backend.tensorflow import trainer
+
+    return trainer
+
+
+def _mean_of_scalars(values, strategy, original, reduction):
+    """Reduce the scalar leaves of ``values`` together with one MEAN all-reduce."""
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(values)
+    scalar_ids = [i for i, v in enumerate(leaves)
+                  if getattr(getattr(v, "shape", None), "rank", None) == 0]
+    if scalar_ids:
+        packed = tf.stack([tf.cast(leaves[i], tf.float32) for i in scalar_ids])
+        means = strategy.reduce("MEAN", packed, axis=None)
+        for position, i in enumerate(scalar_ids):
+            leaves[i] = tf.cast(means[position], leaves[i].dtype)
+    scalar_set = set(scalar_ids)
+    rest = [i for i in range(len(leaves)) if i not in scalar_set]
+    if rest:
+        reduced = original([leaves[i] for i in rest], strategy, reduction)
+        for i, value in zip(rest, reduced, strict=True):
+            leaves[i] = value
+    return tf.nest.pack_sequence_as(values, leaves)
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction in ("auto", "mean") and is_multi_worker(strategy):
+            return _mean_of_scalars(values, strategy, original, reduction)
+        return original(values, strategy, reduction)
+
+    setattr(reduce_per_replica, _MARK, NAME)
+    return reduce_per_replica
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return getattr(_trainer_module().reduce_per_replica, _MARK, None) == NAME
+
+
+def _original():
+    function = _trainer_module().reduce_per_replica
+    return function.__wrapped__ if installed() else function
+
+
+class _Scalar:
+    """A stand-in rank-0 log value (no TF op): what the probe hands to Keras."""
+
+    class shape:  # noqa: N801 - mimics TensorShape
+        rank = 0
+
+
+def bug_present() -> bool:
+    """Probe: does the unmodified ``reduce_per_replica`` ask a multi-worker strategy for
+    ``reduce("MEAN", <scalar>, axis=0)``?
+
+    Runs it on a fake multi-worker ``MultiWorkerMirroredStrategy`` that records reduce calls (no
+    cluster, no TF op). The TF half (``Strategy.reduce`` rejecting ``axis=0`` on a scalar) is
+    checked by ``tests/unit/test_compat.py``, where running TF ops is allowed.
+    """
+    strategy = fake_multi_worker_strategy()
+    try:
+        _original()({"loss": _Scalar()}, strategy, "auto")
+    except (AttributeError, TypeError):
+        return False
+    return any(c.axis == 0 and getattr(getattr(c.value, "shape", None), "rank", None) == 0
+               for c in strategy.calls)
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    module = _trainer_module()
+    module.reduce_per_replica = _mended(module.reduce_per_replica)
+    return True
+
+
+def uninstall() -> None:
+    """Restore the upstream function (tests only)."""
+    if installed():
+        module = _trainer_module()
+        module.reduce_per_replica = module.reduce_per_replica.__wrapped__

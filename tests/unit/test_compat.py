@@ -1,0 +1,104 @@
+"""The mends in kerasdist._compat: gated on the bug, idempotent, and loud once upstream fixes it.
+
+The two ``test_upstream_*_still_broken`` tests reproduce each bug against the *unmodified* upstream
+code. When a Keras or TensorFlow release fixes one, its test fails with "upstream fixed ...: remove
+this mend" — then delete the mend module and its entry in ``kerasdist._compat.MENDS``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+
+from kerasdist import _compat
+from kerasdist._compat import _fakes
+from kerasdist._compat import keras_20585_symbolic_build as mend_20585
+from kerasdist._compat import tf_72388_scalar_reduce as mend_72388
+
+
+@pytest.fixture
+def pristine():
+    """Run a test with no mend installed, then put back whatever was installed before."""
+    before = [m for m in (mend_20585, mend_72388) if m.installed()]
+    for module in (mend_20585, mend_72388):
+        module.uninstall()
+    yield
+    for module in before:
+        module.install()
+
+
+def test_upstream_keras_20585_still_broken(pristine):
+    assert mend_20585.bug_present(), (
+        "upstream fixed keras#20585 (https://github.com/keras-team/keras/issues/20585): "
+        "TensorFlowTrainer._maybe_symbolic_build no longer reduces a tuple batch across workers. "
+        "Remove this mend: kerasdist/_compat/keras_20585_symbolic_build.py")
+
+
+def test_upstream_tensorflow_72388_still_broken(pristine):
+    assert mend_72388.bug_present(), (
+        "upstream fixed tensorflow#72388 (Keras side): reduce_per_replica no longer asks a "
+        "multi-worker strategy for reduce('MEAN', scalar, axis=0). Remove this mend: "
+        "kerasdist/_compat/tf_72388_scalar_reduce.py")
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="dimension"):
+        tf.distribute.get_strategy().reduce("MEAN", tf.constant(1.0), axis=0)
+
+
+def test_apply_is_idempotent_and_names_the_issues(pristine):
+    first = _compat.apply()
+    method = mend_20585._trainer_class()._maybe_symbolic_build
+    function = mend_72388._trainer_module().reduce_per_replica
+    assert first == ["keras#20585", "tensorflow#72388"]
+    assert _compat.apply() == first
+    assert mend_20585._trainer_class()._maybe_symbolic_build is method  # not wrapped twice
+    assert mend_72388._trainer_module().reduce_per_replica is function
+    assert _compat.status() == {"keras#20585": "installed", "tensorflow#72388": "installed"}
+    for name in _compat.MENDS:
+        module = __import__(name, fromlist=["ISSUE"])
+        number = module.NAME.split("#")[1]
+        assert module.ISSUE.startswith("https://github.com/") and module.ISSUE.endswith(number)
+
+
+def test_mended_reduce_averages_scalars_with_axis_none(pristine):
+    _compat.apply()
+    strategy = _fakes.fake_multi_worker_strategy()
+    logs = {"loss": tf.constant(2.0), "accuracy": tf.constant(0.5), "vector": tf.constant([1.0, 3.0])}
+    out = mend_72388._trainer_module().reduce_per_replica(logs, strategy, "auto")
+    assert [c.axis for c in strategy.calls] == [None, 0]  # all scalars in one call, then the vector
+    assert strategy.calls[0].value.shape == (2,)
+    assert float(out["loss"]) == 2.0 and float(out["accuracy"]) == 0.5
+    assert out["vector"].shape == (2,)
+
+
+def test_mends_leave_single_process_strategies_alone(pristine):
+    _compat.apply()
+    strategy = tf.distribute.get_strategy()
+    assert not _fakes.is_multi_worker(strategy)
+    value = {"loss": tf.constant(1.5)}
+    assert float(mend_72388._trainer_module().reduce_per_replica(value, strategy, "auto")["loss"]) == 1.5
+
+
+def test_mended_symbolic_build_uses_the_local_batch(pristine):
+    _compat.apply()
+    import types
+
+    strategy = _fakes.fake_multi_worker_strategy()
+    built = []
+    trainer = types.SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
+                                    _symbolic_build=lambda data_batch: built.append(data_batch))
+    batch = (_fakes.fake_per_replica("x0"), _fakes.fake_per_replica("y0"))
+    mend_20585._trainer_class()._maybe_symbolic_build(trainer, iterator=[(0, 0, iter([batch]))])
+    assert strategy.calls == []  # no cross-worker reduce at all
+    assert built == [("x0", "y0")]
+
+
+def test_probes_run_no_tensorflow_op():
+    """apply() must be safe before MultiWorkerMirroredStrategy is created (TF refuses collectives
+    once its runtime has started), so the probes may not run TF ops: checked in a fresh process."""
+    import subprocess
+    import sys
+
+    code = ("import kerasdist._compat as c; c.status(); c.apply(); "
+            "from tensorflow.python.eager import context; "
+            "print('initialized' if context.context()._initialized else 'clean')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().endswith("clean"), out.stderr[-2000:]
