@@ -8,6 +8,7 @@ parameter_server     local           starts ps + worker subprocesses, runs the c
 parameter_server     tf_config       ps/worker: serves; chief: runs the coordinator
 multi_worker         local           starts the workers, supervises and restarts them
 multi_worker         tf_config       is one worker of the synchronous cluster
+multi_worker         slurm           the same, its role from SlurmClusterResolver
 ===================  ==============  ===================================================
 """
 
@@ -15,13 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
-from kerasdist.cluster.launcher import LocalLauncher, describe_exit, terminate_on_sigterm
+from kerasdist.cluster.launcher import LocalLauncher, terminate_on_sigterm
 from kerasdist.cluster.spec import TFConfig, local_cluster, parse_tf_config
 from kerasdist.errors import ClusterError
 from kerasdist.training.fit import RunResult, say
+from kerasdist.training.mw_launch import run_attempt
 
 
 def run(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
@@ -31,7 +32,8 @@ def run(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | 
 
     Args:
         tf_config: this task's role on a real cluster; default: parsed from ``TF_CONFIG`` when
-            ``cluster.kind`` is ``tf_config``.
+            ``cluster.kind`` is ``tf_config``, resolved from the ``SLURM_*`` variables when it is
+            ``slurm``.
 
     Raises:
         RecipeError, DataError, RunDirError: bad input, before anything starts.
@@ -45,6 +47,11 @@ def run(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | 
     if cluster == "local":
         runner = _local_parameter_server if kind == "parameter_server" else _local_multi_worker
         return runner(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+    if tf_config is None and cluster == "slurm":
+        from kerasdist.cluster.slurm import tf_config_from_slurm
+
+        tf_config = tf_config_from_slurm(strategy_kind=kind, num_ps=recipe.cluster.ps,
+                                         port_base=recipe.cluster.port_base)
     if tf_config is None:
         tf_config = parse_tf_config(os.environ.get("TF_CONFIG"),
                                     require_ps=kind == "parameter_server")
@@ -106,8 +113,12 @@ def _local_parameter_server(recipe, *, overwrite, verbose, callbacks) -> RunResu
         launcher.wait_listening(tasks, timeout_s=recipe.cluster.start_timeout_s)
         from kerasdist.training.ps import fit_recipe
 
-        return fit_recipe(recipe, cluster_resolver=spec.cluster_resolver(), overwrite=overwrite,
-                          verbose=verbose, callbacks=callbacks)
+        result = fit_recipe(recipe, cluster_resolver=spec.cluster_resolver(), overwrite=overwrite,
+                            verbose=verbose, callbacks=callbacks)
+        import gc
+
+        gc.collect()  # release remote iterators/functions while their servers still answer
+        return result
 
 
 def _local_multi_worker(recipe, *, overwrite, verbose, callbacks) -> RunResult:
@@ -120,28 +131,13 @@ def _local_multi_worker(recipe, *, overwrite, verbose, callbacks) -> RunResult:
         args.append("--overwrite")
     attempts = recipe.cluster.max_restarts + 1
     for attempt in range(1, attempts + 1):
-        failure = _multi_worker_attempt(recipe, args, log_dir)
+        failure = run_attempt(recipe, args, log_dir)
         if failure is None:
             return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")
         say(f"attempt {attempt}/{attempts} failed: {failure}")
+        if attempt < attempts:
+            say(f"restarting the cluster (cluster.max_restarts={recipe.cluster.max_restarts}); "
+                "the workers resume from the last backup")
         if "--overwrite" in args:
             args.remove("--overwrite")  # restarts resume, they never discard the new checkpoints
     raise ClusterError(f"multi-worker training failed after {attempts} attempt(s): {failure}")
-
-
-def _multi_worker_attempt(recipe, args: list[str], log_dir: Path) -> str | None:
-    """Start the workers and wait; return None on success, else a message naming the task."""
-    spec = local_cluster(workers=recipe.cluster.workers)
-    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
-            launcher, terminate_on_sigterm():
-        tasks = [launcher.start(spec.for_task("worker", i), args) for i in range(spec.num("worker"))]
-        say(f"local cluster: {len(tasks)} workers started (worker:0 is the chief); logs in {log_dir}")
-        while True:
-            failed = launcher.failed()
-            if failed:
-                task = failed[0]
-                return (f"task {task.name} {describe_exit(task.returncode())}; log "
-                        f"{task.log_path}:\n{launcher.tail(task)}")
-            if all(t.returncode() == 0 for t in tasks):
-                return None
-            time.sleep(0.2)

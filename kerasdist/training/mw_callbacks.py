@@ -1,0 +1,240 @@
+"""Chief-aware, step-exact backups and preemption handling for multi-worker ``model.fit``.
+
+Why not ``keras.callbacks.BackupAndRestore``: in Keras 3.15 it is not chief-aware (every worker
+writes the same files; with a shared folder one crashes on an h5 lock), it restores only the epoch
+(a half-finished epoch is replayed, so the step count overshoots) and it writes in place.
+
+Here:
+
+* :class:`BackupStore` keeps model + optimizer (whose ``iterations`` is the global step) in a
+  ``tf.train.CheckpointManager`` folder written by the chief only: crc-checked data files, the
+  ``checkpoint`` pointer file replaced atomically. Other workers also call save, as TF requires under
+  ``MultiWorkerMirroredStrategy`` (saving may read variables with collectives), but into a per-task
+  temporary folder that is deleted right after each save.
+  Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
+* :class:`StepBackup` saves every ``every_steps`` steps and at each epoch end, and stops training
+  cleanly when :class:`PreemptionWatch` reports that any worker received SIGTERM.
+* :class:`PreemptionWatch` turns SIGTERM into a flag; every ``check_every`` steps all workers
+  all-reduce their flags (one tiny collective), so they all stop at the *same* step (a worker that
+  stopped alone would leave the others blocked in the next all-reduce).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from kerasdist.errors import RecipeError
+from kerasdist.training.fit import say
+
+PREEMPTION_CHECK_STEPS = 10
+"""Steps between two preemption votes (one scalar all-reduce each)."""
+
+
+class BackupStore:
+    """Checkpoints of model + optimizer + ``steps_per_epoch`` in ``directory``, chief-aware.
+
+    Args:
+        model: a compiled Keras model whose optimizer is built.
+        directory: the shared checkpoint folder (``<run_dir>/checkpoints``); every worker restores
+            from it, so on real machines it must be on a filesystem all workers see.
+        is_chief: write to ``directory`` (True) or to a temporary per-task folder (False).
+        task_name: ``worker:1`` etc., used in the temporary folder name and in errors.
+        max_to_keep: checkpoints kept by the chief's ``CheckpointManager``.
+        steps_per_epoch: stored, and checked on restore.
+    """
+
+    def __init__(self, *, model, directory: Path, is_chief: bool, task_name: str,
+                 max_to_keep: int, steps_per_epoch: int):
+        import tensorflow as tf
+
+        self.directory, self.is_chief, self.task_name = Path(directory), is_chief, task_name
+        self.model = model
+        self._spe = tf.Variable(steps_per_epoch, dtype=tf.int64, trainable=False,
+                                name="steps_per_epoch")
+        self.steps_per_epoch = steps_per_epoch
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
+                                              steps_per_epoch=self._spe)
+        self._manager = None
+        self._tmp: Path | None = None
+        if is_chief:
+            self._manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory),
+                                                       max_to_keep=max_to_keep)
+        else:
+            self._tmp = Path(tempfile.mkdtemp(prefix=f"kerasdist-{task_name.replace(':', '-')}-"))
+
+    def remove_stale_temp(self) -> None:
+        """Chief only: delete ``*_temp*`` folders a crash mid-save left behind (never the data)."""
+        if self.is_chief and self.directory.is_dir():
+            for path in self.directory.glob("*_temp*"):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+
+    def restore(self) -> int:
+        """Restore the latest checkpoint in ``directory``; return the global step (0 if none).
+
+        Raises:
+            RecipeError: the checkpoint was written with another ``steps_per_epoch``.
+        """
+        import tensorflow as tf
+
+        latest = tf.train.latest_checkpoint(str(self.directory))
+        if not latest:
+            return 0
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        if int(self._spe.numpy()) != self.steps_per_epoch:
+            raise RecipeError(
+                f"trainer.steps_per_epoch (or the data/batch it derives from) changed since the "
+                f"checkpoint {latest} was written ({int(self._spe.numpy())} steps per epoch). "
+                f"Received: {self.steps_per_epoch}; restore the recipe or pass --overwrite.")
+        self._spe.assign(self.steps_per_epoch)
+        step = int(self.model.optimizer.iterations.numpy())
+        say(f"task {self.task_name}: restored {latest} (global step {step})")
+        return step
+
+    def save(self, step: int) -> str | None:
+        """Save at global ``step`` (every worker must call this at the same step).
+
+        Returns:
+            The chief's checkpoint path, None on other workers (their copy is already deleted).
+        """
+        if self._manager is not None:
+            return self._manager.save(checkpoint_number=step)
+        self.checkpoint.write(str(self._tmp / "ckpt"))
+        for path in self._tmp.iterdir():
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        return None
+
+    def close(self) -> None:
+        """Delete the temporary folder of a non-chief worker (idempotent)."""
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+
+class PreemptionWatch:
+    """SIGTERM -> a flag that all workers agree on (context manager; restores the old handler).
+
+    Args:
+        strategy: the ``MultiWorkerMirroredStrategy`` whose workers vote.
+    """
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+        self.requested = False
+        self._previous = None
+        self._vote_fn = None
+
+    def __enter__(self) -> PreemptionWatch:
+        try:
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        except ValueError:  # not the main thread: SIGTERM keeps its default action
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if not self.requested:
+            print("kerasdist: SIGTERM received: saving a checkpoint at the next agreed step, "
+                  "then exiting", flush=True)
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """Collective: True on every worker when any worker has been asked to stop."""
+        import tensorflow as tf
+
+        if self._vote_fn is None:
+            strategy = self.strategy
+
+            @tf.function
+            def vote(flag):
+                votes = strategy.run(tf.identity, args=(flag,))
+                return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)
+
+            self._vote_fn = vote
+        return float(self._vote_fn(tf.constant(1.0 if self.requested else 0.0))) > 0
+
+
+class StepBackup(keras.callbacks.Callback):
+    """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption.
+
+    Args:
+        store: the :class:`BackupStore` (None: never save, still stop on preemption).
+        start_step: global step already done when this ``fit`` starts.
+        every_steps: save period in global steps; None = epoch ends only.
+        watch: the :class:`PreemptionWatch`.
+        check_every: steps between preemption votes.
+
+    Attributes:
+        step: global step after the last finished batch.
+        preempted: True once training stopped because of SIGTERM (a checkpoint was saved first).
+    """
+
+    def __init__(self, store, *, start_step: int, every_steps: int | None, watch: PreemptionWatch,
+                 check_every: int = PREEMPTION_CHECK_STEPS):
+        super().__init__()
+        self.store, self.every_steps, self.watch = store, every_steps, watch
+        self.check_every = check_every
+        self.step = self._saved = start_step
+        self.preempted = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if self.every_steps and self.step % self.every_steps == 0:
+            self._save()
+        if self.step % self.check_every == 0:
+            self._maybe_stop()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._save()
+        self._maybe_stop()
+
+    def _maybe_stop(self) -> None:
+        if self.preempted or not self.watch.agreed():
+            return
+        self._save()
+        self.preempted = True
+        self.model.stop_training = True
+        say(f"preempted: checkpoint at global step {self.step} saved; stopping")
+
+    def _save(self) -> None:
+        if self.store is not None and self.step != self._saved:
+            self.store.save(self.step)
+            self._saved = self.step
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of every model weight's bytes, in order (hex, 64 characters)."""
+    digest = hashlib.sha256()
+    for variable in model.weights:
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(variable)).tobytes())
+    return digest.hexdigest()
+
+
+class WeightDigest(keras.callbacks.Callback):
+    """Log ``kerasdist: epoch E step S weights sha256 HEX`` after every epoch, on every worker.
+
+    Comparing these lines across the workers' logs shows that they hold identical weights.
+
+    Args:
+        step_source: an object with a ``step`` attribute (the :class:`StepBackup`).
+    """
+
+    def __init__(self, step_source):
+        super().__init__()
+        self.step_source = step_source
+
+    def on_epoch_end(self, epoch, logs=None):
+        if getattr(self.step_source, "preempted", False):
+            return  # a cut-short epoch: its weights are in the checkpoint, not an epoch's end
+        say(f"epoch {epoch + 1} step {self.step_source.step} weights sha256 "
+            f"{weights_digest(self.model)}")

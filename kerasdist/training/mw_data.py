@@ -1,0 +1,274 @@
+"""Input pipelines for multi-worker training: sharded per worker, resumable at an exact step.
+
+Batch sizes. ``data.batch_size`` is the **global** batch: examples consumed by one optimizer step,
+summed over every replica of every worker. Each replica gets ``batch_size / num_replicas_in_sync``
+examples per step (``InputContext.get_per_replica_batch_size``); on CPU workers (one replica each)
+a worker's pipeline therefore yields batches of ``batch_size / workers`` examples.
+
+Sharding (``data.auto_shard``), applied by kerasdist's ``dataset_fn`` per input pipeline, since
+``distribute_datasets_from_function`` leaves sharding to the function (TF's own auto-sharding applies
+only to ``experimental_distribute_dataset``; see
+https://www.tensorflow.org/tutorials/distribute/input#sharding):
+
+* ``data``: pipeline ``i`` of ``N`` keeps examples ``i, i+N, ...`` (``Dataset.shard``) before
+  shuffling; every example is seen once per pass over the split.
+* ``file``: pipeline ``i`` reads files ``i, i+N, ...`` of a ``tfrecord`` split (no reading of other
+  workers' data at all); needs a plain split name (``train``, not ``train[:80%]``) and at least N files.
+* ``off``: every pipeline reads every example, shuffled with its own seed (``shuffle_seed + i``).
+* ``auto`` (default): ``file`` for a ``tfrecord`` source that can be sharded by file, else ``data``.
+
+Resuming at an exact step. The training input is one endless stream per pipeline whose order is a
+pure function of the recipe: pass ``p`` over the shard is the permutation drawn with the stateless
+seed ``(shuffle_seed + pipeline, p)`` (``tf.random.experimental.stateless_shuffle``; in-memory
+sources are fully permuted, ``shuffle_buffer`` only switches shuffling off when 0; tfrecord files
+are permuted per pass and their records shuffled in a ``shuffle_buffer`` with a per-pass seed).
+Unlike ``shuffle(reshuffle_each_iteration=True)``, whose order depends on how many iterators were
+created before, this gives the same batches in the same order in every run. Training that restarts
+at global step ``s`` starts the stream at batch ``s * local_replicas`` (``Dataset.skip`` on example
+indices, before any gather or decoding), exactly where the interrupted run stopped. An "epoch" is
+``steps_per_epoch`` steps of that stream, not a pass aligned to the split's end.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from kerasdist.errors import DataError, RecipeError
+from kerasdist.training.fit import say
+
+
+def _to_inputs(normalize: bool):
+    """Batch map: uint8 images -> float32 (in [0, 1] when ``normalize``) with a channel axis."""
+    import tensorflow as tf
+
+    def convert(x, y):
+        if x.dtype == tf.uint8:
+            x = tf.cast(x, tf.float32)
+            x = x / 255.0 if normalize else x
+            if x.shape.rank == 3:
+                x = tf.expand_dims(x, -1)
+        return x, y
+
+    return convert
+
+
+def _tfrecord_files(data_config, split: str) -> list[str]:
+    return sorted(str(p) for p in Path(data_config.path).glob(f"{split}*.tfrecord*"))
+
+
+def _parse_tfrecords(files):
+    """Dataset of (uint8 image (H, W), int64 label) from seed-schema TFRecord files."""
+    import tensorflow as tf
+
+    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):
+        parsed = tf.io.parse_single_example(record, spec)
+        image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+        side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
+        return tf.reshape(image, [side, side]), parsed["label"]
+
+    return tf.data.TFRecordDataset(files).map(parse)
+
+
+def resolve_shard_policy(data_config, num_workers: int) -> str:
+    """The effective sharding for ``data.auto_shard``: ``'data'``, ``'file'`` or ``'off'``.
+
+    Raises:
+        RecipeError: ``auto_shard: file`` with a source or split that cannot be sharded by file.
+    """
+    wanted = data_config.auto_shard
+    if wanted in ("data", "off"):
+        return wanted
+    split = data_config.train_split
+    problem = None
+    if data_config.source != "tfrecord":
+        problem = f"source '{data_config.source}' is held in memory (no files to shard)"
+    elif not re.fullmatch(r"[\w-]+", split):
+        problem = f"split '{split}' is a slice; file sharding needs a whole split name"
+    elif len(_tfrecord_files(data_config, split)) < num_workers:
+        problem = (f"split '{split}' has {len(_tfrecord_files(data_config, split))} file(s), "
+                   f"fewer than the {num_workers} workers")
+    if problem is None:
+        return "file"
+    if wanted == "file":
+        raise RecipeError(f"data.auto_shard 'file' cannot be used: {problem}. "
+                          "Received: auto_shard='file'; use 'data' or 'auto'.")
+    return "data"
+
+
+@dataclass(frozen=True)
+class MultiWorkerData:
+    """The training stream and evaluation input of a multi-worker recipe.
+
+    Attributes:
+        train_fn: ``train_fn(input_context, skip_batches) -> tf.data.Dataset`` of per-replica batches.
+        eval_fn: ``eval_fn(input_context)``, per-replica batches, last partial batch kept; or None.
+        steps_per_epoch: optimizer steps per epoch (the recipe's, or one pass of the smallest shard).
+        shard_policy: ``'data'``, ``'file'`` or ``'off'`` (see module docs).
+        num_eval: examples in the evaluation split (0 without one).
+    """
+
+    train_fn: Callable
+    eval_fn: Callable | None
+    steps_per_epoch: int
+    shard_policy: str
+    num_eval: int
+
+    def train_dataset(self, strategy, *, start_step: int):
+        """Distributed training stream starting at global step ``start_step`` (>= 0)."""
+        local = strategy.num_replicas_in_sync // max(1, _num_workers(strategy))
+        return strategy.distribute_datasets_from_function(
+            lambda ctx: self.train_fn(ctx, start_step * local))
+
+    def eval_dataset(self, strategy):
+        """Distributed evaluation input, or None when the recipe has no ``eval_split``."""
+        if self.eval_fn is None:
+            return None
+        return strategy.distribute_datasets_from_function(self.eval_fn)
+
+
+def _num_workers(strategy) -> int:
+    jobs = strategy.cluster_resolver.cluster_spec().as_dict()
+    return sum(len(jobs.get(job, ())) for job in ("chief", "worker"))
+
+
+def _pass_seed(seed: int, pass_index):
+    """int64 seed pair of pass ``pass_index`` of a stream seeded with ``seed`` (stateless)."""
+    import tensorflow as tf
+
+    return tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_index, tf.int64)])
+
+
+def _index_stream(indices: np.ndarray, *, seed: int, shuffle: bool):
+    """Endless dataset of example indices: pass ``p`` is a permutation of ``indices`` drawn with
+    the stateless seed ``(seed, p)``, so the stream never depends on iterator history."""
+    import tensorflow as tf
+
+    ids = tf.constant(indices, tf.int64)
+
+    def one_pass(pass_index):
+        order = (tf.random.experimental.stateless_shuffle(ids, seed=_pass_seed(seed, pass_index))
+                 if shuffle else ids)
+        return tf.data.Dataset.from_tensor_slices(order)
+
+    return tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
+
+
+def _memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
+    import tensorflow as tf
+
+    def train_fn(ctx, skip_batches: int):
+        pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
+        indices = np.arange(pipeline_id, len(x), pipelines) if shard else np.arange(len(x))
+        ds = _index_stream(indices, seed=data_config.shuffle_seed + pipeline_id,
+                           shuffle=data_config.shuffle_buffer > 0)
+        ds = ds.batch(ctx.get_per_replica_batch_size(data_config.batch_size), drop_remainder=True)
+        if skip_batches:
+            ds = ds.skip(skip_batches)  # indices only: skipping costs nothing
+        xs, ys, convert = tf.constant(x), tf.constant(y), _to_inputs(normalize)
+        ds = ds.map(lambda ids: convert(tf.gather(xs, ids), tf.gather(ys, ids)),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.prefetch(tf.data.AUTOTUNE if data_config.prefetch < 0 else data_config.prefetch)
+
+    return train_fn
+
+
+def _file_train_fn(files: list[str], data_config, *, normalize: bool):
+    import tensorflow as tf
+
+    def train_fn(ctx, skip_batches: int):
+        mine = tf.constant(files[ctx.input_pipeline_id::ctx.num_input_pipelines])
+        seed = data_config.shuffle_seed + ctx.input_pipeline_id
+
+        def one_pass(pass_index):
+            order = tf.random.experimental.stateless_shuffle(
+                tf.range(tf.size(mine, out_type=tf.int64)), seed=_pass_seed(seed, pass_index))
+            records = _parse_tfrecords(tf.gather(mine, order))
+            if data_config.shuffle_buffer:
+                records = records.shuffle(data_config.shuffle_buffer, seed=seed * 1_000_003 +
+                                          pass_index, reshuffle_each_iteration=False)
+            return records
+
+        ds = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
+        ds = ds.batch(ctx.get_per_replica_batch_size(data_config.batch_size), drop_remainder=True)
+        if skip_batches:
+            ds = ds.skip(skip_batches)
+        ds = ds.map(_to_inputs(normalize), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.prefetch(tf.data.AUTOTUNE if data_config.prefetch < 0 else data_config.prefetch)
+
+    return train_fn
+
+
+def _eval_fn(x, y, data_config, *, shard: bool):
+    import tensorflow as tf
+
+    def eval_fn(ctx):
+        batch = ctx.get_per_replica_batch_size(data_config.batch_size)
+        ds = tf.data.Dataset.from_tensor_slices((x, y))
+        if shard and ctx.num_input_pipelines > 1:
+            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        ds = ds.batch(batch).map(_to_inputs(data_config.normalize))
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    return eval_fn
+
+
+def _count_records(files: list[str]) -> int:
+    import tensorflow as tf
+
+    return int(tf.data.TFRecordDataset(files).reduce(np.int64(0), lambda n, _: n + 1).numpy())
+
+
+def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int) -> int:
+    if recipe.trainer.steps_per_epoch:
+        return recipe.trainer.steps_per_epoch
+    steps = examples_per_pipeline // pipeline_batch
+    if steps < 1:
+        raise DataError(f"data.train_split '{recipe.data.train_split}' gives each worker "
+                        f"{examples_per_pipeline} examples, fewer than one per-worker batch of "
+                        f"{pipeline_batch}. Received: batch_size={recipe.data.batch_size}")
+    return steps
+
+
+def build_data(recipe, strategy) -> MultiWorkerData:
+    """Load the recipe's splits and build the sharded, resumable inputs for ``strategy``.
+
+    Must run after the strategy exists (tfrecord sources run TF ops).
+
+    Raises:
+        DataError, RecipeError: unreadable source, bad split, or a shard smaller than one batch.
+    """
+    from kerasdist.data.sources import load_split
+    from kerasdist.training.fit import check_batch_divisible
+
+    config, replicas = recipe.data, strategy.num_replicas_in_sync
+    check_batch_divisible(config.batch_size, replicas)
+    workers = _num_workers(strategy)
+    policy = resolve_shard_policy(config, workers)
+    pipeline_batch = config.batch_size // workers
+    if policy == "file":
+        files = _tfrecord_files(config, config.train_split)
+        counts = [_count_records(files[i::workers]) for i in range(workers)]
+        train_fn, per_pipeline = _file_train_fn(files, config, normalize=config.normalize), min(counts)
+    else:
+        x, y = load_split(config, config.train_split)
+        train_fn = _memory_train_fn(x, y, config, shard=policy == "data", normalize=config.normalize)
+        per_pipeline = len(x) // workers if policy == "data" else len(x)
+    eval_fn, num_eval = None, 0
+    if config.eval_split:
+        ex, ey = load_split(config, config.eval_split)
+        eval_fn, num_eval = _eval_fn(ex, ey, config, shard=policy != "off"), len(ex)
+    steps = _steps_per_epoch(recipe, examples_per_pipeline=per_pipeline,
+                             pipeline_batch=pipeline_batch)
+    say(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
+        f"{config.batch_size // replicas}; sharding '{policy}' (data.auto_shard="
+        f"'{config.auto_shard}'); {steps} steps per epoch")
+    return MultiWorkerData(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
+                           shard_policy=policy, num_eval=num_eval)
