@@ -188,6 +188,8 @@ class ClusterConfig(_Frozen):
                               "a task dies (resuming from the last backup).")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
     threads_per_task: int = Field(0, ge=0, description="intra-op threads per task; 0 = TF default.")
+    port_base: int = Field(8888, ge=1024, le=65535, description="slurm: first port of the tasks "
+                           "on each node (SlurmClusterResolver's port_base).")
 
 
 # ------------------------------------------------------------------------------------- trainer

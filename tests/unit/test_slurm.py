@@ -1,0 +1,75 @@
+"""Cluster roles from Slurm via TF's SlurmClusterResolver, with faked SLURM_* variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from kerasdist.cluster.slurm import slurm_jobs, tf_config_from_slurm
+from kerasdist.errors import ClusterError
+
+
+@pytest.fixture
+def slurm_step(monkeypatch):
+    """Pretend to be Slurm task ``procid`` of a step on nodes n[1-2], 2 tasks per node."""
+
+    def fake(procid: int, *, nodes="n[1-2]", tasks_per_node="2(x2)", num_tasks=4):
+        monkeypatch.setenv("SLURM_PROCID", str(procid))
+        monkeypatch.setenv("SLURM_STEP_NUM_TASKS", str(num_tasks))
+        monkeypatch.setenv("SLURM_STEP_NODELIST", nodes)
+        monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", tasks_per_node)
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+    return fake
+
+
+def test_multi_worker_roles(slurm_step):
+    slurm_step(3)
+    config = tf_config_from_slurm(strategy_kind="multi_worker", port_base=9000)
+    assert config.cluster == {"worker": ("n1:9000", "n1:9001", "n2:9000", "n2:9001")}
+    assert config.task_name == "worker:3" and not config.is_chief
+    slurm_step(0)
+    assert tf_config_from_slurm(strategy_kind="multi_worker").is_chief
+
+
+def test_parameter_server_roles(slurm_step):
+    slurm_step(1)
+    config = tf_config_from_slurm(strategy_kind="parameter_server", num_ps=1)
+    assert {job: len(addresses) for job, addresses in config.cluster.items()} == \
+        {"chief": 1, "ps": 1, "worker": 2}
+    assert config.task_name == "ps:0"
+
+
+def test_resolver_does_not_touch_the_environment(slurm_step):
+    import os
+
+    slurm_step(2)
+    before = dict(os.environ)
+    tf_config_from_slurm(strategy_kind="multi_worker")
+    assert dict(os.environ) == before  # no CUDA_VISIBLE_DEVICES, no TF_CONFIG
+
+
+def test_missing_variable_is_named(slurm_step, monkeypatch):
+    slurm_step(0)
+    monkeypatch.delenv("SLURM_STEP_NODELIST")
+    with pytest.raises(ClusterError, match="missing SLURM_STEP_NODELIST"):
+        tf_config_from_slurm(strategy_kind="multi_worker")
+
+
+def test_too_few_tasks_for_parameter_server():
+    with pytest.raises(ClusterError, match="Received: 2 task"):
+        slurm_jobs(strategy_kind="parameter_server", num_tasks=2, num_ps=1)
+
+
+def test_recipe_with_slurm_cluster_dispatches_through_slurm(slurm_step, monkeypatch):
+    from kerasdist.config import validate_recipe
+    from kerasdist.training import run as run_module
+
+    slurm_step(1, nodes="n7", tasks_per_node="2", num_tasks=2)
+    seen = {}
+    monkeypatch.setattr("kerasdist.training.multi_worker.fit_worker",
+                        lambda recipe, **kw: seen.update(kw))
+    recipe = validate_recipe({"strategy": {"kind": "multi_worker"},
+                              "cluster": {"kind": "slurm", "port_base": 7000}})
+    run_module.run(recipe)
+    assert seen["tf_config"].cluster == {"worker": ("n7:7000", "n7:7001")}
+    assert seen["tf_config"].task_name == "worker:1"
