@@ -1,4 +1,4 @@
-"""The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``.
+"""The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``, ``bench``, ``export``.
 
 Exit codes: 0 success; 2 bad input (recipe, data, run directory; nothing written, nothing started);
 1 a failure during training; 130 interrupted (Ctrl-C).
@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="held-out accuracy for the time-to-accuracy column")
     bench.add_argument("--out", default="runs/bench", help="folder for bench.json, table, plots")
     bench.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    _add_export_parser(sub)
     return parser
 
 
@@ -115,6 +116,45 @@ def _cmd_fit(args) -> int:
     return EXIT_OK
 
 
+def _add_export_parser(sub) -> None:
+    export = sub.add_parser("export", help="write a deployment manifest for a recipe")
+    targets = export.add_subparsers(dest="target", metavar="TARGET", required=True)
+    tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest")
+    _add_recipe_args(tfjob)
+    tfjob.add_argument("--image", default="kerasdist:latest", help="container image with kerasdist")
+    tfjob.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    tfjob.add_argument("--name", default=None, help="TFJob name (default: from the recipe file)")
+    tfjob.add_argument("--namespace", default=None, help="Kubernetes namespace")
+    tfjob.add_argument("--recipe-in-image", default=None,
+                       help="recipe path inside the image (default: the path given)")
+    tfjob.add_argument("--cpu", default="2", help="CPU per pod (Kubernetes quantity)")
+    tfjob.add_argument("--memory", default="4Gi", help="memory per pod (Kubernetes quantity)")
+    tfjob.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
+    tfjob.add_argument("--pvc", default=None,
+                       help="PersistentVolumeClaim for the run directory (shared checkpoints)")
+
+
+def _cmd_export(args) -> int:
+    from kerasdist.cluster.export import PodResources, dump_manifest, tfjob_manifest
+    from kerasdist.config import load_recipe
+
+    recipe = load_recipe(args.recipe, args.overrides)
+    manifest = tfjob_manifest(recipe, recipe_path=args.recipe_in_image or args.recipe,
+                              image=args.image, name=args.name, namespace=args.namespace,
+                              resources=PodResources(cpu=args.cpu, memory=args.memory,
+                                                     gpus=args.gpus),
+                              pvc=args.pvc, overrides=tuple(args.overrides))
+    text = dump_manifest(manifest)
+    if args.output == "-":
+        print(text, end="")
+    else:
+        from kerasdist.training.outputs import write_text_atomic
+
+        write_text_atomic(args.output, text)
+        print(f"kerasdist: wrote {args.output} (TFJob '{manifest['metadata']['name']}')")
+    return EXIT_OK
+
+
 def _split(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
@@ -146,7 +186,8 @@ def _cmd_bench(args) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench}
+COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
+            "export": _cmd_export}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,134 @@
+"""Export a recipe as a Kubeflow ``TFJob`` manifest (``kerasdist export tfjob recipe.yaml``).
+
+The Kubeflow training operator starts one pod per replica and gives each the ``TF_CONFIG`` of its
+role, so every pod runs the same command, ``kerasdist fit <recipe> --set cluster.kind=tf_config``
+(https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/tensorflow/).
+
+Replica layout:
+
+* ``multi_worker``: ``Worker`` x ``cluster.workers``; worker 0 is the chief (writes the outputs).
+* ``parameter_server``: ``Chief`` x 1 (the coordinator), ``Worker`` x ``cluster.workers``,
+  ``PS`` x ``cluster.ps``.
+
+``restartPolicy: OnFailure`` with ``runPolicy.backoffLimit: cluster.max_restarts``: a failed pod is
+restarted and resumes from the last checkpoint, which must therefore live on storage every pod
+mounts (``--pvc``: a PersistentVolumeClaim mounted at :data:`RUNS_MOUNT`, and ``output.run_dir``
+set under it). A multi-worker survivor whose peer died exits non-zero within
+``strategy.timeout_s`` and is restarted too.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kerasdist.errors import RecipeError
+
+API_VERSION = "kubeflow.org/v1"
+RUNS_MOUNT = "/kerasdist-runs"
+CONTAINER_NAME = "tensorflow"  # the name the TFJob operator expects for the training container
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """Per-pod resources (Kubernetes quantities): requests = limits.
+
+    Attributes:
+        cpu: CPU cores, e.g. ``"2"`` or ``"500m"``.
+        memory: e.g. ``"4Gi"``.
+        gpus: ``nvidia.com/gpu`` per pod; 0 = none.
+    """
+
+    cpu: str = "2"
+    memory: str = "4Gi"
+    gpus: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        limits: dict[str, Any] = {"cpu": self.cpu, "memory": self.memory}
+        if self.gpus:
+            limits["nvidia.com/gpu"] = self.gpus
+        return {"requests": dict(limits), "limits": limits}
+
+
+def job_name(recipe_path: str | Path) -> str:
+    """A DNS-1123 name from the recipe file name (``mnist_cnn_mwms.yaml`` -> ``mnist-cnn-mwms``)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", Path(recipe_path).stem.lower()).strip("-")
+    return (name or "kerasdist")[:63].rstrip("-")
+
+
+def replica_counts(recipe) -> dict[str, int]:
+    """TFJob replica type -> replicas for the recipe's strategy.
+
+    Raises:
+        RecipeError: a strategy that runs in one process (nothing to distribute).
+    """
+    kind, cluster = recipe.strategy.kind, recipe.cluster
+    if kind == "multi_worker":
+        return {"Worker": cluster.workers}
+    if kind == "parameter_server":
+        return {"Chief": 1, "Worker": cluster.workers, "PS": max(cluster.ps, 1)}
+    raise RecipeError(f"strategy.kind '{kind}' runs in one process; a TFJob needs 'multi_worker' "
+                      f"or 'parameter_server'. Received: kind='{kind}'")
+
+
+def _pod_template(*, image: str, command: list[str], resources: PodResources,
+                  pvc: str | None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": CONTAINER_NAME, "image": image, "command": command,
+                                 "resources": resources.as_dict(),
+                                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}]}
+    spec: dict[str, Any] = {"containers": [container]}
+    if pvc:
+        container["volumeMounts"] = [{"name": "runs", "mountPath": RUNS_MOUNT}]
+        spec["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": pvc}}]
+    return {"spec": spec}
+
+
+def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = None,
+                   namespace: str | None = None, resources: PodResources = PodResources(),
+                   pvc: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Build the TFJob manifest (a plain dict) for a validated recipe.
+
+    Args:
+        recipe: the validated recipe (strategy ``multi_worker`` or ``parameter_server``).
+        recipe_path: the recipe's path *inside the image* (the pods run ``kerasdist fit`` on it).
+        image: container image with kerasdist installed.
+        name: TFJob name; default from the recipe file name.
+        namespace: Kubernetes namespace; omitted when None.
+        resources: per-pod CPU, memory and GPUs.
+        pvc: PersistentVolumeClaim for the run directory (checkpoints shared by all pods).
+        overrides: extra ``--set`` overrides passed to every pod.
+
+    Returns:
+        ``{"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": ..., "spec": ...}``.
+
+    Raises:
+        RecipeError: a one-process strategy, or an empty image name.
+    """
+    if not image:
+        raise RecipeError("export tfjob: --image must name a container image. Received: ''")
+    name = name or job_name(recipe_path)
+    command = ["kerasdist", "fit", str(recipe_path), "--set", "cluster.kind=tf_config"]
+    for item in overrides:
+        command += ["--set", item]
+    if pvc:
+        command += ["--set", f"output.run_dir={RUNS_MOUNT}/{name}"]
+    template = _pod_template(image=image, command=command, resources=resources, pvc=pvc)
+    replicas = {role: {"replicas": count, "restartPolicy": "OnFailure",
+                       "template": copy.deepcopy(template)}
+                for role, count in replica_counts(recipe).items()}
+    metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/created-by": "kerasdist"}}
+    if namespace:
+        metadata["namespace"] = namespace
+    run_policy = {"cleanPodPolicy": "Running", "backoffLimit": recipe.cluster.max_restarts}
+    return {"apiVersion": API_VERSION, "kind": "TFJob", "metadata": metadata,
+            "spec": {"runPolicy": run_policy, "tfReplicaSpecs": replicas}}
+
+
+def dump_manifest(manifest: dict[str, Any]) -> str:
+    """YAML text of a manifest (PyYAML, keys in insertion order)."""
+    import yaml
+
+    return yaml.safe_dump(manifest, sort_keys=False, default_flow_style=False)
