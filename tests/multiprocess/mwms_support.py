@@ -1,0 +1,138 @@
+"""Helpers of the multi-worker (MWMS) multiprocess tests: launch ``kerasdist fit``, watch, clean up."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import yaml
+
+REPO = Path(__file__).parents[2]
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+
+
+def linear_recipe(tmp_path: Path, name: str, **sections) -> Path:
+    """recipes/linear_mwms.yaml made small and deterministic (2048 examples, 64 steps/epoch x 2,
+    backups every 10 steps, 20 s collective timeout); ``sections`` update it section by section."""
+    raw = yaml.safe_load((REPO / "recipes" / "linear_mwms.yaml").read_text())
+    raw["data"].update(num_examples=2048, shuffle_seed=7)
+    raw["optimizer"].update(learning_rate=0.02, momentum=0.9)
+    raw["strategy"]["timeout_s"] = 20
+    raw["cluster"].update(max_restarts=1, threads_per_task=1)
+    raw["trainer"].update(epochs=2, deterministic=True, checkpoint={"every_steps": 10})
+    raw["output"] = {"run_dir": str(tmp_path / name), "tensorboard": False}
+    for section, values in sections.items():
+        raw.setdefault(section, {}).update(values)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def launch(recipe: Path, *args: str) -> subprocess.Popen:
+    """Start ``python -m kerasdist fit recipe`` (the local launcher) with output captured."""
+    return subprocess.Popen([sys.executable, "-m", "kerasdist", "fit", str(recipe), *args],
+                            cwd=REPO, env=dict(os.environ, **QUIET), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def finish(process: subprocess.Popen, timeout_s: float) -> str:
+    """Wait for ``process``; return its output. Kills its whole tree on timeout (then raises)."""
+    try:
+        out, _ = process.communicate(timeout=timeout_s)
+        return out
+    except subprocess.TimeoutExpired:
+        kill_tree(process.pid)
+        out, _ = process.communicate()
+        raise AssertionError(f"kerasdist fit did not finish in {timeout_s} s:\n{out[-6000:]}") from None
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants (a test's last resort; never leaves processes)."""
+    try:
+        parent = psutil.Process(pid)
+        family = parent.children(recursive=True) + [parent]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+
+
+def worker_process(launcher_pid: int, index: int, timeout_s: float = 60) -> psutil.Process:
+    """The launcher's child process that runs ``worker:index`` (found by its TF_CONFIG)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher_pid).children(recursive=True):
+            try:
+                config = json.loads(child.environ().get("TF_CONFIG", "{}") or "{}")
+            except (psutil.Error, ValueError):
+                continue
+            if config.get("task") == {"type": "worker", "index": index}:
+                return child
+        time.sleep(0.1)
+    raise AssertionError(f"worker:{index} of launcher {launcher_pid} not found")
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Global steps of the chief's complete checkpoints."""
+    return sorted(int(m.group(1)) for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+                  if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
+
+
+def wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, *, min_step: int,
+                        timeout_s: float) -> int:
+    """Wait until the chief has a checkpoint at step >= ``min_step``; return that step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        steps = [s for s in checkpoint_steps(run_dir) if s >= min_step]
+        if steps:
+            return steps[0]
+        if process.poll() is not None:
+            raise AssertionError(f"launcher exited early:\n{process.stdout.read()[-6000:]}")
+        time.sleep(0.05)
+    kill_tree(process.pid)
+    raise AssertionError(f"no checkpoint at step >= {min_step} within {timeout_s} s")
+
+
+def epoch_digests(log: Path) -> dict[int, str]:
+    """``{epoch: weights sha256}`` from a worker log's ``kerasdist: epoch E step S weights`` lines."""
+    text = log.read_text(encoding="utf-8", errors="replace")
+    return {int(e): h for e, h in re.findall(r"kerasdist: epoch (\d+) step \d+ weights sha256 (\w+)",
+                                             text)}
+
+
+def final_weights(run_dir: Path) -> list[np.ndarray]:
+    import keras
+
+    model = keras.saving.load_model(run_dir / "model.keras", compile=False)
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def no_processes_left(pids) -> bool:
+    """True when none of ``pids`` is alive (zombies count as gone)."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            continue
+    return True
+
+
+def sigterm(process: subprocess.Popen) -> None:
+    os.kill(process.pid, signal.SIGTERM)
