@@ -9,7 +9,9 @@ Use as a plugin, in a ``conftest.py`` or a test module::
             model = ...
 
 Fixtures (session-scoped: in-process servers cannot be stopped, so one cluster serves the whole
-pytest session; see :mod:`kerasdist.cluster.inprocess`):
+pytest session; see :mod:`kerasdist.cluster.inprocess`). Connecting to a cluster cannot be undone
+either, and a ``MirroredStrategy`` step run later in the same process can hang: run the tests
+that use these fixtures last (kerasdist's own ``tests/conftest.py`` sorts them to the end).
 
 * ``inprocess_ps_cluster``: an :class:`~kerasdist.cluster.inprocess.InProcessCluster` with 2
   workers and 1 ps, worker servers configured against the 2-core deadlock.

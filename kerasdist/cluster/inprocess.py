@@ -11,6 +11,9 @@ servers, without spawning processes. Two facts shape this module:
   machine with few cores, workers deadlock waiting for each other's ops in the shared thread pool
   (TF's own ``multi_worker_test_base.create_in_process_cluster`` raises it the same way).
   :func:`start_inprocess_cluster` sets it.
+* **Connecting is for the rest of the process.** Once a ``ParameterServerStrategy`` is built on
+  the cluster (``tf.config.experimental_connect_to_cluster``), later ``MirroredStrategy`` steps in
+  the same process can hang; keep one-host training in other processes (or before it).
 """
 
 from __future__ import annotations
