@@ -61,11 +61,34 @@ def test_mnist_split_is_the_real_80_20_split():
     assert 0.75 < (tx == 0).mean() < 0.85 and tx.max() == 255
 
 
-@pytest.mark.timeout(240)
-def test_sync_replicas_cluster_learns_w_and_b(tmp_path):
-    res = runner.run_sync_replicas(workers=2, train_steps=1000, timeout_s=200, run_dir=tmp_path)
+def _kerasdist_fit(recipe: str, run_dir: Path, *overrides: str, timeout: float = 300) -> dict:
+    """Run ``kerasdist fit recipes/<recipe>`` in a subprocess; return its metrics.json."""
+    import json
+
+    sets = [arg for item in (*overrides, f"output.run_dir={run_dir}") for arg in ("--set", item)]
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(REPO / "recipes" / recipe),
+                           *sets, "--verbose", "2"], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+@pytest.mark.timeout(400)
+def test_sync_replicas_and_kerasdist_multi_worker_reach_the_same_w_and_b(tmp_path):
+    """Parity, seed 001: SyncReplicasOptimizer (1 ps + 2 workers) and kerasdist's
+    MultiWorkerMirroredStrategy recipe (2 workers, sync) both find W ~ 2 and b ~ 10."""
+    import keras
+
+    res = runner.run_sync_replicas(workers=2, train_steps=1000, timeout_s=200,
+                                   run_dir=tmp_path / "legacy")
     assert abs(res["W"] - 2.0) < 0.1, res
     assert abs(res["b"] - 10.0) < 0.1, res
+    metrics = _kerasdist_fit("linear_mwms.yaml", tmp_path / "kerasdist")
+    assert metrics["strategy"] == "multi_worker" and metrics["num_replicas"] == 2
+    model = keras.saving.load_model(tmp_path / "kerasdist" / "model.keras")
+    kernel, bias = (float(v.numpy().ravel()[0]) for v in model.layers[0].weights)
+    assert abs(kernel - 2.0) < 0.1 and abs(bias - 10.0) < 0.1, (kernel, bias)
+    assert abs(kernel - res["W"]) < 0.2 and abs(bias - res["b"]) < 0.2
     # both workers read the same shared W, b back from the ps
     for w, b in res["workers"].values():
         assert abs(w - res["W"]) < 0.05 and abs(b - res["b"]) < 0.1
@@ -74,14 +97,22 @@ def test_sync_replicas_cluster_learns_w_and_b(tmp_path):
     # synchronous: 1000 updates x 2 aggregated gradients, worker 1 pushed a real share
     local = {n: int(re.findall(r"local_step=(\d+)", logs[n])[-1]) for n in ("worker:0", "worker:1")}
     assert local["worker:1"] >= 100 and sum(local.values()) >= 1900, local
-    ckpts = list((tmp_path / "checkpoints").glob("model.ckpt-*.index"))
+    ckpts = list((tmp_path / "legacy" / "checkpoints").glob("model.ckpt-*.index"))
     assert ckpts, "the chief wrote no checkpoint"
     assert _alive(res["pids"]) == []
     assert len(res["pids"]) == 3
 
 
-@pytest.mark.timeout(240)
-def test_async_cnn_reaches_97_percent_on_held_out_digits(tmp_path):
+@pytest.mark.timeout(560)
+def test_async_cnn_and_kerasdist_parameter_server_reach_97_percent(tmp_path):
+    """Parity, seeds 000/003: the TF1 async between-graph CNN and kerasdist's parameter-server
+    recipe (1 ps + 2 local worker processes) both reach >= 0.97 on the held-out real digits."""
+    metrics = _kerasdist_fit("mnist_cnn_ps.yaml", tmp_path / "kerasdist", "trainer.epochs=2",
+                             timeout=280)
+    assert metrics["strategy"] == "parameter_server"
+    assert metrics["evaluation"]["accuracy"] >= 0.97, metrics["evaluation"]
+    assert metrics["parameter_server"]["global_step"] == 2 * 125
+    tmp_path = tmp_path / "legacy"
     # 600 global steps = ~300 per worker; 400 sometimes ends at 0.969 (async noise)
     res = runner.run_async_cnn(workers=2, steps=600, timeout_s=220, run_dir=tmp_path)
     assert res["accuracy"] >= 0.97, res
