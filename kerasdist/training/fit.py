@@ -125,7 +125,9 @@ def _prepare(recipe, overwrite: bool):
     return datasets, strategy, run_dir, resumable
 
 
-def _restore(recipe, model, run_dir: Path, resumable: bool, overwrite: bool):
+def restore_checkpoint(recipe, model, run_dir: Path, resumable: bool, overwrite: bool):
+    """Create the checkpoint manager over model + optimizer + epoch counter and restore the latest
+    checkpoint when resuming. Returns ``(manager, epoch_var, initial_epoch)``."""
     import tensorflow as tf
 
     ckpt_dir = run_dir / outputs.CHECKPOINT_DIR
@@ -181,7 +183,7 @@ def fit(recipe, *, overwrite: bool = False, callbacks: Sequence = (), verbose=No
         tf.config.experimental.enable_op_determinism()
     with strategy.scope():
         model = build_compiled_model(recipe, replicas)
-        manager, epoch_var, initial_epoch = _restore(recipe, model, run_dir, resumable, overwrite)
+        manager, epoch_var, initial_epoch = restore_checkpoint(recipe, model, run_dir, resumable, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     outputs.write_json_atomic(run_dir / outputs.RUN_INFO, {
         "fingerprint": outputs.model_fingerprint(recipe), "kerasdist": __version__,

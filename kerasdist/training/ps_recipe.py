@@ -24,7 +24,7 @@ from kerasdist.errors import RecipeError
 from kerasdist.training import outputs
 from kerasdist.training.fit import (
     RunResult,
-    _restore,
+    restore_checkpoint,
     build_compiled_model,
     check_batch_divisible,
     say,
@@ -112,7 +112,7 @@ def fit_recipe(recipe, *, cluster_resolver=None, overwrite: bool = False, verbos
         model = build_compiled_model(
             recipe, strategy.num_replicas_in_sync,
             steps_per_execution=recipe.strategy.steps_per_execution)
-        manager, epoch_var, initial_epoch = _restore(recipe, model, run_dir, resumable, overwrite)
+        manager, epoch_var, initial_epoch = restore_checkpoint(recipe, model, run_dir, resumable, overwrite)
     run_dir.mkdir(parents=True, exist_ok=True)
     outputs.write_json_atomic(run_dir / outputs.RUN_INFO, {
         "fingerprint": outputs.model_fingerprint(recipe), "kerasdist": __version__,
