@@ -24,9 +24,9 @@ from kerasdist.errors import RecipeError
 from kerasdist.training import outputs
 from kerasdist.training.fit import (
     RunResult,
-    restore_checkpoint,
     build_compiled_model,
     check_batch_divisible,
+    restore_checkpoint,
     say,
     write_metrics,
 )
