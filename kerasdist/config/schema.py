@@ -140,6 +140,9 @@ class MultiWorkerStrategyConfig(_Frozen):
     communication: Literal["auto", "ring", "nccl"] = "auto"
     timeout_s: float = Field(60.0, gt=0, description="Collective-op timeout: a lost peer fails "
                              "the survivors after this many seconds.")
+    gradient_compression: Literal["none", "bf16", "fp16"] = Field(
+        "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
+        "see kerasdist.training.mw_compression.")
 
 
 class ParameterServerStrategyConfig(_Frozen):

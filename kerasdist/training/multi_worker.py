@@ -57,6 +57,8 @@ def _start_strategy(recipe, tf_config):
     from kerasdist import _compat
     from kerasdist.strategies import registry as strategies
 
+    if recipe.cluster.threads_per_task:  # before TF starts; the local launcher also sets env vars
+        tf.config.threading.set_intra_op_parallelism_threads(recipe.cluster.threads_per_task)
     strategy = strategies.build(recipe.strategy, cluster_resolver=tf_config.cluster_resolver())
     mends = _compat.apply()
     import keras
@@ -144,6 +146,7 @@ def _prepare_model(recipe, strategy, data, *, tf_config, run_dir: Path, resumabl
     import shutil
 
     from kerasdist.training.mw_callbacks import BackupStore
+    from kerasdist.training.mw_compression import compress_gradients
 
     ckpt_dir = run_dir / outputs.CHECKPOINT_DIR
     if tf_config.is_chief and not resumable and ckpt_dir.exists():
@@ -152,6 +155,7 @@ def _prepare_model(recipe, strategy, data, *, tf_config, run_dir: Path, resumabl
     with strategy.scope():
         model = build_compiled_model(recipe, strategy.num_replicas_in_sync)
         model.optimizer.build(model.trainable_variables)
+    compress_gradients(model.optimizer, recipe.strategy.gradient_compression)
     store = None
     if recipe.trainer.checkpoint.enabled:
         store = BackupStore(model=model, directory=ckpt_dir, is_chief=tf_config.is_chief,

@@ -47,10 +47,7 @@ def test_mnist_cnn_two_workers_reach_accuracy_with_identical_weights(tmp_path):
 USER_SCRIPT = textwrap.dedent("""
     import hashlib, json, sys
     import kerasdist
-    enable = getattr(kerasdist, "enable", None)
-    if enable is None:
-        from kerasdist.training.dispatch import enable
-    enable()                                   # the one opt-in line
+    kerasdist.enable()                         # the one opt-in line
     import keras, numpy as np, tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()   # reads TF_CONFIG
