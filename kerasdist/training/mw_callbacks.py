@@ -37,6 +37,14 @@ PREEMPTION_CHECK_STEPS = 10
 """Steps between two preemption votes (one scalar all-reduce each)."""
 
 
+def temp_dir(directory: Path, task_name: str) -> Path:
+    """A non-chief task's scratch folder for its throw-away saves: in the system temp folder, named
+    after the run's checkpoint folder and the task, so the next attempt of the same task finds and
+    deletes what a killed attempt left."""
+    key = hashlib.sha256(str(Path(directory).resolve()).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"kerasdist-{key}-{task_name.replace(':', '-')}"
+
+
 class BackupStore:
     """Checkpoints of model + optimizer + ``steps_per_epoch`` in ``directory``, chief-aware.
 
@@ -67,7 +75,9 @@ class BackupStore:
             self._manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory),
                                                        max_to_keep=max_to_keep)
         else:
-            self._tmp = Path(tempfile.mkdtemp(prefix=f"kerasdist-{task_name.replace(':', '-')}-"))
+            self._tmp = temp_dir(self.directory, task_name)
+            shutil.rmtree(self._tmp, ignore_errors=True)  # a killed attempt's leftovers
+            self._tmp.mkdir(parents=True)
 
     def remove_stale_temp(self) -> None:
         """Chief only: delete ``*_temp*`` folders a crash mid-save left behind (never the data)."""

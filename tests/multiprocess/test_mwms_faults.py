@@ -14,6 +14,8 @@ import numpy as np
 import psutil
 import pytest
 
+from kerasdist.training.mw_callbacks import temp_dir
+
 pytestmark = pytest.mark.multiprocess
 TOTAL_STEPS = 2 * 64
 
@@ -63,6 +65,7 @@ def test_killed_worker_restarts_and_finishes_with_exact_steps(tmp_path, referenc
     assert "attempt 1/2 failed" in out and "restarting the cluster" in out
     result = mw.metrics(run_dir)
     assert result["global_steps"] == TOTAL_STEPS  # no step lost, none replayed
+    assert not temp_dir(run_dir / "checkpoints", "worker:1").exists()  # scratch of the killed task
     assert 0 < result["start_step"] < 64  # resumed inside epoch 1
     assert mw.epoch_digests(run_dir / "logs" / "worker-0.log")[2] == \
         mw.epoch_digests(run_dir / "logs" / "worker-1.log")[2]
