@@ -23,12 +23,12 @@ from pathlib import Path
 from kerasdist.cluster.launcher import LocalLauncher, Task, describe_exit, terminate_on_sigterm
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.training.fit import say
+from kerasdist.training.multi_worker import EXIT_PREEMPTED
 
 STOP_GRACE_S = 60.0
 """Seconds the workers get to save a checkpoint and exit after SIGTERM, before SIGKILL."""
 SURVIVOR_GRACE_S = 10.0
 """Seconds the other workers get to fail on their own after one failed (so their logs say why)."""
-EXIT_INTERRUPTED = 130
 
 
 def _first_failure(launcher: LocalLauncher, tasks: list[Task]) -> Task | None:
@@ -51,7 +51,7 @@ def _wait_for_survivors(tasks: list[Task], timeout_s: float) -> None:
 def _why(launcher: LocalLauncher, task: Task) -> str:
     """How one task ended, in words, with the lost peer a survivor named in its log."""
     code = task.returncode()
-    if code == EXIT_INTERRUPTED:
+    if code == EXIT_PREEMPTED:
         return f"task {task.name} was preempted (SIGTERM; a checkpoint was saved)"
     text = f"task {task.name} {describe_exit(code)}"
     match = re.search(r"lost (task [\w:, ]+?|contact with a peer task) during training",
