@@ -184,6 +184,9 @@ def check_port_free(address: str, task: str) -> None:
     host, _, port = address.rpartition(":")
     bind_host = "" if host in ("localhost", "0.0.0.0", "[::]") else host
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like gRPC's own servers: a port left in TIME_WAIT by a task that just died is free,
+        # a port with a live listener is not.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((bind_host, int(port)))
         except OSError as err:

@@ -22,6 +22,7 @@ from typing import Sequence
 from kerasdist import __version__
 from kerasdist.errors import RecipeError
 from kerasdist.training import outputs
+from kerasdist.training.callbacks import ThroughputMeter
 from kerasdist.training.fit import (
     RunResult,
     build_compiled_model,
@@ -121,15 +122,18 @@ def fit_recipe(recipe, *, cluster_resolver=None, overwrite: bool = False, verbos
     say(f"training {recipe.model.name} with strategy 'parameter_server' on "
         f"{jobs.num_tasks('worker')} worker(s) and {jobs.num_tasks('ps')} ps; batch "
         f"{recipe.data.batch_size} per step; run dir {run_dir}")
+    clock = ThroughputMeter(recipe.data.batch_size)  # only its epoch_end_s is used here
     history, ps_stats = _train(
         recipe, model, datasets, initial_epoch=initial_epoch,
-        callbacks=_callbacks(recipe, run_dir, manager, epoch_var, callbacks),
+        callbacks=_callbacks(recipe, run_dir, manager, epoch_var, [clock, *callbacks]),
         verbose=recipe.trainer.verbose if verbose is None else verbose)
     return _finish(recipe, model, datasets, history=history, ps_stats=ps_stats, jobs=jobs,
-                   run_dir=run_dir, initial_epoch=initial_epoch, start=start)
+                   run_dir=run_dir, initial_epoch=initial_epoch, start=start,
+                   epoch_end_s=clock.epoch_end_s)
 
 
-def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initial_epoch, start):
+def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initial_epoch, start,
+            epoch_end_s=()):
     from kerasdist.training import ps
 
     evaluation = {}
@@ -143,7 +147,8 @@ def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initia
     throughput = {"examples_per_sec": stats.get("examples_per_sec", 0.0),
                   "timed_steps": stats.get("timed_steps", 0),
                   "timed_seconds": stats.get("timed_seconds", 0.0),
-                  "global_batch_size": recipe.data.batch_size}
+                  "global_batch_size": recipe.data.batch_size,
+                  "epoch_end_s": list(epoch_end_s)}
     result = RunResult(
         history=history, evaluation=evaluation, throughput=throughput,
         wall_time_s=time.perf_counter() - start, run_dir=run_dir, model_path=model_path,

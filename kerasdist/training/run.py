@@ -18,8 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from kerasdist.cluster.launcher import LocalLauncher, terminate_on_sigterm
-from kerasdist.cluster.spec import TFConfig, local_cluster, parse_tf_config
+from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError
 from kerasdist.training.fit import RunResult, say
 from kerasdist.training.mw_launch import run_attempt
@@ -100,25 +99,12 @@ def _preflight(recipe, overwrite: bool) -> None:
 
 
 def _local_parameter_server(recipe, *, overwrite, verbose, callbacks) -> RunResult:
+    from kerasdist.training.ps_launch import run_local_parameter_server
+
     _preflight(recipe, overwrite)
-    spec = local_cluster(workers=recipe.cluster.workers, ps=recipe.cluster.ps, chief=True)
-    log_dir = Path(recipe.output.run_dir) / "logs"
-    args = _child_args(recipe, log_dir)
-    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
-            launcher, terminate_on_sigterm():
-        tasks = [launcher.start(spec.for_task(job, i), args)
-                 for job in ("ps", "worker") for i in range(spec.num(job))]
-        say(f"local cluster: {spec.num('ps')} ps + {spec.num('worker')} workers started; "
-            f"logs in {log_dir}")
-        launcher.wait_listening(tasks, timeout_s=recipe.cluster.start_timeout_s)
-        from kerasdist.training.ps import fit_recipe
-
-        result = fit_recipe(recipe, cluster_resolver=spec.cluster_resolver(), overwrite=overwrite,
-                            verbose=verbose, callbacks=callbacks)
-        import gc
-
-        gc.collect()  # release remote iterators/functions while their servers still answer
-        return result
+    args = _child_args(recipe, Path(recipe.output.run_dir) / "logs")
+    return run_local_parameter_server(recipe, args=args, overwrite=overwrite, verbose=verbose,
+                                      callbacks=callbacks)
 
 
 def _local_multi_worker(recipe, *, overwrite, verbose, callbacks) -> RunResult:

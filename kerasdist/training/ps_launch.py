@@ -1,0 +1,101 @@
+"""Local parameter-server clusters: ps + worker subprocesses, the coordinator in this process.
+
+Fault handling (what TF's ``ClusterCoordinator`` promises, plus what the launcher adds):
+
+* a **worker** that dies is restarted on the same address (up to ``cluster.max_restarts`` restarts
+  in all); meanwhile the coordinator re-schedules its unfinished steps on the remaining workers
+  (steps are at-least-once) and the restarted worker rejoins;
+* a **ps** task that dies is not restarted (its variables are gone): the coordinator's next
+  ``schedule``/``join`` fails, and kerasdist raises :class:`ClusterError` naming the ps task.
+  Re-running the command resumes from the last checkpoint, which the coordinator writes at every
+  epoch end;
+* the **coordinator** killed: the tasks die with it (``PR_SET_PDEATHSIG``); re-running resumes
+  from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from kerasdist.cluster.launcher import LocalLauncher, describe_exit, terminate_on_sigterm
+from kerasdist.cluster.spec import local_cluster
+from kerasdist.errors import ClusterError
+from kerasdist.training.fit import RunResult, say
+
+
+class WorkerRestarter(threading.Thread):
+    """Restart worker tasks that exit, up to ``budget`` restarts; remember dead ps tasks."""
+
+    def __init__(self, launcher: LocalLauncher, args: list[str], *, budget: int):
+        super().__init__(daemon=True, name="kerasdist-worker-restarter")
+        self.launcher, self.args, self.budget = launcher, args, budget
+        self.stop_event = threading.Event()
+        self.restarts: list[str] = []
+        self.dead_ps: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop_event.wait(0.5):
+            for task in list(self.launcher.tasks):
+                code = task.returncode()
+                if code is None or task.name in self.dead_ps or getattr(task, "replaced", False):
+                    continue
+                if task.tf_config.task_type == "ps":
+                    self.dead_ps.append(task.name)
+                    say(f"task {task.name} {describe_exit(code)}; the coordinator will fail")
+                elif len(self.restarts) < self.budget:
+                    task.replaced = True
+                    self.restarts.append(task.name)
+                    say(f"task {task.name} {describe_exit(code)}; restarting it "
+                        f"({len(self.restarts)}/{self.budget})")
+                    self.launcher.start(task.tf_config, self.args)
+                else:
+                    task.replaced = True
+                    say(f"task {task.name} {describe_exit(code)}; no restarts left, training "
+                        "continues on the remaining workers")
+
+
+def run_local_parameter_server(recipe, *, args: list[str], overwrite: bool, verbose,
+                               callbacks) -> RunResult:
+    """Start 1+ ps and N workers as subprocesses, run the coordinator here, always stop them.
+
+    Raises:
+        ClusterError: a task did not start, or a ps task died (named in the message).
+    """
+    spec = local_cluster(workers=recipe.cluster.workers, ps=recipe.cluster.ps, chief=True)
+    log_dir = Path(recipe.output.run_dir) / "logs"
+    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
+            launcher, terminate_on_sigterm():
+        tasks = [launcher.start(spec.for_task(job, i), args)
+                 for job in ("ps", "worker") for i in range(spec.num(job))]
+        say(f"local cluster: {spec.num('ps')} ps + {spec.num('worker')} workers started; "
+            f"logs in {log_dir}")
+        launcher.wait_listening(tasks, timeout_s=recipe.cluster.start_timeout_s)
+        restarter = WorkerRestarter(launcher, args, budget=recipe.cluster.max_restarts)
+        restarter.start()
+        try:
+            from kerasdist.training.ps import fit_recipe
+
+            result = fit_recipe(recipe, cluster_resolver=spec.cluster_resolver(),
+                                overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+        except Exception as err:  # TF raises several error types for a lost ps
+            restarter.stop_event.set()
+            dead = restarter.dead_ps or [t.name for t in launcher.failed()
+                                         if t.tf_config.task_type == "ps"]
+            if dead:
+                raise ClusterError(
+                    f"parameter server {', '.join(dead)} died; training stopped "
+                    f"({type(err).__name__}). Re-run the same command to resume from the last "
+                    f"checkpoint in {Path(recipe.output.run_dir) / 'checkpoints'}.") from None
+            raise
+        finally:
+            restarter.stop_event.set()
+        import gc
+
+        gc.collect()  # release remote iterators/functions while their servers still answer
+        if restarter.restarts:
+            from kerasdist.training.fit import write_metrics
+
+            result.extra.setdefault("parameter_server", {})["restarted_tasks"] = restarter.restarts
+            write_metrics(result, recipe)
+        return result
