@@ -80,8 +80,14 @@ def lost_tasks(message: str, tf_config) -> list[str]:
 
 
 def _peer_error(err, tf_config, start_step: int, timeout_s: float) -> ClusterError:
-    lost = lost_tasks(err.message, tf_config)
-    who = f"lost task {', '.join(lost)}" if lost else "lost contact with a peer task"
+    """The ClusterError for a failed collective, naming the lost task: from TF's message, else
+    (a bare collective timeout) from a liveness probe of the peers (:mod:`mw_probe`)."""
+    from kerasdist.training.mw_probe import unresponsive_peers
+
+    states = unresponsive_peers(tf_config)
+    lost = lost_tasks(err.message, tf_config) or sorted(states)
+    named = [f"{task} ({states[task]})" if task in states else task for task in lost]
+    who = f"lost task {', '.join(named)}" if lost else "lost contact with a peer task"
     lines = [line.strip() for line in err.message.splitlines() if line.strip()]
     telling = [line for line in lines if re.search(r"task:\d|aborted|unhealthy|[Tt]imeout", line)]
     first = (telling or lines or [""])[0]

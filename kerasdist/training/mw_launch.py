@@ -54,7 +54,7 @@ def _why(launcher: LocalLauncher, task: Task) -> str:
     if code == EXIT_PREEMPTED:
         return f"task {task.name} was preempted (SIGTERM; a checkpoint was saved)"
     text = f"task {task.name} {describe_exit(code)}"
-    match = re.search(r"lost (task [\w:, ]+?|contact with a peer task) during training",
+    match = re.search(r"lost (task [^;\n]+?|contact with a peer task) during training",
                       launcher.tail(task, lines=60))
     return f"{text} (it {match.group(0).split(' during')[0]})" if match else text
 

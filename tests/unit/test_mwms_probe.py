@@ -1,0 +1,74 @@
+"""Naming the lost peer: TF error messages and the HTTP/2 liveness probe of gRPC servers."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import portpicker
+
+from kerasdist.cluster.spec import local_cluster
+from kerasdist.training.multi_worker import lost_tasks
+from kerasdist.training.mw_probe import EMPTY_SETTINGS_FRAME, probe, unresponsive_peers
+
+
+def _server(*, answer: bool):
+    """A listening socket that sends an HTTP/2 SETTINGS frame on connect (alive), or one that never
+    accepts (hung: like a SIGSTOPped process, only the kernel completes the handshake)."""
+    sock = socket.socket()
+    sock.bind(("localhost", 0))
+    sock.listen(4)
+
+    def serve():
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return
+        conn.sendall(EMPTY_SETTINGS_FRAME)
+        conn.recv(1024)
+        conn.close()
+
+    if answer:
+        threading.Thread(target=serve, daemon=True).start()
+    return sock, f"localhost:{sock.getsockname()[1]}"
+
+
+def test_probe_tells_alive_hung_and_dead():
+    alive, alive_addr = _server(answer=True)
+    hung, hung_addr = _server(answer=False)
+    try:
+        assert probe(alive_addr) == "alive"
+        assert probe(hung_addr, timeout_s=0.5) == "hung"
+        assert probe(f"localhost:{portpicker.pick_unused_port()}") == "dead"
+    finally:
+        alive.close()
+        hung.close()
+
+
+def test_unresponsive_peers_skips_this_task():
+    spec = local_cluster(workers=3)  # nothing listens on these ports
+    assert unresponsive_peers(spec.for_task("worker", 1)) == {"worker:0": "dead", "worker:2": "dead"}
+
+
+def test_lost_tasks_from_tf_messages():
+    me = local_cluster(workers=2)
+    killed = ("Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+              "information from remote target /job:worker/replica:0/task:1 while calling RecvBuf "
+              "[[{{node CollectiveReduceV2}}]] on /job:worker/replica:0/task:0/device:CPU:0")
+    hung = ("Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped "
+            "sending heartbeats):\n/job:worker/replica:0/task:1")
+    assert lost_tasks(killed, me) == ["worker:1"]
+    assert lost_tasks(hung, me) == ["worker:1"]
+    assert lost_tasks("Deadline Exceeded", me) == []
+
+
+def test_bare_collective_timeout_is_attributed_by_the_probe():
+    import tensorflow as tf
+
+    from kerasdist.training.multi_worker import _peer_error
+
+    me = local_cluster(workers=2)  # worker:1's port: nobody listens
+    err = tf.errors.DeadlineExceededError(None, None, "Graph execution error:\nDeadline Exceeded")
+    message = str(_peer_error(err, me, 40, 10.0))
+    assert message.startswith("task worker:0: lost task worker:1 (dead) during training")
+    assert "DeadlineExceededError" in message and "Received: Deadline Exceeded" in message
