@@ -57,12 +57,13 @@ def _run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) 
     return Measurement(tag, code, wall, rss, figures, str(log))
 
 
-def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s) -> list[Measurement]:
+def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s,
+                  kinds=CLUSTER_STRATEGIES) -> list[Measurement]:
     if name == "tf_keras":
         if importlib.util.find_spec("tf_keras") is None:
             return []
         rows = []
-        for kind in CLUSTER_STRATEGIES:
+        for kind in kinds:
             recipe_path = _write_recipe(strategy_recipe(raw, kind, workers=workers,
                                                         run_dir=out / "runs" / tag),
                                         out / "recipes" / f"{tag}-{kind}.json")

@@ -87,7 +87,13 @@ def run(kind: str, recipe) -> dict | None:
         meter = _EpochMeter(time, recipe.data.batch_size * steps)
         model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps, verbose=0,
                   callbacks=[meter.callback(tf)])
-        final = float(model.evaluate(data.eval_fn(), verbose=0, return_dict=True)["accuracy"])
+        # Evaluate on a local copy of the trained weights (read from the ps): tf_keras's own
+        # evaluate under ParameterServerStrategy was cancelled remotely here.
+        local = _model(tf, recipe)
+        local.set_weights(model.get_weights())
+        local.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+        final = float(local.evaluate(data.eval_fn(), verbose=0, return_dict=True)["accuracy"])
         return {"throughput": meter.summary(), "wall_time_s": time.perf_counter() - start,
                 "val_accuracy": [], "final_accuracy": final,
                 "note": "epoch-level timing (tf_keras PS allows no batch callbacks)"}
