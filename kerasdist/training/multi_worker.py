@@ -89,7 +89,8 @@ def _peer_error(err, tf_config, start_step: int, timeout_s: float) -> ClusterErr
     named = [f"{task} ({states[task]})" if task in states else task for task in lost]
     who = f"lost task {', '.join(named)}" if lost else "lost contact with a peer task"
     lines = [line.strip() for line in err.message.splitlines() if line.strip()]
-    telling = [line for line in lines if re.search(r"task:\d|aborted|unhealthy|[Tt]imeout", line)]
+    telling = [line for line in lines
+               if re.search(r"task:\d|aborted|unhealthy|[Tt]ime(d )?out|[Dd]eadline", line)]
     first = (telling or lines or [""])[0]
     return ClusterError(
         f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; collective "
