@@ -55,6 +55,7 @@ def plain_keras(recipe) -> dict:
                      callbacks=[meter])
     return {"throughput": meter.summary(), "wall_time_s": time.perf_counter() - start,
             "val_accuracy": [float(v) for v in hist.history.get("val_accuracy", [])],
+            "val_loss": [float(v) for v in hist.history.get("val_loss", [])],
             "final_accuracy": float(hist.history["val_accuracy"][-1])}
 
 

@@ -64,17 +64,18 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for name, row in result["rows"].items():
+    for index, (name, row) in enumerate(result["rows"].items()):
         figures = _first_ok(row)
         if not figures:
             continue
+        color = f"C{index % 10}"  # one colour per row in both panels
         ends = figures.get("throughput", {}).get("epoch_end_s", [])
         acc = figures.get("val_accuracy", [])[: len(ends)]
         if acc:
-            acc_ax.plot(ends[: len(acc)], acc, marker="o", label=name)
+            acc_ax.plot(ends[: len(acc)], acc, marker="o", label=name, color=color)
         loss = (figures.get("val_loss") or [])[: len(ends)]
         if loss:
-            loss_ax.plot(ends[: len(loss)], loss, marker="o", label=name)
+            loss_ax.plot(ends[: len(loss)], loss, marker="o", label=name, color=color)
     acc_ax.axhline(result["settings"]["target_accuracy"], color="grey", linestyle="--",
                    linewidth=0.8)
     acc_ax.set(xlabel="wall time since start of training (s)", ylabel="held-out accuracy",
@@ -82,6 +83,8 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
     loss_ax.set(xlabel="wall time since start of training (s)", ylabel="held-out loss",
                 title="Held-out loss")
     acc_ax.legend(fontsize=8)
+    if loss_ax.lines:
+        loss_ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
