@@ -17,6 +17,7 @@ with its own ``TF_CONFIG`` in its environment only) on fresh localhost ports and
 from __future__ import annotations
 
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -66,6 +67,16 @@ def describe_failure(launcher: LocalLauncher, first: Task) -> str:
     return "; ".join(lines) + f"; log {first.log_path}:\n{launcher.tail(first)}"
 
 
+def _clean_scratch(recipe, tasks: list[Task]) -> None:
+    """Delete the scratch folders of stopped non-chief tasks (local tasks share this machine)."""
+    from kerasdist.training.mw_callbacks import temp_dir
+    from kerasdist.training.outputs import CHECKPOINT_DIR
+
+    for task in tasks:
+        shutil.rmtree(temp_dir(Path(recipe.output.run_dir) / CHECKPOINT_DIR, task.name),
+                      ignore_errors=True)
+
+
 def run_attempt(recipe, args: list[str], log_dir: Path) -> str | None:
     """Start the workers once and wait; return None on success, else the failure report.
 
@@ -82,9 +93,11 @@ def run_attempt(recipe, args: list[str], log_dir: Path) -> str | None:
         except KeyboardInterrupt:
             say(f"interrupted: the workers save a checkpoint and stop (up to {STOP_GRACE_S:.0f} s)")
             launcher.stop_all(grace_s=STOP_GRACE_S)
+            _clean_scratch(recipe, tasks)
             raise
         if first is None:
             return None
         _wait_for_survivors(tasks, min(SURVIVOR_GRACE_S, recipe.strategy.timeout_s + 5))
         launcher.stop_all()
+        _clean_scratch(recipe, tasks)
         return describe_failure(launcher, first)

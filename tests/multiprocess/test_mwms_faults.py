@@ -125,3 +125,4 @@ def test_hung_worker_fails_the_cluster_in_bounded_time_naming_it(tmp_path):
     assert re.search(r"task worker:0: lost task worker:1( \(hung\))? during training", log), log[-3000:]
     psutil.wait_procs([p for p in (hung, survivor) if p.is_running()], timeout=15)
     assert mw.no_processes_left([hung.pid, survivor.pid])
+    assert not temp_dir(run_dir / "checkpoints", "worker:1").exists()  # the launcher cleaned it
