@@ -32,8 +32,9 @@ def _train(strategy, compression: str, calls: list):
     return model, history.history["loss"]
 
 
-@pytest.mark.timeout(120)
-def test_bf16_all_reduce_trains_like_float32_and_saves_normally(tmp_path):
+def check_bf16_all_reduce(tmp_path) -> None:
+    """Runs in a fresh process (see the test below): two MirroredStrategy instances in a process
+    that already ran other MirroredStrategy tests collide on collective keys."""
     calls: list = []
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])  # one: shared collective keys
     reference, ref_loss = _train(strategy, "none", calls)
@@ -45,6 +46,24 @@ def test_bf16_all_reduce_trains_like_float32_and_saves_normally(tmp_path):
         np.testing.assert_allclose(a, b, atol=0.05)
     compressed.save(tmp_path / "m.keras")
     assert type(keras.saving.load_model(tmp_path / "m.keras").optimizer) is keras.optimizers.SGD
+
+
+@pytest.mark.timeout(180)
+def test_bf16_all_reduce_trains_like_float32_and_saves_normally(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys, pathlib, tensorflow as tf\n"
+        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+        "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_mwms_compression import check_bf16_all_reduce\n"
+        f"check_bf16_all_reduce(pathlib.Path({str(tmp_path)!r}))\n"
+        "print('CHECK-OK')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=170)
+    assert done.returncode == 0 and "CHECK-OK" in done.stdout, done.stderr[-3000:]
 
 
 def test_missing_hook_is_an_error_not_a_silent_no_op():
