@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from kerasdist.errors import KerasdistError
+from kerasdist.errors import KerasdistError, TaskFailedError
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -204,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     try:
         return COMMANDS[args.command](args)
+    except TaskFailedError as err:
+        print(f"kerasdist: failed: {err}", file=sys.stderr)
+        return EXIT_FAILED
     except KerasdistError as err:
         print(f"kerasdist: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

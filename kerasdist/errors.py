@@ -26,3 +26,12 @@ class ClusterError(KerasdistError, RuntimeError):
 
 class RunDirError(KerasdistError, RuntimeError):
     """The run directory holds outputs that the requested run would overwrite."""
+
+
+class TaskFailedError(ClusterError):
+    """A task of a running cluster died, hung or was lost during training.
+
+    Unlike other :class:`ClusterError` s this is not bad input: the CLI exits with code 1
+    ("failure during training"), so schedulers that retry failed jobs (e.g. Kubeflow's
+    ``restartPolicy``) retry it. Re-running resumes from the last checkpoint.
+    """

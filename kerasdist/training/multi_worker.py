@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from kerasdist import __version__
-from kerasdist.errors import ClusterError
+from kerasdist.errors import ClusterError, TaskFailedError
 from kerasdist.training import outputs
 from kerasdist.training.fit import RunResult, build_compiled_model, say, write_metrics
 
@@ -92,7 +92,7 @@ def _peer_error(err, tf_config, start_step: int, timeout_s: float) -> ClusterErr
     telling = [line for line in lines
                if re.search(r"task:\d|aborted|unhealthy|[Tt]ime(d )?out|[Dd]eadline", line)]
     first = (telling or lines or [""])[0]
-    return ClusterError(
+    return TaskFailedError(
         f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; collective "
         f"timeout {timeout_s:.0f} s, started at global step {start_step}); restart the cluster "
         f"to resume from the last backup. Received: {first[:300]}")

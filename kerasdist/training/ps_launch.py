@@ -6,7 +6,7 @@ Fault handling (what TF's ``ClusterCoordinator`` promises, plus what the launche
   in all); meanwhile the coordinator re-schedules its unfinished steps on the remaining workers
   (steps are at-least-once) and the restarted worker rejoins;
 * a **ps** task that dies is not restarted (its variables are gone): the coordinator's next
-  ``schedule``/``join`` fails, and kerasdist raises :class:`ClusterError` naming the ps task.
+  ``schedule``/``join`` fails, and kerasdist raises :class:`TaskFailedError` (exit code 1) naming the ps task.
   Re-running the command resumes from the last checkpoint, which the coordinator writes at every
   epoch end;
 * the **coordinator** killed: the tasks die with it (``PR_SET_PDEATHSIG``); re-running resumes
@@ -16,11 +16,12 @@ Fault handling (what TF's ``ClusterCoordinator`` promises, plus what the launche
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from kerasdist.cluster.launcher import LocalLauncher, describe_exit, terminate_on_sigterm
 from kerasdist.cluster.spec import local_cluster
-from kerasdist.errors import ClusterError
+from kerasdist.errors import TaskFailedError
 from kerasdist.training.fit import RunResult, say
 
 
@@ -55,6 +56,18 @@ class WorkerRestarter(threading.Thread):
                         "continues on the remaining workers")
 
 
+def _dead_ps(launcher: LocalLauncher, restarter: WorkerRestarter, grace_s: float = 5.0) -> list:
+    """Names of dead ps tasks; waits up to ``grace_s`` for the exit to be observed, since the
+    coordinator can notice the lost ps before the process has been reaped."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        dead = restarter.dead_ps or [t.name for t in launcher.tasks
+                                     if t.tf_config.task_type == "ps" and t.returncode() is not None]
+        if dead or time.monotonic() > deadline:
+            return dead
+        time.sleep(0.2)
+
+
 def run_local_parameter_server(recipe, *, args: list[str], overwrite: bool, verbose,
                                callbacks) -> RunResult:
     """Start 1+ ps and N workers as subprocesses, run the coordinator here, always stop them.
@@ -80,10 +93,9 @@ def run_local_parameter_server(recipe, *, args: list[str], overwrite: bool, verb
                                 overwrite=overwrite, verbose=verbose, callbacks=callbacks)
         except Exception as err:  # TF raises several error types for a lost ps
             restarter.stop_event.set()
-            dead = restarter.dead_ps or [t.name for t in launcher.failed()
-                                         if t.tf_config.task_type == "ps"]
+            dead = _dead_ps(launcher, restarter)
             if dead:
-                raise ClusterError(
+                raise TaskFailedError(
                     f"parameter server {', '.join(dead)} died; training stopped "
                     f"({type(err).__name__}). Re-run the same command to resume from the last "
                     f"checkpoint in {Path(recipe.output.run_dir) / 'checkpoints'}.") from None

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
-from kerasdist.errors import ClusterError
+from kerasdist.errors import ClusterError, TaskFailedError
 from kerasdist.training.fit import RunResult, say
 from kerasdist.training.mw_launch import run_attempt
 
@@ -126,4 +126,4 @@ def _local_multi_worker(recipe, *, overwrite, verbose, callbacks) -> RunResult:
                 "the workers resume from the last backup")
         if "--overwrite" in args:
             args.remove("--overwrite")  # restarts resume, they never discard the new checkpoints
-    raise ClusterError(f"multi-worker training failed after {attempts} attempt(s): {failure}")
+    raise TaskFailedError(f"multi-worker training failed after {attempts} attempt(s): {failure}")
