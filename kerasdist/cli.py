@@ -170,6 +170,9 @@ def _cmd_bench(args) -> int:
     if any(n < 1 for n in sweep) or args.workers < 1:
         raise RecipeError(f"worker counts must be >= 1. Received: workers={args.workers}, "
                           f"sweep={sweep}")
+    if sweep and not {"multi_worker", "parameter_server"} & set(_split(args.strategies)):
+        raise RecipeError("--sweep-workers sweeps multi_worker and parameter_server; --strategies "
+                          f"has neither. Received: strategies='{args.strategies}'")
     from kerasdist.bench.command import run_bench
     from kerasdist.bench.report import markdown_table
 
@@ -180,6 +183,8 @@ def _cmd_bench(args) -> int:
     print(markdown_table(result))
     print(f"kerasdist: bench.json, bench.md and plots in {args.out}")
     failed = [n for n, r in result["rows"].items() if r["summary"]["succeeded"] < r["summary"]["runs"]]
+    failed += [f"sweep {p['strategy']} x{p['workers']}" for p in result["sweep"]
+               if p["succeeded"] < p["runs"]]
     if failed:
         print(f"kerasdist: runs failed in: {', '.join(failed)} (see {args.out}/logs)", file=sys.stderr)
         return EXIT_FAILED

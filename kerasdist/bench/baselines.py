@@ -2,8 +2,9 @@
 
 * ``plain_keras``: what a Keras 3 user writes without kerasdist: ``model.fit(x, y, batch_size=B)``
   on NumPy arrays in one process.
-* ``raw_step``: a hand-written ``tf.function`` training step (``GradientTape`` + ``optimizer.apply``)
-  over kerasdist's tf.data pipeline; no Keras ``fit`` machinery at all — the closest practical limit
+* ``raw_step``: a hand-written ``tf.function`` training step (``GradientTape`` + ``optimizer.apply``,
+  the batch taken from the iterator inside the graph) over kerasdist's tf.data pipeline; no Keras
+  ``fit`` machinery at all — the closest practical limit
   for this model on this hardware.
 
 Both time steps exactly as kerasdist does (:class:`~kerasdist.training.callbacks.ThroughputMeter`:
@@ -78,7 +79,10 @@ def raw_step(recipe) -> dict:
     eval_ds = make_dataset_fn(ex, ey, global_batch_size=batch, training=False)()
 
     @tf.function
-    def train_step(images, labels):
+    def train_step(iterator):
+        # The batch is taken inside the graph, as Keras's own train function does: no eager
+        # GetNext and no feeding of host tensors between steps.
+        images, labels = next(iterator)
         with tf.GradientTape() as tape:
             loss = loss_fn(labels, model(images, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
@@ -95,8 +99,8 @@ def raw_step(recipe) -> dict:
     for _ in range(recipe.trainer.epochs):
         last = None
         for _ in range(steps_per_epoch):
-            images, labels = next(train_iter)
-            train_step(images, labels).numpy()  # .numpy(): wait for the step, as fit does
+            # .numpy(): wait for the step, as fit does when a callback reads the batch logs.
+            train_step(train_iter).numpy()
             now = time.perf_counter()
             if last is not None:
                 steps, seconds = steps + 1, seconds + now - last

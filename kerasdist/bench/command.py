@@ -134,7 +134,8 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
                                   timeout_s=timeout_s)
             rows.setdefault(name, []).append(m)
             kinds[name] = "strategy"
-    sweep = _sweep(raw, strategies, sweep_workers, out=out, target=target, timeout_s=timeout_s)
+    sweep = _sweep(raw, strategies, sweep_workers, rows=rows, workers=workers, repeats=repeats,
+                   out=out, target=target, timeout_s=timeout_s)
     result = _assemble(recipe, rows, kinds, sweep, target=target, workers=workers,
                        repeats=repeats)
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
@@ -142,17 +143,34 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     return result
 
 
-def _sweep(raw, strategies, sweep_workers, *, out, target, timeout_s) -> list[dict]:
+def _sweep(raw, strategies, sweep_workers, *, rows, workers, repeats, out, target,
+           timeout_s) -> list[dict]:
+    """examples/s and time to target of each cluster strategy for each worker count.
+
+    A point at the main ``workers`` count reuses that strategy's row (same recipe, same runs);
+    every other point runs ``repeats`` times. All tasks run on this machine.
+    """
     points = []
     for name in [s for s in strategies if s in CLUSTER_STRATEGIES]:
         for count in sweep_workers:
-            m = _run_strategy(raw, name, workers=count, out=out, tag=f"sweep-{name}-w{count}",
-                              timeout_s=timeout_s)
-            s = summarize([m], target)
-            points.append({"strategy": name, "workers": count, "returncode": m.returncode,
+            if count == workers and name in rows:
+                runs = rows[name]
+            else:
+                runs = [_run_strategy(raw, name, workers=count, out=out,
+                                      tag=f"sweep-{name}-w{count}-r{rep}", timeout_s=timeout_s)
+                        for rep in range(repeats)]
+            s = summarize(runs, target)
+            points.append({"strategy": name, "workers": count, "runs": s["runs"],
+                           "succeeded": s["succeeded"],
+                           "returncodes": [m.returncode for m in runs],
                            "examples_per_sec": s["examples_per_sec_median"],
+                           "examples_per_sec_min": s["examples_per_sec_min"],
+                           "examples_per_sec_max": s["examples_per_sec_max"],
                            "time_to_target_s": s["time_to_target_s_median"],
-                           "final_accuracy": s["final_accuracy_median"]})
+                           "reached_target": s["reached_target"],
+                           "final_accuracy": s["final_accuracy_median"],
+                           "peak_rss_mb": s["peak_rss_mb_median"],
+                           "logs": [m.log for m in runs]})
     return points
 
 

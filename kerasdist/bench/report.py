@@ -39,13 +39,19 @@ def markdown_table(result: dict[str, Any]) -> str:
                      f"{_fmt(s['peak_rss_mb_median'], '.0f')} | {stale_text} | {ratios or '–'} |")
     text = head + "\n".join(lines) + "\n"
     if result.get("sweep"):
-        text += ("\nWorker sweep (all tasks share this machine's cores; on a real cluster with "
-                 "TF_CONFIG the same command gives the real curve):\n\n"
-                 "| strategy | workers | examples/s | time to target (s) | final acc. |\n"
-                 "| --- | --- | --- | --- | --- |\n")
+        text += ("\nWorker sweep (all tasks share this machine's "
+                 f"{result['environment']['cpu_count']} CPU cores, so more workers add "
+                 "coordination, not compute; run the rows' recipes with TF_CONFIG on a real "
+                 "cluster for the real curve):\n\n"
+                 "| strategy | workers | examples/s median [min–max] | time to target (s) | "
+                 "final acc. | peak RSS all tasks (MiB) |\n"
+                 "| --- | --- | --- | --- | --- | --- |\n")
         for p in result["sweep"]:
-            text += (f"| {p['strategy']} | {p['workers']} | {_fmt(p['examples_per_sec'])} | "
-                     f"{_fmt(p['time_to_target_s'])} | {_fmt(p['final_accuracy'], '.4f')} |\n")
+            failed = "" if p["succeeded"] == p["runs"] else f" ({p['runs'] - p['succeeded']} failed)"
+            text += (f"| {p['strategy']}{failed} | {p['workers']} | {_fmt(p['examples_per_sec'])} "
+                     f"[{_fmt(p['examples_per_sec_min'])}–{_fmt(p['examples_per_sec_max'])}] | "
+                     f"{_fmt(p['time_to_target_s'])} ({p['reached_target']}) | "
+                     f"{_fmt(p['final_accuracy'], '.4f')} | {_fmt(p['peak_rss_mb'], '.0f')} |\n")
     return text
 
 
@@ -129,16 +135,34 @@ def plot_sweep(result: dict[str, Any], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def value(v):
+        return float("nan") if v is None else v
+
     fig, (rate_ax, tta_ax) = plt.subplots(1, 2, figsize=(10, 4))
     for strategy in sorted({p["strategy"] for p in result["sweep"]}):
         points = [p for p in result["sweep"] if p["strategy"] == strategy]
-        rate_ax.plot([p["workers"] for p in points], [p["examples_per_sec"] for p in points],
-                     marker="o", label=strategy)
-        tta_ax.plot([p["workers"] for p in points], [p["time_to_target_s"] for p in points],
-                    marker="o", label=strategy)
-    rate_ax.set(xlabel="workers", ylabel="examples/s", title="Throughput vs workers (shared cores)")
-    tta_ax.set(xlabel="workers", ylabel="seconds", title="Time to target accuracy vs workers")
-    rate_ax.legend()
+        counts = [p["workers"] for p in points]
+        rates = [value(p["examples_per_sec"]) for p in points]
+        spread = [[r - value(p["examples_per_sec_min"]) for r, p in zip(rates, points, strict=True)],
+                  [value(p["examples_per_sec_max"]) - r for r, p in zip(rates, points, strict=True)]]
+        rate_ax.errorbar(counts, rates, yerr=spread, marker="o", capsize=3, label=strategy)
+        tta_ax.plot(counts, [value(p["time_to_target_s"]) for p in points], marker="o",
+                    label=strategy)
+    plain = result["rows"].get("plain_keras", {}).get("summary", {})
+    if plain.get("examples_per_sec_median"):
+        rate_ax.axhline(plain["examples_per_sec_median"], color="grey", linestyle="--",
+                        linewidth=0.8, label="plain Keras, 1 process")
+    if plain.get("time_to_target_s_median"):
+        tta_ax.axhline(plain["time_to_target_s_median"], color="grey", linestyle="--",
+                       linewidth=0.8, label="plain Keras, 1 process")
+    cores = result["environment"]["cpu_count"]
+    rate_ax.set(xlabel="workers", ylabel="examples/s (timed steps)",
+                title=f"Throughput vs workers (all on {cores} shared cores)")
+    tta_ax.set(xlabel="workers", ylabel="seconds",
+               title=f"Time to {result['settings']['target_accuracy']} held-out accuracy")
+    for ax in (rate_ax, tta_ax):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -58,3 +58,37 @@ def test_bench_rejects_unknown_names_before_running(tmp_path, capsys):
     assert not out.exists()
     assert main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), "--sweep-workers", "0",
                  "--out", str(out)]) == EXIT_BAD_INPUT
+
+
+def test_bench_worker_sweep_reuses_the_main_row_and_runs_the_other_counts(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), *TINY,
+                 "--strategies", "multi_worker", "--baselines", "plain_keras", "--workers", "1",
+                 "--sweep-workers", "1,2", "--target-accuracy", "0.1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "Worker sweep (all tasks share this machine's" in printed
+    result = json.loads((out / "bench.json").read_text())
+    sweep = {p["workers"]: p for p in result["sweep"]}
+    assert set(sweep) == {1, 2} and {p["strategy"] for p in result["sweep"]} == {"multi_worker"}
+    # The 1-worker point is the main row (same runs), the 2-worker point ran a 2-worker cluster.
+    row = result["rows"]["multi_worker"]
+    assert sweep[1]["logs"] == [r["log"] for r in row["runs"]]
+    assert sweep[1]["examples_per_sec"] == row["summary"]["examples_per_sec_median"]
+    assert sweep[2]["logs"] != sweep[1]["logs"] and sweep[2]["returncodes"] == [0]
+    recipe = json.loads((out / "recipes" / "sweep-multi_worker-w2-r0.json").read_text())
+    assert recipe["cluster"]["workers"] == 2
+    for point in sweep.values():
+        assert point["succeeded"] == point["runs"] == 1
+        assert point["examples_per_sec_min"] <= point["examples_per_sec"] <= point["examples_per_sec_max"]
+        assert point["time_to_target_s"] > 0 and 0 <= point["final_accuracy"] <= 1
+    assert (out / "sweep.png").read_bytes()[:8] == PNG_MAGIC
+    assert "| multi_worker | 2 |" in (out / "bench.md").read_text()
+
+
+def test_bench_sweep_needs_a_cluster_strategy(tmp_path, capsys):
+    out = tmp_path / "bench"
+    assert main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), "--strategies", "default",
+                 "--sweep-workers", "1,2", "--out", str(out)]) == EXIT_BAD_INPUT
+    assert "--sweep-workers sweeps multi_worker and parameter_server" in capsys.readouterr().err
+    assert not out.exists()
