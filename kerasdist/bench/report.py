@@ -28,8 +28,11 @@ def markdown_table(result: dict[str, Any]) -> str:
         stale = s.get("staleness") or {}
         stale_text = (f"{_fmt(stale.get('mean'), '.2f')}/{_fmt(stale.get('max'), '.0f')}"
                       if stale else "–")
-        ratios = ", ".join(f"{_fmt(v, '.2f')}x {k}" for k, v in
-                           (s.get("ratio_examples_per_sec") or {}).items())
+        basis = s.get("ratio_basis") or {}
+        ratios = ", ".join(f"{_fmt(v, '.2f')}x {k}" + (f" ({basis[k]})" if k in basis else "")
+                           for k, v in (s.get("ratio_examples_per_sec") or {}).items())
+        if s.get("examples_per_sec_epoch_level_median") and row["kind"] == "strategy":
+            rate += f"; whole epochs: {_fmt(s['examples_per_sec_epoch_level_median'])}"
         if s.get("ratio_time_to_target_vs_plain_keras"):
             ratios += f"; time-to-target {s['ratio_time_to_target_vs_plain_keras']:.2f}x plain_keras"
         failed = "" if s["succeeded"] == s["runs"] else f" ({s['runs'] - s['succeeded']} failed)"

@@ -151,17 +151,28 @@ def summarize(rows: list[Measurement], target: float) -> dict[str, Any]:
     ttas = [t for t in (time_to_target(r.figures, target) for r in ok) if t is not None]
     accs = [r.figures.get("final_accuracy") for r in ok if r.figures.get("final_accuracy")]
     stale = [r.figures["staleness"] for r in ok if r.figures.get("staleness")]
+    epoch_level = [rate for rate in (_epoch_level_rate(r.figures) for r in ok) if rate]
     return {
         "runs": len(rows), "succeeded": len(ok),
         "examples_per_sec_median": statistics.median(rates) if rates else None,
         "examples_per_sec_min": min(rates) if rates else None,
         "examples_per_sec_max": max(rates) if rates else None,
+        "examples_per_sec_epoch_level_median": statistics.median(epoch_level) if epoch_level else None,
         "time_to_target_s_median": statistics.median(ttas) if ttas else None,
         "reached_target": f"{len(ttas)}/{len(ok)}",
         "final_accuracy_median": statistics.median(accs) if accs else None,
         "peak_rss_mb_median": statistics.median([r.peak_rss_mb for r in rows]) if rows else None,
         "staleness": stale[0] if stale else None,
     }
+
+
+def _epoch_level_rate(figures: dict[str, Any]) -> float | None:
+    """examples/s over whole epochs 2..n where the row has it: kerasdist's parameter-server runs
+    record it beside the per-step figure; tf_keras's PS baseline has only this one."""
+    throughput = figures.get("throughput", {})
+    if throughput.get("timed_epochs"):
+        return throughput.get("examples_per_sec")
+    return throughput.get("epoch_level_examples_per_sec")
 
 
 def environment() -> dict[str, Any]:

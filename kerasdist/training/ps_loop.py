@@ -35,6 +35,10 @@ class PSStats:
         self.timed_steps = 0
         self.timed_examples = 0
         self.timed_seconds = 0.0
+        # Whole-epoch figures (first call included, validation excluded), one entry per epoch:
+        # the timing tf_keras's own PS fit allows, used by ``kerasdist bench`` to compare.
+        self.epoch_seconds: list[float] = []
+        self.epoch_examples: list[int] = []
 
     @property
     def steps(self) -> int:
@@ -59,6 +63,8 @@ class PSStats:
         self.timed_steps += other.timed_steps
         self.timed_examples += other.timed_examples
         self.timed_seconds += other.timed_seconds
+        self.epoch_seconds += other.epoch_seconds
+        self.epoch_examples += other.epoch_examples
 
     @property
     def examples_per_sec(self) -> float:
@@ -84,7 +90,8 @@ class PSStats:
                 "steps_per_worker": [int(n) for n in self.steps_per_worker],
                 "num_workers": len(self.steps_per_worker), "examples": int(self.examples),
                 "examples_per_sec": self.examples_per_sec, "timed_steps": int(self.timed_steps),
-                "timed_seconds": self.timed_seconds, "staleness_mean": self.staleness_mean,
+                "timed_seconds": self.timed_seconds, "epoch_seconds": list(self.epoch_seconds),
+                "epoch_examples": list(self.epoch_examples), "staleness_mean": self.staleness_mean,
                 "staleness_max": int(self.staleness_max)}
 
 
@@ -133,6 +140,7 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     pending: collections.deque = collections.deque()
     last_logs, begin, started = {}, 0, None
+    epoch_started = time.perf_counter()
 
     def complete(timed: bool):
         nonlocal last_logs
@@ -156,6 +164,8 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     stats.timed_seconds = time.perf_counter() - started if started else 0.0
     while pending:
         complete(timed=True)
+    stats.epoch_seconds.append(time.perf_counter() - epoch_started)
+    stats.epoch_examples.append(stats.examples)
     return last_logs, stats
 
 

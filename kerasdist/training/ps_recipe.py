@@ -148,7 +148,8 @@ def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initia
                   "timed_steps": stats.get("timed_steps", 0),
                   "timed_seconds": stats.get("timed_seconds", 0.0),
                   "global_batch_size": recipe.data.batch_size,
-                  "epoch_end_s": list(epoch_end_s)}
+                  "epoch_end_s": list(epoch_end_s),
+                  "epoch_level_examples_per_sec": _epoch_level_rate(stats)}
     result = RunResult(
         history=history, evaluation=evaluation, throughput=throughput,
         wall_time_s=time.perf_counter() - start, run_dir=run_dir, model_path=model_path,
@@ -157,3 +158,10 @@ def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initia
         strategy=recipe.strategy.kind, extra={"parameter_server": stats})
     write_metrics(result, recipe)
     return result
+
+
+def _epoch_level_rate(stats: dict) -> float | None:
+    """examples/s over whole training epochs 2..n (first scheduled call included, validation
+    excluded) — the only timing tf_keras's PS ``fit`` allows; None with fewer than 2 epochs."""
+    seconds, examples = stats.get("epoch_seconds", [])[1:], stats.get("epoch_examples", [])[1:]
+    return sum(examples) / sum(seconds) if seconds and sum(seconds) > 0 else None

@@ -63,6 +63,10 @@ def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_c
     assert figures["num_workers"] == 2 and figures["num_ps"] == 1
     assert figures["staleness_max"] >= figures["staleness_mean"] >= 0
     assert metrics["throughput"]["examples_per_sec"] > 0
+    # Whole-epoch timing (for comparison with tf_keras PS): one entry per epoch, epoch 2 rated.
+    assert figures["epoch_examples"] == [8 * 32, 8 * 32] and len(figures["epoch_seconds"]) == 2
+    assert metrics["throughput"]["epoch_level_examples_per_sec"] == pytest.approx(
+        8 * 32 / figures["epoch_seconds"][1])
     assert metrics["evaluation"]["loss"] < 0.5  # noise variance 0.33**2 = 0.11
     assert metrics["history"]["ps_global_step"] == [8, 16]
     assert first.extra["parameter_server"] == figures
