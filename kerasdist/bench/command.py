@@ -110,22 +110,30 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     validate_names(strategies, baselines)
     if repeats < 1:
         raise RecipeError(f"--repeats must be >= 1. Received: repeats={repeats}")
+    if "multi_worker" in strategies:
+        uneven = [n for n in {workers, *sweep_workers} if recipe.data.batch_size % n]
+        if uneven:
+            raise RecipeError(
+                f"multi_worker splits the global batch evenly over the workers: data.batch_size "
+                f"({recipe.data.batch_size}) is not divisible by {sorted(uneven)} worker(s). "
+                f"Received: workers={workers}, sweep_workers={list(sweep_workers)}")
     target = target if target is not None else 0.98
     raw = recipe.model_dump(mode="json")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, list[Measurement]] = {}
-    kinds: dict[str, str] = {}
-    for name in baselines:
-        for rep in range(repeats):
+    kinds: dict[str, str] = {name: "strategy" for name in strategies}
+    # Round-robin: repeat r of every row runs before repeat r+1 of any, so a slow spell of the
+    # machine (other load, thermal or host noise) lands on all rows alike instead of on one.
+    for rep in range(repeats):
+        for name in baselines:
             for m in _run_baseline(raw, name, workers=workers, out=out, tag=f"{name}-r{rep}",
                                    timeout_s=timeout_s):
                 row = m.name.rsplit("-r", 1)[0] if name != "tf_keras" else \
                     "tf_keras_" + m.name.split("-", 2)[-1]
                 rows.setdefault(row, []).append(m)
                 kinds[row] = "baseline"
-    for name in strategies:
-        for rep in range(repeats):
+        for name in strategies:
             tag = f"{name}-r{rep}"
             if name == "legacy":
                 m = _run_legacy(recipe, workers=workers, out=out, tag=tag, timeout_s=timeout_s)
@@ -133,7 +141,7 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
                 m = _run_strategy(raw, name, workers=workers, out=out, tag=tag,
                                   timeout_s=timeout_s)
             rows.setdefault(name, []).append(m)
-            kinds[name] = "strategy"
+    rows = {name: rows[name] for name in sorted(rows, key=lambda n: kinds[n] != "baseline")}
     sweep = _sweep(raw, strategies, sweep_workers, rows=rows, workers=workers, repeats=repeats,
                    out=out, target=target, timeout_s=timeout_s)
     result = _assemble(recipe, rows, kinds, sweep, target=target, workers=workers,

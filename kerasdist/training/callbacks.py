@@ -20,6 +20,8 @@ class ThroughputMeter(keras.callbacks.Callback):
         examples_per_sec: ``timed_steps * global_batch_size / timed_seconds`` (0 if nothing timed).
         epoch_end_s: for each epoch, seconds from the start of training to the end of the epoch
             (after its validation), used for time-to-accuracy.
+        epoch_examples_per_sec: examples/s over the timed steps of each epoch (warm-up shows
+            as slower first epochs).
     """
 
     def __init__(self, global_batch_size: int):
@@ -30,21 +32,29 @@ class ThroughputMeter(keras.callbacks.Callback):
         self._last = None
         self._start = None
         self.epoch_end_s: list[float] = []
+        self.epoch_examples_per_sec: list[float] = []
+        self._epoch_steps, self._epoch_seconds = 0, 0.0
 
     def on_train_begin(self, logs=None):
         self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_end_s.append(time.perf_counter() - self._start)
+        self.epoch_examples_per_sec.append(
+            self._epoch_steps * self.global_batch_size / self._epoch_seconds
+            if self._epoch_seconds else 0.0)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._last = None
+        self._epoch_steps, self._epoch_seconds = 0, 0.0
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.perf_counter()
         if self._last is not None:
             self.timed_steps += 1
             self.timed_seconds += now - self._last
+            self._epoch_steps += 1
+            self._epoch_seconds += now - self._last
         self._last = now
 
     @property
@@ -56,7 +66,8 @@ class ThroughputMeter(keras.callbacks.Callback):
     def summary(self) -> dict:
         return {"examples_per_sec": self.examples_per_sec, "timed_steps": self.timed_steps,
                 "timed_seconds": self.timed_seconds, "global_batch_size": self.global_batch_size,
-                "epoch_end_s": list(self.epoch_end_s)}
+                "epoch_end_s": list(self.epoch_end_s),
+                "epoch_examples_per_sec": list(self.epoch_examples_per_sec)}
 
 
 class EpochCheckpoint(keras.callbacks.Callback):

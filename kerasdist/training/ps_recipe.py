@@ -149,7 +149,9 @@ def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initia
                   "timed_seconds": stats.get("timed_seconds", 0.0),
                   "global_batch_size": recipe.data.batch_size,
                   "epoch_end_s": list(epoch_end_s),
-                  "epoch_level_examples_per_sec": _epoch_level_rate(stats)}
+                  "epoch_level_examples_per_sec": _epoch_level_rate(stats),
+                  "epoch_examples_per_sec": [n / t if t else 0.0 for n, t in zip(
+                      stats.get("epoch_examples", []), stats.get("epoch_seconds", []), strict=True)]}
     result = RunResult(
         history=history, evaluation=evaluation, throughput=throughput,
         wall_time_s=time.perf_counter() - start, run_dir=run_dir, model_path=model_path,

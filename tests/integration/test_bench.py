@@ -43,6 +43,8 @@ def test_bench_tiny_recipe_writes_every_field_and_plots(tmp_path, capsys):
         run = row["runs"][0]
         assert len(run["figures"]["throughput"]["epoch_end_s"]) == 2
         assert run["figures"]["throughput"]["timed_steps"] == 2 * 3
+        if name != "raw_step":
+            assert len(run["figures"]["throughput"]["epoch_examples_per_sec"]) == 2
     ratios = result["rows"]["default"]["summary"]["ratio_examples_per_sec"]
     assert set(ratios) == {"plain_keras", "raw_step"} and all(v > 0 for v in ratios.values())
     for png in ("curves.png", "throughput.png"):
@@ -58,6 +60,12 @@ def test_bench_rejects_unknown_names_before_running(tmp_path, capsys):
     assert not out.exists()
     assert main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), "--sweep-workers", "0",
                  "--out", str(out)]) == EXIT_BAD_INPUT
+    capsys.readouterr()
+    assert main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), "--strategies", "multi_worker",
+                 "--sweep-workers", "1,2,3", "--out", str(out)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "data.batch_size (64) is not divisible by [3] worker(s)" in err
+    assert not out.exists()
 
 
 def test_bench_worker_sweep_reuses_the_main_row_and_runs_the_other_counts(tmp_path, capsys):
