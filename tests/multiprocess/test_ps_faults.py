@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -50,6 +51,22 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
         time.sleep(0.2)
 
 
+def _wait_for_checkpoint(run_dir: Path, number: int, proc: subprocess.Popen) -> None:
+    """Wait until the checkpoint pointer file names checkpoint ``number`` (or a later one): the
+    ``.index`` file appears before the pointer is replaced, and a kill in between correctly
+    leaves the previous checkpoint as the latest."""
+    pointer = run_dir / "checkpoints" / "checkpoint"
+    deadline = time.monotonic() + 180
+    while True:
+        text = pointer.read_text() if pointer.exists() else ""
+        found = [int(n) for n in re.findall(r'^model_checkpoint_path: ".*ckpt-(\d+)"', text, re.M)]
+        if found and found[0] >= number:
+            return
+        assert proc.poll() is None, f"run ended early with code {proc.returncode}"
+        assert time.monotonic() < deadline, f"checkpoint {number} did not appear: {text!r}"
+        time.sleep(0.2)
+
+
 def _finish(proc: subprocess.Popen, timeout: float) -> int:
     try:
         return proc.wait(timeout=timeout)
@@ -81,7 +98,7 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "out.log"
     # 1. The coordinator is SIGKILLed: its tasks die with it.
     proc = _start(run_dir, log)
-    _wait_for(run_dir / "checkpoints" / "ckpt-1.index", proc)
+    _wait_for_checkpoint(run_dir, 1, proc)
     tasks = [_task(proc, name) for name in ("ps:0", "worker:0", "worker:1")]
     proc.kill()
     proc.wait(30)
@@ -89,7 +106,7 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     assert not alive, f"tasks outlived their coordinator: {alive}"
     # 2. Re-run: resumes; then the ps is killed: bounded failure naming ps:0.
     proc = _start(run_dir, log)
-    _wait_for(run_dir / "checkpoints" / "ckpt-2.index", proc)
+    _wait_for_checkpoint(run_dir, 2, proc)
     killed_at = time.monotonic()
     _task(proc, "ps:0").send_signal(signal.SIGKILL)
     code = _finish(proc, 180)
