@@ -7,7 +7,7 @@
   ``fit`` machinery at all — the closest practical limit
   for this model on this hardware.
 
-Both time steps exactly as kerasdist does (:class:`~kerasdist.training.callbacks.ThroughputMeter`:
+Both time steps exactly as kerasdist does (:class:`~kerasdist.training.timing.StepClock`:
 examples/s over steps 2..n of every epoch) and record the held-out accuracy after every epoch and
 the seconds from the start of training to the end of that epoch.
 
@@ -67,6 +67,7 @@ def raw_step(recipe) -> dict:
     from kerasdist.data import make_dataset_fn
     from kerasdist.models import registry
     from kerasdist.training.fit import make_loss
+    from kerasdist.training.timing import StepClock
 
     model, (x, y), (ex, ey) = _setup(recipe)
     loss_fn = make_loss(registry.resolve(recipe.model.name).loss)
@@ -94,25 +95,20 @@ def raw_step(recipe) -> dict:
         predicted = tf.argmax(model(images, training=False), axis=-1)
         return tf.reduce_sum(tf.cast(predicted == tf.cast(labels, predicted.dtype), tf.int64))
 
-    steps, seconds, accuracies, epoch_end = 0, 0.0, [], []
+    clock, accuracies = StepClock(batch), []
     start = time.perf_counter()
+    clock.train_begin()
     for _ in range(recipe.trainer.epochs):
-        last = None
+        clock.epoch_begin()
         for _ in range(steps_per_epoch):
             # .numpy(): wait for the step, as fit does when a callback reads the batch logs.
             train_step(train_iter).numpy()
-            now = time.perf_counter()
-            if last is not None:
-                steps, seconds = steps + 1, seconds + now - last
-            last = now
+            clock.step_end()
         hits = sum(int(correct(i, lab)) for i, lab in eval_ds)
         accuracies.append(hits / len(ex))
-        epoch_end.append(time.perf_counter() - start)
-    return {"throughput": {"examples_per_sec": steps * batch / seconds if seconds else 0.0,
-                           "timed_steps": steps, "timed_seconds": seconds,
-                           "global_batch_size": batch, "epoch_end_s": epoch_end},
-            "wall_time_s": time.perf_counter() - start, "val_accuracy": accuracies,
-            "final_accuracy": accuracies[-1]}
+        clock.epoch_end()
+    return {"throughput": clock.summary(), "wall_time_s": time.perf_counter() - start,
+            "val_accuracy": accuracies, "final_accuracy": accuracies[-1]}
 
 
 BASELINES = {"plain_keras": plain_keras, "raw_step": raw_step}

@@ -28,38 +28,28 @@ def _model(tf, recipe):
 
 
 def _meter(tf, batch):
-    class Meter(tf.keras.callbacks.Callback):
-        """Same timing rule as kerasdist's ThroughputMeter (steps 2..n of each epoch)."""
+    """A tf_keras callback driving kerasdist's own :class:`StepClock` (same timing rule)."""
+    from kerasdist.training.timing import StepClock
 
+    class Meter(tf.keras.callbacks.Callback):
         def __init__(self):
             super().__init__()
-            self.steps, self.seconds, self.last, self.epoch_end, self.start = 0, 0.0, None, [], None
-            self.epoch_rates, self.epoch_steps, self.epoch_seconds = [], 0, 0.0
+            self.clock = StepClock(batch)
 
         def on_train_begin(self, logs=None):
-            self.start = time.perf_counter()
+            self.clock.train_begin()
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.last, self.epoch_steps, self.epoch_seconds = None, 0, 0.0
+            self.clock.epoch_begin()
 
         def on_train_batch_end(self, batch_index, logs=None):
-            now = time.perf_counter()
-            if self.last is not None:
-                self.steps, self.seconds = self.steps + 1, self.seconds + now - self.last
-                self.epoch_steps, self.epoch_seconds = (self.epoch_steps + 1,
-                                                        self.epoch_seconds + now - self.last)
-            self.last = now
+            self.clock.step_end()
 
         def on_epoch_end(self, epoch, logs=None):
-            self.epoch_end.append(time.perf_counter() - self.start)
-            self.epoch_rates.append(self.epoch_steps * batch / self.epoch_seconds
-                                    if self.epoch_seconds else 0.0)
+            self.clock.epoch_end()
 
         def summary(self):
-            rate = self.steps * batch / self.seconds if self.seconds else 0.0
-            return {"examples_per_sec": rate, "timed_steps": self.steps,
-                    "timed_seconds": self.seconds, "global_batch_size": batch,
-                    "epoch_end_s": self.epoch_end, "epoch_examples_per_sec": self.epoch_rates}
+            return self.clock.summary()
 
     return Meter()
 

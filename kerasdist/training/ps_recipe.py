@@ -129,7 +129,7 @@ def fit_recipe(recipe, *, cluster_resolver=None, overwrite: bool = False, verbos
         verbose=recipe.trainer.verbose if verbose is None else verbose)
     return _finish(recipe, model, datasets, history=history, ps_stats=ps_stats, jobs=jobs,
                    run_dir=run_dir, initial_epoch=initial_epoch, start=start,
-                   epoch_end_s=clock.epoch_end_s)
+                   epoch_end_s=clock.clock.epoch_end_s)
 
 
 def _finish(recipe, model, datasets, *, history, ps_stats, jobs, run_dir, initial_epoch, start,

@@ -43,8 +43,7 @@ def test_bench_tiny_recipe_writes_every_field_and_plots(tmp_path, capsys):
         run = row["runs"][0]
         assert len(run["figures"]["throughput"]["epoch_end_s"]) == 2
         assert run["figures"]["throughput"]["timed_steps"] == 2 * 3
-        if name != "raw_step":
-            assert len(run["figures"]["throughput"]["epoch_examples_per_sec"]) == 2
+        assert len(run["figures"]["throughput"]["epoch_examples_per_sec"]) == 2
     ratios = result["rows"]["default"]["summary"]["ratio_examples_per_sec"]
     assert set(ratios) == {"plain_keras", "raw_step"} and all(v > 0 for v in ratios.values())
     for png in ("curves.png", "throughput.png"):

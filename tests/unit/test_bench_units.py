@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,27 @@ def test_ratios_use_whole_epoch_figures_against_tf_keras_ps_and_per_step_otherwi
     table = markdown_table(result)
     assert "1.10x tf_keras_parameter_server (whole epochs 2..n)" in table
     assert "whole epochs: 1100.0" in table
+
+
+def test_step_clock_excludes_each_epochs_first_step_and_the_time_between_epochs(monkeypatch):
+    from kerasdist.training import timing
+
+    ticks = iter([0.0,                  # train_begin
+                  1.0, 3.0, 4.0,        # epoch 1: steps end at 1 (untimed), 3, 4
+                  10.0,                 # epoch_end (validation included in epoch_end_s)
+                  20.0, 21.0,           # epoch 2: steps end at 20 (untimed), 21
+                  22.0])                # epoch_end
+    # Replace the module's view of `time` only (not the real time module pytest also uses).
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    clock = timing.StepClock(global_batch_size=8)
+    clock.train_begin()
+    for steps in (3, 2):
+        clock.epoch_begin()
+        for _ in range(steps):
+            clock.step_end()
+        clock.epoch_end()
+    summary = clock.summary()
+    assert (summary["timed_steps"], summary["timed_seconds"]) == (3, 4.0)
+    assert summary["examples_per_sec"] == pytest.approx(3 * 8 / 4.0)
+    assert summary["epoch_end_s"] == [10.0, 22.0]
+    assert summary["epoch_examples_per_sec"] == [pytest.approx(2 * 8 / 3.0), pytest.approx(8.0)]
