@@ -4,38 +4,48 @@ Public API::
 
     recipe = kerasdist.load_recipe("recipes/mnist_cnn.yaml", overrides=["trainer.epochs=1"])
     result = kerasdist.fit(recipe)        # RunResult: history, evaluation, throughput, paths
+    kerasdist.enable()                    # plain model.fit under every supported strategy
 
-Subpackages: ``config`` (recipes), ``models`` (builders), ``data`` (sources, tf.data pipelines),
-``strategies`` (registry), ``training`` (loops, callbacks, atomic outputs).
+Layers (each imports only those below it): ``config``, ``models``, ``data``, ``keras`` (Keras-level
+pieces usable without recipes), ``strategies`` (one object per kind), ``training`` (the one run
+lifecycle), ``launch`` (processes, restarts), ``cluster`` (TF_CONFIG, Slurm, export), ``_compat``
+(every patch of Keras/TF internals). Importing ``kerasdist`` does not import TensorFlow.
 """
 
-__version__ = "0.1.0"
-
-from kerasdist.config import Recipe, load_recipe  # noqa: E402
-from kerasdist.errors import (  # noqa: E402
+from kerasdist._version import __version__
+from kerasdist.config import Recipe, load_recipe
+from kerasdist.errors import (
     ClusterError,
     DataError,
     KerasdistError,
     RecipeError,
     RunDirError,
+    TaskFailedError,
 )
 
 
-def enable() -> None:
+def enable() -> list[str]:
     """Opt in: plain ``model.fit``/``evaluate`` under every supported strategy (see
-    :func:`kerasdist.training.dispatch.enable`). Imports Keras/TensorFlow."""
-    from kerasdist.training.dispatch import enable as _enable
+    :func:`kerasdist.keras.enable`). Imports Keras/TensorFlow."""
+    from kerasdist.keras import enable as _enable
 
-    _enable()
+    return _enable()
 
 
-def fit(recipe, **kwargs):
-    """Run a recipe wherever its strategy and cluster say (see :func:`kerasdist.training.run.run`);
-    returns the RunResult in the process that owns the outputs. Imports TensorFlow."""
-    from kerasdist.training.run import run as _run
+def fit(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config=None, callbacks=()):
+    """Run a recipe wherever its strategy and cluster say (:func:`kerasdist.launch.run_recipe`);
+    returns the :class:`~kerasdist.training.RunResult` in the process that owns the outputs, None
+    in other tasks. Imports TensorFlow.
 
-    return _run(recipe, **kwargs)
+    Raises:
+        RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts.
+        TaskFailedError: a task was lost during training.
+    """
+    from kerasdist.launch import run_recipe
+
+    return run_recipe(recipe, overwrite=overwrite, verbose=verbose, tf_config=tf_config,
+                      callbacks=callbacks)
 
 
 __all__ = ["ClusterError", "DataError", "KerasdistError", "Recipe", "RecipeError", "RunDirError",
-           "__version__", "enable", "fit", "load_recipe"]
+           "TaskFailedError", "__version__", "enable", "fit", "load_recipe"]

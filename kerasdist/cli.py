@@ -1,7 +1,9 @@
 """The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``, ``bench``, ``export``.
 
-Exit codes: 0 success; 2 bad input (recipe, data, run directory; nothing written, nothing started);
-1 a failure during training; 130 interrupted (Ctrl-C).
+Exit codes (defined in :mod:`kerasdist.errors`): 0 success; 2 bad input (recipe, data, run
+directory; nothing written, nothing started); 1 a failure during training (a lost task, or a
+deterministic error such as a label out of range, shown with its original message); 130
+interrupted or preempted (Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -12,9 +14,15 @@ import os
 import sys
 from typing import Sequence
 
-from kerasdist.errors import KerasdistError, TaskFailedError
-
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+from kerasdist import _log
+from kerasdist.errors import (
+    BAD_INPUT,
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_OK,
+    KerasdistError,
+    exit_code,
+)
 
 
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
@@ -102,15 +110,16 @@ def _cmd_fit(args) -> int:
                                ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
                                chief_host=args.chief_host)
     recipe = load_recipe(args.recipe, overrides)
-    if tf_config is not None and recipe.strategy.kind == "parameter_server" and not tf_config.num("ps"):
+    if tf_config is not None and recipe.strategy.traits.needs_ps and not tf_config.num("ps"):
         from kerasdist.errors import ClusterError
 
-        raise ClusterError("strategy 'parameter_server' needs --ps-hosts. Received: ps_hosts=''")
+        raise ClusterError(f"strategy '{recipe.strategy.kind}' needs --ps-hosts. "
+                           "Received: ps_hosts=''")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from kerasdist.launch import run_recipe
     from kerasdist.training import summary_text
-    from kerasdist.training.run import run
 
-    result = run(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
+    result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
     if result is not None:
         print(summary_text(result))
     return EXIT_OK
@@ -151,7 +160,7 @@ def _cmd_export(args) -> int:
         from kerasdist.training.outputs import write_text_atomic
 
         write_text_atomic(args.output, text)
-        print(f"kerasdist: wrote {args.output} (TFJob '{manifest['metadata']['name']}')")
+        _log.get_logger().info(f"wrote {args.output} (TFJob '{manifest['metadata']['name']}')")
     return EXIT_OK
 
 
@@ -200,22 +209,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
-        from kerasdist import __version__
+        from kerasdist._version import __version__
 
         print(f"kerasdist {__version__}")
         return EXIT_OK
     if not args.command:
         parser.print_help()
         return EXIT_BAD_INPUT
+    _log.configure(getattr(args, "verbose", None))
     try:
         return COMMANDS[args.command](args)
-    except TaskFailedError as err:
-        print(f"kerasdist: failed: {err}", file=sys.stderr)
-        return EXIT_FAILED
-    except KerasdistError as err:
-        print(f"kerasdist: error: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("kerasdist: interrupted; the latest checkpoint is kept, re-run to resume",
+    except (Exception, KeyboardInterrupt) as err:
+        return _failed(err)
+
+
+def _failed(err: BaseException) -> int:
+    """Report a failure (stderr, and the task's status file under a kerasdist launcher) and
+    return its exit code. Bad input shows only the message; an unexpected error during training
+    (class ``fatal``) shows its original type and message, with no advice to restart."""
+    from kerasdist.launch import status
+
+    failure = status.report(err)
+    if isinstance(err, KeyboardInterrupt):
+        print(f"kerasdist: interrupted; the latest checkpoint is kept, re-run to resume. {err}",
               file=sys.stderr)
-        return EXIT_INTERRUPTED
+    elif failure == BAD_INPUT:
+        print(f"kerasdist: error: {err}", file=sys.stderr)
+    elif isinstance(err, KerasdistError) or type(err).__name__ == "TrainingError":
+        print(f"kerasdist: failed: {err}", file=sys.stderr)
+    else:
+        import traceback
+
+        traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
+        print(f"kerasdist: failed: {type(err).__name__}: {err}", file=sys.stderr)
+    return exit_code(failure)

@@ -1,15 +1,51 @@
-"""Exceptions raised by kerasdist.
+"""Exceptions, their classes of failure and the process exit codes: defined here and nowhere else.
 
 Every error names the field, file or task at fault and shows what was received, following the
-Keras convention ``"... Received: name=value"``. The CLI maps :class:`KerasdistError` subclasses to
-exit code 2 (bad input) and prints only the message, never a traceback.
+Keras convention ``"... Received: name=value"``.
+
+Failures are classified by **type**, never by message text (:func:`classify`):
+
+==================  ============================================  =====  ==========
+class               what                                          exit   retried by
+                                                                         the launcher
+==================  ============================================  =====  ==========
+``bad_input``       :class:`KerasdistError` (recipe, data, run    2      no
+                    dir, cluster spec): raised before anything
+                    starts or is written
+``peer_lost``       :class:`TaskFailedError`, or a TensorFlow     1      yes
+                    ``UnavailableError`` / ``DeadlineExceeded``
+                    / ``Aborted`` / ``Cancelled``: a task died,
+                    hung or was unreachable
+``fatal``           any other error during training, e.g.         1      no
+                    ``InvalidArgumentError`` (a label out of
+                    range), a shape mismatch, out of memory: the
+                    same input fails the same way again
+``preempted``       SIGTERM or Ctrl-C (a checkpoint is saved      130    yes
+                    first where the strategy can)
+==================  ============================================  =====  ==========
+
+Exit code 1 for a lost peer keeps schedulers that retry failed jobs retrying it; kerasdist's own
+launcher learns the class from the task's status file (:mod:`kerasdist.launch.status`), not from its
+exit code or its log.
 """
 
 from __future__ import annotations
 
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+"""128 + SIGINT, the shell's code for an interrupted command; also a preempted (SIGTERM) run."""
+
+BAD_INPUT, PEER_LOST, FATAL, PREEMPTED = "bad_input", "peer_lost", "fatal", "preempted"
+RETRYABLE = frozenset({PEER_LOST, PREEMPTED})
+"""Failure classes after which restarting the cluster can succeed."""
+
+_PEER_ERROR_NAMES = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError")
+
 
 class KerasdistError(Exception):
-    """Base class of every error kerasdist raises on purpose."""
+    """Base class of every error kerasdist raises on purpose about its input (exit code 2)."""
 
 
 class RecipeError(KerasdistError, ValueError):
@@ -21,17 +57,56 @@ class DataError(KerasdistError, ValueError):
 
 
 class ClusterError(KerasdistError, RuntimeError):
-    """A cluster spec is invalid, or a task failed, hung or could not start."""
+    """A cluster spec is invalid, or a task could not start."""
 
 
 class RunDirError(KerasdistError, RuntimeError):
-    """The run directory holds outputs that the requested run would overwrite."""
+    """The run directory holds outputs that the requested run would overwrite or cannot resume."""
 
 
 class TaskFailedError(ClusterError):
-    """A task of a running cluster died, hung or was lost during training.
+    """A task of a running cluster died, hung or was lost during training (class ``peer_lost``).
 
-    Unlike other :class:`ClusterError` s this is not bad input: the CLI exits with code 1
-    ("failure during training"), so schedulers that retry failed jobs (e.g. Kubeflow's
-    ``restartPolicy``) retry it. Re-running resumes from the last checkpoint.
+    Not bad input: the CLI exits with code 1 ("failure during training") and kerasdist's launcher
+    restarts the cluster up to ``cluster.max_restarts`` times; re-running resumes from the last
+    checkpoint.
     """
+
+
+class TrainingError(RuntimeError):
+    """A task of a local cluster failed deterministically during training (class ``fatal``): its
+    launcher does not restart it and re-raises the task's own message (exit code 1)."""
+
+
+class Preempted(KeyboardInterrupt):
+    """Training stopped on SIGTERM after a checkpoint at global ``step`` was saved (exit 130).
+
+    A ``KeyboardInterrupt`` so that it passes ``except Exception`` handlers as Ctrl-C does.
+    """
+
+    def __init__(self, step: int):
+        super().__init__(f"preempted: checkpoint saved at global step {step}; re-run to resume")
+        self.step = step
+
+
+def _is_peer_error(err: BaseException) -> bool:
+    """A TensorFlow ``OpError`` of a class that means a peer task is gone (by type, via the MRO
+    names so that this module never imports TensorFlow)."""
+    return any(cls.__name__ in _PEER_ERROR_NAMES and cls.__module__.startswith("tensorflow")
+               for cls in type(err).__mro__)
+
+
+def classify(err: BaseException) -> str:
+    """The failure class of ``err``: ``bad_input``, ``peer_lost``, ``fatal`` or ``preempted``."""
+    if isinstance(err, KeyboardInterrupt):
+        return PREEMPTED
+    if isinstance(err, TaskFailedError) or _is_peer_error(err):
+        return PEER_LOST
+    if isinstance(err, KerasdistError):
+        return BAD_INPUT
+    return FATAL
+
+
+def exit_code(failure_class: str) -> int:
+    """The process exit code of a failure class (see module docs)."""
+    return {BAD_INPUT: EXIT_BAD_INPUT, PREEMPTED: EXIT_INTERRUPTED}.get(failure_class, EXIT_FAILED)

@@ -52,10 +52,10 @@ def ps_strategy(inprocess_ps_cluster):
 @pytest.fixture
 def kerasdist_enabled():
     """Route ``model.fit``/``evaluate`` of ParameterServerStrategy models to kerasdist."""
-    from kerasdist.training import dispatch
+    from kerasdist import keras as kd_keras
 
-    was_enabled = dispatch.is_enabled()
-    dispatch.enable()
+    was_enabled = kd_keras.is_enabled()
+    kd_keras.enable()
     yield
     if not was_enabled:
-        dispatch.disable()
+        kd_keras.disable()

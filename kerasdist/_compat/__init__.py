@@ -1,14 +1,20 @@
-"""Version-gated mends of upstream Keras/TensorFlow bugs, one module per bug, each naming its issue.
-
-Keras 3.15 ``model.fit`` crashes twice under ``tf.distribute.MultiWorkerMirroredStrategy`` with more
-than one worker; kerasdist mends both here and nowhere else:
+"""Every patch of Keras/TensorFlow internals, one module per problem, each naming its upstream issue
+(or giving a written reproduction), with a probe and a test that fails when upstream changes.
 
 ======================================  ===================================================
-module                                  upstream issue
+module                                  upstream issue / scope
 ======================================  ===================================================
 ``keras_20585_symbolic_build``          https://github.com/keras-team/keras/issues/20585
+                                        (Keras 3 ``fit`` under MWMS with 2+ workers)
 ``tf_72388_scalar_reduce``              https://github.com/tensorflow/tensorflow/issues/72388
+``keras_ps_atomic_assign``              no issue; reproduction in the module. Scoped to the
+                                        variables of one model, inside a ``with`` block
+``keras_ps_dispatch``                   Keras 3 has no PS ``fit``; installed by
+                                        ``kerasdist.enable()`` only
 ======================================  ===================================================
+
+The first two are installed by :func:`apply` (process-wide, both change behaviour only for a
+strategy in multi-worker mode). The last two are used where needed, never by :func:`apply`.
 
 Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
 installed Keras/TF that runs no TensorFlow op, so it is safe before a

@@ -7,7 +7,7 @@
   ``fit`` machinery at all — the closest practical limit
   for this model on this hardware.
 
-Both time steps exactly as kerasdist does (:class:`~kerasdist.training.timing.StepClock`:
+Both time steps exactly as kerasdist does (:class:`~kerasdist.keras.timing.StepClock`:
 examples/s over steps 2..n of every epoch) and record the held-out accuracy after every epoch and
 the seconds from the start of training to the end of that epoch.
 
@@ -27,7 +27,7 @@ def _setup(recipe):
     import keras
 
     from kerasdist.data import load_split
-    from kerasdist.training.fit import build_compiled_model
+    from kerasdist.training.model import build_compiled_model
 
     keras.utils.set_random_seed(recipe.trainer.seed)
     train = load_split(recipe.data, recipe.data.train_split)
@@ -43,7 +43,7 @@ def _as_float(x):
 
 def plain_keras(recipe) -> dict:
     """Plain Keras 3 ``model.fit`` on NumPy arrays, one process."""
-    from kerasdist.training.callbacks import ThroughputMeter
+    from kerasdist.keras.callbacks import ThroughputMeter
 
     model, (x, y), (ex, ey) = _setup(recipe)
     batch = recipe.data.batch_size
@@ -65,9 +65,9 @@ def raw_step(recipe) -> dict:
     import tensorflow as tf
 
     from kerasdist.data import make_dataset_fn
+    from kerasdist.keras.timing import StepClock
     from kerasdist.models import registry
-    from kerasdist.training.fit import make_loss
-    from kerasdist.training.timing import StepClock
+    from kerasdist.training.model import make_loss
 
     model, (x, y), (ex, ey) = _setup(recipe)
     loss_fn = make_loss(registry.resolve(recipe.model.name).loss)

@@ -23,8 +23,6 @@ from kerasdist.bench.runner import (
 )
 from kerasdist.config import load_recipe, validate_recipe
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
 
 def _write_recipe(data: dict, path: Path) -> Path:
     validate_recipe(data)  # every generated row recipe is valid before anything runs
@@ -82,10 +80,11 @@ def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measureme
     """The TF1 async CNN flow from legacy/ (between-graph, replica_device_setter)."""
     # Global steps (all workers' updates together), as kerasdist's parameter_server row counts.
     steps = (recipe.trainer.steps_per_epoch or 8000 // recipe.data.batch_size) * recipe.trainer.epochs
-    code = ("import json,sys; sys.path.insert(0, %r); from legacy.runner import run_async_cnn; "
+    # legacy/ is installed with the project (pyproject's packages), so no sys.path editing.
+    code = ("import json,sys; from legacy.runner import run_async_cnn; "
             "r = run_async_cnn(workers=%d, steps=%d, batch_size=%d); "
             "json.dump({k: v for k, v in r.items() if isinstance(v, (int, float, str))}, "
-            "open(sys.argv[1], 'w'))") % (str(REPO_ROOT), workers, steps, recipe.data.batch_size)
+            "open(sys.argv[1], 'w'))") % (workers, steps, recipe.data.batch_size)
     m = _run_json_job(tag, [python(), "-c", code], out, timeout_s=timeout_s)
     if m.figures:
         train_s = m.figures.get("train_wall_s") or m.figures.get("wall_s") or m.wall_time_s

@@ -172,7 +172,7 @@ def _epoch_level_rate(figures: dict[str, Any]) -> float | None:
     throughput = figures.get("throughput", {})
     if throughput.get("timed_epochs"):
         return throughput.get("examples_per_sec")
-    return throughput.get("epoch_level_examples_per_sec")
+    return (figures.get("ps") or {}).get("whole_epoch_examples_per_sec")
 
 
 def environment() -> dict[str, Any]:

@@ -11,9 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-from kerasdist.cluster.launcher import LocalLauncher, describe_exit
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import ClusterError
+from kerasdist.launch.processes import LocalLauncher, describe_exit
 
 JOB = [sys.executable, "-m", "kerasdist.bench.tfkeras_job"]
 

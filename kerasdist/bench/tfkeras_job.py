@@ -29,7 +29,7 @@ def _model(tf, recipe):
 
 def _meter(tf, batch):
     """A tf_keras callback driving kerasdist's own :class:`StepClock` (same timing rule)."""
-    from kerasdist.training.timing import StepClock
+    from kerasdist.keras.timing import StepClock
 
     class Meter(tf.keras.callbacks.Callback):
         def __init__(self):

@@ -65,10 +65,10 @@ def replica_counts(recipe) -> dict[str, int]:
     Raises:
         RecipeError: a strategy that runs in one process (nothing to distribute).
     """
-    kind, cluster = recipe.strategy.kind, recipe.cluster
-    if kind == "multi_worker":
+    kind, cluster, topology = recipe.strategy.kind, recipe.cluster, recipe.strategy.traits.topology
+    if topology == "peers":
         return {"Worker": cluster.workers}
-    if kind == "parameter_server":
+    if topology == "coordinator":
         return {"Chief": 1, "Worker": cluster.workers, "PS": max(cluster.ps, 1)}
     raise RecipeError(f"strategy.kind '{kind}' runs in one process; a TFJob needs 'multi_worker' "
                       f"or 'parameter_server'. Received: kind='{kind}'")

@@ -27,30 +27,31 @@ SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST"
                    "SLURM_STEP_TASKS_PER_NODE")
 
 
-def slurm_jobs(*, strategy_kind: str, num_tasks: int, num_ps: int = 0) -> dict[str, int]:
+def slurm_jobs(*, needs_ps: bool, num_tasks: int, num_ps: int = 0) -> dict[str, int]:
     """Tasks per job for a Slurm step of ``num_tasks`` tasks.
 
-    ``multi_worker``: every task is a worker (worker 0 is the chief). ``parameter_server``: rank 0
-    is the chief (coordinator), the next ``num_ps`` ranks are ps tasks, the rest are workers.
+    Without ps (``multi_worker``): every task is a worker (worker 0 is the chief). With ps
+    (``parameter_server``): rank 0 is the chief (coordinator), the next ``num_ps`` ranks are ps
+    tasks, the rest are workers.
 
     Raises:
         ClusterError: too few tasks for the requested roles.
     """
-    if strategy_kind != "parameter_server":
+    if not needs_ps:
         return {"worker": num_tasks}
     workers = num_tasks - 1 - num_ps
     if num_ps < 1 or workers < 1:
-        raise ClusterError(f"cluster.kind 'slurm' with strategy 'parameter_server' needs "
+        raise ClusterError(f"cluster.kind 'slurm' with a parameter-server strategy needs "
                            f"1 chief + cluster.ps (>= 1) ps + >= 1 worker Slurm tasks. Received: "
                            f"{num_tasks} task(s), ps={num_ps}")
     return {"chief": 1, "ps": num_ps, "worker": workers}
 
 
-def tf_config_from_slurm(*, strategy_kind: str, num_ps: int = 0, port_base: int = 8888) -> TFConfig:
+def tf_config_from_slurm(*, needs_ps: bool, num_ps: int = 0, port_base: int = 8888) -> TFConfig:
     """This Slurm task's role and cluster as a :class:`TFConfig`.
 
     Args:
-        strategy_kind: ``multi_worker`` or ``parameter_server`` (see :func:`slurm_jobs`).
+        needs_ps: the strategy needs ps tasks (its traits; see :func:`slurm_jobs`).
         num_ps: parameter-server tasks (``cluster.ps``).
         port_base: first port on each node (``cluster.port_base``).
 
@@ -72,7 +73,7 @@ def tf_config_from_slurm(*, strategy_kind: str, num_ps: int = 0, port_base: int 
     except ValueError:
         raise ClusterError("SLURM_STEP_NUM_TASKS must be an integer. "
                            f"Received: {environ['SLURM_STEP_NUM_TASKS']!r}") from None
-    jobs = slurm_jobs(strategy_kind=strategy_kind, num_tasks=num_tasks, num_ps=num_ps)
+    jobs = slurm_jobs(needs_ps=needs_ps, num_tasks=num_tasks, num_ps=num_ps)
     try:
         resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
             jobs=jobs, port_base=port_base, gpus_per_node=num_tasks, gpus_per_task=1,
@@ -82,4 +83,4 @@ def tf_config_from_slurm(*, strategy_kind: str, num_ps: int = 0, port_base: int 
         values = {name: environ.get(name) for name in SLURM_VARIABLES}
         raise ClusterError(f"cannot resolve the Slurm cluster: {err}. Received: {values}") from None
     return validate(spec, resolver.task_type, resolver.task_id,
-                    require_ps=strategy_kind == "parameter_server")
+                    require_ps=needs_ps)

@@ -8,16 +8,26 @@ Batch sizes: ``data.batch_size`` is the **global** batch size, the number of exa
 one optimizer step summed over every replica in the cluster. Each replica receives
 ``batch_size // num_replicas_in_sync`` examples per step (TF's
 ``InputContext.get_per_replica_batch_size``); the global batch size must be divisible by the number
-of replicas, otherwise :func:`kerasdist.training.fit` raises :class:`kerasdist.errors.RecipeError`
+of replicas, otherwise ``kerasdist.data.pipeline.check_batch_divisible`` raises
+:class:`kerasdist.errors.RecipeError`
 before anything starts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    field_validator,
+    model_validator,
+)
 
 from kerasdist.errors import RecipeError
 
@@ -99,20 +109,60 @@ class OptimizerConfig(_Frozen):
 
 
 # ------------------------------------------------------------------------------------ strategy
-class DefaultStrategyConfig(_Frozen):
+CHECKPOINT_SCHEMA = "kerasdist-step-v2"
+"""The one checkpoint layout every built-in strategy writes and reads: model + optimizer (whose
+``iterations`` is the global step) + ``steps_per_epoch``; epoch progress is derived from the step."""
+
+
+@dataclass(frozen=True)
+class StrategyTraits:
+    """What a strategy kind needs and supports, declared once on its config class.
+
+    Attributes:
+        topology: ``single`` (this process is the whole job), ``peers`` (every worker task runs
+            the same training program; the chief writes the outputs) or ``coordinator`` (ps and
+            worker tasks serve; the chief task runs training and writes the outputs).
+        cluster_kinds: the ``cluster.kind`` values it can run on.
+        needs_ps: needs parameter-server tasks (``cluster.ps >= 1`` on local clusters).
+        auto_shard: the ``data.auto_shard`` values it honours; others are refused.
+        checkpoint_schema: the checkpoint layout it reads and writes; a run directory written
+            under another schema is refused.
+    """
+
+    topology: Literal["single", "peers", "coordinator"]
+    cluster_kinds: tuple[str, ...]
+    needs_ps: bool = False
+    auto_shard: tuple[str, ...] = ("auto",)
+    checkpoint_schema: str = CHECKPOINT_SCHEMA
+
+
+class StrategyConfigBase(_Frozen):
+    """Base of every ``strategy`` section; subclasses set ``kind`` (a ``Literal``) and ``traits``."""
+
+    kind: str
+    traits: ClassVar[StrategyTraits]
+
+
+_ONE_PROCESS = StrategyTraits(topology="single", cluster_kinds=("this_process",))
+_CLUSTERS = ("local", "tf_config", "slurm")
+
+
+class DefaultStrategyConfig(StrategyConfigBase):
     """One device (``tf.distribute.get_strategy()``'s default, or the device named)."""
 
+    traits: ClassVar[StrategyTraits] = _ONE_PROCESS
     kind: Literal["default"] = "default"
     device: str | None = Field(None, description="e.g. '/cpu:0' or '/gpu:0'; None = TF's choice.")
 
 
-class MirroredStrategyConfig(_Frozen):
+class MirroredStrategyConfig(StrategyConfigBase):
     """Synchronous in-graph replication over the devices of one host (``MirroredStrategy``).
 
     With ``logical_cpus: N`` the host CPU is split into N logical devices and one replica runs on
     each, which is how the seed's multi-GPU tower training is exercised on a CPU-only machine.
     """
 
+    traits: ClassVar[StrategyTraits] = _ONE_PROCESS
     kind: Literal["mirrored"] = "mirrored"
     devices: list[str] | None = Field(None, description="Devices; None = all GPUs, else the CPU.")
     logical_cpus: int | None = Field(None, ge=1, description="Split the CPU into N devices.")
@@ -128,7 +178,7 @@ class MirroredStrategyConfig(_Frozen):
         return self
 
 
-class MultiWorkerStrategyConfig(_Frozen):
+class MultiWorkerStrategyConfig(StrategyConfigBase):
     """Synchronous between-graph replication over worker tasks (``MultiWorkerMirroredStrategy``).
 
     Every worker runs the same program on its own data shard; gradients are all-reduced with
@@ -136,16 +186,18 @@ class MultiWorkerStrategyConfig(_Frozen):
     Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
     """
 
+    traits: ClassVar[StrategyTraits] = StrategyTraits(
+        topology="peers", cluster_kinds=_CLUSTERS, auto_shard=("auto", "off", "data", "file"))
     kind: Literal["multi_worker"] = "multi_worker"
     communication: Literal["auto", "ring", "nccl"] = "auto"
     timeout_s: float = Field(60.0, gt=0, description="Collective-op timeout: a lost peer fails "
                              "the survivors after this many seconds.")
     gradient_compression: Literal["none", "bf16", "fp16"] = Field(
         "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
-        "see kerasdist.training.mw_compression.")
+        "see kerasdist.keras.compression.")
 
 
-class ParameterServerStrategyConfig(_Frozen):
+class ParameterServerStrategyConfig(StrategyConfigBase):
     """Asynchronous data parallelism with parameter servers (``ParameterServerStrategy``).
 
     Variables live on the ``ps`` tasks; a coordinator (the chief, in the launching process)
@@ -154,6 +206,9 @@ class ParameterServerStrategyConfig(_Frozen):
     Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
     """
 
+    traits: ClassVar[StrategyTraits] = StrategyTraits(
+        topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True,
+        auto_shard=("auto", "off", "data"))
     kind: Literal["parameter_server"] = "parameter_server"
     variable_partitioning: Literal["none", "min_size", "max_shards"] = Field(
         "none", description="Shard large variables over the ps tasks "
@@ -164,11 +219,50 @@ class ParameterServerStrategyConfig(_Frozen):
     steps_per_execution: int = Field(1, ge=1, description="Steps run by one scheduled function.")
 
 
-StrategyConfig = Annotated[
-    Union[DefaultStrategyConfig, MirroredStrategyConfig, MultiWorkerStrategyConfig,
-          ParameterServerStrategyConfig],
-    Field(discriminator="kind"),
-]
+_STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {
+    cls.model_fields["kind"].default: cls
+    for cls in (DefaultStrategyConfig, MirroredStrategyConfig, MultiWorkerStrategyConfig,
+                ParameterServerStrategyConfig)
+}
+
+
+def register_strategy_config(config_class: type[StrategyConfigBase]) -> None:
+    """Make ``strategy.kind: <config_class's kind default>`` valid in recipes (used by
+    :func:`kerasdist.strategies.register`; a later registration of the same kind replaces it).
+
+    Raises:
+        RecipeError: the class does not derive from :class:`StrategyConfigBase`, has no ``traits``
+            or no default ``kind``.
+    """
+    kind = getattr(config_class.model_fields.get("kind"), "default", None)
+    if not (isinstance(config_class, type) and issubclass(config_class, StrategyConfigBase)
+            and isinstance(kind, str) and isinstance(getattr(config_class, "traits", None),
+                                                      StrategyTraits)):
+        raise RecipeError("a strategy config class must subclass StrategyConfigBase, give `kind` a "
+                          f"string default and declare `traits`. Received: {config_class!r}")
+    _STRATEGY_CONFIGS[kind] = config_class
+
+
+def strategy_config_classes() -> dict[str, type[StrategyConfigBase]]:
+    """``{kind: config class}`` of every strategy kind recipes accept."""
+    return dict(_STRATEGY_CONFIGS)
+
+
+def _strategy_by_kind(value: Any) -> Any:
+    if isinstance(value, StrategyConfigBase):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ValueError(f"strategy must be a mapping with a 'kind'. Received: {value!r}")
+    kind = value.get("kind", "default")
+    if kind not in _STRATEGY_CONFIGS:
+        raise ValueError(f"unknown strategy kind '{kind}'. Available: "
+                         f"{', '.join(sorted(_STRATEGY_CONFIGS))}")
+    return _STRATEGY_CONFIGS[kind].model_validate(value)
+
+
+StrategyConfig = Annotated[SerializeAsAny[StrategyConfigBase], BeforeValidator(_strategy_by_kind)]
 
 
 # ------------------------------------------------------------------------------------- cluster
@@ -241,19 +335,21 @@ class Recipe(_Frozen):
 
     @model_validator(mode="after")
     def _cluster_fits_strategy(self) -> Recipe:
-        kind, cluster = self.strategy.kind, self.cluster
-        if kind == "parameter_server" and cluster.kind == "local" and cluster.ps < 1:
-            raise ValueError("cluster.ps must be >= 1 for strategy 'parameter_server'. "
+        kind, traits, cluster = self.strategy.kind, self.strategy.traits, self.cluster
+        if cluster.kind not in traits.cluster_kinds:
+            raise ValueError(f"strategy '{kind}' needs cluster.kind "
+                             f"{' or '.join(repr(k) for k in traits.cluster_kinds)}. "
+                             f"Received: kind='{cluster.kind}'")
+        if traits.needs_ps and cluster.kind == "local" and cluster.ps < 1:
+            raise ValueError(f"cluster.ps must be >= 1 for strategy '{kind}'. "
                              f"Received: ps={cluster.ps}")
-        if kind in ("parameter_server", "multi_worker") and cluster.kind == "this_process":
-            raise ValueError(f"strategy '{kind}' needs cluster.kind 'local' or 'tf_config'. "
-                             "Received: kind='this_process'")
-        if kind in ("default", "mirrored") and cluster.kind != "this_process":
-            raise ValueError(f"strategy '{kind}' runs in one process; cluster.kind must be "
-                             f"'this_process'. Received: kind='{cluster.kind}'")
-        if kind == "multi_worker" and cluster.kind == "local" and cluster.ps:
-            raise ValueError("strategy 'multi_worker' has no parameter servers; cluster.ps must be "
+        if not traits.needs_ps and cluster.ps:
+            raise ValueError(f"strategy '{kind}' has no parameter servers; cluster.ps must be "
                              f"0. Received: ps={cluster.ps}")
+        if self.data.auto_shard not in traits.auto_shard:
+            raise ValueError(f"data.auto_shard '{self.data.auto_shard}' means nothing for strategy "
+                             f"'{kind}' (it accepts {', '.join(traits.auto_shard)}). "
+                             f"Received: auto_shard='{self.data.auto_shard}'")
         return self
 
     @field_validator("model")

@@ -17,7 +17,24 @@ import numpy as np
 from kerasdist.data.sources import load_split
 
 
-def _preprocess(normalize: bool):
+def check_batch_divisible(global_batch: int, num_replicas: int) -> None:
+    """Raise :class:`~kerasdist.errors.RecipeError` unless ``global_batch`` splits evenly over
+    ``num_replicas``. ``data.batch_size`` is the global batch (examples per optimizer update); each
+    replica gets ``global_batch / num_replicas`` (TF's ``InputContext.get_per_replica_batch_size``).
+    """
+    from kerasdist.errors import RecipeError
+
+    if global_batch % num_replicas:
+        raise RecipeError(
+            f"data.batch_size (the global batch) must be divisible by the number of replicas "
+            f"({num_replicas}). Received: batch_size={global_batch}; use e.g. "
+            f"{max(num_replicas, global_batch - global_batch % num_replicas)}.")
+
+
+def preprocess(normalize: bool):
+    """The one image preprocessing, a batch map ``(x, y) -> (x, y)``: uint8 images become float32
+    (scaled to [0, 1] when ``normalize``) with a channel axis ``(b, H, W) -> (b, H, W, 1)``; other
+    inputs (e.g. the linear model's float features) pass unchanged."""
     import tensorflow as tf
 
     def fn(x, y):
@@ -67,7 +84,7 @@ def make_dataset_fn(
     """
     import tensorflow as tf
 
-    preprocess = _preprocess(normalize)
+    convert = preprocess(normalize)
 
     def dataset_fn(input_context=None):
         batch, pipeline_id, pipelines = global_batch_size, 0, 1
@@ -83,7 +100,7 @@ def make_dataset_fn(
         if repeat:
             ds = ds.repeat()
         ds = ds.batch(batch, drop_remainder=training)
-        ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.map(convert, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
 
     return dataset_fn

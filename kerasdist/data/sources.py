@@ -98,26 +98,48 @@ def load_npz_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"data.path: cannot read npz file '{path}': {err}") from None
 
 
-def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Split from ``<folder>/<split>*.tfrecord*`` in the seed schema (``image_raw``, ``label``)."""
+def tfrecord_files(folder: Path, split: str) -> list[str]:
+    """The sorted ``<folder>/<split>*.tfrecord*`` files of a split (may be empty)."""
+    return sorted(str(p) for p in Path(folder).glob(f"{split}*.tfrecord*"))
+
+
+def parse_tfrecords(files):
+    """The one TFRecord parser: a dataset of (uint8 image ``(H, W)``, int64 label) from files in
+    the seed schema (``image_raw`` bytes of a square image, ``label`` int64)."""
     import tensorflow as tf
 
-    files = sorted(str(p) for p in folder.glob(f"{split}*.tfrecord*"))
-    if not files:
-        raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
             "label": tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):
+        parsed = tf.io.parse_single_example(record, spec)
+        image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+        side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
+        return tf.reshape(image, [side, side]), parsed["label"]
+
+    return tf.data.TFRecordDataset(files).map(parse)
+
+
+def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """Split from ``<folder>/<split>*.tfrecord*`` in the seed schema, as uint8 ``(N, H, W)`` images
+    and int64 ``(N,)`` labels (read with :func:`parse_tfrecords`).
+
+    Raises:
+        DataError: no files, or records that do not parse.
+    """
+    import tensorflow as tf
+
+    files = tfrecord_files(folder, split)
+    if not files:
+        raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     images, labels = [], []
     try:
-        for record in tf.data.TFRecordDataset(files).batch(4096):
-            parsed = tf.io.parse_example(record, spec)
-            images.append(tf.io.decode_raw(parsed["image_raw"], tf.uint8).numpy())
-            labels.append(parsed["label"].numpy())
+        for image, label in parse_tfrecords(files).batch(4096):
+            images.append(image.numpy())
+            labels.append(label.numpy())
     except tf.errors.OpError as err:
         raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
-    x = np.concatenate(images)
-    side = int(round(np.sqrt(x.shape[1])))
-    return x.reshape(-1, side, side), np.concatenate(labels).astype(np.int64)
+    return np.concatenate(images), np.concatenate(labels).astype(np.int64)
 
 
 def write_tfrecord(x: np.ndarray, y: np.ndarray, path: str | Path) -> Path:

@@ -45,7 +45,13 @@ def available() -> list[str]:
 
 
 def _load_builtin() -> None:
-    importlib.import_module("kerasdist.models.seed")
+    """Register the seed builders (done here, so that ``seed`` does not import the registry)."""
+    if "mnist_cnn" not in _REGISTRY:
+        from kerasdist.models import seed
+
+        register("mnist_cnn", loss="sparse_categorical_crossentropy_from_logits",
+                 metrics=("accuracy",))(seed.mnist_cnn)
+        register("linear", loss="mse", metrics=(), task="regression")(seed.linear)
 
 
 def resolve(name: str, loss: str | None = None, metrics: list[str] | None = None) -> ModelSpec:

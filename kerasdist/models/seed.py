@@ -6,10 +6,7 @@ are created by the strategy (mirrored, or placed on parameter servers).
 
 from __future__ import annotations
 
-from kerasdist.models.registry import register
 
-
-@register("mnist_cnn", loss="sparse_categorical_crossentropy_from_logits", metrics=("accuracy",))
 def mnist_cnn(*, dropout: float = 0.5, num_classes: int = 10, input_shape=(28, 28, 1)):
     """The seed MNIST CNN (TensorFlow "Deep MNIST for experts" layout, seeds 000 and 004).
 
@@ -49,7 +46,6 @@ def mnist_cnn(*, dropout: float = 0.5, num_classes: int = 10, input_shape=(28, 2
     )
 
 
-@register("linear", loss="mse", metrics=(), task="regression")
 def linear(*, units: int = 1):
     """The seed linear regression ``y = W x + b`` (seed 001): one weight and one bias.
 

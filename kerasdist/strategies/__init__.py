@@ -1,5 +1,7 @@
-"""Strategy registry: ``default`` and ``mirrored`` (one host, synchronous), more to come."""
+"""Strategy objects, one module per kind, found through a registry (``default``, ``mirrored``,
+``multi_worker``, ``parameter_server``); :class:`Strategy` is the base of new kinds."""
 
-from kerasdist.strategies.registry import available, build, get, register
+from kerasdist.strategies.base import RunContext, Strategy
+from kerasdist.strategies.registry import available, build, for_recipe, get, register
 
-__all__ = ["available", "build", "get", "register"]
+__all__ = ["RunContext", "Strategy", "available", "build", "for_recipe", "get", "register"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from kerasdist.config.schema import DefaultStrategyConfig
+from kerasdist.strategies.base import Strategy
+
 
 def build(config, **_):
     """Return ``tf.distribute.get_strategy()``, or ``OneDeviceStrategy(config.device)``.
@@ -22,3 +25,16 @@ def build(config, **_):
         raise RecipeError(f"strategy.device: no such device. Received: device='{config.device}'; "
                           f"available: {', '.join(sorted(names))}")
     return tf.distribute.OneDeviceStrategy(config.device)
+
+
+class DefaultStrategy(Strategy):
+    """``strategy.kind: default``: one process, one device; Keras ``model.fit``."""
+
+    kind = "default"
+    config_class = DefaultStrategyConfig
+
+    def build(self, config, *, cluster_resolver=None):
+        return build(config)
+
+    def replicas_before_start(self, recipe) -> int:
+        return 1

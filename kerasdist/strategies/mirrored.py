@@ -7,7 +7,9 @@ replicas stay identical. This is the TF2 form of the seed's multi-GPU "towers" w
 
 from __future__ import annotations
 
+from kerasdist.config.schema import MirroredStrategyConfig
 from kerasdist.errors import RecipeError
+from kerasdist.strategies.base import Strategy
 
 
 def split_cpu(n: int) -> list[str]:
@@ -55,3 +57,17 @@ def build(config, **_):
         return tf.distribute.MirroredStrategy(devices=devices, cross_device_ops=ops)
     except (ValueError, RuntimeError) as err:
         raise RecipeError(f"strategy.devices: {err}. Received: devices={devices}") from None
+
+
+class MirroredStrategy(Strategy):
+    """``strategy.kind: mirrored``: one process, one replica per device; Keras ``model.fit``."""
+
+    kind = "mirrored"
+    config_class = MirroredStrategyConfig
+
+    def build(self, config, *, cluster_resolver=None):
+        return build(config)
+
+    def replicas_before_start(self, recipe) -> int | None:
+        config = recipe.strategy
+        return config.logical_cpus or (len(config.devices) if config.devices else None)

@@ -12,7 +12,11 @@ program startup").
 
 from __future__ import annotations
 
-from kerasdist.errors import ClusterError
+import re
+
+from kerasdist.config.schema import MultiWorkerStrategyConfig
+from kerasdist.errors import ClusterError, TaskFailedError
+from kerasdist.strategies.base import Strategy
 
 IMPLEMENTATIONS = {"auto": "AUTO", "ring": "RING", "nccl": "NCCL"}
 
@@ -60,3 +64,95 @@ def build(config, *, cluster_resolver=None, **_):
             task = f"task {cluster_resolver.task_type}:{cluster_resolver.task_id}"
         raise ClusterError(f"strategy 'multi_worker': cannot start on {task}: {err}. Create the "
                            "strategy before any other TensorFlow op runs in the process.") from None
+
+
+def num_workers(tf_strategy) -> int:
+    """Worker processes (chief + workers) of a multi-worker strategy's cluster."""
+    jobs = tf_strategy.cluster_resolver.cluster_spec().as_dict()
+    return sum(len(jobs.get(job, ())) for job in ("chief", "worker"))
+
+
+def lost_tasks(message: str, task_name: str) -> list[str]:
+    """Task names (``worker:1``) other than ``task_name`` mentioned in a TF error message."""
+    found = {f"{job}:{index}" for job, index in
+             re.findall(r"/job:(\w+)/(?:replica:\d+/)?task:(\d+)", message)}
+    found.discard(task_name)
+    return sorted(found)
+
+
+def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedError:
+    """The :class:`TaskFailedError` for a failed collective, naming the lost task: from TF's
+    message, else (a bare collective timeout) from a liveness probe of the peers
+    (:mod:`kerasdist.cluster.probe`)."""
+    from kerasdist.cluster.probe import unresponsive_peers
+
+    states = unresponsive_peers(tf_config)
+    lost = lost_tasks(err.message, tf_config.task_name) or sorted(states)
+    named = [f"{task} ({states[task]})" if task in states else task for task in lost]
+    who = f"lost task {', '.join(named)}" if lost else "lost contact with a peer task"
+    lines = [line.strip() for line in err.message.splitlines() if line.strip()]
+    telling = [line for line in lines
+               if re.search(r"task:\d|aborted|unhealthy|[Tt]ime(d )?out|[Dd]eadline", line)]
+    first = (telling or lines or [""])[0]
+    failure = TaskFailedError(
+        f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; collective "
+        f"timeout {timeout_s:.0f} s, started at global step {start_step}); restart the cluster "
+        f"to resume from the last backup. Received: {first[:300]}")
+    failure.lost_tasks = lost
+    return failure
+
+
+def check_same_step(tf_strategy, step: int, *, task: str, run_dir) -> None:
+    """Collective: every worker restored the same global step, else ClusterError naming them."""
+    import tensorflow as tf
+
+    @tf.function
+    def gather(value):
+        return tf_strategy.gather(tf_strategy.run(lambda v: tf.reshape(v, [1]), args=(value,)),
+                                  axis=0)
+
+    steps = [int(s) for s in gather(tf.constant(step, tf.int64)).numpy()]
+    if len(set(steps)) > 1:
+        per_replica = ", ".join(f"replica {i}: step {s}" for i, s in enumerate(steps))
+        raise ClusterError(
+            f"task {task}: the workers restored different checkpoints ({per_replica}); "
+            f"output.run_dir must be on a filesystem every worker sees. Received: run_dir='{run_dir}'")
+
+
+class MultiWorkerStrategy(Strategy):
+    """``strategy.kind: multi_worker``: every worker task runs the lifecycle; Keras ``model.fit``
+    in lockstep; the chief writes the outputs."""
+
+    kind = "multi_worker"
+    config_class = MultiWorkerStrategyConfig
+
+    def build(self, config, *, cluster_resolver=None):
+        return build(config, cluster_resolver=cluster_resolver)
+
+    def replicas_before_start(self, recipe) -> int | None:
+        # One replica per CPU worker; with GPUs the replicas are a multiple of the workers, so the
+        # batch must divide by the workers in any case.
+        return recipe.cluster.workers if recipe.cluster.kind == "local" else None
+
+    def num_input_pipelines(self, tf_strategy) -> int:
+        return num_workers(tf_strategy)
+
+    def prepare_model(self, model, config) -> None:
+        from kerasdist.keras.compression import compress_gradients
+
+        compress_gradients(model.optimizer, config.gradient_compression)
+
+    def after_restore(self, tf_strategy, step: int, *, task, run_dir) -> None:
+        check_same_step(tf_strategy, step, task=task, run_dir=run_dir)
+
+    def explain_failure(self, err, *, config, tf_config, start_step: int):
+        from kerasdist.errors import PEER_LOST, classify
+
+        if tf_config is None or classify(err) != PEER_LOST or not hasattr(err, "message"):
+            return err
+        return peer_error(err, tf_config, start_step, config.timeout_s)
+
+    def describe(self, tf_strategy) -> str:
+        return (f"{num_workers(tf_strategy)} worker(s), "
+                f"{tf_strategy.num_replicas_in_sync} replica(s) in sync")
+

@@ -6,7 +6,7 @@ Variables live on the ``ps`` tasks. The process that builds the strategy is the 
 logging. Each worker applies its gradients to the ps variables without waiting for the others.
 
 Keras 3 ``model.fit`` cannot drive this strategy by itself; kerasdist's coordinator loop
-(:mod:`kerasdist.training.ps`, reached from plain ``model.fit`` after ``kerasdist.enable()``) does.
+(:mod:`kerasdist.keras.ps_fit`, reached from plain ``model.fit`` after ``kerasdist.enable()``) does.
 
 Source: https://www.tensorflow.org/api_docs/python/tf/distribute/ParameterServerStrategy and
 https://www.tensorflow.org/tutorials/distribute/parameter_server_training
@@ -14,7 +14,12 @@ https://www.tensorflow.org/tutorials/distribute/parameter_server_training
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
+from kerasdist.config.schema import ParameterServerStrategyConfig
 from kerasdist.errors import ClusterError
+from kerasdist.strategies.base import Strategy
 
 
 def make_partitioner(config, num_ps: int):
@@ -77,3 +82,60 @@ def build(config, *, cluster_resolver=None, **_):
             f"(jobs: {', '.join(sorted(jobs)) or 'none'})")
     return tf.distribute.ParameterServerStrategy(
         resolver, variable_partitioner=make_partitioner(config, num_ps))
+
+
+def cluster_spec(tf_strategy):
+    """The strategy's cluster spec (its public ``cluster_resolver`` is None for this strategy)."""
+    resolver = tf_strategy.cluster_resolver or getattr(tf_strategy, "_cluster_resolver", None)
+    return resolver.cluster_spec()
+
+
+@dataclass(frozen=True)
+class PerWorkerInput:
+    """Recipe input for the coordinator loop: dataset functions run on every worker.
+
+    Attributes:
+        train_fn: ``dataset_fn(input_context)``, repeated forever, sharded by worker unless
+            ``data.auto_shard: off`` (then each worker shuffles everything with its own seed).
+        eval_fn: the same for the evaluation split (not repeated; every batch once), or None.
+        steps_per_epoch: scheduled steps per epoch summed over workers: the recipe's, or one pass
+            over the training split (``num_train // batch_size``).
+        shard_policy: ``'data'`` or ``'off'``.
+    """
+
+    train_fn: Callable
+    eval_fn: Callable | None
+    steps_per_epoch: int
+    shard_policy: str
+
+
+class ParameterServerStrategy(Strategy):
+    """``strategy.kind: parameter_server``: ps and worker tasks serve; the chief runs kerasdist's
+    coordinator loop (:class:`kerasdist.strategies.loops.CoordinatorLoop`)."""
+
+    kind = "parameter_server"
+    config_class = ParameterServerStrategyConfig
+
+    def build(self, config, *, cluster_resolver=None):
+        return build(config, cluster_resolver=cluster_resolver)
+
+    def make_input(self, recipe, tf_strategy) -> PerWorkerInput:
+        from kerasdist.data import build_datasets
+
+        policy = "off" if recipe.data.auto_shard == "off" else "data"
+        datasets = build_datasets(recipe.data, repeat_train=True, shard=policy == "data")
+        return PerWorkerInput(train_fn=datasets.train_fn, eval_fn=datasets.eval_fn,
+                              steps_per_epoch=recipe.trainer.steps_per_epoch or datasets.steps_per_epoch,
+                              shard_policy=policy)
+
+    def compile_kwargs(self, config) -> dict:
+        return {"steps_per_execution": config.steps_per_execution}
+
+    def make_loop(self):
+        from kerasdist.strategies.loops import CoordinatorLoop
+
+        return CoordinatorLoop()
+
+    def describe(self, tf_strategy) -> str:
+        spec = cluster_spec(tf_strategy)
+        return f"{spec.num_tasks('worker')} worker(s) and {spec.num_tasks('ps')} ps (asynchronous)"

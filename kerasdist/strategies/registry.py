@@ -1,49 +1,75 @@
-"""Registry of strategies, one module each. ``get(kind)`` returns the module's ``build`` function.
+"""Registry of strategy objects (:class:`kerasdist.strategies.base.Strategy`), one per kind.
 
-Each strategy module defines ``build(strategy_config, **kwargs) -> tf.distribute.Strategy``. Modules are
-imported lazily, so listing or validating strategies never imports TensorFlow.
+Built-in kinds are registered by module path and imported on first use, so listing or validating
+strategies never imports TensorFlow. :func:`register` adds a kind from anywhere (a user package, a
+test module): its config class becomes valid in recipes and the run lifecycle runs it unchanged.
+
+Example::
+
+    from kerasdist import strategies
+    strategies.get("mirrored").traits.topology   # 'single'
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
 
+from kerasdist.config.schema import register_strategy_config, strategy_config_classes
 from kerasdist.errors import RecipeError
+from kerasdist.strategies.base import Strategy
 
-_MODULES: dict[str, str] = {
-    "default": "kerasdist.strategies.default",
-    "mirrored": "kerasdist.strategies.mirrored",
-    "multi_worker": "kerasdist.strategies.multi_worker",
-    "parameter_server": "kerasdist.strategies.parameter_server",
+_BUILTIN: dict[str, str] = {
+    "default": "kerasdist.strategies.default:DefaultStrategy",
+    "mirrored": "kerasdist.strategies.mirrored:MirroredStrategy",
+    "multi_worker": "kerasdist.strategies.multi_worker:MultiWorkerStrategy",
+    "parameter_server": "kerasdist.strategies.parameter_server:ParameterServerStrategy",
 }
+_OBJECTS: dict[str, Strategy] = {}
 
 
-def register(kind: str, module: str) -> None:
-    """Register strategy ``kind`` implemented by ``module`` (which defines ``build``)."""
-    _MODULES[kind] = module
+def register(strategy: Strategy | type[Strategy]) -> Strategy:
+    """Register a strategy object (or class, instantiated with no arguments) under its ``kind``;
+    its ``config_class`` becomes valid as the recipe's ``strategy`` section. Returns the object.
+
+    Raises:
+        RecipeError: not a :class:`Strategy`, or no ``kind`` / ``config_class``.
+    """
+    obj = strategy() if isinstance(strategy, type) else strategy
+    if not isinstance(obj, Strategy) or not getattr(obj, "kind", None) \
+            or not hasattr(obj, "config_class"):
+        raise RecipeError("register() takes a kerasdist.strategies.Strategy with `kind` and "
+                          f"`config_class`. Received: {strategy!r}")
+    register_strategy_config(obj.config_class)
+    _OBJECTS[obj.kind] = obj
+    return obj
 
 
 def available() -> list[str]:
     """Registered strategy kinds, sorted."""
-    return sorted(_MODULES)
+    return sorted(set(_BUILTIN) | set(_OBJECTS) | set(strategy_config_classes()))
 
 
-def get(kind: str) -> Callable[[Any], Any]:
-    """The ``build`` function of strategy ``kind``.
+def get(kind: str) -> Strategy:
+    """The strategy object of ``kind``.
 
     Raises:
         RecipeError: unknown kind; the message lists the available ones.
     """
-    if kind not in _MODULES:
-        raise RecipeError(f"strategy.kind: unknown strategy '{kind}'. "
-                          f"Available: {', '.join(available())}")
-    return importlib.import_module(_MODULES[kind]).build
+    if kind not in _OBJECTS:
+        if kind not in _BUILTIN:
+            raise RecipeError(f"strategy.kind: unknown strategy '{kind}'. "
+                              f"Available: {', '.join(available())}")
+        module, _, name = _BUILTIN[kind].partition(":")
+        _OBJECTS[kind] = getattr(importlib.import_module(module), name)()
+    return _OBJECTS[kind]
 
 
-def build(strategy_config: Any, **kwargs: Any):
-    """Build the ``tf.distribute.Strategy`` described by a strategy config section.
+def for_recipe(recipe) -> Strategy:
+    """The strategy object of a recipe's ``strategy.kind``."""
+    return get(recipe.strategy.kind)
 
-    ``kwargs`` go to the strategy's ``build`` (e.g. ``cluster_resolver=`` for cluster strategies).
-    """
-    return get(strategy_config.kind)(strategy_config, **kwargs)
+
+def build(strategy_config, **kwargs):
+    """Build the ``tf.distribute.Strategy`` a strategy config section describes (``kwargs``:
+    ``cluster_resolver=`` for cluster kinds)."""
+    return get(strategy_config.kind).build(strategy_config, **kwargs)

@@ -1,5 +1,7 @@
-"""Training loops and the callbacks/outputs around them."""
+"""The recipe lifecycle: :func:`run_session` (one process's part of a run), :class:`RunResult`,
+atomic run-directory outputs and the end-of-run summary."""
 
-from kerasdist.training.fit import RunResult, build_compiled_model, fit, summary_text
+from kerasdist.training.result import RunResult, summary_text
+from kerasdist.training.session import run_session
 
-__all__ = ["RunResult", "build_compiled_model", "fit", "summary_text"]
+__all__ = ["RunResult", "run_session", "summary_text"]

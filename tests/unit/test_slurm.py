@@ -24,16 +24,16 @@ def slurm_step(monkeypatch):
 
 def test_multi_worker_roles(slurm_step):
     slurm_step(3)
-    config = tf_config_from_slurm(strategy_kind="multi_worker", port_base=9000)
+    config = tf_config_from_slurm(needs_ps=False, port_base=9000)
     assert config.cluster == {"worker": ("n1:9000", "n1:9001", "n2:9000", "n2:9001")}
     assert config.task_name == "worker:3" and not config.is_chief
     slurm_step(0)
-    assert tf_config_from_slurm(strategy_kind="multi_worker").is_chief
+    assert tf_config_from_slurm(needs_ps=False).is_chief
 
 
 def test_parameter_server_roles(slurm_step):
     slurm_step(1)
-    config = tf_config_from_slurm(strategy_kind="parameter_server", num_ps=1)
+    config = tf_config_from_slurm(needs_ps=True, num_ps=1)
     assert {job: len(addresses) for job, addresses in config.cluster.items()} == \
         {"chief": 1, "ps": 1, "worker": 2}
     assert config.task_name == "ps:0"
@@ -44,7 +44,7 @@ def test_resolver_does_not_touch_the_environment(slurm_step):
 
     slurm_step(2)
     before = dict(os.environ)
-    tf_config_from_slurm(strategy_kind="multi_worker")
+    tf_config_from_slurm(needs_ps=False)
     assert dict(os.environ) == before  # no CUDA_VISIBLE_DEVICES, no TF_CONFIG
 
 
@@ -52,12 +52,12 @@ def test_missing_variable_is_named(slurm_step, monkeypatch):
     slurm_step(0)
     monkeypatch.delenv("SLURM_STEP_NODELIST")
     with pytest.raises(ClusterError, match="missing SLURM_STEP_NODELIST"):
-        tf_config_from_slurm(strategy_kind="multi_worker")
+        tf_config_from_slurm(needs_ps=False)
 
 
 def test_too_few_tasks_for_parameter_server():
     with pytest.raises(ClusterError, match="Received: 2 task"):
-        slurm_jobs(strategy_kind="parameter_server", num_tasks=2, num_ps=1)
+        slurm_jobs(needs_ps=True, num_tasks=2, num_ps=1)
 
 
 def test_recipe_with_slurm_cluster_dispatches_through_slurm(slurm_step, monkeypatch):

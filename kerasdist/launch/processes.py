@@ -1,7 +1,9 @@
 """Local multi-process clusters: start tasks as subprocesses, watch them, always stop them.
 
-Each task is ``python -m kerasdist <args>`` with its own ``TF_CONFIG`` in the child's environment
-only. Output goes to ``<log_dir>/<type>-<index>.log``. Children run in their own process group and
+Each task is ``python -m kerasdist <args>`` (or any program) with its own ``TF_CONFIG`` in the
+child's environment only. Output goes to ``<log_dir>/<type>-<index>.log``; the task reports how it
+ended in ``<log_dir>/<type>-<index>.status.json`` (:mod:`kerasdist.launch.status`). Children run
+in their own process group and
 are killed with the launcher: on normal exit, on errors, on Ctrl-C / SIGTERM (the context manager
 and :func:`terminate_on_sigterm`), and, on Linux, when the launcher process itself dies
 (``PR_SET_PDEATHSIG``).
@@ -27,12 +29,14 @@ from kerasdist.errors import ClusterError
 
 @dataclass
 class Task:
-    """A started task: its name (``worker:1``), process and log file."""
+    """A started task: its name (``worker:1``), process, log file and status file."""
 
     name: str
-    tf_config: TFConfig
+    tf_config: TFConfig | None
     process: subprocess.Popen
     log_path: Path
+    status_path: Path | None = None
+    replaced: bool = False
 
     @property
     def pid(self) -> int:
@@ -88,19 +92,31 @@ class LocalLauncher:
               *, program: Sequence[str] | None = None) -> Task:
         """Start ``python -m kerasdist *args`` (or ``program + args``) as the task ``tf_config``
         names, with ``TF_CONFIG`` set in the child's environment only."""
+        return self.start_process(tf_config.task_name, [*(program or [sys.executable, "-m",
+                                                                       "kerasdist"]), *args],
+                                  env={"TF_CONFIG": tf_config.to_json()}, tf_config=tf_config)
+
+    def start_process(self, name: str, argv: Sequence[str], *, env: dict | None = None,
+                      tf_config: TFConfig | None = None) -> Task:
+        """Start ``argv`` as task ``name`` (``worker:1``) with ``env`` added to a copy of this
+        process's environment; its log is ``<log_dir>/<type>-<index>.log``."""
+        from kerasdist.launch.status import STATUS_ENV
+
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        name = tf_config.task_name
-        log_path = self.log_dir / f"{tf_config.task_type}-{tf_config.task_index}.log"
-        env = dict(os.environ, TF_CONFIG=tf_config.to_json(), PYTHONUNBUFFERED="1")
+        stem = name.replace(":", "-")
+        log_path = self.log_dir / f"{stem}.log"
+        status_path = self.log_dir / f"{stem}.status.json"
+        status_path.unlink(missing_ok=True)
+        env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
+        env[STATUS_ENV] = str(status_path)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.threads_per_task:
             env["TF_NUM_INTRAOP_THREADS"] = env["OMP_NUM_THREADS"] = str(self.threads_per_task)
         with open(log_path, "ab") as log:
-            program = list(program or [sys.executable, "-m", "kerasdist"])
-            process = subprocess.Popen([*program, *args], env=env,
-                                       stdout=log, stderr=subprocess.STDOUT,
+            process = subprocess.Popen(list(argv), env=env, stdout=log, stderr=subprocess.STDOUT,
                                        stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        task = Task(name=name, tf_config=tf_config, process=process, log_path=log_path)
+        task = Task(name=name, tf_config=tf_config, process=process, log_path=log_path,
+                    status_path=status_path)
         self.tasks.append(task)
         return task
 

@@ -1,6 +1,6 @@
 """The coordinator's loops for parameter-server training: schedule steps, join, call callbacks.
 
-The loop owns everything around the step (:mod:`kerasdist.training.ps_steps`): it schedules up to
+The loop owns everything around the step (:mod:`kerasdist.keras.ps_steps`): it schedules up to
 ``MAX_PENDING_PER_WORKER * num_workers`` steps ahead, fetches each step's result in order as it
 completes (so Keras callbacks and the progress bar advance while the workers run), joins the
 coordinator at the end of every epoch and only then reads metrics, writes checkpoints and calls
@@ -20,11 +20,14 @@ MAX_PENDING_PER_WORKER = 4  # scheduled-but-unreported steps per worker before t
 
 
 class PSStats:
-    """Per-worker step counts, examples, staleness and timing of parameter-server steps.
+    """Per-worker step counts, examples and staleness of parameter-server steps, and the
+    whole-epoch time.
 
-    Throughput excludes the first scheduled call of every epoch (tracing, function registration
-    on the workers, pipeline start): the clock starts when that call has completed and stops
-    at ``coordinator.join()``. Units: steps = optimizer updates; seconds; examples/s.
+    Throughput over timed steps (the one definition every path uses) is measured by the
+    :class:`~kerasdist.keras.callbacks.ThroughputMeter` callback; here only the *whole-epoch*
+    figure is kept (first scheduled call included, validation excluded: the only timing
+    tf_keras's own PS ``fit`` allows), as ``whole_epoch_examples_per_sec``. Units: steps =
+    optimizer updates; seconds; examples/s.
     """
 
     def __init__(self, num_workers: int):
@@ -32,9 +35,6 @@ class PSStats:
         self.examples = 0
         self.staleness_sum = 0
         self.staleness_max = 0
-        self.timed_steps = 0
-        self.timed_examples = 0
-        self.timed_seconds = 0.0
         # Whole-epoch figures (first call included, validation excluded), one entry per epoch:
         # the timing tf_keras's own PS fit allows, used by ``kerasdist bench`` to compare.
         self.epoch_seconds: list[float] = []
@@ -44,31 +44,27 @@ class PSStats:
     def steps(self) -> int:
         return int(self.steps_per_worker.sum())
 
-    def add(self, stats, *, timed: bool) -> None:
+    def add(self, stats) -> None:
         """Add one call's int64 stats ``[worker, steps, staleness_sum, staleness_max, examples]``."""
         worker, steps, s_sum, s_max, examples = (int(v) for v in stats)
         self.steps_per_worker[worker] += steps
         self.examples += examples
         self.staleness_sum += s_sum
         self.staleness_max = max(self.staleness_max, s_max)
-        if timed:
-            self.timed_steps += steps
-            self.timed_examples += examples
 
     def merge(self, other: PSStats) -> None:
         self.steps_per_worker += other.steps_per_worker
         self.examples += other.examples
         self.staleness_sum += other.staleness_sum
         self.staleness_max = max(self.staleness_max, other.staleness_max)
-        self.timed_steps += other.timed_steps
-        self.timed_examples += other.timed_examples
-        self.timed_seconds += other.timed_seconds
         self.epoch_seconds += other.epoch_seconds
         self.epoch_examples += other.epoch_examples
 
     @property
-    def examples_per_sec(self) -> float:
-        return self.timed_examples / self.timed_seconds if self.timed_seconds else 0.0
+    def whole_epoch_examples_per_sec(self) -> float | None:
+        """examples/s over whole training epochs 2..n (None with fewer than 2 epochs)."""
+        seconds, examples = self.epoch_seconds[1:], self.epoch_examples[1:]
+        return sum(examples) / sum(seconds) if seconds and sum(seconds) > 0 else None
 
     @property
     def staleness_mean(self) -> float:
@@ -77,7 +73,6 @@ class PSStats:
     def logs(self, global_step: int) -> dict[str, float]:
         """Scalar entries for the epoch logs (History, TensorBoard, progress bar)."""
         logs = {"ps_global_step": float(global_step), "ps_steps": float(self.steps),
-                "ps_examples_per_sec": self.examples_per_sec,
                 "ps_staleness_mean": self.staleness_mean,
                 "ps_staleness_max": float(self.staleness_max)}
         for i, n in enumerate(self.steps_per_worker):
@@ -89,8 +84,8 @@ class PSStats:
         return {"global_step": int(global_step), "steps": self.steps,
                 "steps_per_worker": [int(n) for n in self.steps_per_worker],
                 "num_workers": len(self.steps_per_worker), "examples": int(self.examples),
-                "examples_per_sec": self.examples_per_sec, "timed_steps": int(self.timed_steps),
-                "timed_seconds": self.timed_seconds, "epoch_seconds": list(self.epoch_seconds),
+                "whole_epoch_examples_per_sec": self.whole_epoch_examples_per_sec,
+                "epoch_seconds": list(self.epoch_seconds),
                 "epoch_examples": list(self.epoch_examples), "staleness_mean": self.staleness_mean,
                 "staleness_max": int(self.staleness_max)}
 
@@ -139,14 +134,14 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     model, stats = run.model, PSStats(run.num_workers)
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     pending: collections.deque = collections.deque()
-    last_logs, begin, started = {}, 0, None
+    last_logs, begin, started = {}, 0, False
     epoch_started = time.perf_counter()
 
-    def complete(timed: bool):
+    def complete():
         nonlocal last_logs
         end, value = pending.popleft()
         last_logs, vector = value.fetch()
-        stats.add(vector, timed=timed)
+        stats.add(vector)
         callbacks.on_train_batch_end(end, last_logs)
 
     while begin < steps and not model.stop_training:
@@ -155,15 +150,14 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
         pending.append((begin + size - 1, run.coordinator.schedule(
             run.train_function, args=(iterator, tf.constant(size, tf.int32)))))
         begin += size
-        if started is None:  # wait for the first call, then start the clock
-            complete(timed=False)
-            started = time.perf_counter()
+        if not started:  # wait for the first call (tracing, registration on the workers)
+            complete()
+            started = True
         elif len(pending) > run.max_pending:
-            complete(timed=True)
+            complete()
     run.coordinator.join()
-    stats.timed_seconds = time.perf_counter() - started if started else 0.0
     while pending:
-        complete(timed=True)
+        complete()
     stats.epoch_seconds.append(time.perf_counter() - epoch_started)
     stats.epoch_examples.append(stats.examples)
     return last_logs, stats

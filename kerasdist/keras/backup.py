@@ -1,4 +1,9 @@
-"""Chief-aware, step-exact backups and preemption handling for multi-worker ``model.fit``.
+"""Chief-aware, step-exact checkpoints and preemption handling, for every strategy's training loop.
+
+One checkpoint schema serves every strategy (``CHECKPOINT_SCHEMA`` in
+:mod:`kerasdist.config.schema`): model + optimizer (``optimizer.iterations`` is the global step,
+as in Orbit) + ``steps_per_epoch``; the epoch is derived as ``step // steps_per_epoch``. A run can
+therefore continue under another strategy at the exact step.
 
 Why not ``keras.callbacks.BackupAndRestore``: in Keras 3.15 it is not chief-aware (every worker
 writes the same files; with a shared folder one crashes on an h5 lock), it restores only the epoch
@@ -14,6 +19,8 @@ Here:
   Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
 * :class:`StepBackup` saves every ``every_steps`` steps and at each epoch end, and stops training
   cleanly when :class:`PreemptionWatch` reports that any worker received SIGTERM.
+* :class:`EpochEndSave` saves at each epoch end at the global step (parameter-server loop, whose
+  steps are at-least-once, so the step is read from ``optimizer.iterations``).
 * :class:`PreemptionWatch` turns SIGTERM into a flag; every ``check_every`` steps all workers
   all-reduce their flags (one tiny collective), so they all stop at the *same* step (a worker that
   stopped alone would leave the others blocked in the next all-reduce).
@@ -30,8 +37,10 @@ from pathlib import Path
 import keras
 import numpy as np
 
-from kerasdist.errors import RecipeError
-from kerasdist.training.fit import say
+from kerasdist._log import get_logger
+from kerasdist.errors import RunDirError
+
+log = get_logger("backup")
 
 PREEMPTION_CHECK_STEPS = 10
 """Steps between two preemption votes (one scalar all-reduce each)."""
@@ -89,7 +98,7 @@ class BackupStore:
         """Restore the latest checkpoint in ``directory``; return the global step (0 if none).
 
         Raises:
-            RecipeError: the checkpoint was written with another ``steps_per_epoch``.
+            RunDirError: the checkpoint was written with another ``steps_per_epoch``.
         """
         import tensorflow as tf
 
@@ -98,13 +107,13 @@ class BackupStore:
             return 0
         self.checkpoint.restore(latest).assert_existing_objects_matched()
         if int(self._spe.numpy()) != self.steps_per_epoch:
-            raise RecipeError(
+            raise RunDirError(
                 f"trainer.steps_per_epoch (or the data/batch it derives from) changed since the "
                 f"checkpoint {latest} was written ({int(self._spe.numpy())} steps per epoch). "
                 f"Received: {self.steps_per_epoch}; restore the recipe or pass --overwrite.")
         self._spe.assign(self.steps_per_epoch)
         step = int(self.model.optimizer.iterations.numpy())
-        say(f"task {self.task_name}: restored {latest} (global step {step})")
+        log.info(f"task {self.task_name}: restored {latest} (global step {step})")
         return step
 
     def save(self, step: int) -> str | None:
@@ -154,8 +163,8 @@ class PreemptionWatch:
 
     def _on_sigterm(self, signum, frame) -> None:
         if not self.requested:
-            print("kerasdist: SIGTERM received: saving a checkpoint at the next agreed step, "
-                  "then exiting", flush=True)
+            log.warning("SIGTERM received: saving a checkpoint at the next agreed step, "
+                        "then exiting")
         self.requested = True
 
     def agreed(self) -> bool:
@@ -214,12 +223,33 @@ class StepBackup(keras.callbacks.Callback):
         self._save()
         self.preempted = True
         self.model.stop_training = True
-        say(f"preempted: checkpoint at global step {self.step} saved; stopping")
+        log.info(f"preempted: checkpoint at global step {self.step} saved; stopping")
 
     def _save(self) -> None:
         if self.store is not None and self.step != self._saved:
             self.store.save(self.step)
             self._saved = self.step
+
+
+class EpochEndSave(keras.callbacks.Callback):
+    """Save the :class:`BackupStore` at every epoch end, numbered by ``optimizer.iterations``.
+
+    Args:
+        store: the :class:`BackupStore`.
+
+    Attributes:
+        saved: the checkpoint paths written (chief only).
+    """
+
+    def __init__(self, store):
+        super().__init__()
+        self.store = store
+        self.saved: list[str] = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        path = self.store.save(int(np.asarray(self.model.optimizer.iterations)))
+        if path:
+            self.saved.append(path)
 
 
 def weights_digest(model) -> str:
@@ -246,5 +276,5 @@ class WeightDigest(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if getattr(self.step_source, "preempted", False):
             return  # a cut-short epoch: its weights are in the checkpoint, not an epoch's end
-        say(f"epoch {epoch + 1} step {self.step_source.step} weights sha256 "
+        log.info(f"epoch {epoch + 1} step {self.step_source.step} weights sha256 "
             f"{weights_digest(self.model)}")

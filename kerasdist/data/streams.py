@@ -1,4 +1,4 @@
-"""Input pipelines for multi-worker training: sharded per worker, resumable at an exact step.
+"""Recipe input for every Keras-fit strategy: sharded per input pipeline, resumable at an exact step.
 
 Batch sizes. ``data.batch_size`` is the **global** batch: examples consumed by one optimizer step,
 summed over every replica of every worker. Each replica gets ``batch_size / num_replicas_in_sync``
@@ -20,8 +20,9 @@ https://www.tensorflow.org/tutorials/distribute/input#sharding):
 Resuming at an exact step. The training input is one endless stream per pipeline whose order is a
 pure function of the recipe: pass ``p`` over the shard is the permutation drawn with the stateless
 seed ``(shuffle_seed + pipeline, p)`` (``tf.random.experimental.stateless_shuffle``; in-memory
-sources are fully permuted, ``shuffle_buffer`` only switches shuffling off when 0; tfrecord files
-are permuted per pass and their records shuffled in a ``shuffle_buffer`` with a per-pass seed).
+sources are shuffled in a ``shuffle_buffer`` of examples, a buffer at least as large as the shard
+being a full stateless permutation; tfrecord files are permuted per pass and their records
+shuffled in a ``shuffle_buffer`` with a per-pass seed).
 Unlike ``shuffle(reshuffle_each_iteration=True)``, whose order depends on how many iterators were
 created before, this gives the same batches in the same order in every run. Training that restarts
 at global step ``s`` starts the stream at batch ``s * local_replicas`` (``Dataset.skip`` on example
@@ -33,48 +34,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
+from kerasdist._log import get_logger
+from kerasdist.data.pipeline import check_batch_divisible
+from kerasdist.data.pipeline import preprocess as _to_inputs
+from kerasdist.data.sources import load_split, parse_tfrecords, tfrecord_files
 from kerasdist.errors import DataError, RecipeError
-from kerasdist.training.fit import say
 
-
-def _to_inputs(normalize: bool):
-    """Batch map: uint8 images -> float32 (in [0, 1] when ``normalize``) with a channel axis."""
-    import tensorflow as tf
-
-    def convert(x, y):
-        if x.dtype == tf.uint8:
-            x = tf.cast(x, tf.float32)
-            x = x / 255.0 if normalize else x
-            if x.shape.rank == 3:
-                x = tf.expand_dims(x, -1)
-        return x, y
-
-    return convert
+log = get_logger("data")
 
 
 def _tfrecord_files(data_config, split: str) -> list[str]:
-    return sorted(str(p) for p in Path(data_config.path).glob(f"{split}*.tfrecord*"))
-
-
-def _parse_tfrecords(files):
-    """Dataset of (uint8 image (H, W), int64 label) from seed-schema TFRecord files."""
-    import tensorflow as tf
-
-    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64)}
-
-    def parse(record):
-        parsed = tf.io.parse_single_example(record, spec)
-        image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
-        side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
-        return tf.reshape(image, [side, side]), parsed["label"]
-
-    return tf.data.TFRecordDataset(files).map(parse)
+    return tfrecord_files(data_config.path, split)
 
 
 def resolve_shard_policy(data_config, num_workers: int) -> str:
@@ -104,8 +78,8 @@ def resolve_shard_policy(data_config, num_workers: int) -> str:
 
 
 @dataclass(frozen=True)
-class MultiWorkerData:
-    """The training stream and evaluation input of a multi-worker recipe.
+class StreamInput:
+    """The training stream and evaluation input of a recipe (every Keras-fit strategy).
 
     Attributes:
         train_fn: ``train_fn(input_context, skip_batches) -> tf.data.Dataset`` of per-replica batches.
@@ -120,10 +94,14 @@ class MultiWorkerData:
     steps_per_epoch: int
     shard_policy: str
     num_eval: int
+    pipelines: int = 1
 
     def train_dataset(self, strategy, *, start_step: int):
-        """Distributed training stream starting at global step ``start_step`` (>= 0)."""
-        local = strategy.num_replicas_in_sync // max(1, _num_workers(strategy))
+        """Distributed training stream starting at global step ``start_step`` (>= 0).
+
+        Each pipeline yields per-replica batches; its ``local`` replicas take consecutive ones, so
+        global step ``s`` starts at batch ``s * local`` of every pipeline."""
+        local = strategy.num_replicas_in_sync // self.pipelines
         return strategy.distribute_datasets_from_function(
             lambda ctx: self.train_fn(ctx, start_step * local))
 
@@ -134,11 +112,6 @@ class MultiWorkerData:
         return strategy.distribute_datasets_from_function(self.eval_fn)
 
 
-def _num_workers(strategy) -> int:
-    jobs = strategy.cluster_resolver.cluster_spec().as_dict()
-    return sum(len(jobs.get(job, ())) for job in ("chief", "worker"))
-
-
 def _pass_seed(seed: int, pass_index):
     """int64 seed pair of pass ``pass_index`` of a stream seeded with ``seed`` (stateless)."""
     import tensorflow as tf
@@ -146,17 +119,24 @@ def _pass_seed(seed: int, pass_index):
     return tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_index, tf.int64)])
 
 
-def _index_stream(indices: np.ndarray, *, seed: int, shuffle: bool):
-    """Endless dataset of example indices: pass ``p`` is a permutation of ``indices`` drawn with
-    the stateless seed ``(seed, p)``, so the stream never depends on iterator history."""
+def _index_stream(indices: np.ndarray, *, seed: int, buffer: int):
+    """Endless dataset of example indices, pass ``p`` shuffled with seeds derived from ``(seed, p)``
+    so that the stream never depends on iterator history. ``buffer`` is a shuffle-buffer size
+    (``data.shuffle_buffer``) as in ``tf.data.Dataset.shuffle``: 0 keeps the order; a buffer at
+    least as large as the shard is a full permutation (drawn statelessly); a smaller one shuffles
+    within a sliding buffer of that many examples."""
     import tensorflow as tf
 
     ids = tf.constant(indices, tf.int64)
 
     def one_pass(pass_index):
-        order = (tf.random.experimental.stateless_shuffle(ids, seed=_pass_seed(seed, pass_index))
-                 if shuffle else ids)
-        return tf.data.Dataset.from_tensor_slices(order)
+        if buffer >= len(indices):
+            order = tf.random.experimental.stateless_shuffle(ids, seed=_pass_seed(seed, pass_index))
+            return tf.data.Dataset.from_tensor_slices(order)
+        ds = tf.data.Dataset.from_tensor_slices(ids)
+        if buffer:
+            ds = ds.shuffle(buffer, seed=seed * 1_000_003 + pass_index, reshuffle_each_iteration=False)
+        return ds
 
     return tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
 
@@ -168,7 +148,7 @@ def _memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
         pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
         indices = np.arange(pipeline_id, len(x), pipelines) if shard else np.arange(len(x))
         ds = _index_stream(indices, seed=data_config.shuffle_seed + pipeline_id,
-                           shuffle=data_config.shuffle_buffer > 0)
+                           buffer=data_config.shuffle_buffer)
         ds = ds.batch(ctx.get_per_replica_batch_size(data_config.batch_size), drop_remainder=True)
         if skip_batches:
             ds = ds.skip(skip_batches)  # indices only: skipping costs nothing
@@ -190,7 +170,7 @@ def _file_train_fn(files: list[str], data_config, *, normalize: bool):
         def one_pass(pass_index):
             order = tf.random.experimental.stateless_shuffle(
                 tf.range(tf.size(mine, out_type=tf.int64)), seed=_pass_seed(seed, pass_index))
-            records = _parse_tfrecords(tf.gather(mine, order))
+            records = parse_tfrecords(tf.gather(mine, order))
             if data_config.shuffle_buffer:
                 records = records.shuffle(data_config.shuffle_buffer, seed=seed * 1_000_003 +
                                           pass_index, reshuffle_each_iteration=False)
@@ -237,38 +217,39 @@ def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int)
     return steps
 
 
-def build_data(recipe, strategy) -> MultiWorkerData:
-    """Load the recipe's splits and build the sharded, resumable inputs for ``strategy``.
+def build_data(recipe, *, replicas: int, pipelines: int = 1) -> StreamInput:
+    """Load the recipe's splits and build the sharded, resumable inputs.
 
-    Must run after the strategy exists (tfrecord sources run TF ops).
+    Args:
+        recipe: the validated recipe (``data`` and ``trainer.steps_per_epoch`` are read).
+        replicas: replicas in sync (the global batch must divide by it).
+        pipelines: input pipelines, one per worker process (1 for one-process strategies).
+
+    Must run after a multi-worker strategy exists (tfrecord sources run TF ops).
 
     Raises:
         DataError, RecipeError: unreadable source, bad split, or a shard smaller than one batch.
     """
-    from kerasdist.data.sources import load_split
-    from kerasdist.training.fit import check_batch_divisible
-
-    config, replicas = recipe.data, strategy.num_replicas_in_sync
+    config = recipe.data
     check_batch_divisible(config.batch_size, replicas)
-    workers = _num_workers(strategy)
-    policy = resolve_shard_policy(config, workers)
-    pipeline_batch = config.batch_size // workers
+    policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
+    pipeline_batch = config.batch_size // pipelines
     if policy == "file":
         files = _tfrecord_files(config, config.train_split)
-        counts = [_count_records(files[i::workers]) for i in range(workers)]
+        counts = [_count_records(files[i::pipelines]) for i in range(pipelines)]
         train_fn, per_pipeline = _file_train_fn(files, config, normalize=config.normalize), min(counts)
     else:
         x, y = load_split(config, config.train_split)
         train_fn = _memory_train_fn(x, y, config, shard=policy == "data", normalize=config.normalize)
-        per_pipeline = len(x) // workers if policy == "data" else len(x)
+        per_pipeline = len(x) // pipelines if policy == "data" else len(x)
     eval_fn, num_eval = None, 0
     if config.eval_split:
         ex, ey = load_split(config, config.eval_split)
         eval_fn, num_eval = _eval_fn(ex, ey, config, shard=policy != "off"), len(ex)
     steps = _steps_per_epoch(recipe, examples_per_pipeline=per_pipeline,
                              pipeline_batch=pipeline_batch)
-    say(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
-        f"{config.batch_size // replicas}; sharding '{policy}' (data.auto_shard="
-        f"'{config.auto_shard}'); {steps} steps per epoch")
-    return MultiWorkerData(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
-                           shard_policy=policy, num_eval=num_eval)
+    log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
+             f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
+             f"'{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
+    return StreamInput(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
+                       shard_policy=policy, num_eval=num_eval, pipelines=pipelines)

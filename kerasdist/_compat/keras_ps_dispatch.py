@@ -1,14 +1,24 @@
-"""The one-line opt-in: ``kerasdist.enable()`` makes plain ``model.fit`` work on every strategy.
+"""Mend: Keras 3 ``model.fit``/``evaluate`` cannot drive ``ParameterServerStrategy`` at all.
 
-After it, a Keras model built and compiled inside ``tf.distribute.ParameterServerStrategy.scope()``
+Upstream: Keras 3 has no parameter-server code (its TensorFlow trainer never creates a
+``ClusterCoordinator``); ``model.fit`` fails with "you need to pass this dataset to
+ClusterCoordinator.create_per_worker_dataset" (measured on Keras 3.15 / TF 2.21; the TF tutorial
+https://www.tensorflow.org/tutorials/distribute/parameter_server_training uses Keras 2's ``fit``).
+Probe: :func:`bug_present` checks that the installed Keras TensorFlow trainer still has no
+``ClusterCoordinator``; ``tests/unit/test_compat.py`` fails when that changes.
+
+This is what ``kerasdist.enable()`` installs. After it, a Keras model built and compiled inside
+``tf.distribute.ParameterServerStrategy.scope()``
 trains with ``model.fit(...)`` and evaluates with ``model.evaluate(...)``: both are routed to
-kerasdist's coordinator loop (:mod:`kerasdist.training.ps`). Models under any other strategy
+kerasdist's coordinator loop (:mod:`kerasdist.keras.ps_fit`). Models under any other strategy
 (or none) call Keras's own methods, unchanged. ``enable()`` also installs kerasdist's mends of
 upstream bugs (:func:`kerasdist._compat.apply`, e.g. for MultiWorkerMirroredStrategy).
 
 It works by wrapping ``TensorFlowTrainer.fit``/``evaluate`` (the TensorFlow backend's trainer,
-the base of every ``keras.Model`` on this backend); the originals are kept and :func:`disable`
-puts them back. Subclasses that override ``fit``/``evaluate`` themselves are not affected.
+the base of every ``keras.Model`` on this backend; a class-wide wrap is the narrowest scope that
+reaches plain ``model.fit`` in users' code, and the wrapper passes every non-PS model straight to
+Keras); the originals are kept and :func:`disable` puts them back. Subclasses that override
+``fit``/``evaluate`` themselves are not affected.
 
 Example::
 
@@ -27,6 +37,9 @@ import functools
 import inspect
 import threading
 
+NAME = "keras-ps-fit"
+ISSUE = "Keras 3 has no ParameterServerStrategy support (reproduction in this module's docstring)"
+
 _LOCK = threading.Lock()
 _ORIGINALS: dict[str, object] = {}
 _MARK = "_kerasdist_original"
@@ -38,14 +51,25 @@ def _trainer_class():
     return TensorFlowTrainer
 
 
+def bug_present() -> bool:
+    """Whether the installed Keras TensorFlow trainer still knows nothing of ``ClusterCoordinator``."""
+    import keras.src.backend.tensorflow.trainer as trainer
+
+    return "ClusterCoordinator" not in inspect.getsource(trainer)
+
+
+def _is_parameter_server(strategy) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
 def _wrap(name: str, original, target):
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        from kerasdist.training.ps import is_parameter_server
-
-        if not is_parameter_server(self.distribute_strategy):
+        if not _is_parameter_server(self.distribute_strategy):
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         arguments = dict(bound.arguments)
@@ -58,18 +82,16 @@ def _wrap(name: str, original, target):
     return method
 
 
-def enable() -> None:
-    """Route ``model.fit``/``model.evaluate`` of ParameterServerStrategy models to kerasdist.
+def enable(*, fit, evaluate) -> None:
+    """Route ``model.fit``/``model.evaluate`` of ParameterServerStrategy models to ``fit`` and
+    ``evaluate`` (kerasdist's :func:`kerasdist.keras.ps_fit.fit` / ``evaluate``, passed in by
+    :func:`kerasdist.keras.enable` so that this layer imports nothing above it).
 
-    Idempotent and thread-safe. Also applies :func:`kerasdist._compat.apply`.
+    Idempotent and thread-safe.
     """
-    from kerasdist import _compat
-    from kerasdist.training import ps
-
-    _compat.apply()
     trainer = _trainer_class()
     with _LOCK:
-        for name, target in (("fit", ps.fit), ("evaluate", ps.evaluate)):
+        for name, target in (("fit", fit), ("evaluate", evaluate)):
             current = trainer.__dict__[name]
             if hasattr(current, _MARK):
                 continue

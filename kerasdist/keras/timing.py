@@ -41,12 +41,14 @@ class StepClock:
     def epoch_begin(self) -> None:
         self._last, self._epoch_steps, self._epoch_seconds = None, 0, 0.0
 
-    def step_end(self) -> None:
+    def step_end(self, steps: int = 1) -> None:
+        """``steps`` optimizer steps ended now (more than 1 when one call runs several steps,
+        e.g. ``steps_per_execution``); the first call of an epoch is not timed."""
         now = time.perf_counter()
         if self._last is not None:
-            self.timed_steps += 1
+            self.timed_steps += steps
             self.timed_seconds += now - self._last
-            self._epoch_steps += 1
+            self._epoch_steps += steps
             self._epoch_seconds += now - self._last
         self._last = now
 

@@ -1,9 +1,9 @@
 """Keras ``fit``/``evaluate`` for models built under ``tf.distribute.ParameterServerStrategy``.
 
 Keras 3 has no parameter-server support. Here the coordinator (this process) schedules small
-``tf.function`` steps (:mod:`~kerasdist.training.ps_steps`) onto the workers with
+``tf.function`` steps (:mod:`~kerasdist.keras.ps_steps`) onto the workers with
 ``ClusterCoordinator.schedule`` and owns joins, metrics, callbacks and checkpoints
-(:mod:`~kerasdist.training.ps_loop`). After ``kerasdist.enable()`` plain ``model.fit`` and
+(:mod:`~kerasdist.keras.ps_loop`). After ``kerasdist.enable()`` plain ``model.fit`` and
 ``model.evaluate`` come here for such models.
 
 Keras semantics kept: ``epochs``, ``initial_epoch``, ``steps_per_epoch`` (scheduled steps per
@@ -11,14 +11,14 @@ epoch **summed over all workers**; required unless the input is a finite ``tf.da
 arrays, whose one pass is the default), ``validation_data``/``validation_steps``/
 ``validation_freq``, ``callbacks`` (History, ProgbarLogger, ModelCheckpoint, TensorBoard,
 EarlyStopping, ...), the returned ``History``, ``model.stop_training`` and ``evaluate``'s
-``return_dict``. Inputs: see :mod:`~kerasdist.training.ps_data`.
+``return_dict``. Inputs: see :mod:`~kerasdist.keras.ps_input`.
 
 Validation and ``evaluate`` run as scheduled steps on the workers, over disjoint per-worker shards
 (exact: each batch once); metric variables live on the ps, every worker adds to them and the
 results are read after ``join``. Each epoch's logs (so ``History``) also hold the
 parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i>``,
-``ps_examples_per_sec``, ``ps_staleness_mean``, ``ps_staleness_max``; see
-:class:`~kerasdist.training.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
+``ps_staleness_mean``, ``ps_staleness_max``; see
+:class:`~kerasdist.keras.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
 
 Not supported (clear ``ValueError``): ``validation_split``, ``class_weight``.
 """
@@ -28,8 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kerasdist.training import ps_data, ps_loop, ps_steps
-from kerasdist.training.ps_recipe import fit_recipe  # noqa: F401  (re-export)
+from kerasdist._compat import keras_ps_atomic_assign
+from kerasdist.keras import ps_input as ps_data
+from kerasdist.keras import ps_loop, ps_steps
 
 
 def is_parameter_server(strategy) -> bool:
@@ -45,12 +46,21 @@ def cluster_spec(strategy):
     return resolver.cluster_spec()
 
 
+def _atomic_updates(run: ps_loop.PSRun):
+    """Scope kerasdist's mend of Keras's non-atomic ``assign_add`` to this model's variables."""
+    model = run.model
+    variables = list(model.variables) + list(getattr(model, "metrics_variables", []))
+    if model.optimizer is not None:
+        variables += list(model.optimizer.variables)
+    return keras_ps_atomic_assign.atomic_updates(variables)
+
+
 def _start(model) -> ps_loop.PSRun:
     import tensorflow as tf
 
     strategy = model.distribute_strategy
     if not is_parameter_server(strategy):
-        raise ValueError("kerasdist.training.ps needs a model built and compiled inside "
+        raise ValueError("kerasdist.keras.ps_fit needs a model built and compiled inside "
                          "ParameterServerStrategy.scope(). Received: distribute_strategy="
                          f"{type(strategy).__name__}")
     if not getattr(model, "compiled", False):
@@ -153,10 +163,10 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
                                    shuffle=shuffle, num_workers=run.num_workers)
     steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
                                   training=True)
-    with ps_steps.atomic_variable_updates():
-        train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,
-                                                   num_workers=run.num_workers, repeat=True)
-        _build(run, train_ds)
+    train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,
+                                               num_workers=run.num_workers, repeat=True)
+    _build(run, train_ds)
+    with _atomic_updates(run):
         validation = None if validation_data is None else _eval_input(
             run, validation_data, steps=validation_steps, batch_size=validation_batch_size,
             argument="validation_data", steps_argument="validation_steps")
@@ -199,10 +209,10 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
     import keras
 
     run = _start(model)
-    with ps_steps.atomic_variable_updates():
-        evaluation = _eval_input(run, (x, y, sample_weight) if y is not None else x, steps=steps,
-                                 batch_size=batch_size, argument="x", steps_argument="steps")
-        _build(run, evaluation.dataset)
+    evaluation = _eval_input(run, (x, y, sample_weight) if y is not None else x, steps=steps,
+                             batch_size=batch_size, argument="x", steps_argument="steps")
+    _build(run, evaluation.dataset)
+    with _atomic_updates(run):
         run.test_function = ps_steps.make_test_function(model, run.strategy)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = keras.callbacks.CallbackList(

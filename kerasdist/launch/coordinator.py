@@ -1,4 +1,4 @@
-"""Local parameter-server clusters: ps + worker subprocesses, the coordinator in this process.
+"""Local coordinator clusters (parameter server): ps + worker subprocesses, the coordinator here.
 
 Fault handling (what TF's ``ClusterCoordinator`` promises, plus what the launcher adds):
 
@@ -19,10 +19,13 @@ import threading
 import time
 from pathlib import Path
 
-from kerasdist.cluster.launcher import LocalLauncher, describe_exit, terminate_on_sigterm
+from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
-from kerasdist.training.fit import RunResult, say
+from kerasdist.launch.processes import LocalLauncher, describe_exit, terminate_on_sigterm
+from kerasdist.training import RunResult, run_session
+
+log = get_logger("launch")
 
 
 class WorkerRestarter(threading.Thread):
@@ -39,21 +42,21 @@ class WorkerRestarter(threading.Thread):
         while not self.stop_event.wait(0.5):
             for task in list(self.launcher.tasks):
                 code = task.returncode()
-                if code is None or task.name in self.dead_ps or getattr(task, "replaced", False):
+                if code is None or task.name in self.dead_ps or task.replaced:
                     continue
                 if task.tf_config.task_type == "ps":
                     self.dead_ps.append(task.name)
-                    say(f"task {task.name} {describe_exit(code)}; the coordinator will fail")
+                    log.warning(f"task {task.name} {describe_exit(code)}; the coordinator will fail")
                 elif len(self.restarts) < self.budget:
                     task.replaced = True
                     self.restarts.append(task.name)
-                    say(f"task {task.name} {describe_exit(code)}; restarting it "
-                        f"({len(self.restarts)}/{self.budget})")
+                    log.warning(f"task {task.name} {describe_exit(code)}; restarting it "
+                                f"({len(self.restarts)}/{self.budget})")
                     self.launcher.start(task.tf_config, self.args)
                 else:
                     task.replaced = True
-                    say(f"task {task.name} {describe_exit(code)}; no restarts left, training "
-                        "continues on the remaining workers")
+                    log.warning(f"task {task.name} {describe_exit(code)}; no restarts left, "
+                                "training continues on the remaining workers")
 
 
 def _dead_ps(launcher: LocalLauncher, restarter: WorkerRestarter, grace_s: float = 5.0) -> list:
@@ -68,8 +71,8 @@ def _dead_ps(launcher: LocalLauncher, restarter: WorkerRestarter, grace_s: float
         time.sleep(0.2)
 
 
-def run_local_parameter_server(recipe, *, args: list[str], overwrite: bool, verbose,
-                               callbacks) -> RunResult:
+def run_coordinator(recipe, *, args: list[str], overwrite: bool, verbose,
+                    callbacks) -> RunResult:
     """Start 1+ ps and N workers as subprocesses, run the coordinator here, always stop them.
 
     Raises:
@@ -81,16 +84,14 @@ def run_local_parameter_server(recipe, *, args: list[str], overwrite: bool, verb
             launcher, terminate_on_sigterm():
         tasks = [launcher.start(spec.for_task(job, i), args)
                  for job in ("ps", "worker") for i in range(spec.num(job))]
-        say(f"local cluster: {spec.num('ps')} ps + {spec.num('worker')} workers started; "
-            f"logs in {log_dir}")
+        log.info(f"local cluster: {spec.num('ps')} ps + {spec.num('worker')} workers started; "
+                 f"logs in {log_dir}")
         launcher.wait_listening(tasks, timeout_s=recipe.cluster.start_timeout_s)
         restarter = WorkerRestarter(launcher, args, budget=recipe.cluster.max_restarts)
         restarter.start()
         try:
-            from kerasdist.training.ps import fit_recipe
-
-            result = fit_recipe(recipe, cluster_resolver=spec.cluster_resolver(),
-                                overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+            result = run_session(recipe, tf_config=spec, overwrite=overwrite, verbose=verbose,
+                                 callbacks=callbacks)
         except Exception as err:  # TF raises several error types for a lost ps
             restarter.stop_event.set()
             dead = _dead_ps(launcher, restarter)
@@ -106,7 +107,7 @@ def run_local_parameter_server(recipe, *, args: list[str], overwrite: bool, verb
 
         gc.collect()  # release remote iterators/functions while their servers still answer
         if restarter.restarts:
-            from kerasdist.training.fit import write_metrics
+            from kerasdist.training.result import write_metrics
 
             result.extra.setdefault("parameter_server", {})["restarted_tasks"] = restarter.restarts
             write_metrics(result, recipe)

@@ -12,64 +12,11 @@ update; ``staleness = after - before - 1`` is the number of updates by *other* w
 while this step computed its gradient. Synchronous training always gives 0. It is an upper bound:
 an update that lands between this step's apply and its second read is counted too.
 
-**Atomic variable updates.** Keras 3 implements ``Variable.assign_add``/``assign_sub`` as
-``assign(self + value)``: a read then a write. Workers updating the same ps variable concurrently
-then lose updates (measured: 60 steps on 2 workers left ``optimizer.iterations`` at 53 and the
-metric counts short). :func:`atomic_variable_updates` maps them to the ``tf.Variable``'s own
-atomic ``assign_add``/``assign_sub`` while kerasdist traces its parameter-server steps, so every
-metric (``total``, ``count``) and ``optimizer.iterations`` aggregates exactly over the workers.
+Keras 3's ``assign_add``/``assign_sub`` are not atomic; the steps are traced with kerasdist's mend
+(:mod:`kerasdist._compat.keras_ps_atomic_assign`) in force on the model's variables.
 """
 
 from __future__ import annotations
-
-import contextlib
-import threading
-
-_PATCH_LOCK = threading.Lock()
-_PATCH_DEPTH = [0]
-_NAMES = ("assign_add", "assign_sub")
-_SAVED: dict[str, object] = {}  # name -> the class's own attribute, or None if inherited
-
-
-def _atomic(name: str, original):
-    def method(self, value):
-        from keras.src.backend.common.stateless_scope import in_stateless_scope
-
-        if self._value is None or in_stateless_scope():  # symbolic build, stateless calls
-            return original(self, value)
-        value = self._convert_to_tensor(value, dtype=self._dtype)
-        return getattr(self._value, name)(value)
-
-    method.__name__ = name
-    return method
-
-
-@contextlib.contextmanager
-def atomic_variable_updates():
-    """Within the block, Keras TF variables' ``assign_add``/``assign_sub`` are single atomic ops.
-
-    Reentrant and thread-safe; restores Keras's methods on exit. Ops traced inside the block keep
-    the atomic form after it ends (it is baked into the traced graph).
-    """
-    from keras.src.backend.tensorflow.core import Variable
-
-    with _PATCH_LOCK:
-        if _PATCH_DEPTH[0] == 0:
-            for name in _NAMES:
-                _SAVED[name] = Variable.__dict__.get(name)
-                setattr(Variable, name, _atomic(name, getattr(Variable, name)))
-        _PATCH_DEPTH[0] += 1
-    try:
-        yield
-    finally:
-        with _PATCH_LOCK:
-            _PATCH_DEPTH[0] -= 1
-            if _PATCH_DEPTH[0] == 0:
-                for name in _NAMES:
-                    if _SAVED[name] is None:
-                        delattr(Variable, name)
-                    else:
-                        setattr(Variable, name, _SAVED[name])
 
 
 def _version(model):

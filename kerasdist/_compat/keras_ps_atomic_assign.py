@@ -1,0 +1,70 @@
+"""Mend: Keras 3 ``Variable.assign_add``/``assign_sub`` are a read then a write, not one atomic op.
+
+Upstream: no Keras issue found; written reproduction (kerasdist, Keras 3.15 / TF 2.21, CPU):
+a model compiled under ``ParameterServerStrategy`` with 2 workers, 60 scheduled ``train_step``
+calls through ``ClusterCoordinator.schedule``: ``optimizer.iterations`` ended at 53 and the
+metrics' ``count`` variables short by the same amount. Keras's TensorFlow ``Variable`` inherits
+``assign_add(self, value): return self.assign(self + value)`` from
+``keras.src.backend.common.variables.Variable``; when two workers run it on the same ps variable
+at once, one update overwrites the other. ``tf.Variable.assign_add`` is a single
+``AssignAddVariableOp`` on the ps and loses nothing.
+
+Scope: :func:`atomic_updates` patches only the given variable *objects* (instance attributes;
+the Keras class is untouched), for the duration of a ``with`` block in which kerasdist traces its
+parameter-server steps; the traced graphs keep the atomic ops after the block ends.
+
+Probe: :func:`bug_present` reads the installed Keras's ``assign_add``: the mend is used only while
+it is still the read-then-write form; ``tests/unit/test_compat.py`` fails when it changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import types
+from typing import Iterable, Iterator
+
+NAME = "keras-ps-atomic-assign"
+ISSUE = "no upstream issue; reproduction in this module's docstring"
+_NAMES = ("assign_add", "assign_sub")
+
+
+def bug_present() -> bool:
+    """Whether Keras's variable ``assign_add``/``assign_sub`` are still ``assign(self +/- value)``."""
+    from keras.src.backend.common.variables import Variable
+
+    sources = ["".join(inspect.getsource(getattr(Variable, name)).split()) for name in _NAMES]
+    return all("returnself.assign(self" in source for source in sources)
+
+
+def _atomic(variable, name: str):
+    original = getattr(variable, name)
+
+    def method(self, value):
+        from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+        if self._value is None or in_stateless_scope():  # symbolic build, stateless calls
+            return original(value)
+        return getattr(self._value, name)(self._convert_to_tensor(value, dtype=self._dtype))
+
+    return types.MethodType(method, variable)
+
+
+@contextlib.contextmanager
+def atomic_updates(variables: Iterable) -> Iterator[list]:
+    """Within the block, ``assign_add``/``assign_sub`` of these Keras variables are single atomic
+    ``tf.Variable`` ops. Yields the patched variables; removes the instance attributes on exit.
+    A no-op when :func:`bug_present` is False (upstream fixed)."""
+    unique = list({id(v): v for v in variables if hasattr(v, "_value")}.values())
+    if not bug_present():
+        yield []
+        return
+    for variable in unique:
+        for name in _NAMES:
+            setattr(variable, name, _atomic(variable, name))
+    try:
+        yield unique
+    finally:
+        for variable in unique:
+            for name in _NAMES:
+                variable.__dict__.pop(name, None)

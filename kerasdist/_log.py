@@ -1,0 +1,71 @@
+"""kerasdist's logging: Python ``logging`` under the ``kerasdist`` logger, chief-only by default.
+
+* :func:`get_logger` is what every module uses instead of ``print``.
+* :func:`configure` is called once per process (the CLI, :func:`kerasdist.fit`, a spawned task):
+  it maps ``--verbose`` to a level and prefixes the lines of a cluster task with its name
+  (``kerasdist[worker:1]: ...``). On tasks that are not the chief the level is ``WARNING`` unless
+  ``verbose == 2``, so a console sees one copy of each message (Accelerate's
+  ``main_process_only`` idea); spawned local tasks run with ``--verbose 2`` and log everything
+  into their own log files.
+
+===========  ====================  ======================
+verbose      chief / one process   other tasks
+===========  ====================  ======================
+0            WARNING               WARNING
+1, auto      INFO                  WARNING
+2            INFO                  INFO
+===========  ====================  ======================
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+LOGGER_NAME = "kerasdist"
+_HANDLER_MARK = "_kerasdist_handler"
+
+
+def get_logger(name: str | None = None) -> logging.Logger:
+    """The ``kerasdist`` logger, or its child ``kerasdist.<name>``."""
+    return logging.getLogger(LOGGER_NAME if not name else f"{LOGGER_NAME}.{name}")
+
+
+def level_for(verbose, *, is_chief: bool = True) -> int:
+    """The logging level for a ``--verbose`` value (0, 1, 2, ``'auto'`` or None; see module docs)."""
+    if verbose == 0:
+        return logging.WARNING
+    if verbose == 2 or is_chief:
+        return logging.INFO
+    return logging.WARNING
+
+
+def configure(verbose=None, *, task: str | None = None, is_chief: bool = True) -> logging.Logger:
+    """Set up the ``kerasdist`` logger for this process (idempotent: replaces its own handler).
+
+    Args:
+        verbose: ``--verbose`` value: 0, 1, 2, ``'auto'`` or None (= 1).
+        task: this process's task name (``worker:1``) for the line prefix; None in one process.
+        is_chief: whether this process writes the run's outputs (chief-only default level).
+
+    Returns:
+        The configured logger. Lines go to standard output (beside Keras's progress bar and the
+        summary), flushed per record.
+    """
+    logger = get_logger()
+    for handler in [h for h in logger.handlers if getattr(h, _HANDLER_MARK, False)]:
+        logger.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stdout)
+    setattr(handler, _HANDLER_MARK, True)
+    prefix = f"kerasdist[{task}]" if task else "kerasdist"
+    handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level_for(verbose, is_chief=is_chief))
+    logger.propagate = False
+    return logger
+
+
+def ensure_configured() -> None:
+    """Configure with the defaults when nobody has (library use without the CLI)."""
+    if not any(getattr(h, _HANDLER_MARK, False) for h in get_logger().handlers):
+        configure()

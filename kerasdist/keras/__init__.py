@@ -1,0 +1,49 @@
+"""Keras-level pieces usable without recipes: the one-line opt-in, the parameter-server ``fit``,
+checkpoint/backup callbacks, gradient compression, throughput timing.
+
+* :func:`enable` / :func:`disable`: plain ``model.fit``/``evaluate`` under
+  ``ParameterServerStrategy`` (and Keras 3's multi-worker mends);
+* :mod:`kerasdist.keras.ps_fit`: ``fit``/``evaluate`` for parameter-server models;
+* :mod:`kerasdist.keras.backup`: :class:`BackupStore`, :class:`StepBackup`,
+  :class:`PreemptionWatch`, :class:`EpochEndSave` (chief-aware, step-exact);
+* :mod:`kerasdist.keras.compression`: 16-bit gradient all-reduce;
+* :mod:`kerasdist.keras.callbacks` / :mod:`kerasdist.keras.timing`: the one throughput rule.
+
+Importing this package is light; each module imports Keras/TensorFlow when used.
+"""
+
+from __future__ import annotations
+
+
+def enable() -> list[str]:
+    """Opt in, one line: route ``model.fit``/``evaluate`` of models built under
+    ``ParameterServerStrategy`` to :mod:`kerasdist.keras.ps_fit` and install every
+    :mod:`kerasdist._compat` mend the installed Keras/TF need. Idempotent and thread-safe.
+
+    Returns:
+        The names of the mends in effect (e.g. ``['keras#20585', 'tensorflow#72388']``).
+    """
+    from kerasdist import _compat
+    from kerasdist._compat import keras_ps_dispatch
+    from kerasdist.keras import ps_fit
+
+    mends = _compat.apply()
+    keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate)
+    return mends
+
+
+def disable() -> None:
+    """Put Keras's own ``fit``/``evaluate`` back (the multi-worker mends stay). Idempotent."""
+    from kerasdist._compat import keras_ps_dispatch
+
+    keras_ps_dispatch.disable()
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` is in effect."""
+    from kerasdist._compat import keras_ps_dispatch
+
+    return keras_ps_dispatch.is_enabled()
+
+
+__all__ = ["disable", "enable", "is_enabled"]

@@ -1,0 +1,138 @@
+"""Run a recipe wherever its strategy's topology and ``cluster.kind`` say.
+
+================  ==============  ===========================================================
+topology          cluster.kind    what this process does
+================  ==============  ===========================================================
+single            this_process    runs the lifecycle (:func:`kerasdist.training.run_session`)
+peers             local           preflight, then starts the workers, supervises, restarts them
+peers             tf_config/slurm is one worker: runs the lifecycle with its role
+coordinator       local           preflight, then starts ps + worker tasks, runs the lifecycle
+coordinator       tf_config/slurm ps/worker: serve; chief: runs the lifecycle
+================  ==============  ===========================================================
+
+The topology comes from the strategy object's traits (``multi_worker`` is ``peers``,
+``parameter_server`` is ``coordinator``); nothing here compares strategy names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kerasdist import _log
+from kerasdist.cluster.spec import TFConfig, parse_tf_config
+from kerasdist.errors import ClusterError, DataError
+from kerasdist.strategies import registry
+from kerasdist.training import RunResult, run_session
+
+log = _log.get_logger("launch")
+
+
+def preflight(recipe, *, overwrite: bool) -> None:
+    """Every bad-input check that needs no TensorFlow runtime, before any process starts or any
+    file is written: the strategy's own (global batch vs replicas known in advance), the data
+    splits (readable, at least one global batch), the run directory (fingerprint).
+
+    Raises:
+        RecipeError, DataError, RunDirError: bad input (exit code 2).
+    """
+    from kerasdist.data.sources import load_split
+    from kerasdist.training import outputs
+
+    strategy = registry.for_recipe(recipe)
+    strategy.preflight(recipe)
+    x, _ = load_split(recipe.data, recipe.data.train_split)
+    if len(x) < recipe.data.batch_size:
+        raise DataError(f"data.train_split '{recipe.data.train_split}' has {len(x)} examples, fewer "
+                        f"than one global batch. Received: batch_size={recipe.data.batch_size}")
+    if recipe.data.eval_split:
+        load_split(recipe.data, recipe.data.eval_split)
+    outputs.check_run_dir(Path(recipe.output.run_dir), recipe, overwrite=overwrite,
+                          checkpoint_schema=strategy.traits.checkpoint_schema)
+
+
+def resolve_role(recipe, tf_config: TFConfig | None) -> TFConfig:
+    """This task's role on a real cluster: given, from Slurm, or from ``TF_CONFIG``.
+
+    Raises:
+        ClusterError: missing or invalid ``TF_CONFIG`` / Slurm variables (names what is wrong).
+    """
+    needs_ps = registry.for_recipe(recipe).traits.needs_ps
+    if tf_config is None and recipe.cluster.kind == "slurm":
+        from kerasdist.cluster.slurm import tf_config_from_slurm
+
+        return tf_config_from_slurm(needs_ps=needs_ps, num_ps=recipe.cluster.ps,
+                                    port_base=recipe.cluster.port_base)
+    if tf_config is None:
+        return parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=needs_ps)
+    return tf_config
+
+
+def run_recipe(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
+               callbacks=()) -> RunResult | None:
+    """Run ``recipe``; returns the :class:`RunResult` in the process that owns the outputs
+    (the chief), ``None`` in other tasks.
+
+    Args:
+        recipe: a validated :class:`kerasdist.config.Recipe`.
+        overwrite: discard checkpoints in ``output.run_dir`` that this run cannot resume.
+        verbose: Keras progress verbosity and log level (0, 1, 2); default the recipe's.
+        tf_config: this task's role on a real cluster; default: from ``TF_CONFIG`` when
+            ``cluster.kind`` is ``tf_config``, from the ``SLURM_*`` variables when ``slurm``.
+        callbacks: extra Keras callbacks (not sent to the tasks of a local peers cluster).
+
+    Raises:
+        RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts.
+        TaskFailedError: a task was lost (named), after the restarts allowed.
+        TrainingError: a task of a local cluster failed deterministically (its own message).
+    """
+    topology = registry.for_recipe(recipe).traits.topology
+    if topology == "single":
+        return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+    if recipe.cluster.kind == "local":
+        preflight(recipe, overwrite=overwrite)
+        if topology == "peers":
+            return _local_peers(recipe, overwrite=overwrite, callbacks=callbacks)
+        from kerasdist.launch.coordinator import run_coordinator
+
+        return run_coordinator(recipe, args=_child_args(recipe), overwrite=overwrite,
+                               verbose=verbose, callbacks=callbacks)
+    tf_config = resolve_role(recipe, tf_config)
+    _log.configure(2 if verbose == 2 else verbose, task=tf_config.task_name,
+                   is_chief=tf_config.is_chief)
+    if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
+        from kerasdist.cluster.server import serve
+
+        serve(tf_config, intra_op_threads=recipe.cluster.threads_per_task)
+        return None
+    if topology == "coordinator" and tf_config.task_type != "chief":
+        raise ClusterError(f"strategy '{recipe.strategy.kind}': task type "
+                           f"'{tf_config.task_type}' has no role here (expected chief, worker or ps)")
+    return run_session(recipe, tf_config=tf_config, overwrite=overwrite, verbose=verbose,
+                       callbacks=callbacks)
+
+
+def _child_args(recipe) -> list[str]:
+    """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
+    ``<run_dir>/logs`` (written after the preflight)."""
+    log_dir = Path(recipe.output.run_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / "recipe.json"
+    data = recipe.model_dump(mode="json")
+    data["cluster"]["kind"] = "tf_config"
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return ["fit", str(path), "--verbose", "2"]
+
+
+def _local_peers(recipe, *, overwrite: bool, callbacks) -> RunResult:
+    from kerasdist.launch.peers import run_peers
+
+    if callbacks:
+        raise ClusterError("extra Python callbacks cannot be sent to local worker processes. "
+                           f"Received: callbacks={list(callbacks)!r}")
+    args = _child_args(recipe)
+    if overwrite:
+        args.append("--overwrite")
+    run_peers(recipe, args=args, log_dir=Path(recipe.output.run_dir) / "logs")
+    return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")

@@ -1,0 +1,48 @@
+"""How a task tells its launcher how it ended: a small JSON status file, not a log to parse.
+
+The launcher sets ``KERASDIST_STATUS_FILE`` in each child's environment only; the child's CLI writes
+``{"class": ..., "exit_code": ..., "message": ..., "lost_tasks": [...]}`` there when it fails
+(classes from :func:`kerasdist.errors.classify`). A task that leaves no status file was killed
+(signal, out-of-memory killer) and counts as a lost peer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kerasdist.errors import PEER_LOST, classify, exit_code
+
+STATUS_ENV = "KERASDIST_STATUS_FILE"
+
+
+def report(err: BaseException) -> str:
+    """Write this process's failure to the status file its launcher named (if any); return the
+    failure class."""
+    failure = classify(err)
+    path = os.environ.get(STATUS_ENV)
+    if path:
+        data = {"class": failure, "exit_code": exit_code(failure), "error": type(err).__name__,
+                "message": str(err)[:2000], "lost_tasks": list(getattr(err, "lost_tasks", []))}
+        tmp = Path(f"{path}.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, path)
+    return failure
+
+
+def read(path: Path | None) -> dict[str, Any] | None:
+    """A task's status, or None if it wrote none (then it was killed)."""
+    if path is None:
+        return None
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def failure_class(path: Path | None) -> str:
+    """The failure class a task reported; ``peer_lost`` when it reported none."""
+    status = read(path)
+    return status.get("class", PEER_LOST) if status else PEER_LOST

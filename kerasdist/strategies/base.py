@@ -1,0 +1,123 @@
+"""The strategy object: what one kind of ``tf.distribute`` training contributes to a run.
+
+The run lifecycle (:mod:`kerasdist.training.session`) is the same for every kind. A strategy object
+supplies only what differs between kinds:
+
+* :meth:`Strategy.build`: the ``tf.distribute.Strategy`` for this process;
+* :meth:`Strategy.make_input`: how the recipe's data is distributed (sharded, per worker ...);
+* :meth:`Strategy.make_loop`: how training runs (Keras ``model.fit``, or kerasdist's
+  parameter-server coordinator loop), see :mod:`kerasdist.strategies.loops`;
+* the hooks :meth:`preflight` (checks that need no TensorFlow, run before any process starts),
+  :meth:`prepare_model`, :meth:`after_restore` and :meth:`explain_failure`;
+* its ``traits`` (:class:`kerasdist.config.schema.StrategyTraits`): topology, cluster kinds,
+  whether it needs ps tasks, which ``data.auto_shard`` values it honours, its checkpoint schema.
+
+A new kind is a subclass registered with :func:`kerasdist.strategies.register`; nothing in the
+lifecycle changes (``tests/integration/test_toy_strategy.py`` registers one from a test module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from kerasdist.config.schema import StrategyConfigBase, StrategyTraits
+from kerasdist.data.pipeline import check_batch_divisible
+
+
+@dataclass
+class RunContext:
+    """What a training loop gets from the lifecycle (one per run and process).
+
+    Attributes:
+        recipe: the validated recipe.
+        model: the compiled Keras model, built under ``tf_strategy.scope()``.
+        tf_strategy: the ``tf.distribute.Strategy``.
+        data: the strategy's input object (:meth:`Strategy.make_input`); has ``steps_per_epoch``.
+        store: the checkpoint store (:class:`kerasdist.keras.backup.BackupStore`) or None.
+        start_step: global step (``optimizer.iterations``) restored from the checkpoint.
+        callbacks: Keras callbacks: kerasdist's own (throughput, TensorBoard) then the user's.
+        verbose: Keras progress verbosity.
+        task: this task's name (``worker:1``), or None for a one-process run.
+        is_chief: whether this process writes the run's outputs.
+        extra: figures a loop adds to ``metrics.json`` (e.g. ``parameter_server``).
+    """
+
+    recipe: Any
+    model: Any
+    tf_strategy: Any
+    data: Any
+    store: Any
+    start_step: int
+    callbacks: list
+    verbose: Any
+    task: str | None = None
+    is_chief: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+class Strategy:
+    """Base class of a strategy kind (see module docs). Subclasses set ``kind`` and
+    ``config_class`` and implement :meth:`build`; every other method has a default."""
+
+    kind: ClassVar[str]
+    config_class: ClassVar[type[StrategyConfigBase]]
+
+    @property
+    def traits(self) -> StrategyTraits:
+        """The kind's declared needs and capabilities (from its config class)."""
+        return self.config_class.traits
+
+    def build(self, config, *, cluster_resolver=None):
+        """Return the ``tf.distribute.Strategy`` for this process (see each kind)."""
+        raise NotImplementedError
+
+    def replicas_before_start(self, recipe) -> int | None:
+        """Replicas in sync known without starting TensorFlow (for :meth:`preflight`), or None."""
+        return None
+
+    def preflight(self, recipe) -> None:
+        """Checks that need no TensorFlow and no process: raise before anything starts.
+
+        Raises:
+            RecipeError: the global batch does not divide over the replicas known in advance.
+        """
+        replicas = self.replicas_before_start(recipe)
+        if replicas:
+            check_batch_divisible(recipe.data.batch_size, replicas)
+
+    def num_input_pipelines(self, tf_strategy) -> int:
+        """Input pipelines (one per worker process) the data is sharded over."""
+        return 1
+
+    def make_input(self, recipe, tf_strategy):
+        """The distributed input: by default kerasdist's resumable streams
+        (:func:`kerasdist.data.streams.build_data`), sharded over :meth:`num_input_pipelines`."""
+        from kerasdist.data.streams import build_data
+
+        return build_data(recipe, replicas=tf_strategy.num_replicas_in_sync,
+                          pipelines=self.num_input_pipelines(tf_strategy))
+
+    def compile_kwargs(self, config) -> dict:
+        """Extra ``model.compile`` arguments (e.g. ``steps_per_execution``)."""
+        return {}
+
+    def prepare_model(self, model, config) -> None:
+        """Adjust the compiled model once its optimizer is built (e.g. gradient compression)."""
+
+    def after_restore(self, tf_strategy, step: int, *, task: str | None, run_dir) -> None:
+        """Called on every task after the checkpoint is restored (e.g. agree on the step)."""
+
+    def make_loop(self):
+        """The training loop object (:class:`kerasdist.strategies.loops.KerasFitLoop` by default)."""
+        from kerasdist.strategies.loops import KerasFitLoop
+
+        return KerasFitLoop()
+
+    def explain_failure(self, err: Exception, *, config, tf_config, start_step: int) -> Exception:
+        """The exception to raise for a TensorFlow error during training (default: unchanged)."""
+        return err
+
+    def describe(self, tf_strategy) -> str:
+        """One line on where training runs, for the log."""
+        return f"{tf_strategy.num_replicas_in_sync} replica(s)"

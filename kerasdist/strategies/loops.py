@@ -1,0 +1,110 @@
+"""The two training loops a strategy can contribute to the run lifecycle.
+
+* :class:`KerasFitLoop`: Keras ``model.fit`` from the exact global step of the checkpoint (a
+  half-done epoch is finished with a shorter ``fit``), saving every
+  ``trainer.checkpoint.every_steps`` steps and at epoch ends (:class:`~kerasdist.keras.backup.StepBackup`),
+  stopping all replicas at one agreed step on SIGTERM (:class:`~kerasdist.keras.backup.PreemptionWatch`).
+  Used by ``default``, ``mirrored`` and ``multi_worker``.
+* :class:`CoordinatorLoop`: kerasdist's parameter-server ``fit`` (:func:`kerasdist.keras.ps_fit.fit`)
+  from the epoch derived from the global step, saving at epoch ends.
+
+Both read and write the same checkpoint schema (:mod:`kerasdist.keras.backup`).
+"""
+
+from __future__ import annotations
+
+from kerasdist._log import get_logger
+from kerasdist.errors import Preempted
+from kerasdist.strategies.base import RunContext
+
+log = get_logger("training")
+
+
+def _merge(history: dict, more: dict) -> None:
+    for key, values in more.items():
+        history.setdefault(key, []).extend(float(v) for v in values)
+
+
+class KerasFitLoop:
+    """Keras ``model.fit`` on the strategy's resumable stream input (see module docs)."""
+
+    def _phases(self, start_step: int, steps_per_epoch: int, epochs: int):
+        """``(first_epoch, last_epoch, steps_per_epoch, stream_step)`` of each ``fit`` call."""
+        epoch, done = divmod(start_step, steps_per_epoch)
+        phases = []
+        if done:
+            phases.append((epoch, epoch + 1, steps_per_epoch - done, start_step))
+            epoch += 1
+        if epoch < epochs:
+            phases.append((epoch, epochs, steps_per_epoch, epoch * steps_per_epoch))
+        return phases
+
+    def train(self, run: RunContext) -> dict[str, list[float]]:
+        """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
+
+        Raises:
+            Preempted: SIGTERM; every replica saved a checkpoint at the same step first.
+        """
+        from kerasdist.keras.backup import PreemptionWatch, StepBackup, WeightDigest
+
+        recipe, data = run.recipe, run.data
+        history: dict[str, list[float]] = {}
+        with PreemptionWatch(run.tf_strategy) as watch:
+            backup = StepBackup(run.store, start_step=run.start_step, watch=watch,
+                                every_steps=recipe.trainer.checkpoint.every_steps)
+            eval_ds = data.eval_dataset(run.tf_strategy) if recipe.trainer.validation else None
+            callbacks = [backup, WeightDigest(backup), *run.callbacks]
+            for first, last, steps, stream_step in self._phases(
+                    run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
+                if backup.preempted:
+                    break
+                hist = run.model.fit(
+                    data.train_dataset(run.tf_strategy, start_step=stream_step),
+                    initial_epoch=first, epochs=last, steps_per_epoch=steps, shuffle=False,
+                    validation_data=eval_ds, validation_steps=recipe.trainer.validation_steps,
+                    callbacks=callbacks, verbose=run.verbose)
+                _merge(history, hist.history)
+            if backup.preempted:
+                raise Preempted(backup.step)
+        return history
+
+    def evaluate(self, run: RunContext) -> dict[str, float]:
+        """Held-out evaluation (every replica; multi-worker logs are the mean over workers)."""
+        eval_ds = run.data.eval_dataset(run.tf_strategy)
+        if eval_ds is None:
+            return {}
+        logs = run.model.evaluate(eval_ds, steps=run.recipe.trainer.validation_steps, verbose=0,
+                                  return_dict=True)
+        return {key: float(value) for key, value in logs.items()}
+
+
+class CoordinatorLoop:
+    """kerasdist's parameter-server loop, run by the coordinator (see module docs)."""
+
+    def train(self, run: RunContext) -> dict[str, list[float]]:
+        """Fit from the epoch derived from the global step; adds ``parameter_server`` figures
+        (:class:`~kerasdist.keras.ps_loop.PSStats`) to ``run.extra``."""
+        from kerasdist.keras import ps_fit
+        from kerasdist.keras.backup import EpochEndSave
+
+        recipe, data = run.recipe, run.data
+        initial_epoch = run.start_step // data.steps_per_epoch
+        callbacks = ([EpochEndSave(run.store)] if run.store is not None else []) + run.callbacks
+        eval_fn = data.eval_fn if recipe.trainer.validation else None
+        hist = ps_fit.fit(run.model, data.train_fn, epochs=recipe.trainer.epochs,
+                          initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
+                          validation_data=eval_fn, validation_steps=recipe.trainer.validation_steps,
+                          callbacks=callbacks, verbose=run.verbose)
+        spec = ps_fit.cluster_spec(run.tf_strategy)
+        run.extra["parameter_server"] = {**hist.ps_stats, "num_ps": spec.num_tasks("ps"),
+                                         "num_workers": spec.num_tasks("worker")}
+        return {key: [float(v) for v in values] for key, values in hist.history.items()}
+
+    def evaluate(self, run: RunContext) -> dict[str, float]:
+        """Held-out evaluation scheduled on the workers (each batch exactly once)."""
+        from kerasdist.keras import ps_fit
+
+        if run.data.eval_fn is None:
+            return {}
+        return ps_fit.evaluate(run.model, run.data.eval_fn, steps=run.recipe.trainer.validation_steps,
+                               verbose=0, return_dict=True)

@@ -1,0 +1,179 @@
+"""THE run lifecycle: one recipe, one process's part of it, from the recipe to a :class:`RunResult`.
+
+Every strategy kind runs through :func:`run_session`; a strategy object
+(:class:`kerasdist.strategies.Strategy`) contributes only how its ``tf.distribute.Strategy`` is built,
+how input is distributed and which training loop runs. Order of work, so that bad input never
+writes anything and a resumed run continues at the exact global step:
+
+1. check the run directory against the fingerprint (model + checkpoint schema): reads only;
+2. build the strategy first (``MultiWorkerMirroredStrategy`` must exist before any other TF op),
+   install the :mod:`kerasdist._compat` mends, seed, enable op determinism if asked;
+3. build the distributed input (may raise :class:`~kerasdist.errors.DataError` /
+   :class:`~kerasdist.errors.RecipeError`; nothing is written yet);
+4. build and compile the model under ``strategy.scope()``, build the optimizer, restore the latest
+   checkpoint of the one schema (:class:`~kerasdist.keras.backup.BackupStore`): the global step is
+   ``optimizer.iterations``, the epoch is derived from it;
+5. the chief writes ``run.json``; the strategy's loop trains (throughput, TensorBoard on the chief,
+   checkpoints) and evaluates on the held-out split;
+6. the chief saves ``model.keras`` and ``metrics.json`` atomically; other tasks return None.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Sequence
+
+from kerasdist._log import get_logger
+from kerasdist.strategies import RunContext, registry
+from kerasdist.training import outputs
+from kerasdist.training.model import build_compiled_model
+from kerasdist.training.result import RunResult, write_metrics
+
+log = get_logger("training")
+
+
+def _start_runtime(recipe, strategy, tf_config):
+    """Threads, then the strategy (first TF op of the process), then mends, seeds, determinism."""
+    import keras
+    import tensorflow as tf
+
+    from kerasdist import _compat
+
+    if recipe.cluster.threads_per_task:
+        tf.config.threading.set_intra_op_parallelism_threads(recipe.cluster.threads_per_task)
+    resolver = tf_config.cluster_resolver() if tf_config is not None else None
+    tf_strategy = strategy.build(recipe.strategy, cluster_resolver=resolver)
+    mends = _compat.apply()
+    keras.utils.set_random_seed(recipe.trainer.seed)
+    if recipe.trainer.deterministic:
+        tf.config.experimental.enable_op_determinism()
+    return tf_strategy, mends
+
+
+def _model_and_store(recipe, strategy, tf_strategy, data, *, run_dir: Path, task: str,
+                     is_chief: bool, overwrite: bool):
+    from kerasdist.keras.backup import BackupStore
+
+    ckpt_dir = run_dir / outputs.CHECKPOINT_DIR
+    if is_chief and overwrite and ckpt_dir.exists():
+        log.info(f"--overwrite: discarding the checkpoints in {ckpt_dir}")
+        shutil.rmtree(ckpt_dir)
+    store = None
+    with tf_strategy.scope():
+        model = build_compiled_model(recipe, tf_strategy.num_replicas_in_sync,
+                                     **strategy.compile_kwargs(recipe.strategy))
+        model.optimizer.build(model.trainable_variables)
+        if recipe.trainer.checkpoint.enabled:
+            store = BackupStore(model=model, directory=ckpt_dir, is_chief=is_chief,
+                                task_name=task, max_to_keep=recipe.trainer.checkpoint.max_to_keep,
+                                steps_per_epoch=data.steps_per_epoch)
+    strategy.prepare_model(model, recipe.strategy)
+    if store is not None:
+        store.remove_stale_temp()
+    return model, store
+
+
+def _callbacks(recipe, run_dir: Path, is_chief: bool, extra: Sequence) -> list:
+    import keras
+
+    from kerasdist.keras.callbacks import ThroughputMeter
+
+    cbs = [ThroughputMeter(recipe.data.batch_size)]
+    if recipe.output.tensorboard and is_chief:
+        cbs.append(keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard")))
+    return cbs + list(extra)
+
+
+def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
+    import tensorflow as tf
+
+    total = run.recipe.trainer.epochs * run.data.steps_per_epoch
+    try:
+        if run.start_step < total:
+            log.info(f"training from global step {run.start_step} of {total} "
+                     f"({run.data.steps_per_epoch} steps per epoch)")
+            history = loop.train(run)
+        else:
+            log.info("all epochs already completed by the checkpoint; evaluating only")
+            history = {}
+        return history, loop.evaluate(run)
+    except tf.errors.OpError as err:
+        raised = strategy.explain_failure(err, config=run.recipe.strategy, tf_config=tf_config,
+                                          start_step=run.start_step)
+        if raised is err:
+            raise
+        raise raised from None
+
+
+def run_session(recipe, *, tf_config=None, overwrite: bool = False, verbose=None,
+                callbacks: Sequence = ()) -> RunResult | None:
+    """Run this process's part of ``recipe`` (see module docs for the order of work).
+
+    Args:
+        recipe: a validated :class:`kerasdist.config.Recipe`.
+        tf_config: this task's role (:class:`kerasdist.cluster.spec.TFConfig`) on a cluster; None
+            when this process is the whole job. The process environment is never changed.
+        overwrite: discard checkpoints in ``output.run_dir`` that this run cannot resume.
+        verbose: Keras progress verbosity; default ``recipe.trainer.verbose``.
+        callbacks: extra Keras callbacks, after kerasdist's own; on a multi-worker cluster they run
+            on every worker (they must not write shared files unless on the chief).
+
+    Returns:
+        :class:`RunResult` in the process that writes the outputs (also in ``metrics.json``), None
+        in other tasks. ``extra`` holds ``global_steps`` (= ``optimizer.iterations``),
+        ``start_step``, ``steps_per_epoch``, ``shard_policy``, ``task``, ``mends``,
+        ``weights_sha256`` and the loop's own figures (``parameter_server``).
+
+    Raises:
+        RecipeError, DataError, RunDirError: bad input, before anything is written.
+        TaskFailedError: a peer task was lost (named in the message).
+        Preempted: SIGTERM; a checkpoint was saved first.
+    """
+    from kerasdist.keras.backup import weights_digest
+
+    strategy = registry.for_recipe(recipe)
+    start = time.perf_counter()
+    task = tf_config.task_name if tf_config is not None else "chief:0"
+    is_chief = tf_config.is_chief if tf_config is not None else True
+    run_dir = Path(recipe.output.run_dir)
+    schema = strategy.traits.checkpoint_schema
+    resumable = outputs.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
+    tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
+    data = strategy.make_input(recipe, tf_strategy)
+    model, store = _model_and_store(recipe, strategy, tf_strategy, data, run_dir=run_dir,
+                                    task=task, is_chief=is_chief, overwrite=overwrite)
+    try:
+        start_step = store.restore() if (store is not None and resumable) else 0
+        strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir)
+        if is_chief:
+            outputs.write_run_info(run_dir, recipe, schema)
+        run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
+                         start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
+                         verbose=recipe.trainer.verbose if verbose is None else verbose,
+                         task=task, is_chief=is_chief)
+        log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
+                 f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
+                 f"mends {mends or 'none'}; run dir {run_dir}")
+        history, evaluation = _train_and_evaluate(run, strategy.make_loop(), strategy, tf_config)
+    finally:
+        if store is not None:
+            store.close()
+    steps, digest = int(model.optimizer.iterations.numpy()), weights_digest(model)
+    log.info(f"done at global step {steps}; weights sha256 {digest}")
+    if not is_chief:
+        return None
+    model_path = (outputs.save_model_atomic(model, run_dir / "model.keras")
+                  if recipe.output.save_model else None)
+    result = RunResult(
+        history=history, evaluation=evaluation, throughput=run.callbacks[0].summary(),
+        wall_time_s=time.perf_counter() - start, run_dir=run_dir, model_path=model_path,
+        metrics_path=run_dir / "metrics.json", initial_epoch=start_step // data.steps_per_epoch,
+        epochs=recipe.trainer.epochs, num_replicas=tf_strategy.num_replicas_in_sync,
+        strategy=recipe.strategy.kind, extra={
+            "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
+            "steps_per_epoch": data.steps_per_epoch, "shard_policy": data.shard_policy,
+            "task": task, "mends": mends, **run.extra})
+    write_metrics(result, recipe)
+    return result
