@@ -26,6 +26,21 @@ LOGGER_NAME = "kerasdist"
 _HANDLER_MARK = "_kerasdist_handler"
 
 
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stdout`` is at emit time (so redirection and capture work)."""
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self):
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def get_logger(name: str | None = None) -> logging.Logger:
     """The ``kerasdist`` logger, or its child ``kerasdist.<name>``."""
     return logging.getLogger(LOGGER_NAME if not name else f"{LOGGER_NAME}.{name}")
@@ -55,7 +70,7 @@ def configure(verbose=None, *, task: str | None = None, is_chief: bool = True) -
     logger = get_logger()
     for handler in [h for h in logger.handlers if getattr(h, _HANDLER_MARK, False)]:
         logger.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stdout)
+    handler = _StdoutHandler()
     setattr(handler, _HANDLER_MARK, True)
     prefix = f"kerasdist[{task}]" if task else "kerasdist"
     handler.setFormatter(logging.Formatter(f"{prefix}: %(message)s"))

@@ -21,19 +21,52 @@ def pytest_configure(config):
 
 
 IN_PROCESS_CLUSTER_FIXTURES = {"inprocess_ps_cluster", "ps_strategy"}
+ISOLATED_ENV = "KERASDIST_ISOLATED_TEST"
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Run the tests that connect this process to an in-process cluster last.
+    """Mark the tests that connect this process to an in-process cluster to run in a process of
+    their own: ``tf.config.experimental_connect_to_cluster`` cannot be undone and its servers can
+    never be stopped (a MirroredStrategy step run afterwards in the same process hangs), so they
+    must never share a process with other tests, whatever the order."""
+    if os.environ.get(ISOLATED_ENV):
+        return
+    for item in items:
+        if IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.isolated)
 
-    ``tf.config.experimental_connect_to_cluster`` cannot be undone and its servers can never be
-    stopped; a MirroredStrategy step run afterwards in the same process hangs. Keeping those
-    tests at the end keeps every other test in a process that was never connected.
-    """
-    def connects(item) -> bool:
-        return bool(IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())))
 
-    items.sort(key=connects)  # stable: the original order within each group is kept
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Run an ``isolated`` test as ``python -m pytest <nodeid>`` in a fresh process and report its
+    outcome here (its output is shown when it fails)."""
+    if os.environ.get(ISOLATED_ENV) or item.get_closest_marker("isolated") is None:
+        return None
+    import subprocess
+    import sys
+    import time
+
+    from _pytest.reports import TestReport
+
+    marker = item.get_closest_marker("timeout")
+    limit = (marker.args[0] if marker and marker.args else 300) + 120
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pytest", item.nodeid, "-q", "-p",
+                               "no:cacheprovider", "-o", "addopts="], capture_output=True, text=True,
+                              env={**os.environ, ISOLATED_ENV: "1"}, timeout=limit,
+                              cwd=str(item.config.rootpath))
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as err:
+        code, output = -1, f"isolated test timed out after {limit} s\n{err.stdout or ''}"
+    outcome = "passed" if code == 0 else "failed"
+    report = TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, outcome,
+                        None if code == 0 else f"[isolated process, exit {code}]\n{output[-8000:]}",
+                        "call", duration=time.perf_counter() - start)
+    item.ihook.pytest_runtest_logreport(report=report)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
 
 
 @pytest.fixture(autouse=True)

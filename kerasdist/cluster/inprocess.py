@@ -50,6 +50,15 @@ class InProcessCluster:
     servers: tuple[Any, ...] = field(repr=False, default=())
 
     @property
+    def tf_config(self):
+        """The coordinator's role (``chief:0``) as a :class:`~kerasdist.cluster.spec.TFConfig`,
+        e.g. for :func:`kerasdist.training.run_session`."""
+        from kerasdist.cluster.spec import validate
+
+        jobs = {k: list(v) for k, v in self.cluster_spec.as_dict().items()}
+        return validate(jobs, "chief", 0)
+
+    @property
     def num_workers(self) -> int:
         return len(self.worker_addresses)
 

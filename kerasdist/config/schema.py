@@ -257,8 +257,9 @@ def _strategy_by_kind(value: Any) -> Any:
         raise ValueError(f"strategy must be a mapping with a 'kind'. Received: {value!r}")
     kind = value.get("kind", "default")
     if kind not in _STRATEGY_CONFIGS:
-        raise ValueError(f"unknown strategy kind '{kind}'. Available: "
-                         f"{', '.join(sorted(_STRATEGY_CONFIGS))}")
+        raise ValueError(f"strategy.kind: unknown strategy '{kind}'. Available: "
+                         f"{', '.join(repr(k) for k in sorted(_STRATEGY_CONFIGS))}. "
+                         f"Received: kind='{kind}'")
     return _STRATEGY_CONFIGS[kind].model_validate(value)
 
 

@@ -113,7 +113,7 @@ class BackupStore:
                 f"Received: {self.steps_per_epoch}; restore the recipe or pass --overwrite.")
         self._spe.assign(self.steps_per_epoch)
         step = int(self.model.optimizer.iterations.numpy())
-        log.info(f"task {self.task_name}: restored {latest} (global step {step})")
+        log.info(f"resuming from checkpoint {latest} (global step {step})")
         return step
 
     def save(self, step: int) -> str | None:

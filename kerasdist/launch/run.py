@@ -87,6 +87,7 @@ def run_recipe(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFCo
         TaskFailedError: a task was lost (named), after the restarts allowed.
         TrainingError: a task of a local cluster failed deterministically (its own message).
     """
+    _log.ensure_configured()
     topology = registry.for_recipe(recipe).traits.topology
     if topology == "single":
         return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)

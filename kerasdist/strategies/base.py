@@ -118,6 +118,10 @@ class Strategy:
         """The exception to raise for a TensorFlow error during training (default: unchanged)."""
         return err
 
+    def num_replicas(self, tf_strategy) -> int:
+        """Replicas reported in the summary and ``metrics.json`` (default: in sync)."""
+        return tf_strategy.num_replicas_in_sync
+
     def describe(self, tf_strategy) -> str:
         """One line on where training runs, for the log."""
         return f"{tf_strategy.num_replicas_in_sync} replica(s)"

@@ -136,6 +136,10 @@ class ParameterServerStrategy(Strategy):
 
         return CoordinatorLoop()
 
+    def num_replicas(self, tf_strategy) -> int:
+        """Workers (each applies its own updates; none are in sync)."""
+        return cluster_spec(tf_strategy).num_tasks("worker")
+
     def describe(self, tf_strategy) -> str:
         spec = cluster_spec(tf_strategy)
         return f"{spec.num_tasks('worker')} worker(s) and {spec.num_tasks('ps')} ps (asynchronous)"

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from kerasdist._log import get_logger
+from kerasdist._log import ensure_configured, get_logger
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training import outputs
 from kerasdist.training.model import build_compiled_model
@@ -133,6 +133,7 @@ def run_session(recipe, *, tf_config=None, overwrite: bool = False, verbose=None
     """
     from kerasdist.keras.backup import weights_digest
 
+    ensure_configured()
     strategy = registry.for_recipe(recipe)
     start = time.perf_counter()
     task = tf_config.task_name if tf_config is not None else "chief:0"
@@ -170,7 +171,7 @@ def run_session(recipe, *, tf_config=None, overwrite: bool = False, verbose=None
         history=history, evaluation=evaluation, throughput=run.callbacks[0].summary(),
         wall_time_s=time.perf_counter() - start, run_dir=run_dir, model_path=model_path,
         metrics_path=run_dir / "metrics.json", initial_epoch=start_step // data.steps_per_epoch,
-        epochs=recipe.trainer.epochs, num_replicas=tf_strategy.num_replicas_in_sync,
+        epochs=recipe.trainer.epochs, num_replicas=strategy.num_replicas(tf_strategy),
         strategy=recipe.strategy.kind, extra={
             "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
             "steps_per_epoch": data.steps_per_epoch, "shard_policy": data.shard_policy,

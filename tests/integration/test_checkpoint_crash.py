@@ -1,7 +1,7 @@
 """A process killed while writing a checkpoint leaves the previous checkpoint as the one resumed.
 
-The child saves checkpoint 1 through kerasdist's own path (``restore_checkpoint`` +
-``EpochCheckpoint``), changes the weights, and starts checkpoint 2 of a ~256 MiB model; the test
+The child saves checkpoint 1 through kerasdist's one checkpoint store (``BackupStore``, used by
+every strategy), changes the weights, and starts checkpoint 2 of a ~256 MiB model; the test
 SIGKILLs it while that save is being written, then resumes in a fresh process.
 """
 
@@ -22,29 +22,26 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 import keras, numpy as np
-from kerasdist.config import validate_recipe
-from kerasdist.training.callbacks import EpochCheckpoint
-from kerasdist.training.fit import restore_checkpoint
+from kerasdist.keras.backup import BackupStore
 
 run_dir, mode = Path(sys.argv[1]), sys.argv[2]
-recipe = validate_recipe({"model": {"name": "linear"},
-                          "data": {"source": "synthetic_linear", "train_split": "train",
-                                   "eval_split": "test", "num_examples": 64, "batch_size": 8},
-                          "trainer": {"epochs": 3}, "output": {"run_dir": str(run_dir)}})
 model = keras.Sequential([keras.Input((8192,)), keras.layers.Dense(8192, use_bias=False)])
 model.compile(optimizer="sgd", loss="mse")
-manager, epoch_var, initial = restore_checkpoint(recipe, model, run_dir, resumable=True,
-                                                 overwrite=False)
+model.optimizer.build(model.trainable_variables)
+store = BackupStore(model=model, directory=run_dir / "checkpoints", is_chief=True,
+                    task_name="chief:0", max_to_keep=3, steps_per_epoch=1)
 if mode == "resume":
-    print(json.dumps({"initial_epoch": initial, "first": float(model.weights[0][0, 0]),
-                      "latest": manager.latest_checkpoint}), flush=True)
+    step = store.restore()
+    print(json.dumps({"step": step, "first": float(model.weights[0][0, 0]),
+                      "latest": store._manager.latest_checkpoint}), flush=True)
     sys.exit(0)
-saver = EpochCheckpoint(manager, epoch_var)
 model.weights[0].assign(np.full((8192, 8192), 1.0, np.float32))
-saver.on_epoch_end(0)
+model.optimizer.iterations.assign(1)
+store.save(1)
 model.weights[0].assign(np.full((8192, 8192), 2.0, np.float32))
+model.optimizer.iterations.assign(2)
 print("SAVING", flush=True)
-saver.on_epoch_end(1)
+store.save(2)
 print("SAVED", flush=True)
 """
 
@@ -80,6 +77,6 @@ def test_sigkill_during_checkpoint_save_resumes_from_the_previous_one(tmp_path):
     out, _ = resumed.communicate(timeout=180)
     assert resumed.returncode == 0, out
     state = json.loads(out.strip().splitlines()[-1])
-    assert state["initial_epoch"] == 1
+    assert state["step"] == 1  # the global step (optimizer.iterations) of checkpoint 1
     assert state["first"] == 1.0  # checkpoint 1's weights, not a mix with the cut-off save
     assert state["latest"].endswith("ckpt-1")

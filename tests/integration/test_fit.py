@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kerasdist.config import validate_recipe
-from kerasdist.training import fit
+from kerasdist import fit
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).parents[2]
@@ -69,11 +69,12 @@ def test_resume_after_interruption_continues_from_checkpoint(tmp_path, capsys):
         fit(recipe, callbacks=[_Interrupt(epoch=1)])
     assert not (tmp_path / "run" / "model.keras").exists()
     ckpt = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("ckpt-*.index"))
-    assert ckpt == ["ckpt-1.index"]
+    assert ckpt == ["ckpt-32.index"]  # numbered by global step: epoch 1 = 2048 // 64 steps
     result = fit(recipe)
     assert "resuming from checkpoint" in capsys.readouterr().out
-    assert result.initial_epoch == 1
+    assert result.initial_epoch == 1 and result.extra["start_step"] == 32
     assert len(result.history["loss"]) == 2  # epochs 2 and 3 only, not from zero
+    assert result.extra["global_steps"] == 3 * 32
     assert result.evaluation["accuracy"] > 0.9
 
 

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from kerasdist.errors import RecipeError
-from kerasdist.training.mw_compression import HOOK, compress_gradients
+from kerasdist.keras.compression import HOOK, compress_gradients
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import pytest
 from kerasdist.config import DataConfig, validate_recipe
 from kerasdist.data import load_split, make_dataset_fn
 from kerasdist.models import mnist_cnn
-from kerasdist.training.ps import fit_recipe
+from kerasdist.training import run_session
 
 pytest_plugins = ["kerasdist.testing"]
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def test_seed_cnn_reaches_97_percent_on_held_out_mnist(ps_strategy, kerasdist_en
     assert result["accuracy"] >= 0.97
     assert stats["global_step"] == sum(stats["steps_per_worker"]) == 3 * 62
     assert min(stats["steps_per_worker"]) > 0  # both workers trained
-    assert stats["examples_per_sec"] > 0 and stats["staleness_max"] >= stats["staleness_mean"] >= 0
+    assert stats["whole_epoch_examples_per_sec"] > 0 and stats["staleness_max"] >= stats["staleness_mean"] >= 0
 
 
 def _linear_recipe(run_dir, epochs: int):
@@ -55,8 +55,7 @@ def _linear_recipe(run_dir, epochs: int):
 @pytest.mark.usefixtures("ps_strategy")  # TF's first PS strategy sets 2 env vars: in session setup
 def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_cluster, tmp_path):
     run_dir = tmp_path / "run"
-    first = fit_recipe(_linear_recipe(run_dir, epochs=2),
-                       cluster_resolver=inprocess_ps_cluster.cluster_resolver)
+    first = run_session(_linear_recipe(run_dir, epochs=2), tf_config=inprocess_ps_cluster.tf_config)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     figures = metrics["parameter_server"]
     assert figures["global_step"] == sum(figures["steps_per_worker"]) == 2 * 8
@@ -65,8 +64,10 @@ def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_c
     assert metrics["throughput"]["examples_per_sec"] > 0
     # Whole-epoch timing (for comparison with tf_keras PS): one entry per epoch, epoch 2 rated.
     assert figures["epoch_examples"] == [8 * 32, 8 * 32] and len(figures["epoch_seconds"]) == 2
-    assert metrics["throughput"]["epoch_level_examples_per_sec"] == pytest.approx(
+    assert figures["whole_epoch_examples_per_sec"] == pytest.approx(
         8 * 32 / figures["epoch_seconds"][1])
+    # One throughput rule: timed steps (ThroughputMeter), steps_per_execution=2 counted as 2.
+    assert metrics["throughput"]["timed_steps"] == 2 * (8 - 2)
     assert metrics["evaluation"]["loss"] < 0.5  # noise variance 0.33**2 = 0.11
     assert metrics["history"]["ps_global_step"] == [8, 16]
     assert first.extra["parameter_server"] == figures
@@ -76,8 +77,7 @@ def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_c
     assert (run_dir / "run.json").exists() and list((run_dir / "tensorboard").rglob("events*"))
     assert (run_dir / "checkpoints" / "checkpoint").exists()
 
-    second = fit_recipe(_linear_recipe(run_dir, epochs=3),
-                        cluster_resolver=inprocess_ps_cluster.cluster_resolver)
+    second = run_session(_linear_recipe(run_dir, epochs=3), tf_config=inprocess_ps_cluster.tf_config)
     assert second.initial_epoch == 2
     assert second.history["ps_global_step"] == [24]  # continues from the checkpoint's 16
     assert second.extra["parameter_server"]["steps"] == 8

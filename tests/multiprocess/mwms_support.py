@@ -108,7 +108,7 @@ def wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, *, min_step: i
 def epoch_digests(log: Path) -> dict[int, str]:
     """``{epoch: weights sha256}`` from a worker log's ``kerasdist: epoch E step S weights`` lines."""
     text = log.read_text(encoding="utf-8", errors="replace")
-    return {int(e): h for e, h in re.findall(r"kerasdist: epoch (\d+) step \d+ weights sha256 (\w+)",
+    return {int(e): h for e, h in re.findall(r"kerasdist(?:\[[\w:]+\])?: epoch (\d+) step \d+ weights sha256 (\w+)",
                                              text)}
 
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kerasdist.cluster.launcher import LocalLauncher, describe_exit
+from kerasdist.launch.processes import LocalLauncher, describe_exit
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import ClusterError
 
@@ -76,7 +76,7 @@ def test_children_die_when_the_launcher_is_killed(tmp_path):
     """Even a SIGKILLed launcher leaves nothing behind (PR_SET_PDEATHSIG)."""
     script = textwrap.dedent(f"""
         import sys, time
-        from kerasdist.cluster.launcher import LocalLauncher
+        from kerasdist.launch.processes import LocalLauncher
         from kerasdist.cluster.spec import local_cluster
         launcher = LocalLauncher(log_dir={str(tmp_path)!r})
         task = launcher.start(local_cluster(workers=1), [], program={SLEEP!r})

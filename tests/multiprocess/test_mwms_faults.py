@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-from kerasdist.training.mw_callbacks import temp_dir
+from kerasdist.keras.backup import temp_dir
 
 pytestmark = pytest.mark.multiprocess
 TOTAL_STEPS = 2 * 64

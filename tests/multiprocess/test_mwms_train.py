@@ -16,7 +16,7 @@ import keras
 import mwms_support as mw
 import pytest
 
-from kerasdist.cluster.launcher import LocalLauncher
+from kerasdist.launch.processes import LocalLauncher
 from kerasdist.cluster.spec import local_cluster
 
 pytestmark = pytest.mark.multiprocess

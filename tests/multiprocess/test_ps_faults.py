@@ -79,7 +79,7 @@ def _finish(proc: subprocess.Popen, timeout: float) -> int:
 def test_killed_worker_is_restarted_and_training_completes(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "out.log"
     proc = _start(run_dir, log)
-    _wait_for(run_dir / "checkpoints" / "ckpt-1.index", proc)
+    _wait_for_checkpoint(run_dir, STEPS, proc)  # checkpoints are numbered by global step
     victim = _task(proc, "worker:1")
     victim.send_signal(signal.SIGKILL)
     assert _finish(proc, 240) == 0, log.read_text()[-3000:]
@@ -98,7 +98,7 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "out.log"
     # 1. The coordinator is SIGKILLed: its tasks die with it.
     proc = _start(run_dir, log)
-    _wait_for_checkpoint(run_dir, 1, proc)
+    _wait_for_checkpoint(run_dir, STEPS, proc)
     tasks = [_task(proc, name) for name in ("ps:0", "worker:0", "worker:1")]
     proc.kill()
     proc.wait(30)
@@ -106,7 +106,7 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     assert not alive, f"tasks outlived their coordinator: {alive}"
     # 2. Re-run: resumes; then the ps is killed: bounded failure naming ps:0.
     proc = _start(run_dir, log)
-    _wait_for_checkpoint(run_dir, 2, proc)
+    _wait_for_checkpoint(run_dir, 2 * STEPS, proc)
     killed_at = time.monotonic()
     _task(proc, "ps:0").send_signal(signal.SIGKILL)
     code = _finish(proc, 180)

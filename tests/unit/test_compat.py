@@ -102,3 +102,21 @@ def test_probes_run_no_tensorflow_op():
             "print('initialized' if context.context()._initialized else 'clean')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().endswith("clean"), out.stderr[-2000:]
+
+
+def test_upstream_keras_assign_add_still_not_atomic():
+    from kerasdist._compat import keras_ps_atomic_assign
+
+    assert keras_ps_atomic_assign.bug_present(), (
+        "upstream changed keras.src.backend.common.variables.Variable.assign_add/assign_sub "
+        "(no longer assign(self + value)): check they are atomic on a ps variable, then remove "
+        "kerasdist/_compat/keras_ps_atomic_assign.py")
+
+
+def test_upstream_keras_still_has_no_parameter_server_fit():
+    from kerasdist._compat import keras_ps_dispatch
+
+    assert keras_ps_dispatch.bug_present(), (
+        "upstream Keras's TensorFlow trainer now mentions ClusterCoordinator: check whether its "
+        "model.fit supports ParameterServerStrategy, then remove "
+        "kerasdist/_compat/keras_ps_dispatch.py")

@@ -8,8 +8,8 @@ import threading
 import portpicker
 
 from kerasdist.cluster.spec import local_cluster
-from kerasdist.training.multi_worker import lost_tasks
-from kerasdist.training.mw_probe import EMPTY_SETTINGS_FRAME, probe, unresponsive_peers
+from kerasdist.strategies.multi_worker import lost_tasks
+from kerasdist.cluster.probe import EMPTY_SETTINGS_FRAME, probe, unresponsive_peers
 
 
 def _server(*, answer: bool):
@@ -57,18 +57,18 @@ def test_lost_tasks_from_tf_messages():
               "[[{{node CollectiveReduceV2}}]] on /job:worker/replica:0/task:0/device:CPU:0")
     hung = ("Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped "
             "sending heartbeats):\n/job:worker/replica:0/task:1")
-    assert lost_tasks(killed, me) == ["worker:1"]
-    assert lost_tasks(hung, me) == ["worker:1"]
-    assert lost_tasks("Deadline Exceeded", me) == []
+    assert lost_tasks(killed, me.task_name) == ["worker:1"]
+    assert lost_tasks(hung, me.task_name) == ["worker:1"]
+    assert lost_tasks("Deadline Exceeded", me.task_name) == []
 
 
 def test_bare_collective_timeout_is_attributed_by_the_probe():
     import tensorflow as tf
 
-    from kerasdist.training.multi_worker import _peer_error
+    from kerasdist.strategies.multi_worker import peer_error
 
     me = local_cluster(workers=2)  # worker:1's port: nobody listens
     err = tf.errors.DeadlineExceededError(None, None, "Graph execution error:\nDeadline Exceeded")
-    message = str(_peer_error(err, me, 40, 10.0))
+    message = str(peer_error(err, me, 40, 10.0))
     assert message.startswith("task worker:0: lost task worker:1 (dead) during training")
     assert "DeadlineExceededError" in message and "Received: Deadline Exceeded" in message

@@ -12,7 +12,10 @@ from kerasdist.config import ParameterServerStrategyConfig
 from kerasdist.data import make_dataset_fn
 from kerasdist.errors import ClusterError
 from kerasdist.strategies import parameter_server
-from kerasdist.training import dispatch, ps_data, ps_loop, ps_steps
+from kerasdist import keras as dispatch
+from kerasdist._compat import keras_ps_atomic_assign
+from kerasdist.keras import ps_input as ps_data
+from kerasdist.keras import ps_loop
 
 
 def _context(worker: int, workers: int = 2):
@@ -132,34 +135,35 @@ def test_worker_index_seeded_shuffle_traces_with_global_seed_zero():
 @pytest.mark.timeout(60)
 def test_stats_arithmetic():
     stats = ps_loop.PSStats(num_workers=2)
-    stats.add([0, 1, 0, 0, 32], timed=False)
-    stats.add([1, 2, 3, 2, 64], timed=True)
-    stats.timed_seconds = 2.0
+    stats.add([0, 1, 0, 0, 32])
+    stats.add([1, 2, 3, 2, 64])
+    stats.epoch_seconds, stats.epoch_examples = [5.0], [96]
     other = ps_loop.PSStats(num_workers=2)
-    other.add([1, 1, 1, 1, 32], timed=True)
+    other.add([1, 1, 1, 1, 32])
+    other.epoch_seconds, other.epoch_examples = [2.0], [32]
     stats.merge(other)
     logs = stats.logs(global_step=7)
     assert logs["ps_steps"] == 4 and logs["ps_steps_worker_0"] == 1
     assert logs["ps_steps_worker_1"] == 3 and logs["ps_staleness_max"] == 2
     assert logs["ps_staleness_mean"] == pytest.approx(1.0)
-    assert logs["ps_examples_per_sec"] == pytest.approx(96 / 2.0)
+    assert "ps_examples_per_sec" not in logs  # one throughput rule: ThroughputMeter's
     summary = stats.summary(global_step=7)
     assert summary["steps_per_worker"] == [1, 3] and summary["examples"] == 128
+    assert summary["whole_epoch_examples_per_sec"] == pytest.approx(32 / 2.0)  # epochs 2..n
 
 
 @pytest.mark.timeout(60)
-def test_atomic_updates_patch_is_scoped_and_reentrant():
+def test_atomic_updates_patch_only_the_given_variables():
     from keras.src.backend.tensorflow.core import Variable
 
     original = Variable.assign_add
-    var = keras.Variable(1.0)
-    with ps_steps.atomic_variable_updates():
-        with ps_steps.atomic_variable_updates():
-            assert Variable.assign_add is not original
-        assert Variable.assign_add is not original
+    var, other = keras.Variable(1.0), keras.Variable(1.0)
+    with keras_ps_atomic_assign.atomic_updates([var]) as patched:
+        assert patched == [var] and "assign_add" in var.__dict__
+        assert "assign_add" not in other.__dict__ and Variable.assign_add is original
         var.assign_add(2.0)
         var.assign_sub(0.5)
-    assert Variable.assign_add is original and "assign_add" not in Variable.__dict__
+    assert "assign_add" not in var.__dict__ and "assign_add" not in Variable.__dict__
     assert float(var.numpy()) == pytest.approx(2.5)
 
 
@@ -191,7 +195,7 @@ def test_enable_is_idempotent_and_leaves_other_strategies_to_keras(restore_dispa
 
 @pytest.mark.timeout(60)
 def test_ps_fit_refuses_a_model_of_another_strategy():
-    from kerasdist.training import ps
+    from kerasdist.keras import ps_fit as ps
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")

@@ -62,14 +62,13 @@ def test_too_few_tasks_for_parameter_server():
 
 def test_recipe_with_slurm_cluster_dispatches_through_slurm(slurm_step, monkeypatch):
     from kerasdist.config import validate_recipe
-    from kerasdist.training import run as run_module
+    from kerasdist.launch import run as run_module
 
     slurm_step(1, nodes="n7", tasks_per_node="2", num_tasks=2)
     seen = {}
-    monkeypatch.setattr("kerasdist.training.multi_worker.fit_worker",
-                        lambda recipe, **kw: seen.update(kw))
+    monkeypatch.setattr(run_module, "run_session", lambda recipe, **kw: seen.update(kw))
     recipe = validate_recipe({"strategy": {"kind": "multi_worker"},
                               "cluster": {"kind": "slurm", "port_base": 7000}})
-    run_module.run(recipe)
+    run_module.run_recipe(recipe)
     assert seen["tf_config"].cluster == {"worker": ("n7:7000", "n7:7001")}
     assert seen["tf_config"].task_name == "worker:1"

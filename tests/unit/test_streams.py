@@ -9,7 +9,7 @@ import tensorflow as tf
 from kerasdist.config import validate_recipe
 from kerasdist.data.sources import write_tfrecord
 from kerasdist.errors import RecipeError
-from kerasdist.training.mw_data import (
+from kerasdist.data.streams import (
     _eval_fn,
     _file_train_fn,
     _memory_train_fn,
@@ -32,7 +32,9 @@ def _data(n=40):
 
 
 def _config(**data):
-    return validate_recipe({"data": {"batch_size": 8, "source": "synthetic_linear", **data}}).data
+    return validate_recipe({"data": {"batch_size": 8, "source": "synthetic_linear", **data},
+                            "strategy": {"kind": "multi_worker"},
+                            "cluster": {"kind": "local", "workers": 2}}).data
 
 
 def test_stream_is_reproducible_and_skip_resumes_exactly():
@@ -44,6 +46,19 @@ def test_stream_is_reproducible_and_skip_resumes_exactly():
     first_pass = sorted(sum(full[:5], []))
     assert first_pass == list(range(0, 40, 2))  # pipeline 0 keeps examples 0, 2, 4, ...
     assert sum(full[5:10], []) != sum(full[:5], [])  # the next pass is reshuffled
+
+
+def test_small_shuffle_buffer_is_a_buffer_and_still_resumes_exactly():
+    x, y = _data()
+    fn = _memory_train_fn(x, y, _config(shuffle_buffer=2), shard=True, normalize=True)
+    full = _labels(fn(_ctx(0), 0), 12)
+    assert full == _labels(fn(_ctx(0), 0), 12)
+    assert _labels(fn(_ctx(0), 5), 7) == full[5:]
+    # A 2-example buffer can only move an example a little: the first batch of 4 comes from the
+    # shard's first 5 examples (0, 2, ..., 8), unlike a full permutation.
+    assert set(full[0]) <= {0, 2, 4, 6, 8} and sorted(sum(full[:5], [])) == list(range(0, 40, 2))
+    no_shuffle = _memory_train_fn(x, y, _config(shuffle_buffer=0), shard=True, normalize=True)
+    assert _labels(no_shuffle(_ctx(0), 0), 2) == [[0, 2, 4, 6], [8, 10, 12, 14]]
 
 
 def test_shards_are_disjoint_and_off_reads_everything():
