@@ -79,6 +79,15 @@ def _why(task: Task) -> str:
     return f"{text} (it lost task {', '.join(lost)})" if lost else text
 
 
+def _root_cause(launcher: LocalLauncher, first: Task) -> Task:
+    """The task whose failure caused the others': one that failed on its own (class ``fatal`` or
+    ``bad_input``, e.g. the worker whose shard holds a bad label) before the peers that merely
+    lost it; else the first task that failed."""
+    own = [t for t in launcher.tasks if t.returncode() not in (None, 0)
+           and status.failure_class(t.status_path) not in RETRYABLE]
+    return own[0] if own else first
+
+
 def describe_failure(launcher: LocalLauncher, first: Task) -> Failure:
     """The failure of one attempt: the first failed task, then what the others did."""
     others = [t for t in launcher.tasks if t is not first and t.returncode() not in (None, 0)]
@@ -124,7 +133,7 @@ def run_attempt(recipe, args: list[str], log_dir: Path) -> Failure | None:
         _wait_for_survivors(tasks, min(SURVIVOR_GRACE_S, recipe.strategy.timeout_s + 5))
         launcher.stop_all()
         _clean_scratch(recipe, tasks)
-        return describe_failure(launcher, first)
+        return describe_failure(launcher, _root_cause(launcher, first))
 
 
 def run_peers(recipe, *, args: list[str], log_dir: Path) -> None:

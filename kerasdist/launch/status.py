@@ -18,6 +18,17 @@ from kerasdist.errors import PEER_LOST, classify, exit_code
 STATUS_ENV = "KERASDIST_STATUS_FILE"
 
 
+def summary(err: BaseException, limit: int = 1500) -> str:
+    """The error's own message, shortened: a TensorFlow graph error keeps its first line and its
+    last lines (where TF puts the actual error, e.g. ``indices[3] = 12 is not in [0, 10)``),
+    without the Python traceback of the node in between."""
+    text = str(err)
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    if len(text) <= limit or len(lines) < 5:
+        return text[:limit]
+    return "\n".join([lines[0], "...", *lines[-3:]])[:limit]
+
+
 def report(err: BaseException) -> str:
     """Write this process's failure to the status file its launcher named (if any); return the
     failure class."""
@@ -25,7 +36,7 @@ def report(err: BaseException) -> str:
     path = os.environ.get(STATUS_ENV)
     if path:
         data = {"class": failure, "exit_code": exit_code(failure), "error": type(err).__name__,
-                "message": str(err)[:2000], "lost_tasks": list(getattr(err, "lost_tasks", []))}
+                "message": summary(err), "lost_tasks": list(getattr(err, "lost_tasks", []))}
         tmp = Path(f"{path}.tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, path)
