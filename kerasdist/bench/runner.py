@@ -24,6 +24,8 @@ from kerasdist.errors import RecipeError
 STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server", "legacy")
 BASELINES = ("plain_keras", "raw_step", "tf_keras")
 CLUSTER_STRATEGIES = ("multi_worker", "parameter_server")
+ROW_OPTIONS = {"mirrored": {"logical_cpus": 2}}
+"""Strategy settings of a bench row beyond its kind (mirrored: 2 logical CPUs on a CPU host)."""
 
 
 @dataclass
@@ -87,17 +89,17 @@ def run_measured(name: str, argv: list[str], *, log_path: Path, timeout_s: float
 
 def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) -> dict:
     """The recipe mapping for one strategy row (same model, data, global batch)."""
+    from kerasdist.config.schema import strategy_config_classes
+
     data = json.loads(json.dumps(raw))
-    if strategy == "mirrored":
-        data["strategy"] = {"kind": "mirrored", "logical_cpus": 2}
+    data["strategy"] = {"kind": strategy, **ROW_OPTIONS.get(strategy, {})}
+    traits = strategy_config_classes()[strategy].traits
+    if traits.topology == "single":
         data["cluster"] = {"kind": "this_process"}
-    elif strategy in CLUSTER_STRATEGIES:
-        data["strategy"] = {"kind": strategy}
-        data["cluster"] = {**data.get("cluster", {}), "kind": "local", "workers": workers,
-                           "ps": 1 if strategy == "parameter_server" else 0}
+        data["data"] = {**data.get("data", {}), "auto_shard": "auto"}  # one pipeline: no sharding
     else:
-        data["strategy"] = {"kind": "default"}
-        data["cluster"] = {"kind": "this_process"}
+        data["cluster"] = {**data.get("cluster", {}), "kind": "local", "workers": workers,
+                           "ps": 1 if traits.needs_ps else 0}
     data["output"] = {**data.get("output", {}), "run_dir": str(run_dir)}
     data["trainer"] = {**data.get("trainer", {}), "verbose": 0}
     return data

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     workers = int(workers)
     log_dir = Path(out_path).with_suffix(".logs")
     os.environ["TF_USE_LEGACY_KERAS"] = "1"  # this wrapper's own env, inherited by its tasks only
-    if kind == "parameter_server":
+    if _is_coordinator(kind):
         spec = local_cluster(workers=workers, ps=1, chief=True)
         roles = [("ps", 0)] + [("worker", i) for i in range(workers)]
         with LocalLauncher(log_dir=log_dir) as launcher:
@@ -53,3 +53,10 @@ def _wait(launcher: LocalLauncher, tasks) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _is_coordinator(kind: str) -> bool:
+    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
+    from kerasdist.config.schema import strategy_config_classes
+
+    return strategy_config_classes()[kind].traits.topology == "coordinator"

@@ -63,7 +63,7 @@ def run(kind: str, recipe) -> dict | None:
     tf_config = parse_tf_config(os.environ.get("TF_CONFIG"))
     data = build_datasets(recipe.data, repeat_train=True)
     steps = recipe.trainer.steps_per_epoch or data.steps_per_epoch
-    if kind == "parameter_server":
+    if _is_coordinator(kind):
         strategy = tf.distribute.ParameterServerStrategy(tf_config.cluster_resolver())
         train = tf.keras.utils.experimental.DatasetCreator(data.train_fn)
     else:
@@ -76,7 +76,7 @@ def run(kind: str, recipe) -> dict | None:
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     start = time.perf_counter()
-    if kind == "parameter_server":
+    if _is_coordinator(kind):
         # tf_keras refuses batch-level callbacks under ParameterServerStrategy: time whole epochs
         # (no validation inside fit), excluding the first (tracing); evaluate once at the end.
         meter = _EpochMeter(time, recipe.data.batch_size * steps)
@@ -149,3 +149,10 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _is_coordinator(kind: str) -> bool:
+    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
+    from kerasdist.config.schema import strategy_config_classes
+
+    return strategy_config_classes()[kind].traits.topology == "coordinator"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from kerasdist._log import get_logger
 from kerasdist.errors import Preempted
-from kerasdist.strategies.base import RunContext
+from kerasdist.strategies.context import RunContext
 
 log = get_logger("training")
 

@@ -1,0 +1,37 @@
+"""What the run lifecycle hands a strategy's training loop (:class:`RunContext`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RunContext:
+    """What a training loop gets from the lifecycle (one per run and process).
+
+    Attributes:
+        recipe: the validated recipe.
+        model: the compiled Keras model, built under ``tf_strategy.scope()``.
+        tf_strategy: the ``tf.distribute.Strategy``.
+        data: the strategy's input object (:meth:`Strategy.make_input`); has ``steps_per_epoch``.
+        store: the checkpoint store (:class:`kerasdist.keras.backup.BackupStore`) or None.
+        start_step: global step (``optimizer.iterations``) restored from the checkpoint.
+        callbacks: Keras callbacks: kerasdist's own (throughput, TensorBoard) then the user's.
+        verbose: Keras progress verbosity.
+        task: this task's name (``worker:1``), or None for a one-process run.
+        is_chief: whether this process writes the run's outputs.
+        extra: figures a loop adds to ``metrics.json`` (e.g. ``parameter_server``).
+    """
+
+    recipe: Any
+    model: Any
+    tf_strategy: Any
+    data: Any
+    store: Any
+    start_step: int
+    callbacks: list
+    verbose: Any
+    task: str | None = None
+    is_chief: bool = True
+    extra: dict = field(default_factory=dict)
