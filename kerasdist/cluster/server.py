@@ -6,7 +6,10 @@ work. Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_t
 
 from __future__ import annotations
 
+from kerasdist._log import get_logger
 from kerasdist.cluster.spec import TFConfig, check_port_free
+
+log = get_logger("cluster")
 
 
 def server_config(tf_config: TFConfig, *, intra_op_threads: int = 0):
@@ -38,5 +41,5 @@ def serve(tf_config: TFConfig, *, intra_op_threads: int = 0) -> None:
         tf_config.cluster_spec(), job_name=tf_config.task_type, task_index=tf_config.task_index,
         protocol="grpc", config=server_config(tf_config, intra_op_threads=intra_op_threads),
         start=True)
-    print(f"kerasdist: task {tf_config.task_name} serving on {tf_config.address}", flush=True)
+    log.warning(f"task {tf_config.task_name} serving on {tf_config.address}")
     server.join()

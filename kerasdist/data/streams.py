@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -43,6 +43,10 @@ from kerasdist.data.pipeline import check_batch_divisible
 from kerasdist.data.pipeline import preprocess as _to_inputs
 from kerasdist.data.sources import load_split, parse_tfrecords, tfrecord_files
 from kerasdist.errors import DataError, RecipeError
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
 
 log = get_logger("data")
 
@@ -217,7 +221,7 @@ def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int)
     return steps
 
 
-def build_data(recipe, *, replicas: int, pipelines: int = 1) -> StreamInput:
+def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1) -> StreamInput:
     """Load the recipe's splits and build the sharded, resumable inputs.
 
     Args:

@@ -18,12 +18,17 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
 from kerasdist.launch.processes import LocalLauncher, describe_exit, terminate_on_sigterm
 from kerasdist.training import RunResult, run_session
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
 
 log = get_logger("launch")
 
@@ -71,7 +76,7 @@ def _dead_ps(launcher: LocalLauncher, restarter: WorkerRestarter, grace_s: float
         time.sleep(0.2)
 
 
-def run_coordinator(recipe, *, args: list[str], overwrite: bool, verbose,
+def run_coordinator(recipe: Recipe, *, args: list[str], overwrite: bool, verbose,
                     callbacks) -> RunResult:
     """Start 1+ ps and N workers as subprocesses, run the coordinator here, always stop them.
 

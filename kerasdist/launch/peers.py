@@ -23,12 +23,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, TaskFailedError, TrainingError
 from kerasdist.launch import status
 from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, terminate_on_sigterm
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
 
 log = get_logger("launch")
 
@@ -108,7 +113,7 @@ def _clean_scratch(recipe, tasks: list[Task]) -> None:
                       ignore_errors=True)
 
 
-def run_attempt(recipe, args: list[str], log_dir: Path) -> Failure | None:
+def run_attempt(recipe: Recipe, args: list[str], log_dir: Path) -> Failure | None:
     """Start the workers once and wait; return None on success, else the :class:`Failure`.
 
     Raises:
@@ -136,7 +141,7 @@ def run_attempt(recipe, args: list[str], log_dir: Path) -> Failure | None:
         return describe_failure(launcher, _root_cause(launcher, first))
 
 
-def run_peers(recipe, *, args: list[str], log_dir: Path) -> None:
+def run_peers(recipe: Recipe, *, args: list[str], log_dir: Path) -> None:
     """Run the attempts of a local peers cluster until one succeeds, a failure is not retryable,
     or ``cluster.max_restarts`` restarts are spent.
 

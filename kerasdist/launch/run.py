@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kerasdist import _log
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
@@ -26,10 +27,14 @@ from kerasdist.errors import ClusterError, DataError
 from kerasdist.strategies import registry
 from kerasdist.training import RunResult, run_session
 
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
+
 log = _log.get_logger("launch")
 
 
-def preflight(recipe, *, overwrite: bool) -> None:
+def preflight(recipe: Recipe, *, overwrite: bool) -> None:
     """Every bad-input check that needs no TensorFlow runtime, before any process starts or any
     file is written: the strategy's own (global batch vs replicas known in advance), the data
     splits (readable, at least one global batch), the run directory (fingerprint).
@@ -52,7 +57,7 @@ def preflight(recipe, *, overwrite: bool) -> None:
                           checkpoint_schema=strategy.traits.checkpoint_schema)
 
 
-def resolve_role(recipe, tf_config: TFConfig | None) -> TFConfig:
+def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
     """This task's role on a real cluster: given, from Slurm, or from ``TF_CONFIG``.
 
     Raises:
@@ -69,7 +74,7 @@ def resolve_role(recipe, tf_config: TFConfig | None) -> TFConfig:
     return tf_config
 
 
-def run_recipe(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
+def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
                callbacks=()) -> RunResult | None:
     """Run ``recipe``; returns the :class:`RunResult` in the process that owns the outputs
     (the chief), ``None`` in other tasks.
@@ -114,7 +119,7 @@ def run_recipe(recipe, *, overwrite: bool = False, verbose=None, tf_config: TFCo
                        callbacks=callbacks)
 
 
-def _child_args(recipe) -> list[str]:
+def _child_args(recipe: Recipe) -> list[str]:
     """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
     ``<run_dir>/logs`` (written after the preflight)."""
     log_dir = Path(recipe.output.run_dir) / "logs"
@@ -126,7 +131,7 @@ def _child_args(recipe) -> list[str]:
     return ["fit", str(path), "--verbose", "2"]
 
 
-def _local_peers(recipe, *, overwrite: bool, callbacks) -> RunResult:
+def _local_peers(recipe: Recipe, *, overwrite: bool, callbacks) -> RunResult:
     from kerasdist.launch.peers import run_peers
 
     if callbacks:

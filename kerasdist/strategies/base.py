@@ -18,11 +18,14 @@ lifecycle changes (``tests/integration/test_toy_strategy.py`` registers one from
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from kerasdist.config.schema import StrategyConfigBase, StrategyTraits
 from kerasdist.data.pipeline import check_batch_divisible
 from kerasdist.strategies.context import RunContext  # noqa: F401  (re-export)
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
 
 
 class Strategy:
@@ -41,11 +44,11 @@ class Strategy:
         """Return the ``tf.distribute.Strategy`` for this process (see each kind)."""
         raise NotImplementedError
 
-    def replicas_before_start(self, recipe) -> int | None:
+    def replicas_before_start(self, recipe: Recipe) -> int | None:
         """Replicas in sync known without starting TensorFlow (for :meth:`preflight`), or None."""
         return None
 
-    def preflight(self, recipe) -> None:
+    def preflight(self, recipe: Recipe) -> None:
         """Checks that need no TensorFlow and no process: raise before anything starts.
 
         Raises:
@@ -59,7 +62,7 @@ class Strategy:
         """Input pipelines (one per worker process) the data is sharded over."""
         return 1
 
-    def make_input(self, recipe, tf_strategy):
+    def make_input(self, recipe: Recipe, tf_strategy):
         """The distributed input: by default kerasdist's resumable streams
         (:func:`kerasdist.data.streams.build_data`), sharded over :meth:`num_input_pipelines`."""
         from kerasdist.data.streams import build_data

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kerasdist.errors import RecipeError
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
 
 
 def make_optimizer(config, num_replicas: int = 1):
@@ -32,7 +37,7 @@ def make_loss(name: str):
         raise RecipeError(f"model.loss: {err}. Received: loss='{name}'") from None
 
 
-def build_compiled_model(recipe, num_replicas: int = 1, **compile_kwargs):
+def build_compiled_model(recipe: Recipe, num_replicas: int = 1, **compile_kwargs):
     """Build and compile the recipe's model. Call inside ``strategy.scope()``.
 
     Args:

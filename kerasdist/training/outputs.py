@@ -11,9 +11,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kerasdist.errors import RunDirError
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
 
 RUN_INFO = "run.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -54,7 +58,7 @@ def save_model_atomic(model, path: str | Path) -> Path:
     return path
 
 
-def model_fingerprint(recipe, checkpoint_schema: str) -> dict[str, Any]:
+def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
     """What must match for a checkpoint to be resumed: the recipe's model section and the
     checkpoint schema the strategy reads (``StrategyTraits.checkpoint_schema``)."""
     return {"model": recipe.model.model_dump(mode="json"), "checkpoint_schema": checkpoint_schema}
@@ -69,7 +73,7 @@ def read_run_info(run_dir: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_run_info(run_dir: Path, recipe, checkpoint_schema: str) -> Path:
+def write_run_info(run_dir: Path, recipe: Recipe, checkpoint_schema: str) -> Path:
     """Write ``run.json`` (atomically): fingerprint, the strategy kind that wrote it, the recipe."""
     from kerasdist._version import __version__
 
@@ -80,7 +84,7 @@ def write_run_info(run_dir: Path, recipe, checkpoint_schema: str) -> Path:
         "recipe": recipe.model_dump(mode="json")})
 
 
-def check_run_dir(run_dir: Path, recipe, *, checkpoint_schema: str, overwrite: bool) -> bool:
+def check_run_dir(run_dir: Path, recipe: Recipe, *, checkpoint_schema: str, overwrite: bool) -> bool:
     """Refuse a run directory whose checkpoints this recipe cannot restore.
 
     A checkpoint can be continued by any strategy that reads the same checkpoint schema

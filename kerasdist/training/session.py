@@ -23,7 +23,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
 from kerasdist.strategies import RunContext, registry
@@ -31,10 +31,16 @@ from kerasdist.training import outputs
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, write_metrics
 
+if TYPE_CHECKING:
+    from kerasdist.cluster.spec import TFConfig
+    from kerasdist.config import Recipe
+    from kerasdist.strategies import Strategy
+
+
 log = get_logger("training")
 
 
-def _start_runtime(recipe, strategy, tf_config):
+def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | None):
     """Threads, then the strategy (first TF op of the process), then mends, seeds, determinism."""
     import keras
     import tensorflow as tf
@@ -75,7 +81,7 @@ def _model_and_store(recipe, strategy, tf_strategy, data, *, run_dir: Path, task
     return model, store
 
 
-def _callbacks(recipe, run_dir: Path, is_chief: bool, extra: Sequence) -> list:
+def _callbacks(recipe: Recipe, run_dir: Path, is_chief: bool, extra: Sequence) -> list:
     import keras
 
     from kerasdist.keras.callbacks import ThroughputMeter
@@ -107,7 +113,7 @@ def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
         raise raised from None
 
 
-def run_session(recipe, *, tf_config=None, overwrite: bool = False, verbose=None,
+def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verbose=None,
                 callbacks: Sequence = ()) -> RunResult | None:
     """Run this process's part of ``recipe`` (see module docs for the order of work).
 
