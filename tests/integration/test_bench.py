@@ -67,6 +67,7 @@ def test_bench_rejects_unknown_names_before_running(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_bench_worker_sweep_reuses_the_main_row_and_runs_the_other_counts(tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), *TINY,

@@ -16,6 +16,7 @@ pytest_plugins = ["kerasdist.testing"]
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_seed_cnn_reaches_97_percent_on_held_out_mnist(ps_strategy, kerasdist_enabled):
     keras.utils.set_random_seed(42)
