@@ -118,14 +118,8 @@ def _message(item: dict[str, Any]) -> str:
 
 
 def _clean_loc(loc: tuple) -> tuple:
-    # Discriminated unions insert the tag (e.g. 'mirrored') into the path; drop it.
-    out = []
-    for i, part in enumerate(loc):
-        if i > 0 and loc[i - 1] == "strategy" and part in ("default", "mirrored", "multi_worker",
-                                                            "parameter_server"):
-            continue
-        out.append(part)
-    return tuple(out)
+    # The strategy section is validated by kind (no union tag in the path); keep the path as is.
+    return tuple(loc)
 
 
 def _key_marks(text: str) -> dict[tuple[str, ...], tuple[int, int]]:

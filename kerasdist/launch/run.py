@@ -105,7 +105,7 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         return run_coordinator(recipe, args=_child_args(recipe), overwrite=overwrite,
                                verbose=verbose, callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
-    _log.configure(2 if verbose == 2 else verbose, task=tf_config.task_name,
+    _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)
     if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
         from kerasdist.cluster.server import serve
