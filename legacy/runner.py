@@ -12,29 +12,35 @@ Python API: :func:`run_sync_replicas`, :func:`run_single_linear`,
 with the parsed result, timings, the log files and the PIDs it started, or
 raises :class:`ClusterRunError` naming the task that failed.
 
-The runner picks free ports with portpicker, starts every task in its own
-process group with its output in ``<run_dir>/<job>-<index>.log``, waits with
-an overall timeout, and always stops every process it started (success,
-failure, timeout, Ctrl-C).
+The runner picks free ports with portpicker and starts the tasks with kerasdist's
+:class:`~kerasdist.launch.processes.LocalLauncher` (each in its own process group,
+killed with the runner, output in ``<run_dir>/<job>-<index>.log``). It waits with
+an overall timeout and always stops every process it started (success, failure,
+timeout, Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+
+from kerasdist.launch.processes import LocalLauncher, Task, terminate_on_sigterm
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _FINISHED = re.compile(r"Optimization Finished: W=([-+\d.eE]+), b=([-+\d.eE]+)")
 _ACCURACY = re.compile(r"held-out accuracy=([\d.]+)")
 _TRAIN_S = re.compile(r"train_wall_s=([\d.]+)")
+_TF_NOISE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
+_STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL after this long
 
 
 class ClusterRunError(RuntimeError):
@@ -50,20 +56,6 @@ class ClusterRunError(RuntimeError):
 
 
 @dataclass
-class Task:
-    job: str
-    index: int
-    argv: list
-    log: Path
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
-
-    @property
-    def name(self) -> str:
-        return f"{self.job}:{self.index}"
-
-
-@dataclass
 class Fault:
     """Fault injection for tests: SIGKILL ``task`` ``after_s`` seconds after ``marker``
     first shows in its log (or after its start when marker is empty)."""
@@ -72,20 +64,6 @@ class Fault:
     after_s: float = 0.0
     marker: str = ""
     seen_at: float | None = field(default=None, repr=False)
-
-
-def _child_env(threads: int) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env.update({
-        "PYTHONUNBUFFERED": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "GRPC_VERBOSITY": "ERROR",
-        "OMP_NUM_THREADS": str(threads),
-        "TF_NUM_INTRAOP_THREADS": str(threads),
-        "TF_NUM_INTEROP_THREADS": str(threads),
-    })
-    return env
 
 
 def make_run_dir(flow: str, run_dir=None) -> Path:
@@ -100,150 +78,13 @@ def make_run_dir(flow: str, run_dir=None) -> Path:
     return path
 
 
-def pick_ports(n: int) -> list:
-    import portpicker  # noqa: PLC0415
-
-    ports: list = []
-    while len(ports) < n:
-        port = portpicker.pick_unused_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
+def _read(task: Task) -> str:
+    return task.log_path.read_text(errors="replace")
 
 
-class LocalRun:
-    """A set of task processes: start, watch, stop. Use as a context manager."""
-
-    def __init__(self, tasks, threads: int = 1, fault: Fault | None = None, echo=print):
-        self.tasks = tasks
-        self.env = _child_env(threads)
-        self.fault = fault
-        self.echo = echo
-        self.pids: list = []
-
-    # -- lifecycle ---------------------------------------------------------
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-        return False
-
-    def start(self) -> None:
-        for task in self.tasks:
-            fh = open(task.log, "wb")  # noqa: SIM115 - owned by the child
-            try:
-                task.proc = subprocess.Popen(
-                    task.argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    cwd=str(REPO_ROOT), env=self.env, start_new_session=True)
-            finally:
-                fh.close()
-            task.started = time.time()
-            self.pids.append(task.proc.pid)
-            self.echo(f"  started {task.name:<9} pid {task.proc.pid:<7} log {task.log}")
-
-    def stop(self, grace_s: float = 3.0) -> None:
-        """SIGTERM every task's process group, then SIGKILL what is left; reap all."""
-        live = [t for t in self.tasks if t.proc is not None]
-        for task in live:
-            _signal_group(task.proc.pid, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        for task in live:
-            try:
-                task.proc.wait(timeout=max(deadline - time.time(), 0.05))
-            except subprocess.TimeoutExpired:
-                pass
-        for task in live:
-            _signal_group(task.proc.pid, signal.SIGKILL)
-            try:
-                task.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
-                self.echo(f"  warning: {task.name} pid {task.proc.pid} did not die")
-
-    # -- watching ----------------------------------------------------------
-    def wait(self, done_jobs, timeout_s: float) -> float:
-        """Wait until every task of ``done_jobs`` exited 0; return the wall time.
-
-        Fails (ClusterRunError) as soon as any task exits non-zero, a task of
-        another job (the ps) exits at all, or the timeout passes.
-        """
-        t0 = min(t.started for t in self.tasks)
-        while True:
-            self._inject_fault()
-            pending = self._check_exits(done_jobs)
-            if not pending:
-                return time.time() - t0
-            if time.time() - t0 > timeout_s:
-                names = ", ".join(t.name for t in pending)
-                raise self._error(f"timed out after {timeout_s:.0f} s; still running: {names}",
-                                  task=pending[0].name)
-            time.sleep(0.1)
-
-    def _check_exits(self, done_jobs):
-        pending = []
-        for task in self.tasks:
-            code = task.proc.poll()
-            if code is None:
-                if task.job in done_jobs:
-                    pending.append(task)
-                continue
-            if code != 0:
-                raise self._error(f"{task.name} exited with code {code}", task.name, code)
-            if task.job not in done_jobs:
-                raise self._error(f"{task.name} exited early (code 0)", task.name, code)
-        return pending
-
-    def _inject_fault(self) -> None:
-        fault = self.fault
-        if fault is None:
-            return
-        task = self.task(fault.task)
-        if task.proc.poll() is not None:
-            return
-        if fault.seen_at is None:
-            if fault.marker and fault.marker not in read_log(task):
-                return
-            fault.seen_at = time.time()
-        if time.time() - fault.seen_at >= fault.after_s:
-            self.echo(f"  fault injection: SIGKILL {task.name} (pid {task.proc.pid})")
-            _signal_group(task.proc.pid, signal.SIGKILL)
-            task.proc.wait(timeout=10)
-            self.fault = None
-
-    def task(self, name: str) -> Task:
-        for t in self.tasks:
-            if t.name == name:
-                return t
-        raise KeyError(name)
-
-    def logs(self) -> dict:
-        return {t.name: str(t.log) for t in self.tasks}
-
-    def _error(self, message, task=None, code=None) -> ClusterRunError:
-        return ClusterRunError(message, task=task, returncode=code, pids=self.pids,
-                               logs=self.logs(), run_dir=str(self.tasks[0].log.parent))
-
-
-def _signal_group(pid: int, sig) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def read_log(task: Task) -> str:
-    try:
-        return task.log.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-_TF_NOISE = re.compile(r"^([IWE]\d{4} |WARNING: All log messages before absl)")
-
-
-def tail(text: str, n: int = 15) -> str:
+def _quiet_tail(launcher: LocalLauncher, task: Task, n: int = 15) -> str:
     """The last ``n`` lines of a task log, without TF's C++ start-up chatter."""
-    lines = [line for line in text.splitlines() if not _TF_NOISE.match(line)]
+    lines = [ln for ln in launcher.tail(task, lines=200).splitlines() if not _TF_NOISE.match(ln)]
     return "\n".join("    | " + line for line in lines[-n:])
 
 
@@ -251,42 +92,110 @@ def tail(text: str, n: int = 15) -> str:
 # flows
 # ---------------------------------------------------------------------------
 
-def _cluster_tasks(module, run_dir: Path, workers: int, ps: int, args: list, task_args=None):
-    ports = pick_ports(ps + workers)
+def _cluster_tasks(module, workers: int, ps: int, args: list, task_args=None) -> list:
+    """``[(task name, argv)]`` for ``ps`` ps tasks and ``workers`` workers on free local ports."""
+    import portpicker  # noqa: PLC0415
+
+    ports = [portpicker.pick_unused_port() for _ in range(ps + workers)]  # distinct per process
     ps_hosts = ",".join(f"localhost:{p}" for p in ports[:ps])
     worker_hosts = ",".join(f"localhost:{p}" for p in ports[ps:])
     task_args = task_args or {}
-    tasks = []
-    for job, count in (("ps", ps), ("worker", workers)):
-        for i in range(count):
-            name = f"{job}:{i}"
-            argv = [sys.executable, "-m", f"legacy.{module}", f"--job_name={job}",
-                    f"--task_index={i}", f"--ps_hosts={ps_hosts}",
-                    f"--worker_hosts={worker_hosts}", *args, *task_args.get(name, [])]
-            tasks.append(Task(job, i, argv, run_dir / f"{job}-{i}.log"))
-    return tasks
+    names = [(job, i) for job, count in (("ps", ps), ("worker", workers)) for i in range(count)]
+    return [(f"{job}:{i}", [sys.executable, "-m", f"legacy.{module}", f"--job_name={job}",
+                            f"--task_index={i}", f"--ps_hosts={ps_hosts}",
+                            f"--worker_hosts={worker_hosts}", *args,
+                            *task_args.get(f"{job}:{i}", [])])
+            for job, i in names]
 
 
-def _execute(flow, tasks, done_jobs, timeout_s, fault=None, threads=1, echo=print):
-    """Start tasks, wait, always stop them. Returns (wall_s, {task name: log text}, logs, pids)."""
-    run = LocalRun(tasks, threads=threads, fault=fault, echo=echo)
-    echo(f"[{flow}] run folder {tasks[0].log.parent}")
+def _task_env(threads: int) -> dict:
+    """Environment on top of LocalLauncher's (which sets PYTHONUNBUFFERED, OMP_NUM_THREADS and
+    TF_NUM_INTRAOP_THREADS from threads_per_task)."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {"PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "2", "GRPC_VERBOSITY": "ERROR",
+            "TF_NUM_INTEROP_THREADS": str(threads)}
+
+
+def _inject_fault(fault: Fault, launcher: LocalLauncher, echo) -> bool:
+    """SIGKILL the fault's task once it is due; True once done."""
+    task = next(t for t in launcher.tasks if t.name == fault.task)
+    if task.returncode() is not None:
+        return False
+    if fault.seen_at is None:
+        if fault.marker and fault.marker not in _read(task):
+            return False
+        fault.seen_at = time.time()
+    if time.time() - fault.seen_at < fault.after_s:
+        return False
+    echo(f"  fault injection: SIGKILL {task.name} (pid {task.pid})")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(task.pid, signal.SIGKILL)  # not launcher.stop: that sends SIGTERM first
+    task.process.wait(timeout=10)
+    return True
+
+
+def _wait(launcher: LocalLauncher, done_jobs, timeout_s: float, t0: float, fault, fail, echo):
+    """Wait until every task of ``done_jobs`` exited 0; return the wall time.
+
+    Fails (``fail(...)``, a ClusterRunError) as soon as any task exits non-zero, a task of
+    another job (the ps) exits at all, or the timeout passes.
+    """
+    while True:
+        if fault is not None and _inject_fault(fault, launcher, echo):
+            fault = None
+        for task in launcher.failed():
+            raise fail(f"{task.name} exited with code {task.returncode()}", task.name,
+                       task.returncode())
+        pending = []
+        for task in launcher.tasks:
+            code = task.returncode()
+            in_done_jobs = task.name.partition(":")[0] in done_jobs
+            if code is None and in_done_jobs:
+                pending.append(task)
+            elif code is not None and not in_done_jobs:  # the ps never ends by itself
+                raise fail(f"{task.name} exited early (code {code})", task.name, code)
+        if not pending:
+            return time.time() - t0
+        if time.time() - t0 > timeout_s:
+            names = ", ".join(t.name for t in pending)
+            raise fail(f"timed out after {timeout_s:.0f} s; still running: {names}",
+                       pending[0].name)
+        time.sleep(0.1)
+
+
+def _execute(flow, run_dir: Path, tasks, done_jobs, timeout_s, fault=None, threads=1, echo=print):
+    """Start ``tasks`` (``[(name, argv)]``), wait, always stop them.
+
+    Returns (wall_s, {task name: log text}, {task name: log path}, pids).
+    """
+    echo(f"[{flow}] run folder {run_dir}")
+    launcher = LocalLauncher(log_dir=run_dir, threads_per_task=threads)
+    pids: list = []
+    logs: dict = {}
+    fail = partial(ClusterRunError, pids=pids, logs=logs, run_dir=str(run_dir))
     try:
-        with run:
-            run.start()
-            try:
-                wall = run.wait(done_jobs, timeout_s)
-            except ClusterRunError as err:
-                bad = run.task(err.task) if err.task else None
-                if bad is not None:
-                    echo(f"[{flow}] FAILED: {err}\n  last lines of {bad.log}:\n"
-                         f"{tail(read_log(bad))}")
-                raise
-    except KeyboardInterrupt:
-        echo(f"[{flow}] interrupted; all {len(run.pids)} task processes stopped")
+        try:
+            t0 = time.time()
+            for name, argv in tasks:
+                # the launcher appends to <type>-<index>.log; a reused run folder gets fresh logs
+                (run_dir / f"{name.replace(':', '-')}.log").unlink(missing_ok=True)
+                task = launcher.start_process(name, argv, env=_task_env(threads))
+                pids.append(task.pid)
+                logs[name] = str(task.log_path)
+                echo(f"  started {name:<9} pid {task.pid:<7} log {task.log_path}")
+            wall = _wait(launcher, done_jobs, timeout_s, t0, fault, fail, echo)
+        except ClusterRunError as err:
+            bad = next((t for t in launcher.tasks if t.name == err.task), None)
+            if bad is not None:
+                echo(f"[{flow}] FAILED: {err}\n  last lines of {bad.log_path}:\n"
+                     f"{_quiet_tail(launcher, bad)}")
+            raise
+        finally:
+            launcher.stop_all(grace_s=_STOP_GRACE_S)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through terminate_on_sigterm
+        echo(f"[{flow}] interrupted; all {len(pids)} task processes stopped")
         raise
-    texts = {t.name: read_log(t) for t in tasks}
-    return wall, texts, run.logs(), run.pids
+    return wall, {t.name: _read(t) for t in launcher.tasks}, logs, pids
 
 
 def _train_seconds(texts: dict, names) -> float | None:
@@ -310,9 +219,9 @@ def run_sync_replicas(workers: int = 2, train_steps: int = 2000, learning_rate: 
     run_dir = make_run_dir("sync-replicas", run_dir)
     args = [f"--train_steps={train_steps}", f"--learning_rate={learning_rate}",
             f"--session={session}", f"--seed={seed}", f"--log_dir={run_dir / 'checkpoints'}"]
-    tasks = _cluster_tasks("sync_replicas", run_dir, workers, 1, args, task_args)
-    wall, texts, logs, pids = _execute("sync-replicas", tasks, {"worker"}, timeout_s, fault,
-                                       echo=echo)
+    tasks = _cluster_tasks("sync_replicas", workers, 1, args, task_args)
+    wall, texts, logs, pids = _execute("sync-replicas", run_dir, tasks, {"worker"}, timeout_s,
+                                       fault, echo=echo)
     per_worker = {}
     for i in range(workers):
         name = f"worker:{i}"
@@ -330,9 +239,8 @@ def run_single_linear(train_steps: int = 4000, learning_rate: float = 0.01, time
     run_dir = make_run_dir("single-linear", run_dir)
     argv = [sys.executable, "-m", "legacy.sync_replicas", f"--train_steps={train_steps}",
             f"--learning_rate={learning_rate}", f"--seed={seed}", f"--threads={threads}"]
-    tasks = [Task("single", 0, argv, run_dir / "single-0.log")]
-    wall, texts, logs, pids = _execute("single-linear", tasks, {"single"}, timeout_s,
-                                       threads=threads, echo=echo)
+    wall, texts, logs, pids = _execute("single-linear", run_dir, [("single:0", argv)], {"single"},
+                                       timeout_s, threads=threads, echo=echo)
     w, b = _parse_or_fail(_FINISHED, texts["single:0"], "final W, b", "single:0", logs, pids)
     return dict(W=float(w), b=float(b), wall_s=wall, train_s=_train_seconds(texts, ["single:0"]),
                 logs=logs, pids=pids, run_dir=str(run_dir), train_steps=train_steps)
@@ -354,8 +262,8 @@ def run_async_cnn(workers: int = 2, steps: int = 600, batch_size: int = 64,
     args = [f"--train_steps={steps}", f"--batch_size={batch_size}",
             f"--learning_rate={learning_rate}", f"--seed={seed}",
             f"--log_dir={run_dir / 'checkpoints'}"]
-    tasks = _cluster_tasks("async_cnn", run_dir, workers, 1, args, task_args)
-    wall, texts, logs, pids = _execute("async-cnn", tasks, {"worker"}, timeout_s, fault,
+    tasks = _cluster_tasks("async_cnn", workers, 1, args, task_args)
+    wall, texts, logs, pids = _execute("async-cnn", run_dir, tasks, {"worker"}, timeout_s, fault,
                                        echo=echo)
     acc = _parse_or_fail(_ACCURACY, texts["worker:0"], "held-out accuracy", "worker:0", logs, pids)
     names = [f"worker:{i}" for i in range(workers)]
@@ -375,9 +283,8 @@ def run_towers(devices: int = 2, steps: int = 300, batch_size: int = 50,
             f"--max_steps={steps}", f"--batch_size={batch_size}",
             f"--learning_rate={learning_rate}", f"--threads={threads}", f"--seed={seed}",
             f"--data_dir={run_dir / 'tfrecords'}"]
-    tasks = [Task("towers", 0, argv, run_dir / "towers-0.log")]
-    wall, texts, logs, pids = _execute("towers", tasks, {"towers"}, timeout_s, threads=threads,
-                                       echo=echo)
+    wall, texts, logs, pids = _execute("towers", run_dir, [("towers:0", argv)], {"towers"},
+                                       timeout_s, threads=threads, echo=echo)
     text = texts["towers:0"]
     acc = _parse_or_fail(_ACCURACY, text, "held-out accuracy", "towers:0", logs, pids)
     placed = re.findall(r"(tower_\d+) on (\S+?)[,\n]", text)
@@ -476,15 +383,11 @@ def _dispatch(a) -> bool:
                                   timeout_s=a.timeout))
 
 
-def _raise_interrupt(signum, _frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the cluster on `kill` too
     try:
-        ok = _dispatch(a)
+        with terminate_on_sigterm():  # `kill` stops the cluster too (as Ctrl-C does)
+            ok = _dispatch(a)
     except ClusterRunError as err:
         print(f"error: {err}  (logs in {err.run_dir})", file=sys.stderr)
         return 1

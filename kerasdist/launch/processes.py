@@ -107,7 +107,7 @@ class LocalLauncher:
         log_path = self.log_dir / f"{stem}.log"
         status_path = self.log_dir / f"{stem}.status.json"
         status_path.unlink(missing_ok=True)
-        env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1")
+        env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         env[STATUS_ENV] = str(status_path)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.threads_per_task:
