@@ -11,10 +11,12 @@ module                                  upstream issue / scope
                                         variables of one model, inside a ``with`` block
 ``keras_ps_dispatch``                   Keras 3 has no PS ``fit``; installed by
                                         ``kerasdist.enable()`` only
+``keras_allreduce_hook``                no public gradient-aggregation API; one optimizer
+                                        instance (``strategy.gradient_compression``)
 ======================================  ===================================================
 
 The first two are installed by :func:`apply` (process-wide, both change behaviour only for a
-strategy in multi-worker mode). The last two are used where needed, never by :func:`apply`.
+strategy in multi-worker mode). The last three are used where needed, never by :func:`apply`.
 
 Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
 installed Keras/TF that runs no TensorFlow op, so it is safe before a

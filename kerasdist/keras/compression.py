@@ -9,19 +9,17 @@ precision: each worker's gradient and their sum are rounded to 8 (``bf16``) or 1
 significant bits before the optimizer (which still keeps float32 weights and moments) uses them.
 ``bf16`` keeps float32's range; ``fp16`` is more precise but flushes gradients below ~6e-8 to zero.
 
-Mechanism: Keras 3's TensorFlow optimizer all-reduces gradients in its (private)
-``_all_reduce_sum_gradients(grads_and_vars)``; kerasdist replaces that method on *one optimizer
-instance* (the class, and so saving and loading, are unchanged). :func:`compress_gradients` raises
-instead of silently doing nothing when a Keras release drops the method.
+Mechanism: Keras 3's TensorFlow optimizer all-reduces gradients in a private method; the patch of
+that method on *one optimizer instance* lives in :mod:`kerasdist._compat.keras_allreduce_hook`.
+:func:`compress_gradients` raises instead of silently doing nothing when a Keras release drops it.
 """
 
 from __future__ import annotations
 
-import types
-
+from kerasdist._compat.keras_allreduce_hook import HOOK, replace_all_reduce
 from kerasdist.errors import RecipeError
 
-HOOK = "_all_reduce_sum_gradients"
+__all__ = ["HOOK", "compress_gradients"]
 
 
 def compress_gradients(optimizer, compression: str):
@@ -53,5 +51,5 @@ def compress_gradients(optimizer, compression: str):
             pairs[i] = (tf.cast(value, pairs[i][0].dtype), pairs[i][1])
         return pairs
 
-    setattr(optimizer, HOOK, types.MethodType(all_reduce_compressed, optimizer))
+    replace_all_reduce(optimizer, all_reduce_compressed)
     return optimizer

@@ -120,3 +120,11 @@ def test_upstream_keras_still_has_no_parameter_server_fit():
         "upstream Keras's TensorFlow trainer now mentions ClusterCoordinator: check whether its "
         "model.fit supports ParameterServerStrategy, then remove "
         "kerasdist/_compat/keras_ps_dispatch.py")
+
+
+def test_upstream_keras_optimizer_still_all_reduces_in_the_private_hook():
+    from kerasdist._compat import keras_allreduce_hook
+
+    assert keras_allreduce_hook.hook_present(), (
+        f"upstream Keras's TF optimizer has no {keras_allreduce_hook.HOOK} any more: find its new "
+        "gradient all-reduce (or a public API) and update kerasdist/_compat/keras_allreduce_hook.py")
