@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kerasdist.config.schema import StrategyConfigBase, StrategyTraits
 from kerasdist.data.pipeline import check_batch_divisible
-from kerasdist.strategies.context import RunContext  # noqa: F401  (re-export)
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe

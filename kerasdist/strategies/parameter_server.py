@@ -84,12 +84,6 @@ def build(config, *, cluster_resolver=None, **_):
         resolver, variable_partitioner=make_partitioner(config, num_ps))
 
 
-def cluster_spec(tf_strategy):
-    """The strategy's cluster spec (its public ``cluster_resolver`` is None for this strategy)."""
-    resolver = tf_strategy.cluster_resolver or getattr(tf_strategy, "_cluster_resolver", None)
-    return resolver.cluster_spec()
-
-
 @dataclass(frozen=True)
 class PerWorkerInput:
     """Recipe input for the coordinator loop: dataset functions run on every worker.
@@ -138,8 +132,12 @@ class ParameterServerStrategy(Strategy):
 
     def num_replicas(self, tf_strategy) -> int:
         """Workers (each applies its own updates; none are in sync)."""
+        from kerasdist.keras.ps_fit import cluster_spec
+
         return cluster_spec(tf_strategy).num_tasks("worker")
 
     def describe(self, tf_strategy) -> str:
+        from kerasdist.keras.ps_fit import cluster_spec
+
         spec = cluster_spec(tf_strategy)
         return f"{spec.num_tasks('worker')} worker(s) and {spec.num_tasks('ps')} ps (asynchronous)"

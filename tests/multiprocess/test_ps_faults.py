@@ -43,14 +43,6 @@ def _task(coordinator: subprocess.Popen, name: str) -> psutil.Process:
     raise AssertionError(f"no process for task {name}")
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert proc.poll() is None, f"run ended early with code {proc.returncode}"
-        assert time.monotonic() < deadline, f"{path} did not appear"
-        time.sleep(0.2)
-
-
 def _wait_for_checkpoint(run_dir: Path, number: int, proc: subprocess.Popen) -> None:
     """Wait until the checkpoint pointer file names checkpoint ``number`` (or a later one): the
     ``.index`` file appears before the pointer is replaced, and a kill in between correctly
