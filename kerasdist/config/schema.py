@@ -102,8 +102,8 @@ class OptimizerConfig(_Frozen):
     """
 
     name: Literal["adam", "sgd", "rmsprop", "adamw"] = "adam"
-    learning_rate: float = Field(1e-3, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
+    learning_rate: float = Field(1e-3, gt=0, allow_inf_nan=False)
+    momentum: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
     nesterov: bool = False
     scale_lr_by_replicas: bool = False
 
@@ -288,6 +288,11 @@ class ClusterConfig(_Frozen):
     threads_per_task: int = Field(0, ge=0, description="intra-op threads per task; 0 = TF default.")
     port_base: int = Field(8888, ge=1024, le=65535, description="slurm: first port of the tasks "
                            "on each node (SlurmClusterResolver's port_base).")
+    allow_network_exposure: bool = Field(
+        False, description="local: start the tasks even where kerasdist cannot isolate them in a "
+        "private network namespace. TensorFlow binds every task server to all interfaces with no "
+        "authentication, so without isolation any host that can reach this machine can run ops "
+        "in them (read files, for example).")
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -320,6 +325,14 @@ class OutputConfig(_Frozen):
     run_dir: Path = Path("runs/default")
     tensorboard: bool = True
     save_model: bool = True
+
+    @field_validator("run_dir", mode="before")
+    @classmethod
+    def _named_dir(cls, value: Any) -> Any:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("output.run_dir must name a directory (an empty string would be the "
+                             f"current directory). Received: run_dir={value!r}")
+        return value
 
 
 # -------------------------------------------------------------------------------------- recipe
