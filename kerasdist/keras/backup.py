@@ -32,6 +32,7 @@ import hashlib
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 import keras
@@ -79,14 +80,32 @@ class BackupStore:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                                               steps_per_epoch=self._spe)
         self._manager = None
+        self._max_to_keep = max_to_keep
         self._tmp: Path | None = None
         if is_chief:
-            self._manager = tf.train.CheckpointManager(self.checkpoint, str(self.directory),
-                                                       max_to_keep=max_to_keep)
+            self._manager = self._new_manager()
         else:
             self._tmp = temp_dir(self.directory, task_name)
             shutil.rmtree(self._tmp, ignore_errors=True)  # a killed attempt's leftovers
             self._tmp.mkdir(parents=True)
+
+    def _new_manager(self):
+        """The chief's ``CheckpointManager``; a pointer file it cannot parse is renamed to
+        ``checkpoint.unreadable-<time>`` first (kept for inspection; the checkpoints themselves
+        are found by their file names, see :meth:`restore`)."""
+        import tensorflow as tf
+
+        try:
+            return tf.train.CheckpointManager(self.checkpoint, str(self.directory),
+                                              max_to_keep=self._max_to_keep)
+        except (UnicodeDecodeError, ValueError) as err:
+            pointer = self.directory / "checkpoint"
+            kept = pointer.with_name(f"checkpoint.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+            pointer.rename(kept)
+            log.warning(f"checkpoint pointer {pointer} unreadable ({type(err).__name__}); "
+                        f"kept as {kept.name}")
+            return tf.train.CheckpointManager(self.checkpoint, str(self.directory),
+                                              max_to_keep=self._max_to_keep)
 
     def remove_stale_temp(self) -> None:
         """Chief only: delete ``*_temp*`` folders a crash mid-save left behind (never the data)."""
@@ -94,27 +113,96 @@ class BackupStore:
             for path in self.directory.glob("*_temp*"):
                 shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
 
-    def restore(self) -> int:
-        """Restore the latest checkpoint in ``directory``; return the global step (0 if none).
-
-        Raises:
-            RunDirError: the checkpoint was written with another ``steps_per_epoch``.
-        """
+    def _candidates(self) -> list[str]:
+        """Checkpoint prefixes in ``directory``, newest first: those the ``checkpoint`` pointer
+        lists and every ``ckpt-N.index`` on disk (a missing or garbled pointer loses nothing)."""
         import tensorflow as tf
 
-        latest = tf.train.latest_checkpoint(str(self.directory))
-        if not latest:
+        found: dict[int, str] = {}
+        try:
+            state = tf.train.get_checkpoint_state(str(self.directory))
+        except Exception as err:  # noqa: BLE001 - a garbled pointer raises a protobuf ParseError
+            log.warning(f"checkpoint pointer {self.directory / 'checkpoint'} unreadable "
+                        f"({type(err).__name__}); looking for checkpoint files instead")
+            state = None
+        listed = list(state.all_model_checkpoint_paths) if state is not None else []
+        for path in listed + [str(p.with_suffix("")) for p in self.directory.glob("ckpt-*.index")]:
+            number = Path(path).name.rpartition("-")[2]
+            if number.isdigit():
+                found[int(number)] = str(self.directory / Path(path).name)
+        return [found[n] for n in sorted(found, reverse=True)]
+
+    @staticmethod
+    def _unreadable(prefix: str) -> str | None:
+        """Why the checkpoint at ``prefix`` does not read back whole (every tensor is read, which
+        checks its crc32c), or None when it does."""
+        import tensorflow as tf
+
+        try:
+            reader = tf.train.load_checkpoint(prefix)
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+        except Exception as err:  # noqa: BLE001 - TF raises several types for damaged files
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            return f"{type(err).__name__}: {first[:200]}"
+        return None
+
+    def restore(self) -> int:
+        """Restore the newest checkpoint in ``directory`` that reads back whole; return its global
+        step (0 if the folder holds no checkpoint at all).
+
+        Damaged checkpoints (truncated or corrupt data files, a missing index) are skipped with a
+        warning naming each and why; a missing or garbled ``checkpoint`` pointer is worked around
+        by looking for the checkpoint files themselves.
+
+        Raises:
+            TrainingError: checkpoints exist but none reads back whole (exit code 1; never train
+                from zero over them: move them away or pass --overwrite).
+            RunDirError: the checkpoint was written with another ``steps_per_epoch``.
+        """
+        from kerasdist.errors import TrainingError
+
+        candidates = self._candidates()
+        skipped = []
+        for prefix in candidates:
+            reason = self._unreadable(prefix)
+            if reason is None:
+                break
+            skipped.append(f"{Path(prefix).name} ({reason})")
+            log.warning(f"checkpoint {prefix} does not read back whole, skipped: {reason}")
+        else:
+            leftovers = sorted(p.name for p in self.directory.glob("ckpt-*")) if \
+                self.directory.is_dir() else []
+            if skipped or leftovers:
+                raise TrainingError(
+                    f"no checkpoint in {self.directory} reads back whole "
+                    f"({'; '.join(skipped) or 'no index file for ' + ', '.join(leftovers[:6])}); "
+                    "not training from zero over them. Move them away or pass --overwrite.")
             return 0
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
         if int(self._spe.numpy()) != self.steps_per_epoch:
             raise RunDirError(
                 f"trainer.steps_per_epoch (or the data/batch it derives from) changed since the "
-                f"checkpoint {latest} was written ({int(self._spe.numpy())} steps per epoch). "
+                f"checkpoint {prefix} was written ({int(self._spe.numpy())} steps per epoch). "
                 f"Received: {self.steps_per_epoch}; restore the recipe or pass --overwrite.")
         self._spe.assign(self.steps_per_epoch)
         step = int(self.model.optimizer.iterations.numpy())
-        log.info(f"resuming from checkpoint {latest} (global step {step})")
+        if self._manager is not None and self._manager.latest_checkpoint != prefix:
+            self._set_latest(prefix)
+        log.info(f"resuming from checkpoint {prefix} (global step {step})"
+                 + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
         return step
+
+    def _set_latest(self, prefix: str) -> None:
+        """Chief: point the manager (and the ``checkpoint`` file) at ``prefix`` so that later saves
+        rotate from it; the damaged files stay on disk until a save at their step replaces them."""
+        import tensorflow as tf
+
+        good = [p for p in reversed(self._candidates()) if int(p.rpartition("-")[2]) <=
+                int(prefix.rpartition("-")[2])]
+        tf.compat.v1.train.update_checkpoint_state(str(self.directory), prefix,
+                                                   all_model_checkpoint_paths=good)
+        self._manager = self._new_manager()
 
     def save(self, step: int) -> str | None:
         """Save at global ``step`` (every worker must call this at the same step).
