@@ -18,6 +18,11 @@ from kerasdist.errors import RecipeError
 def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
     """Read, override and validate a YAML recipe.
 
+    The YAML is parsed with limits (:data:`MAX_RECIPE_BYTES`, :data:`MAX_DEPTH`,
+    :data:`MAX_NODES` after alias expansion), so a hostile or broken file (an alias bomb, a
+    5,000-deep nesting, binary data) ends in a RecipeError naming the file, quickly and in bounded
+    memory.
+
     Args:
         path: the recipe file.
         overrides: ``"a.b=c"`` strings (the CLI's ``--set``); ``c`` is parsed as YAML, so
@@ -27,24 +32,129 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
         The validated, frozen :class:`Recipe`.
 
     Raises:
-        RecipeError: missing/unreadable file, malformed YAML (with ``file:line:column``), a bad
-            override, or a validation error naming the dotted field path and the received value.
+        RecipeError: missing/unreadable/non-UTF-8 file, malformed YAML (with
+            ``file:line:column``), a document over the limits, a bad override, or a validation
+            error naming the dotted field path and the received value.
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise RecipeError(f"cannot read recipe file '{path}': {err.strerror}") from None
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.MarkedYAMLError as err:
-        mark = err.problem_mark or err.context_mark
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise RecipeError(f"{where}: malformed YAML: {err.problem or err}") from None
+    text = read_recipe_text(path)
+    raw = parse_yaml(text, source=str(path))
+    if raw is None:
+        raw = {}
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping. Received: {type(raw).__name__}")
     raw = apply_overrides(raw, overrides)
     return validate_recipe(raw, source=str(path), text=text)
+
+
+MAX_RECIPE_BYTES = 4 << 20
+"""A recipe is a small config file; larger files are refused before parsing."""
+MAX_DEPTH = 64
+"""Deepest nesting of sequences/mappings a recipe may have (real recipes use about 4)."""
+MAX_NODES = 100_000
+"""Most YAML nodes a recipe may expand to, counting every alias use as a full copy of its
+anchor's subtree (an alias bomb, "billion laughs", expands exponentially and is refused here,
+long before it could be built, copied or validated)."""
+
+
+class _LimitExceeded(yaml.MarkedYAMLError):
+    """A YAML document over :data:`MAX_DEPTH` or :data:`MAX_NODES` (or a recursive alias)."""
+
+
+class _NotYAML(Exception):
+    """An ``--set`` value that is not valid YAML (kept as a plain string)."""
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that counts while composing: nesting depth, and the size each node has
+    once its aliases are expanded (a node's size is computed once, from its children's, so the
+    count itself costs one pass over the text whatever the expansion)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, tuple[yaml.Node, int]] = {}
+
+    def compose_node(self, parent, index):
+        mark = self.peek_event().start_mark
+        if self._depth >= MAX_DEPTH:
+            raise _LimitExceeded(problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=mark)
+        is_alias = self.check_event(yaml.AliasEvent)
+        self._depth += 1
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        known = self._sizes.get(id(node))
+        if is_alias:
+            if known is None:
+                raise _LimitExceeded(problem="an alias refers to a node that contains it "
+                                     "(recursive alias)", problem_mark=mark)
+            return node
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        size = 1 + sum(self._sizes[id(child)][1] for child in children)
+        if size > MAX_NODES:
+            raise _LimitExceeded(problem=f"expands to more than {MAX_NODES} YAML nodes once its "
+                                 "aliases (*name) are expanded (an alias bomb?)", problem_mark=mark)
+        self._sizes[id(node)] = (node, size)
+        return node
+
+
+def read_recipe_text(path: Path) -> str:
+    """The text of a recipe file: at most :data:`MAX_RECIPE_BYTES`, UTF-8.
+
+    Raises:
+        RecipeError: unreadable, too large or not UTF-8; names the file.
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_RECIPE_BYTES + 1)
+    except OSError as err:
+        raise RecipeError(f"cannot read recipe file '{path}': {err.strerror}") from None
+    if len(data) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"recipe file '{path}' is larger than {MAX_RECIPE_BYTES} bytes; a recipe "
+                          "is a small YAML file")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RecipeError(f"recipe file '{path}' is not UTF-8 text: byte "
+                          f"0x{data[err.start]:02x} at offset {err.start}. Received: "
+                          f"{data[max(0, err.start - 8):err.start + 8]!r}") from None
+
+
+def parse_yaml(text: str, *, source: str) -> Any:
+    """Parse one YAML document with the safe loader and the limits above.
+
+    Raises:
+        RecipeError: over the limits, malformed (with ``source:line:column``) or a value that
+            cannot be built (e.g. an integer of thousands of digits); names ``source``.
+        _NotYAML: (``--set`` values only) malformed YAML.
+    """
+    loader = None
+    try:
+        loader = _LimitedLoader(text)
+        node = loader.get_single_node()
+        return None if node is None else loader.construct_document(node)
+    except _LimitExceeded as err:
+        raise RecipeError(f"{_where(source, err.problem_mark)}: recipe refused: {err.problem}") from None
+    except yaml.YAMLError as err:
+        if source.startswith("--set"):
+            raise _NotYAML(str(err)) from None
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or err
+        raise RecipeError(f"{_where(source, mark)}: malformed YAML: {problem}") from None
+    except (ValueError, OverflowError, RecursionError) as err:
+        raise RecipeError(f"{source}: a value cannot be read: {err}") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _where(source: str, mark) -> str:
+    return f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
@@ -53,14 +163,17 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     Raises:
         RecipeError: an override without ``=``, or one that descends into a non-mapping.
     """
+    overrides = list(overrides)
+    if not overrides:
+        return raw
     result = _deep_copy(raw)
     for item in overrides:
         key, sep, value_text = item.partition("=")
         if not sep or not key.strip():
             raise RecipeError(f"--set expects KEY=VALUE (e.g. trainer.epochs=3). Received: '{item}'")
         try:
-            value = yaml.safe_load(value_text) if value_text.strip() else ""
-        except yaml.YAMLError:
+            value = parse_yaml(value_text, source=f"--set {key}") if value_text.strip() else ""
+        except _NotYAML:
             value = value_text
         node = result
         parts = key.strip().split(".")
@@ -125,8 +238,12 @@ def _clean_loc(loc: tuple) -> tuple:
 def _key_marks(text: str) -> dict[tuple[str, ...], tuple[int, int]]:
     """Map each key path of the YAML text to the (line, column) of its key, 1-based."""
     try:
-        root = yaml.compose(text)
-    except yaml.YAMLError:
+        loader = _LimitedLoader(text)
+        try:
+            root = loader.get_single_node()
+        finally:
+            loader.dispose()
+    except (yaml.YAMLError, RecursionError):
         return {}
     marks: dict[tuple[str, ...], tuple[int, int]] = {}
 
