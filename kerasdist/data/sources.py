@@ -85,17 +85,38 @@ def load_idx_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def as_labels(y: np.ndarray, where: str) -> np.ndarray:
+    """``y`` as int64 class labels; float labels must be finite whole numbers (a NaN cast to
+    int64 would silently become -9223372036854775808).
+
+    Raises:
+        DataError: naming ``where`` and the first bad label.
+    """
+    y = np.asarray(y)
+    if np.issubdtype(y.dtype, np.floating) and y.size:
+        bad = ~np.isfinite(y) | (np.nan_to_num(y) != np.round(np.nan_to_num(y)))
+        if bad.any():
+            first = int(np.argmax(bad.reshape(-1)))
+            raise DataError(f"{where}: labels must be whole class numbers; {int(bad.sum())} are not "
+                            f"(first at index {first}). Received: {y.reshape(-1)[first].item()!r}")
+    return y.astype(np.int64)
+
+
 def load_npz_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Split from a Keras ``mnist.npz`` (keys ``x_<split>``, ``y_<split>``)."""
     try:
-        with np.load(path) as archive:
+        with np.load(path, allow_pickle=False) as archive:
             keys = set(archive.files)
             if f"x_{split}" not in keys or f"y_{split}" not in keys:
                 raise DataError(f"data.path: '{path}' has no x_{split}/y_{split} arrays "
                                 f"(found: {', '.join(sorted(keys))})")
-            return archive[f"x_{split}"], archive[f"y_{split}"].astype(np.int64)
-    except (OSError, ValueError) as err:
+            x, y = archive[f"x_{split}"], archive[f"y_{split}"]
+    except (OSError, ValueError, EOFError, zlib.error) as err:
         raise DataError(f"data.path: cannot read npz file '{path}': {err}") from None
+    if len(x) != len(y):
+        raise DataError(f"data.path '{path}': {len(x)} examples in x_{split} but {len(y)} labels "
+                        f"in y_{split}")
+    return x, as_labels(y, f"data.path '{path}' y_{split}")
 
 
 def tfrecord_files(folder: Path, split: str) -> list[str]:
@@ -139,6 +160,29 @@ def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarra
             labels.append(label.numpy())
     except tf.errors.OpError as err:
         raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
+    return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+
+
+def sample_tfrecord_split(folder: Path, split: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``limit`` records of a tfrecord split (for checks that need a bounded sample).
+
+    Raises:
+        DataError: no files, or records that do not parse.
+    """
+    import tensorflow as tf
+
+    files = tfrecord_files(folder, split)
+    if not files:
+        raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
+    images, labels = [], []
+    try:
+        for image, label in parse_tfrecords(files).take(limit).batch(4096):
+            images.append(image.numpy())
+            labels.append(label.numpy())
+    except tf.errors.OpError as err:
+        raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
+    if not images:
+        raise DataError(f"data.path: the '{split}*.tfrecord*' files in '{folder}' hold no records")
     return np.concatenate(images), np.concatenate(labels).astype(np.int64)
 
 
@@ -198,7 +242,7 @@ def _load_tfds(config, split: str) -> tuple[np.ndarray, np.ndarray]:
     x, y = tfds.as_numpy(ds)
     if x.ndim == 4 and x.shape[-1] == 1:
         x = x[..., 0]
-    return x, y.astype(np.int64)
+    return x, as_labels(y, f"data.source 'tfds' '{config.name}' split '{split}'")
 
 
 def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:

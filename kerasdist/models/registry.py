@@ -3,10 +3,19 @@
 A builder is a function of keyword arguments returning an *uncompiled* ``keras.Model``. Recipes name
 a registered builder (``model.name: mnist_cnn``) or any importable one (``my_pkg.models:build``).
 Lookup and argument checking never import TensorFlow, so ``kerasdist validate`` stays fast.
+
+An import path runs code: importing ``pkg.module`` executes it, and training calls the function
+with ``model.params``, like any Python file you run. Inside :func:`no_imports` (what
+``kerasdist validate`` does unless given ``--import``) an import path is checked for syntax only
+and never imported, and its ``model.params`` are not checked against the builder. Built-in
+callables (``os:system``, ``builtins:eval``) are refused as builders, but that is a guard against
+mistakes, not a sandbox: a recipe with an import path is as trusted as the code it names.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -23,9 +32,29 @@ class ModelSpec:
     loss: str
     metrics: tuple[str, ...] = field(default_factory=tuple)
     task: str = "classification"
+    imported: bool = True
+    """False for an import path checked for syntax only (inside :func:`no_imports`)."""
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
+_IMPORTS = contextvars.ContextVar("kerasdist_import_builders", default=True)
+
+
+@contextlib.contextmanager
+def no_imports():
+    """Within this block, import paths in ``model.name`` are checked for syntax only, never
+    imported (``kerasdist validate`` without ``--import``)."""
+    token = _IMPORTS.set(False)
+    try:
+        yield
+    finally:
+        _IMPORTS.reset(token)
+
+
+def is_import_path(name: str) -> bool:
+    """True when ``name`` is an import path ``pkg.module:function`` rather than a registered name."""
+    _load_builtin()
+    return name not in _REGISTRY and ":" in name
 
 
 def register(name: str, *, loss: str, metrics: tuple[str, ...] = (), task: str = "classification"):
@@ -64,7 +93,11 @@ def resolve(name: str, loss: str | None = None, metrics: list[str] | None = None
     if name in _REGISTRY:
         spec = _REGISTRY[name]
     elif ":" in name:
-        spec = ModelSpec(build=_import_builder(name), loss=loss or "", metrics=())
+        _check_import_path(name)
+        if _IMPORTS.get():
+            spec = ModelSpec(build=_import_builder(name), loss=loss or "", metrics=())
+        else:
+            spec = ModelSpec(build=_not_imported, loss=loss or "", metrics=(), imported=False)
         if not loss:
             raise RecipeError(
                 f"model.loss is required for the custom builder '{name}'. Received: loss=None"
@@ -79,7 +112,20 @@ def resolve(name: str, loss: str | None = None, metrics: list[str] | None = None
         loss=loss or spec.loss,
         metrics=tuple(metrics) if metrics is not None else spec.metrics,
         task=spec.task,
+        imported=spec.imported,
     )
+
+
+def _not_imported(**_params):
+    raise RecipeError("model.name: this import path was checked for syntax only (no_imports()); "
+                      "it cannot build a model")
+
+
+def _check_import_path(path: str) -> None:
+    module_name, _, attr = path.partition(":")
+    if not (all(part.isidentifier() for part in module_name.split(".")) and attr.isidentifier()):
+        raise RecipeError("model.name: not an import path 'package.module:function'. "
+                          f"Received: name='{path}'")
 
 
 def _import_builder(path: str) -> Callable[..., Any]:
@@ -89,9 +135,16 @@ def _import_builder(path: str) -> Callable[..., Any]:
     except ImportError as err:
         raise RecipeError(f"model.name: cannot import module '{module_name}' ({err}). "
                           f"Received: name='{path}'") from None
+    except Exception as err:  # the module's own code failed while being imported
+        raise RecipeError(f"model.name: importing module '{module_name}' raised "
+                          f"{type(err).__name__}: {err}. Received: name='{path}'") from None
     builder = getattr(module, attr, None)
     if not callable(builder):
         raise RecipeError(f"model.name: '{module_name}' has no callable '{attr}'. "
+                          f"Received: name='{path}'")
+    if inspect.isbuiltin(builder) or (inspect.isclass(builder) and builder.__module__ == "builtins"):
+        raise RecipeError(f"model.name: '{path}' is a built-in callable, not a model builder (a "
+                          "Python function or class returning an uncompiled keras.Model). "
                           f"Received: name='{path}'")
     return builder
 
@@ -103,7 +156,12 @@ def check(config: Any) -> ModelSpec:
         RecipeError: naming ``model.name`` or ``model.params.<key>``.
     """
     spec = resolve(config.name, config.loss, config.metrics)
-    sig = inspect.signature(spec.build)
+    if not spec.imported:
+        return spec
+    try:
+        sig = inspect.signature(spec.build)
+    except (TypeError, ValueError):  # a callable without an introspectable signature
+        return spec
     takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     if not takes_kwargs:
         for key in config.params:

@@ -1,0 +1,221 @@
+"""Bad-input checks that need the built model or the loaded data, run before anything is written.
+
+* :func:`check_inputs`: every split's examples against the model: labels within the model's
+  classes, example shapes against its input, no NaN/inf values. Keras itself only fails on these
+  inside the graph (an ``InvalidArgumentError`` at the first step, after ``run.json`` exists), or
+  not at all (NaN images train silently to an all-NaN model; a label of 255 for 10 classes gives a
+  NaN loss on CPU).
+* :func:`check_run_dir_path`: ``output.run_dir`` can be a directory this process may write (not a
+  file, a writable parent, names within the filesystem's limits) -- before an ``OSError`` from
+  deep inside TensorFlow or ``os.makedirs`` would say so with a traceback.
+
+Both raise :mod:`kerasdist.errors` bad-input errors (exit code 2), naming the field, file or split
+and the value received.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Mapping
+
+import numpy as np
+
+from kerasdist.errors import DataError, RunDirError
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
+MAX_CHECKED_RECORDS = 100_000
+"""Records per split read by :func:`check_inputs` from a ``tfrecord`` source given as a whole split
+name (the only source not held in memory whole): a bounded sample, so a bad record further in the
+files is still met only during training."""
+
+Split = tuple[np.ndarray, np.ndarray]
+
+
+def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = None) -> None:
+    """Check the recipe's train and eval splits against the (built) model.
+
+    Args:
+        recipe: the validated recipe (``data`` and ``model`` are read).
+        model: the built ``keras.Model`` (compiled or not) of the recipe.
+        splits: ``{split string: (x, y)}`` already loaded by the caller; splits not given are
+            loaded here (:func:`kerasdist.data.sources.load_split`; for a ``tfrecord`` source with
+            a whole split name, the first :data:`MAX_CHECKED_RECORDS` records only).
+
+    Raises:
+        DataError: labels outside ``[0, classes)`` for a sparse-categorical loss (including NaN
+            labels that became ``int64`` minimum), examples whose shape does not fit the model's
+            input, or NaN/inf values; the message names the split, the field and the value.
+        RecipeError: unknown builder (from the registry).
+    """
+    splits = dict(splits or {})
+    names = [("data.train_split", recipe.data.train_split)]
+    if recipe.data.eval_split:
+        names.append(("data.eval_split", recipe.data.eval_split))
+    sparse = "sparse_categorical" in _loss_name(recipe)
+    for field, split in names:
+        x, y = splits[split] if split in splits else _load(recipe.data, split)
+        where = f"{field} '{split}' of data.source '{recipe.data.source}'" + (
+            f" (data.path '{recipe.data.path}')" if recipe.data.path else "")
+        _check_finite(x, f"{where}: examples")
+        _check_finite(y, f"{where}: labels")
+        _check_shape(x, model, where)
+        if sparse:
+            _check_labels(y, model, where)
+
+
+def check_recipe_here(recipe: Recipe) -> None:
+    """What ``kerasdist validate --check-data`` adds: build the model in this process (no
+    strategy; imports its builder), check its loss and metrics, the data against it
+    (:func:`check_inputs`) and ``output.run_dir`` (:func:`check_run_dir_path`). Writes nothing.
+
+    Raises:
+        RecipeError, DataError, RunDirError: the first problem found.
+    """
+    from kerasdist.training.model import build_model, check_metrics, make_loss
+
+    check_run_dir_path(recipe.output.run_dir)
+    model, spec = build_model(recipe)
+    make_loss(spec.loss)
+    check_metrics(spec.metrics)
+    check_inputs(recipe, model)
+
+
+def _loss_name(recipe: Recipe) -> str:
+    from kerasdist.models import registry
+
+    return registry.check(recipe.model).loss or ""
+
+
+def _load(data_config, split: str) -> Split:
+    from kerasdist.data.sources import load_split, sample_tfrecord_split
+
+    if data_config.source == "tfrecord" and split.strip().isidentifier():
+        return sample_tfrecord_split(Path(data_config.path), split.strip(), MAX_CHECKED_RECORDS)
+    return load_split(data_config, split)
+
+
+def _check_finite(values: np.ndarray, what: str) -> None:
+    values = np.asarray(values)
+    if not np.issubdtype(values.dtype, np.floating):
+        return
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = int(np.argmax(bad.reshape(len(values), -1).any(axis=1))) if values.ndim else 0
+        raise DataError(f"{what} hold {int(bad.sum())} NaN/inf value(s) (first in example {first}); "
+                        "training on them gives a NaN model. Received: "
+                        f"{values.reshape(-1)[np.argmax(bad.reshape(-1))].item()!r}")
+
+
+def _model_input_shape(model) -> tuple | None:
+    try:
+        shape = model.input_shape
+    except (AttributeError, ValueError):  # a subclassed model not built yet
+        return None
+    if not isinstance(shape, tuple) or any(isinstance(s, (tuple, list)) for s in shape):
+        return None  # several inputs: not one array of examples
+    return tuple(shape[1:])
+
+
+def _check_shape(x: np.ndarray, model, where: str) -> None:
+    expected = _model_input_shape(model)
+    if expected is None:
+        return
+    example = tuple(np.asarray(x).shape[1:])
+    fed = example + (1,) if x.dtype == np.uint8 and len(example) == 2 else example
+    fits = len(fed) == len(expected) and all(e is None or e == f for e, f in zip(expected, fed, strict=True))
+    if not fits:
+        model_name = getattr(model, "name", "model")
+        raise DataError(f"{where}: examples of shape {example} (fed as {fed}) do not fit the "
+                        f"input {expected} of model '{model_name}'. Received: example shape "
+                        f"{example}")
+
+
+def _num_classes(model) -> int | None:
+    try:
+        units = model.output_shape[-1]
+    except (AttributeError, ValueError, TypeError, IndexError):
+        return None
+    return units if isinstance(units, int) and units > 1 else None
+
+
+def _check_labels(y: np.ndarray, model, where: str) -> None:
+    classes = _num_classes(model)
+    labels = np.asarray(y).reshape(len(y), -1)
+    if labels.shape[1] != 1:
+        raise DataError(f"{where}: a sparse-categorical loss takes one integer label per example. "
+                        f"Received: labels of shape {np.asarray(y).shape}")
+    labels = labels[:, 0]
+    if np.issubdtype(labels.dtype, np.floating) and (labels != np.round(labels)).any():
+        bad = int(np.argmax(labels != np.round(labels)))
+        raise DataError(f"{where}: labels must be whole class numbers. Received: label "
+                        f"{labels[bad].item()!r} at example {bad}")
+    if classes is None or not len(labels):
+        return
+    out = (labels < 0) | (labels >= classes)
+    if out.any():
+        first = int(np.argmax(out))
+        hint = " (a NaN label cast to int64?)" if labels[first] == np.iinfo(np.int64).min else ""
+        raise DataError(f"{where}: labels must be in [0, {classes}) for a model with {classes} "
+                        f"output units; {int(out.sum())} of {len(labels)} are not (first at "
+                        f"example {first}). Received: label {labels[first].item()!r}{hint}")
+
+
+def check_run_dir_path(path: str | Path) -> None:
+    """Refuse an ``output.run_dir`` that cannot be created or written, before anything starts.
+
+    Checks the path only (no file is created): it is not an existing non-directory; every
+    component fits the filesystem's name limit (``NAME_MAX``) and the whole path its path limit;
+    the nearest existing ancestor is a directory this process can write into (``os.access``;
+    always true for root).
+
+    Raises:
+        RunDirError: naming ``output.run_dir``, the path and what is wrong.
+    """
+    path = Path(path)
+    label = f"output.run_dir '{path}'"
+    existing = _nearest_existing(path)
+    name_max, path_max = _limits(existing)
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise RunDirError(f"{label}: the name '{part[:40]}...' has {len(os.fsencode(part))} "
+                              f"bytes, more than this filesystem allows ({name_max}; "
+                              f"{errno.errorcode[errno.ENAMETOOLONG]}). Received: run_dir='{path}'")
+    if len(os.fsencode(str(path.absolute()))) >= path_max:
+        raise RunDirError(f"{label}: path longer than this filesystem allows ({path_max} bytes). "
+                          f"Received: run_dir='{path}'")
+    if existing == path.absolute() and not existing.is_dir():
+        raise RunDirError(f"{label} exists and is not a directory. Received: run_dir='{path}'")
+    if not existing.is_dir():
+        raise RunDirError(f"{label}: '{existing}' is not a directory, so the run directory cannot "
+                          f"be created in it. Received: run_dir='{path}'")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(f"{label}: '{existing}' is not writable by this user. "
+                          f"Received: run_dir='{path}'")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except (OSError, ValueError):  # missing, a name too long, a file used as a folder, NUL
+        return False
+    return True
+
+
+def _nearest_existing(path: Path) -> Path:
+    current = path.absolute()
+    while not _exists(current) and current != current.parent:
+        current = current.parent
+    return current
+
+
+def _limits(existing: Path) -> tuple[int, int]:
+    folder = existing if existing.is_dir() else existing.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # not POSIX, or not reported
+        return 255, 4096
+
