@@ -47,14 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
     roles = fit.add_argument_group(
         "cluster role (seed-style flags; alternative to the TF_CONFIG environment variable)")
     roles.add_argument("--job-name", choices=["chief", "worker", "ps"])
-    roles.add_argument("--task-index", type=int, default=0)
-    roles.add_argument("--ps-hosts", default="", help="comma-separated host:port list")
-    roles.add_argument("--worker-hosts", default="", help="comma-separated host:port list")
-    roles.add_argument("--chief-host", default="", help="host:port of the chief (coordinator)")
+    roles.add_argument("--task-index", type=int, default=None, help="this task's index (default 0)")
+    roles.add_argument("--ps-hosts", default=None, help="comma-separated host:port list")
+    roles.add_argument("--worker-hosts", default=None, help="comma-separated host:port list")
+    roles.add_argument("--chief-host", default=None, help="host:port of the chief (coordinator)")
 
     validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
     _add_recipe_args(validate)
     validate.add_argument("--json", action="store_true", help="print JSON instead of YAML")
+    validate.add_argument("--import", dest="import_builder", action="store_true",
+                          help="import the module of an import-path model.name (this runs its "
+                               "code) and check model.params against the builder; without it "
+                               "the path's syntax only is checked")
+    validate.add_argument("--check-data", action="store_true",
+                          help="also build the model (implies --import; needs TensorFlow) and "
+                               "check the data splits against it (labels, shapes, NaN/inf), the "
+                               "metrics, the loss and output.run_dir, as fit would")
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
 
@@ -78,14 +86,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _cmd_validate(args) -> int:
-    from kerasdist.config import dump_recipe, load_recipe
+def _load_without_imports(args, imports: bool = False):
+    """The recipe, with an import-path ``model.name`` checked for syntax only unless ``imports``."""
+    import contextlib
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    from kerasdist.config import load_recipe
+    from kerasdist.models import registry
+
+    with contextlib.nullcontext() if imports else registry.no_imports():
+        return load_recipe(args.recipe, args.overrides)
+
+
+def _cmd_validate(args) -> int:
+    from kerasdist.config import dump_recipe
+    from kerasdist.models import registry
+
+    imports = args.import_builder or args.check_data
+    recipe = _load_without_imports(args, imports)
+    note = None
+    if registry.is_import_path(recipe.model.name) and not imports:
+        note = (f"model.name '{recipe.model.name}': import path checked for syntax only, not "
+                "imported (its module and model.params are unchecked; --import imports it, "
+                "which runs its code)")
+    if args.check_data:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from kerasdist.training.checks import check_recipe_here
+
+        check_recipe_here(recipe)
     if args.json:
         print(json.dumps(recipe.model_dump(mode="json"), indent=2))
+        if note:
+            print(f"kerasdist: {note}", file=sys.stderr)
     else:
-        print(f"# {args.recipe}: valid recipe (defaults filled in)")
+        checked = "; model, data and run dir checked" if args.check_data else ""
+        print(f"# {args.recipe}: valid recipe (defaults filled in{checked})")
+        if note:
+            print(f"# {note}")
         print(dump_recipe(recipe), end="")
     return EXIT_OK
 
@@ -97,31 +133,64 @@ def _cmd_schema(args) -> int:
     return EXIT_OK
 
 
-def _cmd_fit(args) -> int:
+ROLE_FLAGS = (("--job-name", "job_name"), ("--task-index", "task_index"),
+              ("--ps-hosts", "ps_hosts"), ("--worker-hosts", "worker_hosts"),
+              ("--chief-host", "chief_host"))
+
+
+def _role_flags(args) -> list[str]:
+    """The seed-style role flags given on the command line, as ``--flag=value``."""
+    return [f"{flag}={getattr(args, dest)}" for flag, dest in ROLE_FLAGS
+            if getattr(args, dest) is not None]
+
+
+def _fit_recipe(args):
+    """The recipe of ``fit`` and this task's role from the seed-style flags (None without them).
+
+    Raises:
+        ClusterError: role flags without ``--job-name``, or on a recipe whose strategy runs in
+            this process only (topology ``single``), where they would be ignored.
+    """
     from kerasdist.config import load_recipe
+    from kerasdist.errors import ClusterError
 
-    overrides = list(args.overrides)
-    tf_config = None
-    if args.job_name:
-        from kerasdist.cluster.spec import from_flags
+    recipe = load_recipe(args.recipe, args.overrides)
+    given = _role_flags(args)
+    if not given:
+        return recipe, None
+    traits = recipe.strategy.traits
+    if traits.topology == "single":
+        raise ClusterError(f"{', '.join(g.split('=')[0] for g in given)}: cluster role flags, but "
+                           f"strategy '{recipe.strategy.kind}' runs in this one process (it has no "
+                           f"cluster roles); remove them or use a cluster strategy. Received: "
+                           f"{' '.join(given)}")
+    if args.job_name is None:
+        raise ClusterError(f"{given[0].split('=')[0]} needs --job-name (chief, worker or ps). "
+                           f"Received: {' '.join(given)}")
+    from kerasdist.cluster.spec import from_flags
 
-        overrides.append("cluster.kind=tf_config")
-        tf_config = from_flags(job_name=args.job_name, task_index=args.task_index,
-                               ps_hosts=args.ps_hosts, worker_hosts=args.worker_hosts,
-                               chief_host=args.chief_host)
-    recipe = load_recipe(args.recipe, overrides)
-    if tf_config is not None and recipe.strategy.traits.needs_ps and not tf_config.num("ps"):
-        from kerasdist.errors import ClusterError
-
+    tf_config = from_flags(job_name=args.job_name, task_index=args.task_index or 0,
+                           ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
+                           chief_host=args.chief_host or "")
+    if traits.needs_ps and not tf_config.num("ps"):
         raise ClusterError(f"strategy '{recipe.strategy.kind}' needs --ps-hosts. "
-                           "Received: ps_hosts=''")
+                           f"Received: ps_hosts='{args.ps_hosts or ''}'")
+    recipe = load_recipe(args.recipe, [*args.overrides, "cluster.kind=tf_config"])
+    return recipe, tf_config
+
+
+def _cmd_fit(args) -> int:
+    recipe, tf_config = _fit_recipe(args)
+    from kerasdist.training.checks import check_run_dir_path
+
+    check_run_dir_path(recipe.output.run_dir)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from kerasdist.launch import run_recipe
     from kerasdist.training import summary_text
 
     result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
     if result is not None:
-        print(summary_text(result))
+        print(summary_text(result, tensorboard=recipe.output.tensorboard))
     return EXIT_OK
 
 
@@ -145,9 +214,8 @@ def _add_export_parser(sub) -> None:
 
 def _cmd_export(args) -> int:
     from kerasdist.cluster.export import PodResources, dump_manifest, tfjob_manifest
-    from kerasdist.config import load_recipe
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = _load_without_imports(args)
     manifest = tfjob_manifest(recipe, recipe_path=args.recipe_in_image or args.recipe,
                               image=args.image, name=args.name, namespace=args.namespace,
                               resources=PodResources(cpu=args.cpu, memory=args.memory,

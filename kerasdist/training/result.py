@@ -67,8 +67,14 @@ def write_metrics(result: RunResult, recipe) -> Path:
     return outputs.write_json_atomic(result.metrics_path, data)
 
 
-def summary_text(result: RunResult) -> str:
-    """The one-screen summary printed at the end of ``kerasdist fit``."""
+def summary_text(result: RunResult, *, tensorboard: bool | None = None) -> str:
+    """The one-screen summary printed at the end of ``kerasdist fit``.
+
+    Args:
+        result: the finished run.
+        tensorboard: whether the run wrote TensorBoard logs (``output.tensorboard``); None =
+            whether ``<run_dir>/tensorboard`` exists. Without logs no ``tensorboard`` line.
+    """
     ev = result.evaluation
     lines = ["", "=" * 64, "kerasdist run summary", "-" * 64,
              f"strategy           {result.strategy} ({result.num_replicas} replica(s))",
@@ -81,7 +87,10 @@ def summary_text(result: RunResult) -> str:
               f"wall time          {result.wall_time_s:.1f} s",
               f"model              {result.model_path or '(not saved)'}",
               f"metrics            {result.metrics_path}",
-              f"checkpoints        {result.run_dir / outputs.CHECKPOINT_DIR}",
-              f"tensorboard        tensorboard --logdir {result.run_dir / 'tensorboard'}",
-              "=" * 64]
+              f"checkpoints        {result.run_dir / outputs.CHECKPOINT_DIR}"]
+    if tensorboard is None:
+        tensorboard = (result.run_dir / "tensorboard").is_dir()
+    if tensorboard:
+        lines.append(f"tensorboard        tensorboard --logdir {result.run_dir / 'tensorboard'}")
+    lines.append("=" * 64)
     return "\n".join(lines)
