@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -93,3 +94,90 @@ def test_python_dash_m_entry_point():
     done = subprocess.run([sys.executable, "-m", "kerasdist", "--version"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("kerasdist ")
+
+
+# ------------------------------------------------------------- flags, run directory, summary
+@pytest.mark.parametrize("flags, needle", [
+    (["--task-index", "3"], "--task-index: cluster role flags, but strategy 'default'"),
+    (["--job-name", "worker", "--worker-hosts", "h:1"], "--job-name, --worker-hosts: cluster role"),
+    (["--ps-hosts", "h:1"], "Received: --ps-hosts=h:1"),
+])
+def test_role_flags_on_a_one_process_strategy_exit_2(write_recipe, tmp_path, capsys, flags, needle):
+    run_dir = tmp_path / "run"
+    path = write_recipe(LINEAR.format(run_dir=run_dir))
+    assert main(["fit", str(path), *flags]) == EXIT_BAD_INPUT
+    assert needle in capsys.readouterr().err
+    assert not run_dir.exists()
+
+
+def test_role_flags_without_job_name_exit_2(write_recipe, tmp_path, capsys):
+    path = write_recipe(LINEAR.format(run_dir=tmp_path / "run") + "strategy: {kind: multi_worker}\n"
+                        "cluster: {kind: tf_config}\n")
+    assert main(["fit", str(path), "--task-index", "1"]) == EXIT_BAD_INPUT
+    assert "--task-index needs --job-name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda tmp: (tmp / "afile").write_text("x") and tmp / "afile", "exists and is not a directory"),
+    (lambda tmp: (tmp / "afile").write_text("x") and tmp / "afile" / "run", "is not a directory, so"),
+    (lambda tmp: tmp / ("n" * 300) / "run", "more than this filesystem allows"),
+])
+def test_unusable_run_dir_exits_2_naming_it(write_recipe, tmp_path, capsys, make, needle):
+    run_dir = make(tmp_path)
+    path = write_recipe(LINEAR.format(run_dir=run_dir))
+    assert main(["fit", str(path)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert needle in err and "output.run_dir" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_unwritable_run_dir_parent_exits_2(write_recipe, tmp_path, capsys):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o500)
+    try:
+        path = write_recipe(LINEAR.format(run_dir=parent / "run"))
+        assert main(["fit", str(path)]) == EXIT_BAD_INPUT
+        assert "is not writable" in capsys.readouterr().err
+    finally:
+        parent.chmod(0o700)
+
+
+def test_summary_has_no_tensorboard_line_without_tensorboard(tmp_path):
+    from kerasdist.training.result import RunResult, summary_text
+
+    result = RunResult(history={}, evaluation={"loss": 1.0}, throughput={"examples_per_sec": 1.0,
+                       "timed_steps": 1}, wall_time_s=1.0, run_dir=tmp_path, model_path=None,
+                       metrics_path=tmp_path / "metrics.json", initial_epoch=0, epochs=1,
+                       num_replicas=1, strategy="default")
+    assert "tensorboard" not in summary_text(result, tensorboard=False)
+    assert "tensorboard" not in summary_text(result)  # no <run_dir>/tensorboard
+    assert "tensorboard --logdir" in summary_text(result, tensorboard=True)
+
+
+def test_fit_summary_without_tensorboard(write_recipe, tmp_path, capsys):
+    path = write_recipe(LINEAR.format(run_dir=tmp_path / "run"))
+    assert main(["fit", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "kerasdist run summary" in out and "tensorboard" not in out
+
+
+def test_validate_check_data_reports_bad_labels(write_recipe, tmp_path, capsys):
+    import numpy as np
+
+    x = np.zeros((32, 28, 28), np.uint8)
+    y = np.arange(32) % 10
+    y[7] = 255
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x, y_test=y)
+    path = write_recipe(f"data: {{source: npz, path: '{tmp_path / 'd.npz'}', train_split: train, "
+                        f"eval_split: test, batch_size: 8}}\noutput: {{run_dir: '{tmp_path / 'run'}'}}\n")
+    assert main(["validate", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["validate", str(path), "--check-data"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "labels must be in [0, 10)" in err and "Received: label 255" in err
+    assert not (tmp_path / "run").exists()
+    y[7] = 3
+    np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x, y_test=y)
+    assert main(["validate", str(path), "--check-data"]) == 0
+    assert "model, data and run dir checked" in capsys.readouterr().out

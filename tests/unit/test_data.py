@@ -157,3 +157,120 @@ def test_tfds_offline_error_points_to_embedded(monkeypatch):
     monkeypatch.setattr(tfds, "load", offline)
     with pytest.raises(DataError, match="Offline\\? Use data.source: embedded"):
         load_split(DataConfig(source="tfds"), "train")
+
+
+# ------------------------------------------- bad data never reaches the graph (training/checks.py)
+def _npz(tmp_path, x, y, name="bad.npz"):
+    path = tmp_path / name
+    np.savez(path, x_train=x, y_train=y, x_test=x, y_test=y)
+    return path
+
+
+def _recipe(path, **data):
+    from kerasdist.config import Recipe
+
+    return Recipe(data=dict(source="npz", path=str(path), train_split="train",
+                            eval_split="test", batch_size=8, **data))
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    from kerasdist.models import mnist_cnn
+
+    return mnist_cnn()
+
+
+def _images(n=16, side=28):
+    return np.random.default_rng(0).integers(0, 256, (n, side, side), dtype=np.uint8)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("label, needle", [
+    (10, r"labels must be in \[0, 10\) for a model with 10 output units; 1 of 16 are not "
+         r"\(first at example 3\)\. Received: label 10"),
+    (255, r"Received: label 255"),
+    (-1, r"Received: label -1"),
+])
+def test_labels_out_of_range_are_refused_naming_split_and_value(tmp_path, cnn, label, needle):
+    from kerasdist.training.checks import check_inputs
+
+    y = np.arange(16) % 10
+    y[3] = label
+    path = _npz(tmp_path, _images(), y)
+    with pytest.raises(DataError, match=needle) as err:
+        check_inputs(_recipe(path), cnn)
+    assert "data.train_split 'train'" in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.timeout(120)
+def test_nan_labels_are_refused_at_load_and_when_already_cast(tmp_path, cnn):
+    from kerasdist.training.checks import check_inputs
+
+    y = (np.arange(16) % 10).astype(np.float32)
+    y[5] = np.nan
+    path = _npz(tmp_path, _images(), y)
+    with pytest.raises(DataError, match=r"y_train: labels must be whole class numbers.*index 5"):
+        load_split(DataConfig(source="npz", path=path), "train")
+    with np.errstate(invalid="ignore"):
+        cast = y.astype(np.int64)  # what the loaders used to make of it: int64 min
+    with pytest.raises(DataError, match="a NaN label cast to int64"):
+        check_inputs(_recipe(path), cnn, splits={"train": (_images(), cast), "test": (_images(), cast)})
+
+
+@pytest.mark.timeout(120)
+def test_wrong_image_size_and_nan_images_are_refused(tmp_path, cnn):
+    from kerasdist.training.checks import check_inputs
+
+    y = np.arange(16) % 10
+    path = _npz(tmp_path, _images(side=32), y)
+    with pytest.raises(DataError, match=r"examples of shape \(32, 32\) \(fed as \(32, 32, 1\)\) do "
+                                        r"not fit the input \(28, 28, 1\) of model 'mnist_cnn'"):
+        check_inputs(_recipe(path), cnn)
+    x = _images().astype(np.float32)
+    x[2, 4, 4] = np.nan
+    path = _npz(tmp_path, x, y, name="nan.npz")
+    with pytest.raises(DataError, match=r"examples hold 1 NaN/inf value\(s\) \(first in example 2\)"):
+        check_inputs(_recipe(path), cnn)
+
+
+@pytest.mark.timeout(120)
+def test_eval_split_is_checked_too_and_good_data_passes(tmp_path, cnn):
+    from kerasdist.training.checks import check_inputs
+
+    good = (_images(), np.arange(16) % 10)
+    path = _npz(tmp_path, *good)
+    check_inputs(_recipe(path), cnn)
+    bad = (_images(), np.full(16, 12))
+    with pytest.raises(DataError, match=r"data.eval_split 'test'.*Received: label 12"):
+        check_inputs(_recipe(path), cnn, splits={"train": good, "test": bad})
+    check_inputs(_recipe(path, normalize=False), cnn)
+    from kerasdist.config import Recipe
+
+    check_inputs(Recipe(), cnn)
+
+
+@pytest.mark.timeout(120)
+def test_tfrecord_source_is_checked_on_a_bounded_sample(tmp_path, cnn):
+    from kerasdist.training import checks
+
+    write_tfrecord(_images(8, side=32), np.arange(8) % 10, tmp_path / "tf" / "train-0.tfrecord")
+    recipe = _recipe(tmp_path / "tf").model_copy(update={"data": DataConfig(
+        source="tfrecord", path=tmp_path / "tf", train_split="train", eval_split=None,
+        batch_size=4)})
+    with pytest.raises(DataError, match=r"shape \(32, 32\)"):
+        checks.check_inputs(recipe, cnn)
+
+
+@pytest.mark.timeout(120)
+def test_linear_model_data_passes_and_nan_targets_are_refused():
+    from kerasdist.config import Recipe
+    from kerasdist.models import linear
+    from kerasdist.training.checks import check_inputs
+
+    recipe = Recipe(model={"name": "linear"}, data={"source": "synthetic_linear",
+                                                     "train_split": "train", "eval_split": "test"})
+    check_inputs(recipe, linear())
+    x = np.ones((4, 1), np.float32)
+    y = np.array([[1.0], [np.inf], [2.0], [3.0]], np.float32)
+    with pytest.raises(DataError, match="labels hold 1 NaN/inf"):
+        check_inputs(recipe, linear(), splits={"train": (x, y), "test": (x, y)})
