@@ -43,3 +43,32 @@ class ThroughputMeter(keras.callbacks.Callback):
     def summary(self) -> dict:
         """The clock's JSON-ready figures (``metrics.json``'s ``throughput``)."""
         return self.clock.summary()
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Stop training with an error at the first step whose loss is NaN or infinite.
+
+    Keras's ``TerminateOnNaN`` only sets ``stop_training``, after which a caller would save the
+    non-finite weights as if training had ended well; this raises instead, before any later
+    callback of the same step (put it first), so the last checkpoint and model on disk stay the
+    last good ones. Source of the semantics: ``keras.callbacks.TerminateOnNaN``.
+
+    Raises:
+        kerasdist.errors.TrainingError: from ``on_train_batch_end`` (class ``fatal``, exit code
+            1), naming the batch and the loss value.
+    """
+
+    def on_train_batch_end(self, batch, logs=None):
+        import math
+
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        loss = float(keras.ops.convert_to_numpy(loss))
+        if not math.isfinite(loss):
+            from kerasdist.errors import TrainingError
+
+            raise TrainingError(
+                f"the training loss became {loss} at batch {batch} of this epoch; stopped without "
+                "saving (the last checkpoint and model on disk are the last good ones). Lower "
+                "optimizer.learning_rate or check the data for NaN/inf values.")

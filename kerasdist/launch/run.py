@@ -43,7 +43,7 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
         RecipeError, DataError, RunDirError: bad input (exit code 2).
     """
     from kerasdist.data.sources import load_split
-    from kerasdist.training import outputs
+    from kerasdist.training import rundir
 
     strategy = registry.for_recipe(recipe)
     strategy.preflight(recipe)
@@ -53,7 +53,7 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
                         f"than one global batch. Received: batch_size={recipe.data.batch_size}")
     if recipe.data.eval_split:
         load_split(recipe.data, recipe.data.eval_split)
-    outputs.check_run_dir(Path(recipe.output.run_dir), recipe, overwrite=overwrite,
+    rundir.check_run_dir(Path(recipe.output.run_dir), recipe, overwrite=overwrite,
                           checkpoint_schema=strategy.traits.checkpoint_schema)
 
 

@@ -46,6 +46,7 @@ class KerasFitLoop:
             Preempted: SIGTERM; every replica saved a checkpoint at the same step first.
         """
         from kerasdist.keras.backup import PreemptionWatch, StepBackup, WeightDigest
+        from kerasdist.keras.callbacks import StopOnNonFiniteLoss
 
         recipe, data = run.recipe, run.data
         history: dict[str, list[float]] = {}
@@ -53,7 +54,7 @@ class KerasFitLoop:
             backup = StepBackup(run.store, start_step=run.start_step, watch=watch,
                                 every_steps=recipe.trainer.checkpoint.every_steps)
             eval_ds = data.eval_dataset(run.tf_strategy) if recipe.trainer.validation else None
-            callbacks = [backup, WeightDigest(backup), *run.callbacks]
+            callbacks = [StopOnNonFiniteLoss(), backup, WeightDigest(backup), *run.callbacks]
             for first, last, steps, stream_step in self._phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
@@ -86,10 +87,12 @@ class CoordinatorLoop:
         (:class:`~kerasdist.keras.ps_loop.PSStats`) to ``run.extra``."""
         from kerasdist.keras import ps_fit
         from kerasdist.keras.backup import EpochEndSave
+        from kerasdist.keras.callbacks import StopOnNonFiniteLoss
 
         recipe, data = run.recipe, run.data
         initial_epoch = run.start_step // data.steps_per_epoch
-        callbacks = ([EpochEndSave(run.store)] if run.store is not None else []) + run.callbacks
+        callbacks = ([StopOnNonFiniteLoss()] + ([EpochEndSave(run.store)] if run.store is not None
+                                                else []) + run.callbacks)
         eval_fn = data.eval_fn if recipe.trainer.validation else None
         hist = ps_fit.fit(run.model, data.train_fn, epochs=recipe.trainer.epochs,
                           initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,

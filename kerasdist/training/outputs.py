@@ -8,12 +8,11 @@ over the old one with ``os.replace`` (atomic on POSIX and Windows within one fil
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from kerasdist.errors import RunDirError
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -41,9 +40,21 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON, atomically."""
-    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    """Write ``data`` as indented, strictly valid JSON (NaN and infinities become ``null``),
+    atomically."""
+    text = json.dumps(_finite(data), indent=2, sort_keys=False, default=str, allow_nan=False)
+    return write_text_atomic(path, text + "\n")
 
 
 def save_model_atomic(model, path: str | Path) -> Path:
@@ -82,41 +93,3 @@ def write_run_info(run_dir: Path, recipe: Recipe, checkpoint_schema: str) -> Pat
         "fingerprint": model_fingerprint(recipe, checkpoint_schema),
         "strategy": recipe.strategy.kind, "kerasdist": __version__,
         "recipe": recipe.model_dump(mode="json")})
-
-
-def check_run_dir(run_dir: Path, recipe: Recipe, *, checkpoint_schema: str, overwrite: bool) -> bool:
-    """Refuse a run directory whose checkpoints this recipe cannot restore.
-
-    A checkpoint can be continued by any strategy that reads the same checkpoint schema
-    (default -> mirrored -> multi_worker at the exact step), but not by another model or
-    schema. Reads only; writes nothing.
-
-    Returns:
-        True when the directory holds checkpoints this run will resume from.
-
-    Raises:
-        RunDirError: checkpoints of another model, another checkpoint schema (e.g. written by an
-            older kerasdist) or of unknown origin are present and ``overwrite`` is False; the
-            message names what was found (model, schema, strategy) and what was requested.
-    """
-    ckpt_dir = run_dir / CHECKPOINT_DIR
-    has_ckpt = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
-    if not has_ckpt or overwrite:
-        return False
-    info = read_run_info(run_dir) or {}
-    previous = info.get("fingerprint")
-    wanted = model_fingerprint(recipe, checkpoint_schema)
-    if previous == wanted:
-        return True
-    found_schema = (previous or {}).get("checkpoint_schema", "kerasdist-0.1 (no schema version)")
-    found_kind = info.get("strategy") or (info.get("recipe") or {}).get("strategy", {}).get("kind")
-    if previous and previous.get("model") == wanted["model"]:
-        what = (f"checkpoints in schema '{found_schema}' (strategy '{found_kind}'), which strategy "
-                f"'{recipe.strategy.kind}' (schema '{checkpoint_schema}') cannot restore")
-    else:
-        what = (f"a checkpoint of a different model (found: model {(previous or {}).get('model')}, "
-                f"schema '{found_schema}', strategy '{found_kind}'; this recipe: model "
-                f"{wanted['model']}, schema '{checkpoint_schema}', strategy "
-                f"'{recipe.strategy.kind}')")
-    raise RunDirError(f"output.run_dir '{run_dir}' holds {what}. Use another output.run_dir, or "
-                      "pass --overwrite to discard those checkpoints.")

@@ -20,14 +20,15 @@ writes anything and a resumed run continues at the exact global step:
 
 from __future__ import annotations
 
-import shutil
+import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
 from kerasdist.strategies import RunContext, registry
-from kerasdist.training import outputs
+from kerasdist.training import outputs, rundir
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, write_metrics
 
@@ -58,14 +59,36 @@ def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | Non
     return tf_strategy, mends
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM outside the training loop (start-up, evaluation, final save) ends the run like
+    Ctrl-C: ``KeyboardInterrupt`` -> exit code 130, checkpoints kept, no partial output (during
+    training the loop's :class:`~kerasdist.keras.backup.PreemptionWatch` saves first). Left alone
+    when another Python handler owns SIGTERM (a launcher) or off the main thread."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("SIGTERM received outside the training steps; stopped, "
+                                "checkpoints kept")
+
+    previous = signal.getsignal(signal.SIGTERM)
+    if callable(previous):
+        yield
+        return
+    try:
+        signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _model_and_store(recipe, strategy, tf_strategy, data, *, run_dir: Path, task: str,
-                     is_chief: bool, overwrite: bool):
+                     is_chief: bool):
     from kerasdist.keras.backup import BackupStore
 
     ckpt_dir = run_dir / outputs.CHECKPOINT_DIR
-    if is_chief and overwrite and ckpt_dir.exists():
-        log.info(f"--overwrite: discarding the checkpoints in {ckpt_dir}")
-        shutil.rmtree(ckpt_dir)
     store = None
     with tf_strategy.scope():
         model = build_compiled_model(recipe, tf_strategy.num_replicas_in_sync,
@@ -121,7 +144,8 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         recipe: a validated :class:`kerasdist.config.Recipe`.
         tf_config: this task's role (:class:`kerasdist.cluster.spec.TFConfig`) on a cluster; None
             when this process is the whole job. The process environment is never changed.
-        overwrite: discard checkpoints in ``output.run_dir`` that this run cannot resume.
+        overwrite: start afresh: the chief moves a previous run in ``output.run_dir`` aside to
+            ``<run_dir>.old-<time>`` (nothing is deleted; see :mod:`kerasdist.training.rundir`).
         verbose: Keras progress verbosity; default ``recipe.trainer.verbose``.
         callbacks: extra Keras callbacks, after kerasdist's own; on a multi-worker cluster they run
             on every worker (they must not write shared files unless on the chief).
@@ -133,12 +157,13 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         ``weights_sha256`` and the loop's own figures (``parameter_server``).
 
     Raises:
-        RecipeError, DataError, RunDirError: bad input, before anything is written.
+        RecipeError, DataError, RunDirError: bad input, before anything is written; RunDirError
+            also when another live run holds the run directory's lock.
         TaskFailedError: a peer task was lost (named in the message).
-        Preempted: SIGTERM; a checkpoint was saved first.
+        TrainingError: no checkpoint reads back whole; a non-finite loss.
+        Preempted: SIGTERM during training; a checkpoint was saved first.
+        KeyboardInterrupt: Ctrl-C, or SIGTERM outside the training steps.
     """
-    from kerasdist.keras.backup import weights_digest
-
     ensure_configured()
     strategy = registry.for_recipe(recipe)
     start = time.perf_counter()
@@ -146,11 +171,38 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
     is_chief = tf_config.is_chief if tf_config is not None else True
     run_dir = Path(recipe.output.run_dir)
     schema = strategy.traits.checkpoint_schema
-    resumable = outputs.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
-    tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
-    data = strategy.make_input(recipe, tf_strategy)
+    resumable = rundir.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_sigterm_interrupts())
+        tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
+        data = strategy.make_input(recipe, tf_strategy)
+        if is_chief:
+            resumable = _claim(stack, run_dir, recipe, schema, overwrite=overwrite)
+        return _run(recipe, strategy, tf_strategy, data, mends, tf_config=tf_config, task=task,
+                    is_chief=is_chief, resumable=resumable, verbose=verbose, callbacks=callbacks,
+                    start=start)
+
+
+def _claim(stack: contextlib.ExitStack, run_dir: Path, recipe: Recipe, schema: str, *,
+           overwrite: bool) -> bool:
+    """Chief: lock the run directory for this run, move the old run aside under ``--overwrite``
+    (unless the launcher that started this process did both), check it again under the lock.
+    Returns whether there are checkpoints to resume."""
+    lock = stack.enter_context(rundir.RunDirLock(run_dir))
+    if overwrite and not lock.inherited and rundir.move_aside(run_dir) is not None:
+        stack.close()
+        lock = stack.enter_context(rundir.RunDirLock(run_dir))
+    return rundir.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
+
+
+def _run(recipe, strategy, tf_strategy, data, mends, *, tf_config, task, is_chief, resumable,
+         verbose, callbacks, start) -> RunResult | None:
+    from kerasdist.keras.backup import weights_digest
+
+    run_dir = Path(recipe.output.run_dir)
+    schema = strategy.traits.checkpoint_schema
     model, store = _model_and_store(recipe, strategy, tf_strategy, data, run_dir=run_dir,
-                                    task=task, is_chief=is_chief, overwrite=overwrite)
+                                    task=task, is_chief=is_chief)
     try:
         start_step = store.restore() if (store is not None and resumable) else 0
         strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir)
