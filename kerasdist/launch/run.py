@@ -16,6 +16,7 @@ The topology comes from the strategy object's traits (``multi_worker`` is ``peer
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -25,7 +26,7 @@ from kerasdist import _log
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError, DataError
 from kerasdist.strategies import registry
-from kerasdist.training import RunResult, run_session
+from kerasdist.training import RunResult, run_session, rundir
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -43,7 +44,6 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
         RecipeError, DataError, RunDirError: bad input (exit code 2).
     """
     from kerasdist.data.sources import load_split
-    from kerasdist.training import rundir
 
     strategy = registry.for_recipe(recipe)
     strategy.preflight(recipe)
@@ -98,12 +98,15 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
     if recipe.cluster.kind == "local":
         preflight(recipe, overwrite=overwrite)
-        if topology == "peers":
-            return _local_peers(recipe, overwrite=overwrite, callbacks=callbacks)
-        from kerasdist.launch.coordinator import run_coordinator
+        with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
+            rundir.claim(held, Path(recipe.output.run_dir), recipe, overwrite=overwrite,
+                         checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
+            if topology == "peers":
+                return _local_peers(recipe, overwrite=overwrite, callbacks=callbacks)
+            from kerasdist.launch.coordinator import run_coordinator
 
-        return run_coordinator(recipe, args=_child_args(recipe), overwrite=overwrite,
-                               verbose=verbose, callbacks=callbacks)
+            return run_coordinator(recipe, args=_child_args(recipe), overwrite=overwrite,
+                                   verbose=verbose, callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)

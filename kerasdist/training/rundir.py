@@ -137,6 +137,25 @@ def move_aside(run_dir: Path) -> Path | None:
     return target
 
 
+def claim(stack: contextlib.ExitStack, run_dir: Path, recipe: Recipe, *, checkpoint_schema: str,
+          overwrite: bool) -> bool:
+    """Take the run directory for this run: lock it (held until ``stack`` closes), move a previous
+    run aside under ``overwrite`` (unless an ancestor process, the local launcher, holds the lock and
+    did so), then check it again under the lock.
+
+    Returns:
+        Whether there are checkpoints to resume (see :func:`check_run_dir`).
+
+    Raises:
+        RunDirError: see :class:`RunDirLock`, :func:`move_aside` and :func:`check_run_dir`.
+    """
+    lock = stack.enter_context(RunDirLock(run_dir))
+    if overwrite and not lock.inherited and move_aside(run_dir) is not None:
+        stack.close()
+        stack.enter_context(RunDirLock(run_dir))
+    return check_run_dir(run_dir, recipe, checkpoint_schema=checkpoint_schema, overwrite=overwrite)
+
+
 def _ancestors() -> set[int]:
     pids, pid = {os.getpid()}, os.getpid()
     while pid > 1:

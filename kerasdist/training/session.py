@@ -177,22 +177,11 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
         data = strategy.make_input(recipe, tf_strategy)
         if is_chief:
-            resumable = _claim(stack, run_dir, recipe, schema, overwrite=overwrite)
+            resumable = rundir.claim(stack, run_dir, recipe, checkpoint_schema=schema,
+                                     overwrite=overwrite)
         return _run(recipe, strategy, tf_strategy, data, mends, tf_config=tf_config, task=task,
                     is_chief=is_chief, resumable=resumable, verbose=verbose, callbacks=callbacks,
                     start=start)
-
-
-def _claim(stack: contextlib.ExitStack, run_dir: Path, recipe: Recipe, schema: str, *,
-           overwrite: bool) -> bool:
-    """Chief: lock the run directory for this run, move the old run aside under ``--overwrite``
-    (unless the launcher that started this process did both), check it again under the lock.
-    Returns whether there are checkpoints to resume."""
-    lock = stack.enter_context(rundir.RunDirLock(run_dir))
-    if overwrite and not lock.inherited and rundir.move_aside(run_dir) is not None:
-        stack.close()
-        lock = stack.enter_context(rundir.RunDirLock(run_dir))
-    return rundir.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
 
 
 def _run(recipe, strategy, tf_strategy, data, mends, *, tf_config, task, is_chief, resumable,
