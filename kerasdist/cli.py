@@ -183,7 +183,11 @@ def _cmd_fit(args) -> int:
     recipe, tf_config = _fit_recipe(args)
     from kerasdist.training.checks import check_run_dir_path
 
-    check_run_dir_path(recipe.output.run_dir)
+    # Here only where this machine writes the outputs (one process, the local launcher, the
+    # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the chief.
+    roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
+    if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
+        check_run_dir_path(recipe.output.run_dir)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from kerasdist.launch import run_recipe
     from kerasdist.training import summary_text
