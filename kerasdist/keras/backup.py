@@ -40,6 +40,7 @@ import numpy as np
 
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
+from kerasdist.keras import state_digest
 
 log = get_logger("backup")
 
@@ -80,6 +81,8 @@ class BackupStore:
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
                                               steps_per_epoch=self._spe)
         self._manager = None
+        self.restored_digest: str | None = None
+        self.restore_verified = False
         self._max_to_keep = max_to_keep
         self._tmp: Path | None = None
         if is_chief:
@@ -187,11 +190,28 @@ class BackupStore:
                 f"Received: {self.steps_per_epoch}; restore the recipe or pass --overwrite.")
         self._spe.assign(self.steps_per_epoch)
         step = int(self.model.optimizer.iterations.numpy())
+        self._verify(prefix)
         if self._manager is not None and self._manager.latest_checkpoint != prefix:
             self._set_latest(prefix)
         log.info(f"resuming from checkpoint {prefix} (global step {step})"
                  + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
         return step
+
+    def _verify(self, prefix: str) -> None:
+        """Compare the restored state with the digest the chief recorded when it saved ``prefix``
+        (sets ``restored_digest`` and ``restore_verified``).
+
+        Raises:
+            TrainingError: the digests differ (the restored values are not the saved ones).
+        """
+        from kerasdist.errors import TrainingError
+
+        self.restored_digest = state_digest.state_digest(self.model)
+        saved = state_digest.read(self.directory).get(Path(prefix).name)
+        self.restore_verified = saved == self.restored_digest
+        if saved is not None and not self.restore_verified:
+            raise TrainingError(f"checkpoint {prefix} restored values that differ from the ones "
+                                f"saved (state sha256 {self.restored_digest} != {saved})")
 
     def _set_latest(self, prefix: str) -> None:
         """Chief: point the manager (and the ``checkpoint`` file) at ``prefix`` so that later saves
@@ -211,7 +231,9 @@ class BackupStore:
             The chief's checkpoint path, None on other workers (their copy is already deleted).
         """
         if self._manager is not None:
-            return self._manager.save(checkpoint_number=step)
+            path = self._manager.save(checkpoint_number=step)
+            state_digest.record(self.directory, path, state_digest.state_digest(self.model))
+            return path
         self.checkpoint.write(str(self._tmp / "ckpt"))
         for path in self._tmp.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()

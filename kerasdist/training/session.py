@@ -222,6 +222,7 @@ def _run(recipe, strategy, tf_strategy, data, mends, *, tf_config, task, is_chie
         strategy=recipe.strategy.kind, extra={
             "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
             "steps_per_epoch": data.steps_per_epoch, "shard_policy": data.shard_policy,
-            "task": task, "mends": mends, **run.extra})
+            "task": task, "mends": mends, "restored_state_sha256": getattr(store, "restored_digest", None),
+            "restore_verified": bool(getattr(store, "restore_verified", False)), **run.extra})
     write_metrics(result, recipe)
     return result

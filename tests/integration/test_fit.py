@@ -44,6 +44,12 @@ def test_mirrored_on_two_logical_cpus_trains_in_sync(tmp_path):
     assert list((tmp_path / "run" / "tensorboard").rglob("events.out.tfevents*"))
     reloaded = keras.saving.load_model(result.model_path)
     assert reloaded.count_params() == 3_274_634
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "state-sha256.json").read_text())
+    more = fit(_cnn_recipe(tmp_path / "run", strategy={"kind": "mirrored", "logical_cpus": 2},
+                           trainer={"epochs": 3}))
+    # weights, Adam slots and iterations restored bit for bit on the mirrored replicas
+    assert more.extra["start_step"] == 64 and more.extra["restore_verified"] is True
+    assert more.extra["restored_state_sha256"] == saved["ckpt-64"]
 
 
 class _Interrupt(keras.callbacks.Callback):
@@ -73,6 +79,7 @@ def test_resume_after_interruption_continues_from_checkpoint(tmp_path, capsys):
     result = fit(recipe)
     assert "resuming from checkpoint" in capsys.readouterr().out
     assert result.initial_epoch == 1 and result.extra["start_step"] == 32
+    assert result.extra["restore_verified"] is True  # weights + Adam slots + step, bit for bit
     assert len(result.history["loss"]) == 2  # epochs 2 and 3 only, not from zero
     assert result.extra["global_steps"] == 3 * 32
     assert result.evaluation["accuracy"] > 0.9

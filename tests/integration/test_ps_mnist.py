@@ -80,5 +80,8 @@ def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_c
 
     second = run_session(_linear_recipe(run_dir, epochs=3), tf_config=inprocess_ps_cluster.tf_config)
     assert second.initial_epoch == 2
+    saved = json.loads((run_dir / "checkpoints" / "state-sha256.json").read_text())
+    assert second.extra["restore_verified"] is True  # variables, slots, iterations on the ps
+    assert second.extra["restored_state_sha256"] == saved["ckpt-16"]
     assert second.history["ps_global_step"] == [24]  # continues from the checkpoint's 16
     assert second.extra["parameter_server"]["steps"] == 8

@@ -57,6 +57,11 @@ def test_default_run_continues_under_multi_worker_at_the_exact_step(tmp_path):
     assert evaluated["strategy"] == "multi_worker" and evaluated["num_replicas"] == 2
     assert evaluated["start_step"] == evaluated["global_steps"] == 64
     assert evaluated["weights_sha256"] == before["weights_sha256"]  # the saved weights, exactly
+    saved = json.loads((run_dir / "checkpoints" / "state-sha256.json").read_text())
+    # ... and the optimizer's slots and iterations: every worker compared the restored state with
+    # the digest recorded at save time (a mismatch fails the run)
+    assert evaluated["restore_verified"] is True
+    assert evaluated["restored_state_sha256"] == saved["ckpt-64"]
     for log in (run_dir / "logs").glob("worker-*.log"):
         assert "resuming from checkpoint" in log.read_text() and "(global step 64)" in log.read_text()
     # One more epoch under multi_worker: starts at step 64, ends at 128, both workers identical.

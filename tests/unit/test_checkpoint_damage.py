@@ -93,3 +93,19 @@ def test_no_readable_checkpoint_is_an_error_naming_the_files(tmp_path):
 def test_empty_folder_starts_at_step_zero(tmp_path):
     step, _, _ = _restored(tmp_path / "none")
     assert step == 0
+
+
+def test_restore_is_verified_against_the_digest_recorded_at_save(tmp_path):
+    import json
+
+    from kerasdist.keras.state_digest import DIGESTS_FILE
+
+    _train_and_save(tmp_path)
+    digests = json.loads((tmp_path / DIGESTS_FILE).read_text())
+    assert sorted(digests) == ["ckpt-10", "ckpt-20", "ckpt-30"]
+    _, _, store = _restored(tmp_path)
+    assert store.restore_verified and store.restored_digest == digests["ckpt-30"]
+    digests["ckpt-30"] = "0" * 64  # the values restored are not the ones saved
+    (tmp_path / DIGESTS_FILE).write_text(json.dumps(digests))
+    with pytest.raises(TrainingError, match="differ from the ones saved"):
+        _restored(tmp_path)
