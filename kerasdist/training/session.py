@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
 from kerasdist.strategies import RunContext, registry
-from kerasdist.training import outputs, rundir
+from kerasdist.training import checks, outputs, rundir
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, write_metrics
 
@@ -84,24 +84,33 @@ def _sigterm_interrupts():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _model_and_store(recipe, strategy, tf_strategy, data, *, run_dir: Path, task: str,
-                     is_chief: bool):
-    from kerasdist.keras.backup import BackupStore
+def _build_model(recipe, strategy, tf_strategy):
+    """The compiled model with its optimizer built, under the strategy's scope; checked against
+    the data before anything is written (:func:`kerasdist.training.checks.check_inputs`)."""
+    from kerasdist.training import checks
 
-    ckpt_dir = run_dir / outputs.CHECKPOINT_DIR
-    store = None
     with tf_strategy.scope():
         model = build_compiled_model(recipe, tf_strategy.num_replicas_in_sync,
                                      **strategy.compile_kwargs(recipe.strategy))
         model.optimizer.build(model.trainable_variables)
-        if recipe.trainer.checkpoint.enabled:
-            store = BackupStore(model=model, directory=ckpt_dir, is_chief=is_chief,
-                                task_name=task, max_to_keep=recipe.trainer.checkpoint.max_to_keep,
-                                steps_per_epoch=data.steps_per_epoch)
+    checks.check_inputs(recipe, model)
+    return model
+
+
+def _make_store(recipe, strategy, tf_strategy, model, data, *, run_dir: Path, task: str,
+                is_chief: bool):
+    from kerasdist.keras.backup import BackupStore
+
+    store = None
+    if recipe.trainer.checkpoint.enabled:
+        with tf_strategy.scope():
+            store = BackupStore(model=model, directory=run_dir / outputs.CHECKPOINT_DIR,
+                                is_chief=is_chief, task_name=task, steps_per_epoch=data.steps_per_epoch,
+                                max_to_keep=recipe.trainer.checkpoint.max_to_keep)
     strategy.prepare_model(model, recipe.strategy)
     if store is not None:
         store.remove_stale_temp()
-    return model, store
+    return store
 
 
 def _callbacks(recipe: Recipe, run_dir: Path, is_chief: bool, extra: Sequence) -> list:
@@ -171,27 +180,30 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
     is_chief = tf_config.is_chief if tf_config is not None else True
     run_dir = Path(recipe.output.run_dir)
     schema = strategy.traits.checkpoint_schema
+    if is_chief:
+        checks.check_run_dir_path(run_dir)
     resumable = rundir.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_sigterm_interrupts())
         tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
         data = strategy.make_input(recipe, tf_strategy)
+        model = _build_model(recipe, strategy, tf_strategy)
         if is_chief:
             resumable = rundir.claim(stack, run_dir, recipe, checkpoint_schema=schema,
                                      overwrite=overwrite)
-        return _run(recipe, strategy, tf_strategy, data, mends, tf_config=tf_config, task=task,
+        return _run(recipe, strategy, tf_strategy, model, data, mends, tf_config=tf_config, task=task,
                     is_chief=is_chief, resumable=resumable, verbose=verbose, callbacks=callbacks,
                     start=start)
 
 
-def _run(recipe, strategy, tf_strategy, data, mends, *, tf_config, task, is_chief, resumable,
+def _run(recipe, strategy, tf_strategy, model, data, mends, *, tf_config, task, is_chief, resumable,
          verbose, callbacks, start) -> RunResult | None:
     from kerasdist.keras.backup import weights_digest
 
     run_dir = Path(recipe.output.run_dir)
     schema = strategy.traits.checkpoint_schema
-    model, store = _model_and_store(recipe, strategy, tf_strategy, data, run_dir=run_dir,
-                                    task=task, is_chief=is_chief)
+    store = _make_store(recipe, strategy, tf_strategy, model, data, run_dir=run_dir, task=task,
+                        is_chief=is_chief)
     try:
         start_step = store.restore() if (store is not None and resumable) else 0
         strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir)

@@ -17,10 +17,6 @@ from kerasdist.cli import EXIT_BAD_INPUT, main
 
 pytestmark = pytest.mark.integration
 
-WIRED = pytest.mark.xfail(reason="needs kerasdist.training.checks.check_inputs called in "
-                                 "training/session.py before run.json (see the issue-11 report)",
-                          strict=False)
-
 
 def _bomb(levels: int = 9) -> str:
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -87,7 +83,6 @@ def test_model_errors_exit_2_before_run_json(tmp_path, capsys, model, needle):
     assert not (run_dir / "run.json").exists() and not (run_dir / "checkpoints").exists()
 
 
-@WIRED
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("data, needle", [
     ({"label": 10}, "labels must be in [0, 10)"),
