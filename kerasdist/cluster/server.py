@@ -7,7 +7,7 @@ work. Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_t
 from __future__ import annotations
 
 from kerasdist._log import get_logger
-from kerasdist.cluster.spec import TFConfig, check_port_free
+from kerasdist.cluster.spec import TFConfig, check_port_free, split_address
 
 log = get_logger("cluster")
 
@@ -41,5 +41,10 @@ def serve(tf_config: TFConfig, *, intra_op_threads: int = 0) -> None:
         tf_config.cluster_spec(), job_name=tf_config.task_type, task_index=tf_config.task_index,
         protocol="grpc", config=server_config(tf_config, intra_op_threads=intra_op_threads),
         start=True)
-    log.warning(f"task {tf_config.task_name} serving on {tf_config.address}")
+    _, port = split_address(tf_config.address)
+    # TensorFlow offers no bind address: the server listens on every interface of this network
+    # namespace (a local cluster's namespace has only loopback; see kerasdist.launch.isolation).
+    log.warning(f"task {tf_config.task_name} serving on port {port} of every network interface "
+                f"(TensorFlow binds all interfaces, without authentication); the cluster reaches "
+                f"it as {tf_config.address}")
     server.join()

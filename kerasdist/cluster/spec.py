@@ -7,6 +7,11 @@ task (https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_co
                  "ps": ["host3:2222"]},
      "task": {"type": "worker", "index": 0}}
 
+Accepted as TensorFlow accepts them: a sidecar ``evaluator`` task not listed in ``cluster`` (the
+Vertex AI / TF docs layout), a task index written as a string (``"1"``), bracketed IPv6
+addresses (``[::1]:2222``). Refused as TensorFlow refuses them: unknown task types, more than one
+chief or evaluator, an index out of range.
+
 TensorFlow accepts duplicate addresses silently and its "Could not start gRPC server" error does not
 name the port, so kerasdist validates the spec here and names the task and address at fault.
 kerasdist never writes ``TF_CONFIG`` into its own environment: :meth:`TFConfig.to_json` is passed
@@ -31,7 +36,8 @@ class TFConfig:
 
     Attributes:
         cluster: task type -> list of ``host:port`` addresses.
-        task_type: this process's task type (``chief``, ``worker``, ``ps`` or ``evaluator``).
+        task_type: this process's task type (``chief``, ``worker``, ``ps`` or ``evaluator``; an
+            ``evaluator`` need not be listed in ``cluster``, as TensorFlow allows).
         task_index: this process's index within its task type, 0-based.
     """
 
@@ -41,7 +47,14 @@ class TFConfig:
 
     @property
     def address(self) -> str:
-        """This task's ``host:port``."""
+        """This task's ``host:port``.
+
+        Raises:
+            ClusterError: this task is a sidecar ``evaluator`` not listed in the cluster.
+        """
+        if self.task_type not in self.cluster:
+            raise ClusterError(f"task {self.task_name} is not in the cluster, so it has no address "
+                               "(a sidecar evaluator serves no port)")
         return self.cluster[self.task_type][self.task_index]
 
     @property
@@ -87,12 +100,27 @@ class TFConfig:
             rpc_layer="grpc")
 
 
+def split_address(address: str) -> tuple[str, int]:
+    """``'host:port'`` or ``'[v6addr]:port'`` -> ``(host, port)``, the host without brackets."""
+    host, _, port = address.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
 def _check_address(task: str, address: object) -> None:
     if not isinstance(address, str) or address.count(":") < 1:
         raise ClusterError(f"cluster task {task}: address must be 'host:port'. Received: {address!r}")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ClusterError(f"cluster task {task}: bad port in address. Received: '{address}'")
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    if ":" in host and not bracketed:  # gRPC reads a bare IPv6 address as a host without a port
+        raise ClusterError(f"cluster task {task}: an IPv6 address needs brackets, e.g. "
+                           f"'[::1]:{port}'. Received: '{address}'")
+    if ("[" in host or "]" in host) and not (bracketed and ":" in host[1:-1]):
+        raise ClusterError(f"cluster task {task}: brackets hold an IPv6 address only. "
+                           f"Received: '{address}'")
 
 
 def _check_jobs(cluster: Mapping) -> dict[str, tuple[str, ...]]:
@@ -116,6 +144,18 @@ def _check_jobs(cluster: Mapping) -> dict[str, tuple[str, ...]]:
     return clean
 
 
+def _task_index(value: object) -> int | None:
+    """TF's ``int(task['index'])`` for what it is meant to read: an int or a string of digits
+    (``"1"``, as YAML/JSON templating often writes it); None for anything else (a bool, a float)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
 def validate(cluster: Mapping, task_type: str, task_index: int,
              *, require_ps: bool = False) -> TFConfig:
     """Validate a cluster mapping and the current task; return a :class:`TFConfig`.
@@ -127,18 +167,26 @@ def validate(cluster: Mapping, task_type: str, task_index: int,
     if not isinstance(cluster, Mapping) or not cluster:
         raise ClusterError(f"TF_CONFIG 'cluster' must be a non-empty mapping. Received: {cluster!r}")
     clean = _check_jobs(cluster)
-    if len(clean.get("chief", ())) > 1:
-        raise ClusterError(f"TF_CONFIG cluster.chief holds at most one task. "
-                           f"Received: {list(clean['chief'])}")
+    original = task_index
+    for job in ("chief", "evaluator"):
+        if len(clean.get(job, ())) > 1:
+            raise ClusterError(f"TF_CONFIG cluster.{job} holds at most one task. "
+                               f"Received: {list(clean[job])}")
     if require_ps and not clean.get("ps"):
         raise ClusterError("strategy 'parameter_server' needs at least one 'ps' task in the "
                            f"cluster. Received task types: {', '.join(clean)}")
-    if task_type not in clean:
+    if task_type not in clean and task_type != "evaluator":  # TF: a sidecar evaluator may be unlisted
         raise ClusterError(f"TF_CONFIG task.type '{task_type}' is not in the cluster "
                            f"(task types: {', '.join(clean)})")
-    if not isinstance(task_index, int) or not 0 <= task_index < len(clean[task_type]):
+    task_index = _task_index(task_index)
+    if task_index is None:
+        raise ClusterError(f"TF_CONFIG task.index must be an integer (or a string of digits). "
+                           f"Received: index={original!r}")
+    if task_index < 0 or (
+            task_type in clean and task_index >= len(clean[task_type])):
+        size = f"{len(clean[task_type])} task(s)" if task_type in clean else "not in the cluster"
         raise ClusterError(f"TF_CONFIG task.index out of range for '{task_type}' "
-                           f"({len(clean[task_type])} task(s)). Received: index={task_index!r}")
+                           f"({size}). Received: index={original!r}")
     return TFConfig(cluster=clean, task_type=task_type, task_index=task_index)
 
 
@@ -180,18 +228,34 @@ def from_flags(*, job_name: str, task_index: int, ps_hosts: str = "", worker_hos
 
 
 def check_port_free(address: str, task: str) -> None:
-    """Raise ClusterError naming ``task`` and the port when ``address`` cannot be bound here."""
-    host, _, port = address.rpartition(":")
-    bind_host = "" if host in ("localhost", "0.0.0.0", "[::]") else host
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # Like gRPC's own servers: a port left in TIME_WAIT by a task that just died is free,
-        # a port with a live listener is not.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    """Raise ClusterError naming ``task`` and the port when ``address``'s port cannot be bound here.
+
+    TensorFlow's servers bind the port on every interface whatever the host part says, so this
+    binds the wildcard address (dual-stack IPv6 when available, as gRPC does)."""
+    host, port = split_address(address)
+    for family, wildcard in ((socket.AF_INET6, "::"), (socket.AF_INET, "")):
         try:
-            sock.bind((bind_host, int(port)))
-        except OSError as err:
-            raise ClusterError(f"task {task}: port {port} on '{host}' is already in use or cannot "
-                               f"be bound ({err.strerror}). Received: address='{address}'") from None
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this machine
+            continue
+        with sock:
+            # Like gRPC's own servers: a port left in TIME_WAIT by a task that just died is free,
+            # a port with a live listener is not.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((wildcard, port))
+            except OSError as err:
+                raise ClusterError(f"task {task}: port {port} on '{host}' is already in use or "
+                                   f"cannot be bound ({err.strerror}). Received: "
+                                   f"address='{address}'") from None
+        return
+
+
+def check_ports_free(spec: TFConfig) -> None:
+    """:func:`check_port_free` for every task of a cluster on this machine (a local cluster)."""
+    for job, addresses in spec.cluster.items():
+        for index, address in enumerate(addresses):
+            check_port_free(address, f"{job}:{index}")
 
 
 def local_cluster(*, workers: int, ps: int = 0, chief: bool = False) -> TFConfig:

@@ -108,6 +108,11 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
             return run_coordinator(recipe, args=_child_args(recipe), overwrite=overwrite,
                                    verbose=verbose, callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
+    if tf_config.task_type == "evaluator":
+        raise ClusterError(f"task {tf_config.task_name}: the evaluator role (a sidecar that "
+                           "evaluates the checkpoints the training writes) is to be served by "
+                           "'kerasdist evaluate', which is not built yet; this process does not "
+                           "train. Received: TF_CONFIG task.type='evaluator'")
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)
     if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):

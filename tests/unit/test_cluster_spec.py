@@ -10,9 +10,11 @@ import pytest
 from kerasdist.cli import EXIT_BAD_INPUT, main
 from kerasdist.cluster.spec import (
     check_port_free,
+    check_ports_free,
     from_flags,
     local_cluster,
     parse_tf_config,
+    split_address,
     validate,
 )
 from kerasdist.errors import ClusterError
@@ -42,7 +44,19 @@ def test_parse_valid_tf_config():
     (_tf_config(cluster={"wrker": ["a:1"]}, task_type="wrker", index=0), "unknown task type 'wrker'"),
     (_tf_config(index=2), "index out of range for 'worker' (2 task(s)). Received: index=2"),
     (_tf_config(index=-1), "Received: index=-1"),
-    (_tf_config("evaluator", 0), "task.type 'evaluator' is not in the cluster"),
+    (_tf_config("ps", 0, {"worker": ["a:1"]}), "task.type 'ps' is not in the cluster"),
+    (_tf_config(index="one"), "task.index must be an integer (or a string of digits). "
+                              "Received: index='one'"),
+    (_tf_config(index=True), "Received: index=True"),
+    (_tf_config(index="-1"), "Received: index='-1'"),
+    (_tf_config(index="2"), "index out of range for 'worker' (2 task(s)). Received: index='2'"),
+    (_tf_config("evaluator", 0, {"worker": ["a:1"], "evaluator": ["b:1", "c:1"]}),
+     "cluster.evaluator holds at most one task"),
+    (_tf_config("evaluator", -1), "index out of range for 'evaluator' (not in the cluster)"),
+    (_tf_config(cluster={"worker": ["::1:2222"]}, index=0),
+     "an IPv6 address needs brackets, e.g. '[::1]:2222'. Received: '::1:2222'"),
+    (_tf_config(cluster={"worker": ["[host]:2222"]}, index=0), "brackets hold an IPv6 address only"),
+    (_tf_config(cluster={"worker": ["[::1]:"]}, index=0), "bad port in address. Received: '[::1]:'"),
     (_tf_config(cluster={"worker": ["a:1", "a:1"]}, index=0),
      "tasks worker:0 and worker:1 have the same address 'a:1'"),
     (_tf_config(cluster={"worker": ["a:99999"]}, index=0), "bad port in address. Received: 'a:99999'"),
@@ -53,6 +67,36 @@ def test_bad_tf_config(text, needle):
     with pytest.raises(ClusterError) as err:
         parse_tf_config(text)
     assert needle in str(err.value)
+
+
+def test_layouts_tensorflow_accepts():
+    # Vertex AI / TF docs sidecar evaluator: the evaluator is not listed in "cluster".
+    sidecar = parse_tf_config(_tf_config("evaluator", 0), require_ps=True)
+    assert sidecar.task_name == "evaluator:0" and not sidecar.is_chief
+    assert sidecar.num("evaluator") == 0 and sidecar.num("worker") == 2
+    with pytest.raises(ClusterError, match="evaluator:0 is not in the cluster, so it has no address"):
+        sidecar.address
+    listed = parse_tf_config(_tf_config("evaluator", 0, {**CLUSTER, "evaluator": ["localhost:2004"]}))
+    assert listed.address == "localhost:2004"
+    # A string index, as templated manifests write it (TF reads int(task["index"])).
+    assert parse_tf_config(_tf_config(index="1")).task_index == 1
+    assert json.loads(parse_tf_config(_tf_config(index="1")).to_json())["task"]["index"] == 1
+    # Bracketed IPv6 addresses.
+    v6 = parse_tf_config(_tf_config(cluster={"worker": ["[::1]:2222", "[fd00::2]:2222"]}, index=1))
+    assert v6.address == "[fd00::2]:2222"
+    assert split_address(v6.address) == ("fd00::2", 2222)
+    assert split_address("localhost:2000") == ("localhost", 2000)
+
+
+def test_evaluator_task_is_refused_by_fit_not_trained(write_recipe, tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "run"
+    path = write_recipe(f"strategy: {{kind: multi_worker}}\ncluster: {{kind: tf_config}}\n"
+                        f"output: {{run_dir: '{run_dir}'}}\n")
+    monkeypatch.setenv("TF_CONFIG", _tf_config("evaluator", 0, {"worker": ["localhost:2001"]}))
+    assert main(["fit", str(path)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "the evaluator role" in err and "'kerasdist evaluate'" in err and "does not train" in err
+    assert not run_dir.exists()
 
 
 def test_parameter_server_needs_a_ps_task():
@@ -68,13 +112,22 @@ def test_seed_style_flags():
         from_flags(job_name="worker", task_index=5, ps_hosts="h0:1", worker_hosts="h1:1")
 
 
-def test_port_in_use_names_task_and_port():
-    with socket.socket() as sock:
-        sock.bind(("", 0))
+@pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, ""),
+                                          (socket.AF_INET6, "::1")])
+def test_port_in_use_names_task_and_port(family, host):
+    """TF binds every interface, so a listener on any local address takes the port."""
+    try:
+        sock = socket.socket(family)
+        sock.bind((host, 0))
+    except OSError:
+        pytest.skip(f"no {family.name} {host!r} on this machine")
+    with sock:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(ClusterError, match=f"task ps:0: port {port} on 'localhost'"):
             check_port_free(f"localhost:{port}", "ps:0")
+        with pytest.raises(ClusterError, match=f"task worker:1: port {port} on '::1'"):
+            check_ports_free(validate({"worker": ["localhost:1", f"[::1]:{port}"]}, "worker", 0))
     check_port_free(f"localhost:{port}", "ps:0")  # free again once closed
 
 
