@@ -2,7 +2,7 @@
 
 import sys
 
-from kerasdist.cli import main
+from kerasdist.cli import console
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

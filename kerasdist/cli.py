@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit = sub.add_parser("fit", help="train, evaluate and save the model a recipe describes")
     _add_recipe_args(fit)
     fit.add_argument("--overwrite", action="store_true",
-                     help="discard checkpoints of a different model in output.run_dir")
+                     help="start afresh: move a previous run in output.run_dir aside to "
+                          "<run_dir>.old-<time> (nothing is deleted)")
     fit.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None,
                      help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
     roles = fit.add_argument_group(
@@ -274,6 +275,18 @@ def _cmd_bench(args) -> int:
 
 COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
             "export": _cmd_export}
+
+
+def console(argv: Sequence[str] | None = None) -> int:
+    """The console-script and ``python -m kerasdist`` entry: :func:`main` with TensorFlow's
+    start-up noise filtered from stderr (:mod:`kerasdist._native_log`) unless ``--verbose 2``."""
+    from kerasdist import _native_log
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--verbose"), None)
+    verbose = next((a.split("=", 1)[1] for a in argv if a.startswith("--verbose=")), verbose)
+    _native_log.filter_native_stderr(2 if verbose == "2" else None)
+    return main(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

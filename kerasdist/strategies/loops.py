@@ -54,7 +54,10 @@ class KerasFitLoop:
             backup = StepBackup(run.store, start_step=run.start_step, watch=watch,
                                 every_steps=recipe.trainer.checkpoint.every_steps)
             eval_ds = data.eval_dataset(run.tf_strategy) if recipe.trainer.validation else None
-            callbacks = [StopOnNonFiniteLoss(), backup, WeightDigest(backup), *run.callbacks]
+            # workers of a cluster log their weights' digest per epoch (compared across logs)
+            digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
+                else []
+            callbacks = [StopOnNonFiniteLoss(), backup, *digest, *run.callbacks]
             for first, last, steps, stream_step in self._phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:

@@ -1,0 +1,85 @@
+"""Keep TensorFlow's start-up noise off the user's first screen.
+
+Importing TensorFlow 2.21 on a machine without a GPU writes, from C++, before its logging is
+configured (so ``TF_CPP_MIN_LOG_LEVEL`` cannot silence it)::
+
+    WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+    I0000 ... port.cc:153] oneDNN custom operations are on. ...
+    I0000 ... cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.
+    E0000 ... cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN ERROR (303)
+
+The last one is an ``E`` (error) line that is not an error on a CPU-only machine.
+:func:`filter_native_stderr` routes file descriptor 2 through a pipe read by a thread that drops
+exactly these known lines (listed in :data:`NOISE`) and passes everything else through unchanged,
+so real errors still show. ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
+stderr alone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+import threading
+
+NOISE = (
+    re.compile(r"^WARNING: All log messages before absl::InitializeLog\(\) is called"),
+    re.compile(r"^I\d{4} [\d:. ]+\d+ \S+\.cc:\d+\] "),  # native INFO lines
+    re.compile(r"^E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit"),
+    re.compile(r"^W\d{4} [\d:. ]+\d+ gpu_device\.cc:\d+\] Cannot dlopen some GPU libraries"),
+    re.compile(r"^To enable the following instructions: .* rebuild TensorFlow"),
+)
+"""Lines dropped: absl's pre-init banner, native INFO lines, and the CPU-only machine's cuInit
+error and GPU-library warnings (TensorFlow 2.21)."""
+
+
+def is_noise(line: str) -> bool:
+    """True for a line of :data:`NOISE`."""
+    return any(pattern.search(line) for pattern in NOISE)
+
+
+class _Filter:
+    def __init__(self):
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        os.close(write_end)
+        self.reader = os.fdopen(read_end, "rb")
+        self.thread = threading.Thread(target=self._pump, name="kerasdist-stderr", daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for raw in self.reader:
+            if not is_noise(raw.decode("utf-8", "replace")):
+                os.write(self.saved, raw)
+
+    def close(self) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees EOF
+        self.thread.join(timeout=2.0)
+        os.close(self.saved)
+
+
+_ACTIVE: _Filter | None = None
+
+
+def filter_native_stderr(verbose) -> bool:
+    """Drop :data:`NOISE` lines from this process's stderr (file descriptor 2) until exit, unless
+    ``verbose == 2`` or ``KERASDIST_RAW_STDERR`` is set. Idempotent.
+
+    Returns:
+        Whether the filter is active.
+    """
+    global _ACTIVE
+    if _ACTIVE is not None:
+        return True
+    if verbose == 2 or os.environ.get("KERASDIST_RAW_STDERR"):
+        return False
+    try:
+        _ACTIVE = _Filter()
+    except OSError:  # no fd 2, or no pipes: leave stderr as it is
+        return False
+    atexit.register(_ACTIVE.close)
+    return True

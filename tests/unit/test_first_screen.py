@@ -1,0 +1,66 @@
+"""A clean first screen: TensorFlow's start-up noise is filtered from stderr, real errors are not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1795413196.941792   26685 cudart_stub.cc:31] Could not find cuda drivers on your "
+    "machine, GPU will not be used.",
+    "E0000 00:00:1795413200.005354   26685 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
+    "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+]
+REAL = "E0000 00:00:1795413200.005354   26685 some_kernel.cc:12] a real native error"
+
+
+def _native_writes(*args: str, env=None) -> str:
+    code = textwrap.dedent(f"""
+        import os, sys
+        from kerasdist import _native_log
+        _native_log.filter_native_stderr({args[0] if args else None!r})
+        for line in {NOISE + [REAL]!r}:
+            os.write(2, (line + "\\n").encode())
+        print("python error line", file=sys.stderr)
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env).stderr
+
+
+def test_known_noise_is_dropped_and_everything_else_passes():
+    err = _native_writes()
+    assert err.splitlines() == [REAL, "python error line"]
+
+
+def test_verbose_2_and_the_environment_switch_keep_raw_stderr():
+    assert _native_writes(2).splitlines() == NOISE + [REAL, "python error line"]
+    env = {**os.environ, "KERASDIST_RAW_STDERR": "1"}
+    assert _native_writes(None, env=env).splitlines() == NOISE + [REAL, "python error line"]
+
+
+LINEAR = """
+model: {{name: linear}}
+data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
+        num_examples: 200}}
+trainer: {{epochs: 1}}
+output: {{run_dir: '{run_dir}', tensorboard: false}}
+"""
+
+
+def test_fit_first_screen_has_no_native_noise(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(LINEAR.format(run_dir=tmp_path / "run"))
+    env = {k: v for k, v in os.environ.items() if k != "KERASDIST_RAW_STDERR"}
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(recipe)], env=env,
+                          capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not [line for line in done.stderr.splitlines() if any(
+        line.startswith(p) for p in ("E0000", "I0000", "WARNING: All log messages"))], done.stderr
+    assert "kerasdist run summary" in done.stdout
