@@ -1,4 +1,4 @@
-"""The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``, ``bench``, ``export``.
+"""The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``, ``bench``, ``export``, ``env``.
 
 Exit codes (defined in :mod:`kerasdist.errors`): 0 success; 2 bad input (recipe, data, run
 directory; nothing written, nothing started); 1 a failure during training (a lost task, or a
@@ -32,6 +32,16 @@ def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
                              "VALUE is parsed as YAML; the result is validated again)")
 
 
+def _add_role_args(parser: argparse.ArgumentParser) -> None:
+    roles = parser.add_argument_group(
+        "cluster role (seed-style flags; alternative to the TF_CONFIG environment variable)")
+    roles.add_argument("--job-name", choices=["chief", "worker", "ps"])
+    roles.add_argument("--task-index", type=int, default=None, help="this task's index (default 0)")
+    roles.add_argument("--ps-hosts", default=None, help="comma-separated host:port list")
+    roles.add_argument("--worker-hosts", default=None, help="comma-separated host:port list")
+    roles.add_argument("--chief-host", default=None, help="host:port of the chief (coordinator)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kerasdist", description="Distributed training of Keras 3 models from YAML recipes.")
@@ -45,13 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "<run_dir>.old-<time> (nothing is deleted)")
     fit.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None,
                      help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
-    roles = fit.add_argument_group(
-        "cluster role (seed-style flags; alternative to the TF_CONFIG environment variable)")
-    roles.add_argument("--job-name", choices=["chief", "worker", "ps"])
-    roles.add_argument("--task-index", type=int, default=None, help="this task's index (default 0)")
-    roles.add_argument("--ps-hosts", default=None, help="comma-separated host:port list")
-    roles.add_argument("--worker-hosts", default=None, help="comma-separated host:port list")
-    roles.add_argument("--chief-host", default=None, help="host:port of the chief (coordinator)")
+    _add_role_args(fit)
 
     validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
     _add_recipe_args(validate)
@@ -66,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "metrics, the loss and output.run_dir, as fit would")
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
+
+    env = sub.add_parser("env", help="versions, devices, active mends and this process's "
+                                     "cluster role, for bug reports")
+    env.add_argument("--json", action="store_true", help="print JSON")
+    _add_role_args(env)
 
     bench = sub.add_parser("bench", help="run a recipe under several strategies and baselines")
     _add_recipe_args(bench)
@@ -132,6 +141,19 @@ def _cmd_schema(args) -> int:
 
     print(json.dumps(json_schema(), indent=2))
     return EXIT_OK
+
+
+def _cmd_env(args) -> int:
+    from kerasdist import environment
+
+    flags = None
+    if _role_flags(args):
+        flags = {"job_name": args.job_name or "worker", "task_index": args.task_index or 0,
+                 "ps_hosts": args.ps_hosts or "", "worker_hosts": args.worker_hosts or "",
+                 "chief_host": args.chief_host or ""}
+    report = environment.collect(flags=flags)
+    print(json.dumps(report, indent=2) if args.json else environment.format_text(report))
+    return EXIT_OK if environment.cluster_ok(report) else EXIT_BAD_INPUT
 
 
 ROLE_FLAGS = (("--job-name", "job_name"), ("--task-index", "task_index"),
@@ -274,7 +296,7 @@ def _cmd_bench(args) -> int:
 
 
 COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
-            "export": _cmd_export}
+            "export": _cmd_export, "env": _cmd_env}
 
 
 def console(argv: Sequence[str] | None = None) -> int:

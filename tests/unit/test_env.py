@@ -1,0 +1,56 @@
+"""``kerasdist env``: versions, devices, mends and the validated cluster role."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kerasdist.cli import EXIT_BAD_INPUT, main
+
+pytestmark = pytest.mark.timeout(120)
+
+TWO_WORKERS = {"cluster": {"worker": ["localhost:12345", "localhost:12346"]},
+               "task": {"type": "worker", "index": 1}}
+
+
+def _env(capsys, *args) -> tuple[int, dict]:
+    code = main(["env", "--json", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_report_names_versions_devices_and_mends(capsys, monkeypatch):
+    import keras
+    import tensorflow as tf
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.setenv("KERAS_BACKEND", "tensorflow")
+    code, report = _env(capsys)
+    assert code == 0
+    assert report["versions"]["tensorflow"] == tf.__version__
+    assert report["versions"]["keras"] == keras.__version__
+    assert report["environment"]["KERAS_BACKEND"] == "tensorflow"
+    assert "CPU:0" in report["devices"]
+    assert set(report["mends"]) == {"keras#20585", "tensorflow#72388"}
+    assert report["cluster"]["source"] == "none"
+
+
+def test_tf_config_role_is_validated(capsys, monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps(TWO_WORKERS))
+    code, report = _env(capsys)
+    assert code == 0 and report["cluster"] == {"source": "TF_CONFIG", "role": "worker:1",
+                                               "is_chief": False, "tasks": {"worker": 2}}
+    bad = {**TWO_WORKERS, "task": {"type": "worker", "index": 5}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(bad))
+    code, report = _env(capsys)
+    assert code == EXIT_BAD_INPUT and "index=5" in report["cluster"]["error"]
+
+
+def test_seed_style_flags_give_the_role(capsys, monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    code, report = _env(capsys, "--job-name", "ps", "--ps-hosts", "localhost:2222",
+                        "--worker-hosts", "localhost:2223,localhost:2224")
+    assert code == 0 and report["cluster"]["source"] == "flags"
+    assert report["cluster"]["role"] == "ps:0" and report["cluster"]["tasks"] == {
+        "ps": 1, "worker": 2}
