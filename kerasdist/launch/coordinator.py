@@ -21,9 +21,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerasdist._log import get_logger
-from kerasdist.cluster.spec import local_cluster
+from kerasdist.cluster.spec import check_ports_free, local_cluster
 from kerasdist.errors import TaskFailedError
-from kerasdist.launch.processes import LocalLauncher, describe_exit, terminate_on_sigterm
+from kerasdist.launch.processes import (
+    LocalLauncher,
+    describe_exit,
+    network_note,
+    terminate_on_sigterm,
+)
 from kerasdist.training import RunResult, run_session
 
 if TYPE_CHECKING:
@@ -81,16 +86,18 @@ def run_coordinator(recipe: Recipe, *, args: list[str], overwrite: bool, verbose
     """Start 1+ ps and N workers as subprocesses, run the coordinator here, always stop them.
 
     Raises:
-        ClusterError: a task did not start, or a ps task died (named in the message).
+        ClusterError: a port was taken, a task did not start (named in the message; exit 2).
+        TaskFailedError: a ps task died (named in the message).
     """
     spec = local_cluster(workers=recipe.cluster.workers, ps=recipe.cluster.ps, chief=True)
+    check_ports_free(spec)
     log_dir = Path(recipe.output.run_dir) / "logs"
     with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
             launcher, terminate_on_sigterm():
         tasks = [launcher.start(spec.for_task(job, i), args)
                  for job in ("ps", "worker") for i in range(spec.num(job))]
-        log.info(f"local cluster: {spec.num('ps')} ps + {spec.num('worker')} workers started; "
-                 f"logs in {log_dir}")
+        log.info(f"local cluster: {spec.num('ps')} ps + {spec.num('worker')} workers started "
+                 f"({network_note()}); logs in {log_dir}")
         launcher.wait_listening(tasks, timeout_s=recipe.cluster.start_timeout_s)
         restarter = WorkerRestarter(launcher, args, budget=recipe.cluster.max_restarts)
         restarter.start()

@@ -25,11 +25,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kerasdist import errors
 from kerasdist._log import get_logger
-from kerasdist.cluster.spec import local_cluster
-from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, TaskFailedError, TrainingError
+from kerasdist.cluster.spec import check_ports_free, local_cluster
+from kerasdist.errors import (
+    BAD_INPUT,
+    EXIT_INTERRUPTED,
+    RETRYABLE,
+    ClusterError,
+    KerasdistError,
+    TaskFailedError,
+    TrainingError,
+)
 from kerasdist.launch import status
-from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, terminate_on_sigterm
+from kerasdist.launch.processes import (
+    LocalLauncher,
+    Task,
+    describe_exit,
+    network_note,
+    terminate_on_sigterm,
+)
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -51,6 +66,7 @@ class Failure:
     report: str
     failure_class: str
     message: str = ""
+    error: str = ""
 
     @property
     def retryable(self) -> bool:
@@ -100,7 +116,13 @@ def describe_failure(launcher: LocalLauncher, first: Task) -> Failure:
     report = "; ".join(lines) + f"; log {first.log_path}:\n{launcher.tail(first)}"
     reported = status.read(first.status_path) or {}
     return Failure(report=report, failure_class=status.failure_class(first.status_path),
-                   message=reported.get("message", ""))
+                   message=reported.get("message", ""), error=reported.get("error", ""))
+
+
+def _bad_input(name: str) -> type[KerasdistError]:
+    """The kerasdist error class a task reported by name (bad input), else ClusterError."""
+    found = getattr(errors, name, None)
+    return found if isinstance(found, type) and issubclass(found, KerasdistError) else ClusterError
 
 
 def _clean_scratch(recipe, tasks: list[Task]) -> None:
@@ -117,14 +139,16 @@ def run_attempt(recipe: Recipe, args: list[str], log_dir: Path) -> Failure | Non
     """Start the workers once and wait; return None on success, else the :class:`Failure`.
 
     Raises:
+        ClusterError: a port of the cluster was taken before the workers started (names the task).
         KeyboardInterrupt: SIGTERM or Ctrl-C; the workers were asked to save and stop first.
     """
     spec = local_cluster(workers=recipe.cluster.workers)
+    check_ports_free(spec)
     with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
             launcher, terminate_on_sigterm():
         tasks = [launcher.start(spec.for_task("worker", i), args) for i in range(spec.num("worker"))]
-        log.info(f"local cluster: {len(tasks)} workers started (worker:0 is the chief); "
-                 f"logs in {log_dir}")
+        log.info(f"local cluster: {len(tasks)} workers started (worker:0 is the chief; "
+                 f"{network_note()}); logs in {log_dir}")
         try:
             first = _first_failure(launcher, tasks)
         except KeyboardInterrupt:
@@ -148,6 +172,7 @@ def run_peers(recipe: Recipe, *, args: list[str], log_dir: Path) -> None:
     Raises:
         TaskFailedError: a peer was lost in the last attempt (retryable class).
         TrainingError: a task failed deterministically (names the task; its original message).
+        ClusterError: a task refused its input (e.g. its port is taken; names the task; exit 2).
         KeyboardInterrupt: interrupted (the workers saved first).
     """
     attempts = recipe.cluster.max_restarts + 1
@@ -156,6 +181,8 @@ def run_peers(recipe: Recipe, *, args: list[str], log_dir: Path) -> None:
         if failure is None:
             return
         log.warning(f"attempt {attempt}/{attempts} failed: {failure.report}")
+        if failure.failure_class == BAD_INPUT:  # e.g. its port taken: exit 2, like the task
+            raise _bad_input(failure.error)(f"{failure.report.splitlines()[0]}: {failure.message}")
         if not failure.retryable:
             raise TrainingError(f"{failure.report.splitlines()[0]}; not restarted (a "
                                 f"{failure.failure_class} error fails the same way again): "

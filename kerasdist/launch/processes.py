@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from kerasdist.cluster.spec import TFConfig
+from kerasdist.cluster.spec import TFConfig, split_address
 from kerasdist.errors import ClusterError
 
 
@@ -46,7 +46,7 @@ class Task:
         return self.process.poll()
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     if sys.platform.startswith("linux"):
         try:
@@ -114,37 +114,48 @@ class LocalLauncher:
             env["TF_NUM_INTRAOP_THREADS"] = env["OMP_NUM_THREADS"] = str(self.threads_per_task)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(list(argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                       stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         task = Task(name=name, tf_config=tf_config, process=process, log_path=log_path,
                     status_path=status_path)
         self.tasks.append(task)
         return task
 
     def wait_listening(self, tasks: Sequence[Task], *, timeout_s: float) -> None:
-        """Wait until every task accepts TCP connections on its port.
+        """Wait until every task's own process (or a process it started) listens on its port.
+
+        A listener that belongs to another process does not count: the task is still starting
+        (or fails on the port being taken), and the error says who holds the port.
 
         Raises:
-            ClusterError: a task exited, or did not listen within ``timeout_s`` (names it).
+            ClusterError: a task exited (with the error it reported, e.g. its port in use), or
+                did not listen within ``timeout_s`` (names it).
         """
         deadline = time.monotonic() + timeout_s
         pending = list(tasks)
         while pending:
             task = pending[0]
             if task.returncode() is not None:
-                raise ClusterError(f"task {task.name} {describe_exit(task.returncode())} while "
-                                   f"starting; log {task.log_path}:\n{self.tail(task)}")
-            host, _, port = task.tf_config.address.rpartition(":")
-            try:
-                with socket.create_connection((host, int(port)), timeout=0.5):
-                    pending.pop(0)
-                    continue
-            except OSError:
-                pass
+                raise ClusterError(self._start_failure(task))
+            _, port = split_address(task.tf_config.address)
+            if listens(task.pid, port):
+                pending.pop(0)
+                continue
             if time.monotonic() > deadline:
+                held = port_holders(port)
+                other = f"; port {port} is held by another process (pid {held[0]})" if held else ""
                 raise ClusterError(f"task {task.name} did not start listening on "
-                                   f"{task.tf_config.address} within {timeout_s:.0f} s; "
+                                   f"{task.tf_config.address} within {timeout_s:.0f} s{other}; "
                                    f"log {task.log_path}")
             time.sleep(0.1)
+
+    def _start_failure(self, task: Task) -> str:
+        from kerasdist.launch.status import read
+
+        reported = (read(task.status_path) or {}).get("message")
+        if reported:
+            return f"task {task.name} could not start: {reported} (log {task.log_path})"
+        return (f"task {task.name} {describe_exit(task.returncode())} while starting; "
+                f"log {task.log_path}:\n{self.tail(task)}")
 
     def failed(self) -> list[Task]:
         """Tasks that have exited with a non-zero code or a signal."""
@@ -177,6 +188,98 @@ class LocalLauncher:
         """Stop every task this launcher started (idempotent)."""
         for task in self.tasks:
             self.stop(task, grace_s=grace_s)
+
+
+def network_interfaces() -> list[str]:
+    """Network interfaces of this process's network namespace other than loopback."""
+    try:
+        return [name for _, name in socket.if_nameindex() if name != "lo"]
+    except OSError:
+        return ["?"]
+
+
+def network_note() -> str:
+    """What the task servers started from this process can be reached from, truthfully: TF binds
+    them to every interface of this network namespace."""
+    others = network_interfaces()
+    if not others:
+        return "private network namespace, loopback only: unreachable from other hosts"
+    return (f"task servers listen on every interface ({', '.join(others)}, unauthenticated): "
+            "reachable from the network")
+
+
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's "st" column
+
+
+def _listening_inodes(pid: int, port: int) -> set[str]:
+    """Socket inodes listening on ``port`` in ``pid``'s network namespace (/proc/<pid>/net)."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as fh:
+                rows = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == _LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(fields[9])
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets process ``pid`` holds open."""
+    found = set()
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return [pid]
+
+
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` or one of its descendants holds a socket listening on ``port``.
+
+    Linux: from ``/proc`` (the listening sockets of its network namespace, matched to its open
+    file descriptors), so another program's listener on the same port never counts. Elsewhere:
+    whether anything accepts connections on localhost:``port``.
+    """
+    if not os.path.isdir("/proc/self/net"):  # no procfs: the best that can be known
+        try:
+            with socket.create_connection(("localhost", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+    inodes = _listening_inodes(pid, port)
+    return bool(inodes) and any(inodes & _socket_inodes(p) for p in _tree(pid))
+
+
+def port_holders(port: int) -> list[int]:
+    """Pids of this user's processes that listen on ``port`` in this network namespace."""
+    inodes = _listening_inodes(os.getpid(), port)
+    if not inodes:
+        return []
+    holders = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and inodes & _socket_inodes(int(name)):
+            holders.append(int(name))
+    return holders
 
 
 class Terminated(KeyboardInterrupt):

@@ -4,20 +4,24 @@
 topology          cluster.kind    what this process does
 ================  ==============  ===========================================================
 single            this_process    runs the lifecycle (:func:`kerasdist.training.run_session`)
-peers             local           preflight, then starts the workers, supervises, restarts them
+peers             local           preflight, then (in a private network namespace) starts the
+                                  workers, supervises, restarts them
 peers             tf_config/slurm is one worker: runs the lifecycle with its role
-coordinator       local           preflight, then starts ps + worker tasks, runs the lifecycle
+coordinator       local           preflight, then (in a private network namespace) starts
+                                  ps + worker tasks, runs the lifecycle
 coordinator       tf_config/slurm ps/worker: serve; chief: runs the lifecycle
 ================  ==============  ===========================================================
 
 The topology comes from the strategy object's traits (``multi_worker`` is ``peers``,
-``parameter_server`` is ``coordinator``); nothing here compares strategy names.
+``parameter_server`` is ``coordinator``); nothing here compares strategy names. A local cluster
+runs in a child process in its own network namespace (:mod:`kerasdist.launch.isolation`): TF's task
+servers listen on every interface without authentication. An ``evaluator`` task (TF_CONFIG) is
+refused: ``kerasdist evaluate`` will serve it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -85,10 +89,14 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         verbose: Keras progress verbosity and log level (0, 1, 2); default the recipe's.
         tf_config: this task's role on a real cluster; default: from ``TF_CONFIG`` when
             ``cluster.kind`` is ``tf_config``, from the ``SLURM_*`` variables when ``slurm``.
-        callbacks: extra Keras callbacks (not sent to the tasks of a local peers cluster).
+        callbacks: extra Keras callbacks; refused for a local cluster (its launcher runs in a
+            child process in a private network namespace) unless it runs exposed
+            (``cluster.allow_network_exposure``) with the coordinator here.
 
     Raises:
-        RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts.
+        RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts (also:
+            a local cluster that cannot be isolated without ``cluster.allow_network_exposure``;
+            an ``evaluator`` task).
         TaskFailedError: a task was lost (named), after the restarts allowed.
         TrainingError: a task of a local cluster failed deterministically (its own message).
     """
@@ -97,16 +105,17 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if topology == "single":
         return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
     if recipe.cluster.kind == "local":
+        from kerasdist.launch import isolation
+
         preflight(recipe, overwrite=overwrite)
+        isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             rundir.claim(held, Path(recipe.output.run_dir), recipe, overwrite=overwrite,
                          checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
-            if topology == "peers":
-                return _local_peers(recipe, overwrite=overwrite, callbacks=callbacks)
-            from kerasdist.launch.coordinator import run_coordinator
-
-            return run_coordinator(recipe, args=_child_args(recipe), overwrite=overwrite,
-                                   verbose=verbose, callbacks=callbacks)
+            if isolated:
+                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
+            return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                         callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
     if tf_config.task_type == "evaluator":
         raise ClusterError(f"task {tf_config.task_name}: the evaluator role (a sidecar that "
@@ -125,28 +134,3 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
                            f"'{tf_config.task_type}' has no role here (expected chief, worker or ps)")
     return run_session(recipe, tf_config=tf_config, overwrite=overwrite, verbose=verbose,
                        callbacks=callbacks)
-
-
-def _child_args(recipe: Recipe) -> list[str]:
-    """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
-    ``<run_dir>/logs`` (written after the preflight)."""
-    log_dir = Path(recipe.output.run_dir) / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / "recipe.json"
-    data = recipe.model_dump(mode="json")
-    data["cluster"]["kind"] = "tf_config"
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
-    return ["fit", str(path), "--verbose", "2"]
-
-
-def _local_peers(recipe: Recipe, *, overwrite: bool, callbacks) -> RunResult:
-    from kerasdist.launch.peers import run_peers
-
-    if callbacks:
-        raise ClusterError("extra Python callbacks cannot be sent to local worker processes. "
-                           f"Received: callbacks={list(callbacks)!r}")
-    args = _child_args(recipe)
-    if overwrite:
-        args.append("--overwrite")
-    run_peers(recipe, args=args, log_dir=Path(recipe.output.run_dir) / "logs")
-    return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")

@@ -75,7 +75,7 @@ def test_layouts_tensorflow_accepts():
     assert sidecar.task_name == "evaluator:0" and not sidecar.is_chief
     assert sidecar.num("evaluator") == 0 and sidecar.num("worker") == 2
     with pytest.raises(ClusterError, match="evaluator:0 is not in the cluster, so it has no address"):
-        sidecar.address
+        _ = sidecar.address
     listed = parse_tf_config(_tf_config("evaluator", 0, {**CLUSTER, "evaluator": ["localhost:2004"]}))
     assert listed.address == "localhost:2004"
     # A string index, as templated manifests write it (TF reads int(task["index"])).

@@ -1,0 +1,337 @@
+"""Local clusters in a private network namespace: their task servers are unreachable from the network.
+
+TensorFlow's task servers (``tf.distribute.Server``, the collective runtime of multi-worker
+training) listen on every network interface -- TensorFlow offers no bind address -- and accept any
+client without authentication: whoever reaches a port can run ops in the task (read and write files
+as its user, for example). A ``cluster.kind: local`` run therefore runs its whole cluster inside one
+fresh Linux network namespace holding only a loopback interface:
+
+* the launching process (``kerasdist fit``, :func:`kerasdist.fit`) checks everything first
+  (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
+  ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation``, which brings ``lo`` up
+  and runs the local launcher there (:func:`launch_here`): worker and ps tasks, the coordinator of
+  a parameter-server run, the ports they pick -- all inside the namespace;
+* the launching process streams the child's output (inherited stdout/stderr), forwards SIGINT and
+  SIGTERM to it, and maps its result back: on success the :class:`RunResult` of
+  ``<run_dir>/metrics.json``; on failure the child's exception class and message (sent back over a
+  pipe), so the API raises the same classes (and the CLI exits with the same codes) as without
+  the namespace.
+
+Where no namespace can be made (no ``unshare`` binary, or ``unshare --net true`` fails, e.g. in a
+container without the privilege), a local cluster is refused with exit code 2 unless the recipe sets
+``cluster.allow_network_exposure: true``; then the tasks run as before, reachable from the network,
+with a warning. Set ``KERASDIST_NO_NETNS=1`` to act as if namespaces were unavailable (tests).
+
+Limits: the tasks of an isolated local cluster reach nothing but each other (no remote data
+sources such as ``gs://`` paths or online downloads after the preflight); extra Python ``callbacks``
+cannot be sent into the child, so a local coordinator run refuses them, as local peers already do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kerasdist import _log, errors
+from kerasdist.errors import ClusterError, Preempted, TaskFailedError, TrainingError
+from kerasdist.launch.processes import (
+    Terminated,
+    describe_exit,
+    die_with_parent,
+    network_interfaces,
+    terminate_on_sigterm,
+)
+from kerasdist.strategies import registry
+from kerasdist.training import RunResult
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
+log = _log.get_logger("launch")
+
+NO_NETNS_ENV = "KERASDIST_NO_NETNS"
+"""Set to ``1`` to act as if network namespaces were unavailable on this machine (tests)."""
+STOP_GRACE_S = 90.0
+"""Seconds the namespace child gets after a forwarded SIGINT/SIGTERM (its tasks save and stop
+within the launcher's own grace, 60 s), before SIGKILL."""
+
+
+def unshare_argv() -> list[str]:
+    """The command prefix that runs a program in a fresh network namespace (empty if impossible)."""
+    binary = shutil.which("unshare")
+    if binary is None:
+        return []
+    return [binary, "--net"] if os.geteuid() == 0 else [binary, "--net", "--map-root-user"]
+
+
+@lru_cache(maxsize=1)
+def _probe() -> str | None:
+    prefix = unshare_argv()
+    if not prefix:
+        return "no 'unshare' program on PATH (util-linux)"
+    try:
+        done = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"'{' '.join(prefix)} true' could not run ({err})"
+    if done.returncode != 0:
+        why = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else describe_exit(
+            done.returncode)
+        return f"'{' '.join(prefix)} true' failed: {why}"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot isolate a local cluster in a network namespace; None if it can."""
+    if os.environ.get(NO_NETNS_ENV, "") not in ("", "0"):
+        return f"{NO_NETNS_ENV} is set"
+    if not sys.platform.startswith("linux"):
+        return f"network namespaces are Linux-only (this is {sys.platform})"
+    return _probe()
+
+
+def plan(recipe: Recipe, *, callbacks=()) -> bool:
+    """Decide, before anything starts or is written, whether a local cluster runs isolated.
+
+    Returns:
+        True: run it in a private network namespace (:func:`run_isolated`); False: run it here,
+        exposed, because the recipe allows it (a warning says so).
+
+    Raises:
+        ClusterError: isolation is impossible and ``cluster.allow_network_exposure`` is not set,
+            or extra callbacks were given for an isolated coordinator run (exit code 2).
+    """
+    reason = unavailable_reason()
+    if reason is None:
+        if callbacks:
+            raise ClusterError(
+                "extra Python callbacks cannot be sent into a local cluster, which runs in a child "
+                "process in its own network namespace; pass them to a single-process run, or "
+                f"use recipe callbacks. Received: callbacks={list(callbacks)!r}")
+        return True
+    if not recipe.cluster.allow_network_exposure:
+        raise ClusterError(
+            f"cannot isolate the local cluster in a private network namespace: {reason}. Its task "
+            "servers would listen on every network interface without authentication (anyone who "
+            "reaches this machine could run ops in them), so it was not started. Run where "
+            "'unshare --net' works (as root, or with unprivileged user namespaces for "
+            "'unshare --net --map-root-user'), or set cluster.allow_network_exposure: true to "
+            "run it exposed on a trusted network. Received: cluster.allow_network_exposure=false")
+    log.warning(f"cluster.allow_network_exposure is set and the local cluster cannot be isolated "
+                f"({reason}): its task servers listen on every network interface of this machine, "
+                "without authentication, for the whole run")
+    return False
+
+
+def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
+    """Run the local cluster from this process (the namespace child, or an exposed run)."""
+    topology = registry.for_recipe(recipe).traits.topology
+    args = _task_args(recipe)
+    if topology == "peers":
+        from kerasdist.launch.peers import run_peers
+
+        if callbacks:
+            raise ClusterError("extra Python callbacks cannot be sent to local worker processes. "
+                               f"Received: callbacks={list(callbacks)!r}")
+        if overwrite:
+            args.append("--overwrite")
+        run_peers(recipe, args=args, log_dir=Path(recipe.output.run_dir) / "logs")
+        return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")
+    from kerasdist.launch.coordinator import run_coordinator
+
+    return run_coordinator(recipe, args=args, overwrite=overwrite, verbose=verbose,
+                           callbacks=callbacks)
+
+
+def _task_args(recipe: Recipe) -> list[str]:
+    """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
+    ``<run_dir>/logs`` (written after the preflight)."""
+    log_dir = Path(recipe.output.run_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / "recipe.json"
+    data = recipe.model_dump(mode="json")
+    data["cluster"]["kind"] = "tf_config"
+    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return ["fit", str(path), "--verbose", "2"]
+
+
+# ----------------------------------------------------------------------------- the launching side
+def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
+    """Run the local cluster in a child process in a fresh network namespace; wait; map its end.
+
+    Raises:
+        the child's error, same class and message (RecipeError ... TaskFailedError, TrainingError,
+        Preempted, KeyboardInterrupt); TaskFailedError if the child itself was killed.
+    """
+    read_fd, write_fd = os.pipe()
+    argv = [*unshare_argv(), sys.executable, "-m", "kerasdist.launch.isolation",
+            "--result-fd", str(write_fd), "--verbose", json.dumps(verbose)]
+    if overwrite:
+        argv.append("--overwrite")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
+                                 preexec_fn=die_with_parent)
+    finally:
+        os.close(write_fd)
+    reply: list[bytes] = []
+    reader = threading.Thread(target=_read_all, args=(read_fd, reply), daemon=True)
+    reader.start()
+    interrupted: BaseException | None = None
+    try:
+        child.stdin.write(json.dumps(recipe.model_dump(mode="json")).encode())
+        child.stdin.close()
+        with terminate_on_sigterm():
+            try:
+                child.wait()
+            except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the child saves and stops
+                interrupted = err
+                _forward(child, signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+    finally:
+        if child.poll() is None:  # a second interrupt, or an error here: leave nothing behind
+            _kill(child)
+    reader.join(timeout=10)
+    return _outcome(recipe, child.returncode, b"".join(reply), interrupted)
+
+
+def _read_all(fd: int, into: list[bytes]) -> None:
+    with os.fdopen(fd, "rb") as pipe:
+        into.append(pipe.read())
+
+
+def _forward(child: subprocess.Popen, sig: int) -> None:
+    log.warning(f"interrupted: the local cluster saves a checkpoint and stops (up to "
+                f"{STOP_GRACE_S:.0f} s)")
+    try:
+        os.kill(child.pid, sig)
+        child.wait(timeout=STOP_GRACE_S)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        _kill(child)
+
+
+def _kill(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # its tasks die with it (PR_SET_PDEATHSIG)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
+
+
+def _outcome(recipe: Recipe, code: int, reply: bytes, interrupted: BaseException | None) -> RunResult:
+    try:
+        result = json.loads(reply.decode("utf-8")) if reply else None
+    except ValueError:
+        result = None
+    if result and result.get("ok") and code == 0:
+        return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")
+    if result and not result.get("ok"):
+        raise rebuild(result)
+    if interrupted is not None:
+        raise interrupted
+    raise TaskFailedError(f"the local cluster's launcher (pid, in its network namespace) "
+                          f"{describe_exit(code)} without reporting how it ended; task logs in "
+                          f"{Path(recipe.output.run_dir) / 'logs'}")
+
+
+def rebuild(result: dict) -> BaseException:
+    """The exception a namespace child reported (``error``, ``module``, ``message``, ``step``),
+    rebuilt with the same class where it is kerasdist's, TensorFlow's or a builtin; else a
+    :class:`TrainingError` naming the original class (the same failure class and exit code 1)."""
+    name, module, message = result["error"], result.get("module", ""), result.get("message", "")
+    if name == "Preempted":
+        return Preempted(int(result.get("step") or 0))
+    if name in ("KeyboardInterrupt", "Terminated"):
+        return KeyboardInterrupt(message)
+    found = None
+    if module.startswith("kerasdist"):
+        found = getattr(errors, name, None)
+    elif module == "builtins":
+        found = getattr(builtins, name, None)
+    elif module.startswith("tensorflow"):
+        import tensorflow as tf
+
+        op_error = getattr(tf.errors, name, None)
+        if isinstance(op_error, type) and issubclass(op_error, tf.errors.OpError):
+            return op_error(None, None, message)
+    if isinstance(found, type) and issubclass(found, Exception):
+        try:
+            return found(message)
+        except TypeError:
+            pass
+    return TrainingError(f"{name}: {message}")
+
+
+# ------------------------------------------------------------------------------ the namespace side
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in this network namespace (a fresh one has it down), with an ioctl.
+
+    Raises:
+        ClusterError: it cannot be brought up, or the namespace holds other interfaces.
+    """
+    others = network_interfaces()
+    if others:
+        raise ClusterError(f"the local cluster's network namespace is not private: it has the "
+                           f"interfaces {', '.join(others)}")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            request = struct.pack("16sH14x", b"lo", 0)
+            flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+            fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+        except OSError as err:
+            raise ClusterError(f"cannot bring up the loopback interface of the local cluster's "
+                               f"network namespace: {err.strerror}") from None
+
+
+def _report(fd: int, err: BaseException | None) -> None:
+    if err is None:
+        data = {"ok": True}
+    else:
+        data = {"ok": False, "error": type(err).__name__, "module": type(err).__module__,
+                "message": str(err), "step": getattr(err, "step", None),
+                "class": errors.classify(err)}
+    with os.fdopen(fd, "w", encoding="utf-8") as pipe:
+        pipe.write(json.dumps(data))
+
+
+def main(argv=None) -> int:
+    """The namespace child: bring ``lo`` up, read the recipe (JSON on stdin), run the local
+    cluster, report how it ended on ``--result-fd``; the exit code is the CLI's for that end."""
+    parser = argparse.ArgumentParser(prog="python -m kerasdist.launch.isolation")
+    parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--verbose", type=json.loads, default=None)
+    parser.add_argument("--overwrite", action="store_true")
+    args = parser.parse_args(argv)
+    _log.configure(args.verbose)
+    failure: BaseException | None = None
+    with terminate_on_sigterm():
+        try:
+            loopback_up()
+            from kerasdist.config.loader import validate_recipe
+
+            recipe = validate_recipe(json.loads(sys.stdin.read()), source="<local launcher>")
+            launch_here(recipe, overwrite=args.overwrite, verbose=args.verbose)
+        except (Exception, KeyboardInterrupt) as err:
+            failure = err
+    _report(args.result_fd, failure)
+    return 0 if failure is None else errors.exit_code(errors.classify(failure))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Nobody let in: the task servers of a local cluster (and its coordinator) run in a private network
+namespace, unreachable from this machine's network addresses, and a local cluster that cannot be
+isolated is refused (exit 2, nothing written or started) unless the recipe allows the exposure."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mwms_support as mw
+import psutil
+import pytest
+import yaml
+
+from kerasdist.launch.processes import listens
+
+pytestmark = [pytest.mark.multiprocess]
+
+
+def _host_address() -> str | None:
+    """A non-loopback IPv4 address of this machine (None if it has none)."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                             capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            return line.split()[3].split("/")[0]
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        pass
+    try:
+        for address in socket.gethostbyname_ex(socket.gethostname())[2]:
+            if not address.startswith("127."):
+                return address
+    except OSError:
+        pass
+    return None
+
+
+def _netns(pid: int | str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def _reachable(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _tasks(launcher_pid: int) -> dict[str, tuple[int, int]]:
+    """``{task name: (pid, port)}`` of the launcher's descendants that carry a TF_CONFIG."""
+    found = {}
+    for child in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            config = json.loads(child.environ().get("TF_CONFIG", "") or "null")
+        except (psutil.Error, ValueError):
+            continue
+        if config:
+            task = config["task"]
+            address = config["cluster"][task["type"]][task["index"]]
+            found[f"{task['type']}:{task['index']}"] = (child.pid, int(address.rpartition(":")[2]))
+    return found
+
+
+def _inner_launchers(launcher_pid: int) -> set[str]:
+    """Network namespaces of the launcher's namespace child (once it runs the isolation module)."""
+    found = set()
+    try:
+        for child in psutil.Process(launcher_pid).children():
+            if "kerasdist.launch.isolation" in " ".join(child.cmdline()):
+                found.add(_netns(child.pid))
+    except (psutil.Error, OSError):
+        pass
+    return found
+
+
+def _ps_recipe(tmp_path: Path, name: str) -> Path:
+    """The linear model as a local parameter-server run: 1 ps + 2 workers + the coordinator."""
+    raw = yaml.safe_load(mw.linear_recipe(tmp_path, name).read_text())
+    raw["strategy"] = {"kind": "parameter_server"}
+    raw["cluster"] = {"kind": "local", "workers": 2, "ps": 1, "threads_per_task": 1}
+    raw["trainer"] = {"epochs": 2, "steps_per_epoch": 40, "seed": 1}
+    raw["data"].pop("auto_shard", None)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind, expected", [
+    ("multi_worker", {"worker:0", "worker:1"}),
+    ("parameter_server", {"ps:0", "worker:0", "worker:1"}),
+])
+def test_local_cluster_is_unreachable_from_the_network(tmp_path, kind, expected):
+    host = _host_address()
+    if host is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    recipe = (mw.linear_recipe(tmp_path, "run", trainer={"epochs": 3}) if kind == "multi_worker"
+              else _ps_recipe(tmp_path, "run"))
+    process = mw.launch(recipe)
+    checked: dict[str, int] = {}
+    launchers: set[str] = set()  # network namespaces of the launcher's child (the coordinator)
+    try:
+        deadline = time.monotonic() + 240
+        while set(checked) != expected and process.poll() is None and time.monotonic() < deadline:
+            launchers |= _inner_launchers(process.pid)
+            for name, (pid, port) in _tasks(process.pid).items():
+                if name in checked or not listens(pid, port):
+                    continue
+                # The task's server is up (its own listening socket), yet its port cannot be
+                # reached through this machine's network address: it is in another namespace.
+                assert not _reachable(host, port), f"task {name}: {host}:{port} accepts connections"
+                assert _netns(pid) != _netns("self"), f"task {name} runs in this network namespace"
+                checked[name] = port
+            time.sleep(0.05)
+        out = mw.finish(process, timeout_s=300)
+    finally:
+        mw.kill_tree(process.pid)
+    assert set(checked) == expected, f"tasks checked while listening: {checked}\n{out[-4000:]}"
+    assert process.returncode == 0, out[-4000:]
+    # The local launcher (for parameter_server also the coordinator) ran in the tasks' namespace.
+    assert launchers and _netns("self") not in launchers
+    assert "private network namespace, loopback only" in out
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["strategy"] == kind and metrics["num_replicas"] == 2
+    assert "kerasdist run summary" in out  # the launching process printed the RunResult
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_no_isolation_refused_unless_exposure_is_allowed(tmp_path):
+    recipe = mw.linear_recipe(tmp_path, "exposed", trainer={"epochs": 1})
+    env = dict(os.environ, **mw.QUIET, KERASDIST_NO_NETNS="1")
+
+    def fit(*args):
+        return subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(recipe), *args],
+                              cwd=mw.REPO, env=env, text=True, capture_output=True, timeout=240)
+
+    refused = fit()
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert "cannot isolate the local cluster in a private network namespace" in refused.stderr
+    assert "KERASDIST_NO_NETNS is set" in refused.stderr
+    assert "cluster.allow_network_exposure: true" in refused.stderr
+    assert "local cluster" not in refused.stdout  # nothing started ...
+    assert not (tmp_path / "exposed").exists()  # ... nothing written
+    allowed = fit("--set", "cluster.allow_network_exposure=true")
+    assert allowed.returncode == 0, allowed.stdout[-3000:] + allowed.stderr[-3000:]
+    assert "cluster.allow_network_exposure is set" in allowed.stdout
+    assert "reachable from the network" in allowed.stdout  # the launcher says what is true
+    assert json.loads((tmp_path / "exposed" / "metrics.json").read_text())["num_replicas"] == 2
+
+
+@pytest.mark.timeout(120)
+def test_api_refuses_extra_callbacks_for_an_isolated_local_cluster(tmp_path):
+    import kerasdist
+    from kerasdist.errors import ClusterError
+    from kerasdist.launch.isolation import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"no network namespaces here: {unavailable_reason()}")
+    recipe = kerasdist.load_recipe(_ps_recipe(tmp_path, "cb"))
+    with pytest.raises(ClusterError, match="callbacks cannot be sent into a local cluster"):
+        kerasdist.fit(recipe, callbacks=[object()])
+    assert not (tmp_path / "cb").exists()
+
+
+def test_child_errors_come_back_with_their_class():
+    from kerasdist.errors import (
+        DataError,
+        Preempted,
+        RunDirError,
+        TaskFailedError,
+        TrainingError,
+        classify,
+        exit_code,
+    )
+    from kerasdist.launch.isolation import rebuild
+
+    def back(err):
+        return rebuild({"error": type(err).__name__, "module": type(err).__module__,
+                        "message": str(err), "step": getattr(err, "step", None)})
+
+    for err, code in ((RunDirError("in use"), 2), (DataError("bad split"), 2),
+                      (TaskFailedError("worker:1 lost"), 1), (TrainingError("label 12"), 1),
+                      (Preempted(40), 130), (KeyboardInterrupt(), 130), (ValueError("v"), 1)):
+        again = back(err)
+        assert type(again) is type(err) and str(again) == str(err)
+        assert exit_code(classify(again)) == code
+    odd = back(type("Odd", (Exception,), {})("strange"))
+    assert isinstance(odd, TrainingError) and str(odd) == "Odd: strange"
