@@ -184,6 +184,9 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     try:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
                                  preexec_fn=die_with_parent)
+    except OSError:
+        os.close(read_fd)
+        raise
     finally:
         os.close(write_fd)
     reply: list[bytes] = []
@@ -191,8 +194,11 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     reader.start()
     interrupted: BaseException | None = None
     try:
-        child.stdin.write(json.dumps(recipe.model_dump(mode="json")).encode())
-        child.stdin.close()
+        try:
+            child.stdin.write(json.dumps(recipe.model_dump(mode="json")).encode())
+            child.stdin.close()
+        except BrokenPipeError:  # it ended at once: its report says why
+            pass
         with terminate_on_sigterm():
             try:
                 child.wait()
@@ -203,7 +209,7 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
         if child.poll() is None:  # a second interrupt, or an error here: leave nothing behind
             _kill(child)
     reader.join(timeout=10)
-    return _outcome(recipe, child.returncode, b"".join(reply), interrupted)
+    return _outcome(recipe, child, b"".join(reply), interrupted)
 
 
 def _read_all(fd: int, into: list[bytes]) -> None:
@@ -231,7 +237,9 @@ def _kill(child: subprocess.Popen) -> None:
     child.wait()
 
 
-def _outcome(recipe: Recipe, code: int, reply: bytes, interrupted: BaseException | None) -> RunResult:
+def _outcome(recipe: Recipe, child: subprocess.Popen, reply: bytes,
+             interrupted: BaseException | None) -> RunResult:
+    code = child.returncode
     try:
         result = json.loads(reply.decode("utf-8")) if reply else None
     except ValueError:
@@ -242,7 +250,7 @@ def _outcome(recipe: Recipe, code: int, reply: bytes, interrupted: BaseException
         raise rebuild(result)
     if interrupted is not None:
         raise interrupted
-    raise TaskFailedError(f"the local cluster's launcher (pid, in its network namespace) "
+    raise TaskFailedError(f"the local cluster's launcher (pid {child.pid}, in its network namespace) "
                           f"{describe_exit(code)} without reporting how it ended; task logs in "
                           f"{Path(recipe.output.run_dir) / 'logs'}")
 
@@ -273,6 +281,19 @@ def rebuild(result: dict) -> BaseException:
         except TypeError:
             pass
     return TrainingError(f"{name}: {message}")
+
+
+def isolated_argv(argv: list[str]) -> list[str]:
+    """A command that runs ``argv`` in a fresh network namespace with only loopback up: for other
+    programs that start local clusters with :class:`~kerasdist.launch.processes.LocalLauncher`.
+
+    Raises:
+        ClusterError: network namespaces are unavailable here (says why).
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ClusterError(f"cannot isolate a local cluster in a private network namespace: {reason}")
+    return [*unshare_argv(), sys.executable, "-m", "kerasdist.launch.isolation", "--exec", *argv]
 
 
 # ------------------------------------------------------------------------------ the namespace side
@@ -312,12 +333,17 @@ def _report(fd: int, err: BaseException | None) -> None:
 
 def main(argv=None) -> int:
     """The namespace child: bring ``lo`` up, read the recipe (JSON on stdin), run the local
-    cluster, report how it ended on ``--result-fd``; the exit code is the CLI's for that end."""
+    cluster, report how it ended on ``--result-fd``; the exit code is the CLI's for that end.
+    With ``--exec PROGRAM ARGS...``: bring ``lo`` up and exec the program (:func:`isolated_argv`)."""
     parser = argparse.ArgumentParser(prog="python -m kerasdist.launch.isolation")
-    parser.add_argument("--result-fd", type=int, required=True)
+    parser.add_argument("--exec", nargs=argparse.REMAINDER, help="bring lo up, then exec this")
+    parser.add_argument("--result-fd", type=int)
     parser.add_argument("--verbose", type=json.loads, default=None)
     parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args(argv)
+    if args.exec:
+        loopback_up()
+        os.execvp(args.exec[0], args.exec)
     _log.configure(args.verbose)
     failure: BaseException | None = None
     with terminate_on_sigterm():

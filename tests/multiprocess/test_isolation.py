@@ -194,3 +194,20 @@ def test_child_errors_come_back_with_their_class():
         assert exit_code(classify(again)) == code
     odd = back(type("Odd", (Exception,), {})("strange"))
     assert isinstance(odd, TrainingError) and str(odd) == "Odd: strange"
+
+
+@pytest.mark.timeout(60)
+def test_isolated_argv_runs_a_program_with_loopback_only():
+    """The helper other local-cluster starters (bench's tf_keras baseline, legacy/) can use."""
+    from kerasdist.launch.isolation import isolated_argv, unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"no network namespaces here: {unavailable_reason()}")
+    code = ("import socket\n"
+            "server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen()\n"
+            "socket.create_connection(server.getsockname(), timeout=5).close()\n"
+            "print(sorted(name for _, name in socket.if_nameindex()))")
+    done = subprocess.run(isolated_argv([sys.executable, "-c", code]), capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['lo']"  # loopback up and working, nothing else
