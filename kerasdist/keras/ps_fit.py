@@ -31,6 +31,7 @@ from typing import Any
 from kerasdist._compat import keras_ps_atomic_assign
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop, ps_steps
+from kerasdist.keras.callbacks import MetricsProgbar
 
 
 def is_parameter_server(strategy) -> bool:
@@ -174,8 +175,12 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
             model, run.strategy, steps_per_execution=int(model.steps_per_execution or 1))
         run.test_function = ps_steps.make_test_function(model, run.strategy)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
+            callbacks = list(callbacks or [])
+            if verbose != 0 and not any(isinstance(c, keras.callbacks.ProgbarLogger)
+                                        for c in callbacks):
+                callbacks.append(MetricsProgbar())  # ps_* figures in History, not on the bar
             callbacks = keras.callbacks.CallbackList(
-                callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose,
+                callbacks, add_history=True, add_progbar=False, verbose=verbose,
                 epochs=epochs, steps=steps, model=model)
         model.stop_training = False
         callbacks.on_train_begin()

@@ -55,7 +55,7 @@ class _BatchLog(keras.callbacks.Callback):
 
 
 @pytest.mark.timeout(180)
-def test_fit_keeps_keras_semantics_and_reports_ps_figures(ps_strategy, tmp_path):
+def test_fit_keeps_keras_semantics_and_reports_ps_figures(ps_strategy, tmp_path, capsys):
     model = _mlp(ps_strategy)
     batches = _BatchLog()
     best = tmp_path / "best.keras"
@@ -65,6 +65,8 @@ def test_fit_keeps_keras_semantics_and_reports_ps_figures(ps_strategy, tmp_path)
     history = model.fit(TRAIN_FN, epochs=3, steps_per_epoch=12, validation_data=EVAL_FN,
                         callbacks=callbacks, verbose=1)
     logs = history.history
+    bar = capsys.readouterr().out
+    assert "accuracy:" in bar and "loss:" in bar and "ps_" not in bar  # the bar: loss + metrics
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} | PS_KEYS <= set(logs)
     assert all(len(v) == 3 for v in logs.values())
     assert logs["ps_steps"] == [12, 12, 12] and logs["ps_global_step"] == [12, 24, 36]
