@@ -1,4 +1,5 @@
-"""The ``kerasdist`` command line: ``fit``, ``validate``, ``schema``, ``bench``, ``export``, ``env``.
+"""The ``kerasdist`` command line: ``fit``, ``validate``, ``evaluate``, ``env``, ``schema``, ``bench``,
+``export``.
 
 Exit codes (defined in :mod:`kerasdist.errors`): 0 success; 2 bad input (recipe, data, run
 directory; nothing written, nothing started); 1 a failure during training (a lost task, or a
@@ -71,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
 
+    evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate a run's checkpoints "
+                                               "(the newest, or each new one with --watch)")
+    evaluate.add_argument("run_dir", help="the run directory (holds run.json and checkpoints/)")
+    evaluate.add_argument("--watch", action="store_true",
+                          help="evaluate every new checkpoint until the run finishes")
+    evaluate.add_argument("--split", default=None, help="split to evaluate (default: the "
+                          "recipe's data.eval_split)")
+    evaluate.add_argument("--poll-s", type=float, default=2.0, help="--watch: seconds between looks")
+    evaluate.add_argument("--idle-timeout-s", type=float, default=None,
+                          help="--watch: give up after this many seconds without a new checkpoint")
+    evaluate.add_argument("--json", action="store_true", help="print the evaluations as JSON")
+
     env = sub.add_parser("env", help="versions, devices, active mends and this process's "
                                      "cluster role, for bug reports")
     env.add_argument("--json", action="store_true", help="print JSON")
@@ -140,6 +153,23 @@ def _cmd_schema(args) -> int:
     from kerasdist.config import json_schema
 
     print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+def _cmd_evaluate(args) -> int:
+    from kerasdist.training.evaluator import Evaluator, wait_for_run
+
+    if args.watch:
+        wait_for_run(args.run_dir, poll_s=args.poll_s, timeout_s=args.idle_timeout_s)
+    evaluator = Evaluator(args.run_dir, split=args.split)
+    results = (evaluator.watch(poll_s=args.poll_s, idle_timeout_s=args.idle_timeout_s)
+               if args.watch else [evaluator.once()])
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float))
+            print(f"{r['checkpoint']:<14} step {r['global_step']:<8} {shown}")
     return EXIT_OK
 
 
@@ -296,7 +326,7 @@ def _cmd_bench(args) -> int:
 
 
 COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
-            "export": _cmd_export, "env": _cmd_env}
+            "export": _cmd_export, "env": _cmd_env, "evaluate": _cmd_evaluate}
 
 
 def console(argv: Sequence[str] | None = None) -> int:
