@@ -16,7 +16,7 @@ The topology comes from the strategy object's traits (``multi_worker`` is ``peer
 ``parameter_server`` is ``coordinator``); nothing here compares strategy names. A local cluster
 runs in a child process in its own network namespace (:mod:`kerasdist.launch.isolation`): TF's task
 servers listen on every interface without authentication. An ``evaluator`` task (TF_CONFIG) is
-refused: ``kerasdist evaluate`` will serve it.
+refused: ``kerasdist evaluate`` serves it.
 """
 
 from __future__ import annotations
@@ -119,9 +119,9 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     tf_config = resolve_role(recipe, tf_config)
     if tf_config.task_type == "evaluator":
         raise ClusterError(f"task {tf_config.task_name}: the evaluator role (a sidecar that "
-                           "evaluates the checkpoints the training writes) is to be served by "
-                           "'kerasdist evaluate', which is not built yet; this process does not "
-                           "train. Received: TF_CONFIG task.type='evaluator'")
+                           "evaluates the checkpoints the training writes) is served by "
+                           "'kerasdist evaluate RUN_DIR --watch', not by fit; this process does "
+                           "not train. Received: TF_CONFIG task.type='evaluator'")
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)
     if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
