@@ -95,7 +95,8 @@ def test_evaluator_task_is_refused_by_fit_not_trained(write_recipe, tmp_path, mo
     monkeypatch.setenv("TF_CONFIG", _tf_config("evaluator", 0, {"worker": ["localhost:2001"]}))
     assert main(["fit", str(path)]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert "the evaluator role" in err and "'kerasdist evaluate'" in err and "does not train" in err
+    assert "the evaluator role" in err and "'kerasdist evaluate RUN_DIR --watch'" in err
+    assert "does not train" in err
     assert not run_dir.exists()
 
 
