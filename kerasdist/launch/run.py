@@ -40,15 +40,19 @@ log = _log.get_logger("launch")
 
 
 def preflight(recipe: Recipe, *, overwrite: bool) -> None:
-    """Every bad-input check that needs no TensorFlow runtime, before any process starts or any
-    file is written: the strategy's own (global batch vs replicas known in advance), the data
-    splits (readable, at least one global batch), the run directory (fingerprint).
+    """Every bad-input check of a local cluster, in the launching process, before any process
+    starts or any file is written: the strategy's own (global batch vs replicas known in advance),
+    the run directory (path, fingerprint), the data splits (readable, at least one global batch),
+    and the model built here against the data (labels within its classes, shapes, NaN/inf:
+    :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here).
 
     Raises:
         RecipeError, DataError, RunDirError: bad input (exit code 2).
     """
     from kerasdist.data.sources import load_split
+    from kerasdist.training import checks
 
+    checks.check_run_dir_path(recipe.output.run_dir)
     strategy = registry.for_recipe(recipe)
     strategy.preflight(recipe)
     x, _ = load_split(recipe.data, recipe.data.train_split)
@@ -58,7 +62,8 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
     if recipe.data.eval_split:
         load_split(recipe.data, recipe.data.eval_split)
     rundir.check_run_dir(Path(recipe.output.run_dir), recipe, overwrite=overwrite,
-                          checkpoint_schema=strategy.traits.checkpoint_schema)
+                         checkpoint_schema=strategy.traits.checkpoint_schema)
+    checks.check_recipe_here(recipe)
 
 
 def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
@@ -95,8 +100,7 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
 
     Raises:
         RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts (also:
-            a local cluster that cannot be isolated without ``cluster.allow_network_exposure``;
-            an ``evaluator`` task).
+            a local cluster that cannot be isolated without ``cluster.allow_network_exposure``).
         TaskFailedError: a task was lost (named), after the restarts allowed.
         TrainingError: a task of a local cluster failed deterministically (its own message).
     """
@@ -117,13 +121,15 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
             return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
                                          callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
-    if tf_config.task_type == "evaluator":
-        raise ClusterError(f"task {tf_config.task_name}: the evaluator role (a sidecar that "
-                           "evaluates the checkpoints the training writes) is served by "
-                           "'kerasdist evaluate RUN_DIR --watch', not by fit; this process does "
-                           "not train. Received: TF_CONFIG task.type='evaluator'")
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)
+    if tf_config.task_type == "evaluator":  # the sidecar evaluator: follows the chief's run dir
+        from kerasdist.training.evaluator import Evaluator, wait_for_run
+
+        log.info(f"task {tf_config.task_name}: sidecar evaluator of {recipe.output.run_dir}")
+        wait_for_run(Path(recipe.output.run_dir))
+        Evaluator(recipe.output.run_dir).watch()
+        return None
     if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
         from kerasdist.cluster.server import serve
 

@@ -114,7 +114,7 @@ def test_bad_input_exits_2_before_any_process_starts_or_file_is_written(tmp_path
 
 
 @pytest.mark.timeout(400)
-def test_deterministic_error_is_reported_and_not_restarted(tmp_path):
+def test_bad_labels_are_refused_before_any_process_starts(tmp_path):
     rng = np.random.default_rng(0)
     x = rng.integers(0, 255, (512, 28, 28), dtype=np.uint8)
     y = rng.integers(0, 10, 512).astype(np.int64)
@@ -127,12 +127,23 @@ def test_deterministic_error_is_reported_and_not_restarted(tmp_path):
         optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
         cluster={"max_restarts": 2})
     result = _fit(recipe)
+    assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
+    assert "12" in result.stderr and "data.train_split" in result.stderr
+    assert "local cluster" not in result.stdout and not (tmp_path / "badlabel").exists()
+
+
+@pytest.mark.timeout(400)
+def test_deterministic_error_is_reported_and_not_restarted(tmp_path):
+    # A diverging run: the loss becomes non-finite on every worker (class fatal, not a lost peer).
+    recipe = mw.linear_recipe(tmp_path, "diverge", optimizer={"name": "sgd", "learning_rate": 1e30},
+                              cluster={"max_restarts": 2})
+    result = _fit(recipe)
     out = result.stdout + result.stderr
     assert result.returncode == 1, out[-4000:]
-    # TF's own message (CPU kernel wording), on the launcher's stderr, naming the failing worker.
-    assert "12 is not in [0, 10)" in result.stderr and "task worker:1" in result.stderr
+    assert "the training loss became" in result.stderr and "task worker:" in result.stderr
     assert "not restarted" in result.stderr and "restart the cluster" not in result.stderr
     assert "attempt 1/3 failed" in out and "attempt 2/3" not in out
     assert "restarting the cluster" not in out
-    status = json.loads((tmp_path / "badlabel" / "logs" / "worker-1.status.json").read_text())
-    assert status["class"] == "fatal" and status["error"] == "InvalidArgumentError"
+    status = json.loads((tmp_path / "diverge" / "logs" / "worker-1.status.json").read_text())
+    assert status["class"] == "fatal" and status["error"] == "TrainingError"
+    assert not list((tmp_path / "diverge" / "checkpoints").glob("ckpt-*.index"))  # nothing saved

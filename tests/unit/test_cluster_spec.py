@@ -88,16 +88,20 @@ def test_layouts_tensorflow_accepts():
     assert split_address("localhost:2000") == ("localhost", 2000)
 
 
-def test_evaluator_task_is_refused_by_fit_not_trained(write_recipe, tmp_path, monkeypatch, capsys):
+def test_evaluator_task_runs_the_sidecar_evaluator_not_training(write_recipe, tmp_path,
+                                                               monkeypatch):
     run_dir = tmp_path / "run"
-    path = write_recipe(f"strategy: {{kind: multi_worker}}\ncluster: {{kind: tf_config}}\n"
-                        f"output: {{run_dir: '{run_dir}'}}\n")
+    linear = (f"model: {{name: linear}}\ndata: {{source: synthetic_linear, train_split: train, "
+              f"eval_split: test, batch_size: 50, num_examples: 200}}\ntrainer: {{epochs: 1, "
+              f"verbose: 0}}\noutput: {{run_dir: '{run_dir}', tensorboard: false}}\n")
+    assert main(["fit", str(write_recipe(linear, "train.yaml"))]) == 0  # the run to follow
+    steps = json.loads((run_dir / "metrics.json").read_text())["global_steps"]
+    cluster = write_recipe(linear.replace("trainer:", "strategy: {kind: multi_worker}\n"
+                                          "cluster: {kind: tf_config}\ntrainer:"), "eval.yaml")
     monkeypatch.setenv("TF_CONFIG", _tf_config("evaluator", 0, {"worker": ["localhost:2001"]}))
-    assert main(["fit", str(path)]) == EXIT_BAD_INPUT
-    err = capsys.readouterr().err
-    assert "the evaluator role" in err and "'kerasdist evaluate RUN_DIR --watch'" in err
-    assert "does not train" in err
-    assert not run_dir.exists()
+    assert main(["fit", str(cluster)]) == 0
+    (evaluation,) = json.loads((run_dir / "eval.json").read_text())["evaluations"]
+    assert evaluation["global_step"] == steps and evaluation["checkpoint"] == f"ckpt-{steps}"
 
 
 def test_parameter_server_needs_a_ps_task():
