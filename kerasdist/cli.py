@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Sequence
 
-from kerasdist import _log
+from kerasdist import _log, cli_ops
 from kerasdist.errors import (
     BAD_INPUT,
     EXIT_BAD_INPUT,
@@ -72,22 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
 
-    evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate a run's checkpoints "
-                                               "(the newest, or each new one with --watch)")
-    evaluate.add_argument("run_dir", help="the run directory (holds run.json and checkpoints/)")
-    evaluate.add_argument("--watch", action="store_true",
-                          help="evaluate every new checkpoint until the run finishes")
-    evaluate.add_argument("--split", default=None, help="split to evaluate (default: the "
-                          "recipe's data.eval_split)")
-    evaluate.add_argument("--poll-s", type=float, default=2.0, help="--watch: seconds between looks")
-    evaluate.add_argument("--idle-timeout-s", type=float, default=None,
-                          help="--watch: give up after this many seconds without a new checkpoint")
-    evaluate.add_argument("--json", action="store_true", help="print the evaluations as JSON")
-
-    env = sub.add_parser("env", help="versions, devices, active mends and this process's "
-                                     "cluster role, for bug reports")
-    env.add_argument("--json", action="store_true", help="print JSON")
-    _add_role_args(env)
+    cli_ops.add_parsers(sub, _add_role_args)
 
     bench = sub.add_parser("bench", help="run a recipe under several strategies and baselines")
     _add_recipe_args(bench)
@@ -154,36 +139,6 @@ def _cmd_schema(args) -> int:
 
     print(json.dumps(json_schema(), indent=2))
     return EXIT_OK
-
-
-def _cmd_evaluate(args) -> int:
-    from kerasdist.training.evaluator import Evaluator, wait_for_run
-
-    if args.watch:
-        wait_for_run(args.run_dir, poll_s=args.poll_s, timeout_s=args.idle_timeout_s)
-    evaluator = Evaluator(args.run_dir, split=args.split)
-    results = (evaluator.watch(poll_s=args.poll_s, idle_timeout_s=args.idle_timeout_s)
-               if args.watch else [evaluator.once()])
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        for r in results:
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float))
-            print(f"{r['checkpoint']:<14} step {r['global_step']:<8} {shown}")
-    return EXIT_OK
-
-
-def _cmd_env(args) -> int:
-    from kerasdist import environment
-
-    flags = None
-    if _role_flags(args):
-        flags = {"job_name": args.job_name or "worker", "task_index": args.task_index or 0,
-                 "ps_hosts": args.ps_hosts or "", "worker_hosts": args.worker_hosts or "",
-                 "chief_host": args.chief_host or ""}
-    report = environment.collect(flags=flags)
-    print(json.dumps(report, indent=2) if args.json else environment.format_text(report))
-    return EXIT_OK if environment.cluster_ok(report) else EXIT_BAD_INPUT
 
 
 ROLE_FLAGS = (("--job-name", "job_name"), ("--task-index", "task_index"),
@@ -326,7 +281,7 @@ def _cmd_bench(args) -> int:
 
 
 COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
-            "export": _cmd_export, "env": _cmd_env, "evaluate": _cmd_evaluate}
+            "export": _cmd_export, **cli_ops.COMMANDS}
 
 
 def console(argv: Sequence[str] | None = None) -> int:

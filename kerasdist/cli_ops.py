@@ -1,0 +1,147 @@
+"""The operations commands of the ``kerasdist`` CLI: ``launch``, ``evaluate``, ``env``.
+
+(``fit``, ``validate``, ``schema``, ``bench`` and ``export`` are in :mod:`kerasdist.cli`, which
+registers these with :func:`add_parsers`.) Exit codes as in :mod:`kerasdist.errors`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kerasdist.errors import EXIT_BAD_INPUT, EXIT_OK
+
+IN_NETNS_ENV = "KERASDIST_LAUNCH_ISOLATED"
+"""Set in the namespace child of ``kerasdist launch`` (so it does not isolate itself again)."""
+
+
+def add_parsers(sub, add_role_args) -> None:
+    """Add the ``launch``, ``evaluate`` and ``env`` sub-commands to ``sub``."""
+    launch = sub.add_parser(
+        "launch", help="run your own Keras script as a local cluster (each task gets TF_CONFIG; "
+                       "kerasdist.enable() is applied first)")
+    launch.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    launch.add_argument("--ps", type=int, default=0, help="parameter-server tasks; > 0 runs the "
+                        "script once as the coordinator (chief) and servers on the ps/workers")
+    launch.add_argument("--chief", action="store_true",
+                        help="multi-worker: add a chief:0 task that also runs the script")
+    launch.add_argument("--max-restarts", type=int, default=0,
+                        help="restart the cluster (or a dead PS worker) this many times")
+    launch.add_argument("--log-dir", default="kerasdist-logs", help="per-task logs (default "
+                        "./kerasdist-logs)")
+    launch.add_argument("--threads-per-task", type=int, default=0,
+                        help="intra-op threads per task (0: TensorFlow's default)")
+    launch.add_argument("--dry-run", action="store_true",
+                        help="print each task's TF_CONFIG and command; start nothing")
+    launch.add_argument("--allow-network-exposure", action="store_true",
+                        help="run without a private network namespace: the task servers are "
+                             "then reachable, unauthenticated, from other machines")
+    launch.add_argument("script", help="your Python script")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+    evaluate = sub.add_parser("evaluate", help="sidecar evaluator: evaluate a run's checkpoints "
+                                               "(the newest, or each new one with --watch)")
+    evaluate.add_argument("run_dir", help="the run directory (holds run.json and checkpoints/)")
+    evaluate.add_argument("--watch", action="store_true",
+                          help="evaluate every new checkpoint until the run finishes")
+    evaluate.add_argument("--split", default=None, help="split to evaluate (default: the "
+                          "recipe's data.eval_split)")
+    evaluate.add_argument("--poll-s", type=float, default=2.0, help="--watch: seconds between looks")
+    evaluate.add_argument("--idle-timeout-s", type=float, default=None,
+                          help="--watch: give up after this many seconds without a new checkpoint")
+    evaluate.add_argument("--json", action="store_true", help="print the evaluations as JSON")
+
+    env = sub.add_parser("env", help="versions, devices, active mends and this process's "
+                                     "cluster role, for bug reports")
+    env.add_argument("--json", action="store_true", help="print JSON")
+    add_role_args(env)
+
+
+def _cmd_launch(args) -> int:
+    from kerasdist.launch.script import ScriptCluster, dry_run, launch
+
+    cluster = ScriptCluster(script=args.script, args=tuple(args.script_args),
+                            workers=args.workers, ps=args.ps, chief=args.chief,
+                            max_restarts=args.max_restarts, log_dir=Path(args.log_dir),
+                            threads_per_task=args.threads_per_task)
+    if args.dry_run:
+        print(dry_run(cluster))
+        return EXIT_OK
+    if not args.allow_network_exposure and not os.environ.get(IN_NETNS_ENV):
+        return _relaunch_isolated(
+            ["launch", "--workers", str(args.workers), "--ps", str(args.ps), "--max-restarts",
+             str(args.max_restarts), "--log-dir", str(Path(args.log_dir).resolve()),
+             "--threads-per-task", str(args.threads_per_task), *(["--chief"] * args.chief),
+             str(Path(args.script).resolve()), *args.script_args])
+    launch(cluster)
+    return EXIT_OK
+
+
+def _relaunch_isolated(command: list[str]) -> int:
+    """Run this same ``kerasdist launch`` command in a private network namespace; wait for it,
+    forwarding SIGTERM/Ctrl-C; return its exit code.
+
+    Raises:
+        ClusterError: namespaces are unavailable (exit 2): ``--allow-network-exposure`` says so.
+    """
+    from kerasdist.errors import ClusterError
+    from kerasdist.launch.isolation import isolated_argv
+    from kerasdist.launch.processes import Terminated, die_with_parent, terminate_on_sigterm
+
+    try:
+        argv = isolated_argv([sys.executable, "-m", "kerasdist", *command])
+    except ClusterError as err:
+        raise ClusterError(f"{err}. Pass --allow-network-exposure to run the tasks reachable "
+                           "from the network (TensorFlow's servers have no authentication)") \
+            from None
+    child = subprocess.Popen(argv, env={**os.environ, IN_NETNS_ENV: "1"},
+                             preexec_fn=die_with_parent)
+    with terminate_on_sigterm():
+        try:
+            return child.wait()
+        except KeyboardInterrupt as err:
+            child.send_signal(15 if isinstance(err, Terminated) else 2)
+            try:
+                child.wait(timeout=60)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+            raise
+
+
+def _cmd_evaluate(args) -> int:
+    from kerasdist.training.evaluator import Evaluator, wait_for_run
+
+    if args.watch:
+        wait_for_run(args.run_dir, poll_s=args.poll_s, timeout_s=args.idle_timeout_s)
+    evaluator = Evaluator(args.run_dir, split=args.split)
+    results = (evaluator.watch(poll_s=args.poll_s, idle_timeout_s=args.idle_timeout_s)
+               if args.watch else [evaluator.once()])
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in r.items() if isinstance(v, float))
+            print(f"{r['checkpoint']:<14} step {r['global_step']:<8} {shown}")
+    return EXIT_OK
+
+
+def _cmd_env(args) -> int:
+    from kerasdist import environment
+
+    flags = None
+    if any(getattr(args, name) is not None for name in
+           ("job_name", "task_index", "ps_hosts", "worker_hosts", "chief_host")):
+        flags = {"job_name": args.job_name or "worker", "task_index": args.task_index or 0,
+                 "ps_hosts": args.ps_hosts or "", "worker_hosts": args.worker_hosts or "",
+                 "chief_host": args.chief_host or ""}
+    report = environment.collect(flags=flags)
+    print(json.dumps(report, indent=2) if args.json else environment.format_text(report))
+    return EXIT_OK if environment.cluster_ok(report) else EXIT_BAD_INPUT
+
+
+COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env}

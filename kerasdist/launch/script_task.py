@@ -1,0 +1,66 @@
+"""One task of ``kerasdist launch``: run a user's script with kerasdist enabled, or serve.
+
+``python -m kerasdist.launch.script_task SCRIPT [ARGS...]`` applies :func:`kerasdist.enable`
+(Keras 3 multi-worker and parameter-server mends; a ``kerasdist.enable()`` in the script is then a
+harmless no-op), sets ``sys.argv`` to ``[SCRIPT, *ARGS]`` and runs the script as ``__main__``
+(:func:`runpy.run_path`), as ``python SCRIPT ARGS`` would. Its role comes from ``TF_CONFIG`` as the
+script expects. An exception from the script is recorded in the task's status file
+(:mod:`kerasdist.launch.status`) so the launcher can tell a lost peer from a bug in the script.
+
+``python -m kerasdist.launch.script_task --serve`` runs a ``ps`` or ``worker`` task of a
+parameter-server cluster instead: a TensorFlow server for the role in ``TF_CONFIG``, until stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+
+def run_script(script: str, args: list[str]) -> int:
+    """Run ``script`` as ``__main__`` with ``args``; returns its exit code (0 when it returns)."""
+    import kerasdist
+    from kerasdist.launch import status
+
+    kerasdist.enable()
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+        code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code:
+            from kerasdist.errors import TrainingError
+
+            status.report(TrainingError(f"the script exited with code {code}"))
+        return code
+    except (Exception, KeyboardInterrupt) as err:
+        status.report(err)
+        raise
+    return 0
+
+
+def serve() -> int:
+    """Serve this ``ps``/``worker`` task (role from ``TF_CONFIG``) until stopped."""
+    from kerasdist.cluster.server import serve as serve_task
+    from kerasdist.cluster.spec import parse_tf_config
+
+    serve_task(parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--serve"]:
+        return serve()
+    if not argv:
+        print("usage: python -m kerasdist.launch.script_task SCRIPT [ARGS...] | --serve",
+              file=sys.stderr)
+        return 2
+    return run_script(argv[0], argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

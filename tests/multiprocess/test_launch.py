@@ -1,0 +1,148 @@
+"""``kerasdist launch``: users' own scripts as local clusters (multi-worker, parameter server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).parents[2]
+SCRIPTS = REPO / "tests" / "scripts"
+DATA = REPO / "kerasdist" / "data" / "sample"
+pytestmark = pytest.mark.multiprocess
+
+
+def _launch(*args: str, cwd: Path, timeout: float = 400, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kerasdist", "launch", "--threads-per-task", "1",
+                           "--log-dir", str(cwd / "logs"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def _left_behind(marker: str) -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if marker in cmdline and proc.pid != os.getpid():
+            found.append(cmdline)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_multi_worker_script_runs_on_every_worker_to_97_percent(tmp_path):
+    done = _launch("--workers", "2", str(SCRIPTS / "mnist_multi_worker.py"), str(DATA), "4",
+                   cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    accuracy = {task: float(value) for task, value in re.findall(
+        r"^\[(worker:\d)\] task worker:\d held-out accuracy: ([\d.]+)$", done.stdout, re.M)}
+    assert set(accuracy) == {"worker:0", "worker:1"}, done.stdout[-3000:]
+    assert min(accuracy.values()) >= 0.97 and len(set(accuracy.values())) == 1  # in sync
+    assert "held-out accuracy" in (tmp_path / "logs" / "worker-1.log").read_text()
+    assert not re.search(r"^\[worker:\d\] E0000 .*cuInit", done.stdout, re.M)  # clean screen
+    assert not _left_behind(str(tmp_path / "logs"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_parameter_server_script_runs_as_the_coordinator_to_97_percent(tmp_path):
+    out = tmp_path / "out"
+    done = _launch("--ps", "1", "--workers", "2", str(SCRIPTS / "mnist_parameter_server.py"),
+                   str(DATA), str(out), "4", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (accuracy,) = re.findall(r"^\[chief:0\] coordinator held-out accuracy: ([\d.]+)$",
+                             done.stdout, re.M)
+    assert float(accuracy) >= 0.97
+    assert (out / "model.keras").is_file() and list((out / "tensorboard").rglob("events*"))
+    assert {p.name for p in (tmp_path / "logs").glob("*.log")} == {
+        "ps-0.log", "worker-0.log", "worker-1.log", "chief-0.log"}
+    assert not _left_behind(str(tmp_path / "logs"))
+
+
+FAILING = textwrap.dedent("""
+    import json, os, sys, time
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    print("started", task["index"], sys.argv[1:], flush=True)
+    if task["index"] == 1:
+        raise RuntimeError("bad thing on purpose")
+    time.sleep(120)
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_failing_worker_is_named_and_nothing_is_left_behind(tmp_path):
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING)
+    done = _launch("--workers", "3", "--max-restarts", "2", str(script), "x", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "task worker:1 exited with code 1" in done.stderr
+    assert "RuntimeError: bad thing on purpose" in done.stderr
+    assert "not restarted" in done.stderr  # a script error is not a lost peer
+    assert "[worker:2] started 2 ['x']" in done.stdout
+    assert not _left_behind(str(script))
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_stops_every_task_and_exits_130(tmp_path):
+    script = tmp_path / "sleepy.py"
+    script.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
+    proc = subprocess.Popen([sys.executable, "-m", "kerasdist", "launch", "--workers", "2",
+                             "--log-dir", str(tmp_path / "logs"), str(script)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(
+                (tmp_path / "logs" / f"worker-{i}.log").exists() and "up" in (
+                    tmp_path / "logs" / f"worker-{i}.log").read_text() for i in (0, 1)):
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, out[-2000:]
+    assert not _left_behind(str(script))
+
+
+def test_dry_run_prints_each_tasks_tf_config_and_starts_nothing(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    done = _launch("--ps", "2", "--workers", "3", "--dry-run", str(script), "--lr", "0.1",
+                   cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    blocks = re.findall(r"^\[(\w+:\d)\]\n  TF_CONFIG='(.*)'\n  (.*)$", done.stdout, re.M)
+    assert [b[0] for b in blocks] == ["ps:0", "ps:1", "worker:0", "worker:1", "worker:2",
+                                      "chief:0"]
+    for name, tf_config, command in blocks:
+        task = json.loads(tf_config)["task"]
+        assert f"{task['type']}:{task['index']}" == name
+        assert command.endswith(f"{script} --lr 0.1") == (name == "chief:0")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_without_isolation_launch_is_refused_unless_exposure_is_allowed(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("print('ran', flush=True)\n")
+    env = {**os.environ, "KERASDIST_NO_NETNS": "1"}
+    refused = _launch("--workers", "1", str(script), cwd=tmp_path, timeout=60, env=env)
+    assert refused.returncode == 2 and "--allow-network-exposure" in refused.stderr
+    assert not (tmp_path / "logs").exists()
+    allowed = _launch("--workers", "1", "--allow-network-exposure", str(script), cwd=tmp_path,
+                      timeout=120, env=env)
+    assert allowed.returncode == 0 and "[worker:0] ran" in allowed.stdout, allowed.stderr
+
+
+def test_bad_arguments_exit_2_naming_them(tmp_path):
+    missing = _launch("--workers", "2", str(tmp_path / "nope.py"), cwd=tmp_path, timeout=60)
+    assert missing.returncode == 2 and "script: no such file" in missing.stderr
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    zero = _launch("--workers", "0", str(script), cwd=tmp_path, timeout=60)
+    assert zero.returncode == 2 and "--workers must be >= 1. Received: workers=0" in zero.stderr
