@@ -32,14 +32,16 @@ def pytest_collection_modifyitems(session, config, items):
     if os.environ.get(ISOLATED_ENV):
         return
     for item in items:
-        if IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+                "tests/legacy/" in item.nodeid:  # legacy/ starts TF1 clusters of its own
             item.add_marker(pytest.mark.isolated)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Run an ``isolated`` test as ``python -m pytest <nodeid>`` in a fresh process and report its
-    outcome here (its output is shown when it fails)."""
+    """Run an ``isolated`` test as ``python -m pytest <nodeid>`` in a fresh process (in a private
+    network namespace where the OS allows one, so the TF servers it starts are unreachable from
+    other machines) and report its outcome here (its output is shown when it fails)."""
     if os.environ.get(ISOLATED_ENV) or item.get_closest_marker("isolated") is None:
         return None
     import subprocess
@@ -52,9 +54,14 @@ def pytest_runtest_protocol(item, nextitem):
     limit = (marker.args[0] if marker and marker.args else 300) + 120
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     start = time.perf_counter()
+    from kerasdist.launch import isolation
+
+    argv = [sys.executable, "-m", "pytest", item.nodeid, "-q", "-p", "no:cacheprovider", "-o",
+            "addopts="]
+    if isolation.unavailable_reason() is None:  # its TF servers: unreachable from the network
+        argv = isolation.isolated_argv(argv)
     try:
-        proc = subprocess.run([sys.executable, "-m", "pytest", item.nodeid, "-q", "-p",
-                               "no:cacheprovider", "-o", "addopts="], capture_output=True, text=True,
+        proc = subprocess.run(argv, capture_output=True, text=True,
                               env={**os.environ, ISOLATED_ENV: "1"}, timeout=limit,
                               cwd=str(item.config.rootpath))
         code, output = proc.returncode, proc.stdout + proc.stderr

@@ -44,6 +44,18 @@ def _run_strategy(raw, strategy, *, workers, out: Path, tag: str, timeout_s) -> 
     return Measurement(tag, code, wall, rss, figures, str(log))
 
 
+def _isolated(argv: list[str]) -> list[str]:
+    """``argv`` run in a private network namespace: the jobs that start TF clusters outside
+    kerasdist's launcher (tf_keras baselines, legacy/) must not expose their servers either.
+
+    Raises:
+        ClusterError: namespaces are unavailable here (exit 2; see README "Security").
+    """
+    from kerasdist.launch.isolation import isolated_argv
+
+    return isolated_argv(argv)
+
+
 def _run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) -> Measurement:
     result = out / "results" / f"{tag}.json"
     result.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +78,9 @@ def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s,
                                                         run_dir=out / "runs" / tag),
                                         out / "recipes" / f"{tag}-{kind}.json")
             rows.append(_run_json_job(
-                f"{tag}-{kind}", [python(), "-m", "kerasdist.bench.tfkeras_cluster", kind,
-                                  str(recipe_path), str(workers)], out, timeout_s=timeout_s))
+                f"{tag}-{kind}", _isolated([python(), "-m", "kerasdist.bench.tfkeras_cluster",
+                                            kind, str(recipe_path), str(workers)]), out,
+                timeout_s=timeout_s))
         return rows
     recipe_path = _write_recipe(strategy_recipe(raw, "default", workers=1,
                                                 run_dir=out / "runs" / tag),
@@ -85,7 +98,7 @@ def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measureme
             "r = run_async_cnn(workers=%d, steps=%d, batch_size=%d); "
             "json.dump({k: v for k, v in r.items() if isinstance(v, (int, float, str))}, "
             "open(sys.argv[1], 'w'))") % (workers, steps, recipe.data.batch_size)
-    m = _run_json_job(tag, [python(), "-c", code], out, timeout_s=timeout_s)
+    m = _run_json_job(tag, _isolated([python(), "-c", code]), out, timeout_s=timeout_s)
     if m.figures:
         train_s = m.figures.get("train_wall_s") or m.figures.get("wall_s") or m.wall_time_s
         m.figures = {"throughput": {"examples_per_sec": steps * recipe.data.batch_size / train_s,
