@@ -222,6 +222,8 @@ def _add_export_parser(sub) -> None:
     tfjob.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
     tfjob.add_argument("--pvc", default=None,
                        help="PersistentVolumeClaim for the run directory (shared checkpoints)")
+    tfjob.add_argument("--evaluator", action="store_true",
+                       help="add an Evaluator replica running the sidecar evaluator (needs --pvc)")
 
 
 def _cmd_export(args) -> int:
@@ -232,7 +234,8 @@ def _cmd_export(args) -> int:
                               image=args.image, name=args.name, namespace=args.namespace,
                               resources=PodResources(cpu=args.cpu, memory=args.memory,
                                                      gpus=args.gpus),
-                              pvc=args.pvc, overrides=tuple(args.overrides))
+                              pvc=args.pvc, overrides=tuple(args.overrides),
+                              evaluator=args.evaluator)
     text = dump_manifest(manifest)
     if args.output == "-":
         print(text, end="")

@@ -9,6 +9,9 @@ Replica layout:
 * ``multi_worker``: ``Worker`` x ``cluster.workers``; worker 0 is the chief (writes the outputs).
 * ``parameter_server``: ``Chief`` x 1 (the coordinator), ``Worker`` x ``cluster.workers``,
   ``PS`` x ``cluster.ps``.
+* ``--evaluator``: one ``Evaluator`` replica more (its ``TF_CONFIG`` task is ``evaluator``, not
+  part of ``cluster``): the same command runs kerasdist's sidecar evaluator on the shared run
+  directory (:mod:`kerasdist.training.evaluator`); it needs ``--pvc``.
 
 ``restartPolicy: OnFailure`` with ``runPolicy.backoffLimit: cluster.max_restarts``: a failed pod is
 restarted and resumes from the last checkpoint, which must therefore live on storage every pod
@@ -88,7 +91,8 @@ def _pod_template(*, image: str, command: list[str], resources: PodResources,
 
 def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = None,
                    namespace: str | None = None, resources: PodResources = PodResources(),
-                   pvc: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+                   pvc: str | None = None, overrides: tuple[str, ...] = (),
+                   evaluator: bool = False) -> dict[str, Any]:
     """Build the TFJob manifest (a plain dict) for a validated recipe.
 
     Args:
@@ -100,15 +104,21 @@ def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = N
         resources: per-pod CPU, memory and GPUs.
         pvc: PersistentVolumeClaim for the run directory (checkpoints shared by all pods).
         overrides: extra ``--set`` overrides passed to every pod.
+        evaluator: add one ``Evaluator`` replica (the sidecar evaluator; needs ``pvc``).
 
     Returns:
         ``{"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": ..., "spec": ...}``.
 
     Raises:
-        RecipeError: a one-process strategy, or an empty image name.
+        RecipeError: a one-process strategy, an empty image name, or an evaluator without a
+            shared run directory.
     """
     if not image:
         raise RecipeError("export tfjob: --image must name a container image. Received: ''")
+    if evaluator and not pvc:
+        raise RecipeError("export tfjob --evaluator: the evaluator reads the checkpoints the chief "
+                          "writes, so the run directory must be shared: give --pvc. "
+                          "Received: pvc=None")
     name = name or job_name(recipe_path)
     command = ["kerasdist", "fit", str(recipe_path), "--set", "cluster.kind=tf_config"]
     for item in overrides:
@@ -118,7 +128,8 @@ def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = N
     template = _pod_template(image=image, command=command, resources=resources, pvc=pvc)
     replicas = {role: {"replicas": count, "restartPolicy": "OnFailure",
                        "template": copy.deepcopy(template)}
-                for role, count in replica_counts(recipe).items()}
+                for role, count in {**replica_counts(recipe),
+                                    **({"Evaluator": 1} if evaluator else {})}.items()}
     metadata: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/created-by": "kerasdist"}}
     if namespace:
         metadata["namespace"] = namespace

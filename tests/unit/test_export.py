@@ -61,6 +61,21 @@ def test_parameter_server_recipe_exports_chief_workers_and_ps():
     assert "&id" not in text  # no YAML anchors: every replica spec is written out
 
 
+def test_evaluator_replica_runs_the_same_command_on_the_shared_run_dir():
+    recipe = validate_recipe({"strategy": {"kind": "parameter_server"},
+                              "cluster": {"kind": "local", "workers": 2, "ps": 1}})
+    job = tfjob_manifest(recipe, recipe_path="/app/ps.yaml", image="kd:2", pvc="runs",
+                         evaluator=True)
+    specs = job["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in specs.items()} == {"Chief": 1, "Worker": 2, "PS": 1,
+                                                             "Evaluator": 1}
+    (chief,), (evaluator,) = _containers(specs["Chief"]), _containers(specs["Evaluator"])
+    assert evaluator["command"] == chief["command"]  # its TF_CONFIG role makes it evaluate
+    assert evaluator["volumeMounts"] == chief["volumeMounts"]
+    with pytest.raises(RecipeError, match="give --pvc"):
+        tfjob_manifest(recipe, recipe_path="/app/ps.yaml", image="kd:2", evaluator=True)
+
+
 def test_one_process_strategy_is_refused():
     with pytest.raises(RecipeError, match="Received: kind='default'"):
         tfjob_manifest(validate_recipe({}), recipe_path="r.yaml", image="kd")
