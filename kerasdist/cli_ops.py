@@ -40,6 +40,11 @@ def add_parsers(sub, add_role_args) -> None:
     launch.add_argument("--allow-network-exposure", action="store_true",
                         help="run without a private network namespace: the task servers are "
                              "then reachable, unauthenticated, from other machines")
+    launch.add_argument("--this-task", action="store_true",
+                        help="on a real cluster: run only this machine's task, its role from "
+                             "TF_CONFIG, the Slurm job or the role flags (ps/worker tasks of a "
+                             "parameter-server cluster serve; the others run the script)")
+    add_role_args(launch)
     launch.add_argument("script", help="your Python script")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -61,8 +66,36 @@ def add_parsers(sub, add_role_args) -> None:
     add_role_args(env)
 
 
+def _this_task(args) -> int:
+    """``launch --this-task``: this process's role of a real cluster; the script reads the
+    ``TF_CONFIG`` set here (from the role flags or Slurm) or given by the environment."""
+    from kerasdist.cluster.spec import from_flags, parse_tf_config
+    from kerasdist.launch.script_task import run_script, serve
+
+    if args.job_name is not None:
+        spec = from_flags(job_name=args.job_name, task_index=args.task_index or 0,
+                          ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
+                          chief_host=args.chief_host or "")
+    elif not os.environ.get("TF_CONFIG") and os.environ.get("SLURM_JOB_ID"):
+        from kerasdist.cluster.slurm import tf_config_from_slurm
+
+        spec = tf_config_from_slurm(needs_ps=args.ps > 0, num_ps=args.ps)
+    else:
+        spec = parse_tf_config(os.environ.get("TF_CONFIG"))
+    os.environ["TF_CONFIG"] = spec.to_json()  # this process's own role, read by the script
+    serves = spec.num("ps") > 0 and spec.task_type in ("ps", "worker")
+    if args.dry_run:
+        print(f"[{spec.task_name}]\n  TF_CONFIG='{spec.to_json()}'\n  "
+              f"{'serve' if serves else ' '.join([args.script, *args.script_args])}")
+        return EXIT_OK
+    return serve() if serves else run_script(args.script, list(args.script_args))
+
+
 def _cmd_launch(args) -> int:
     from kerasdist.launch.script import ScriptCluster, dry_run, launch
+
+    if args.this_task:
+        return _this_task(args)
 
     cluster = ScriptCluster(script=args.script, args=tuple(args.script_args),
                             workers=args.workers, ps=args.ps, chief=args.chief,

@@ -146,3 +146,43 @@ def test_bad_arguments_exit_2_naming_them(tmp_path):
     script.write_text("pass\n")
     zero = _launch("--workers", "0", str(script), cwd=tmp_path, timeout=60)
     assert zero.returncode == 2 and "--workers must be >= 1. Received: workers=0" in zero.stderr
+
+
+TINY_MWMS = textwrap.dedent("""
+    import json, os
+    import keras, numpy as np, tensorflow as tf
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x = np.ones((64, 2), "float32"); y = x.sum(axis=1, keepdims=True)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat(), epochs=1,
+              steps_per_epoch=3, verbose=0)
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    print("trained", task["type"], task["index"], strategy.num_replicas_in_sync, flush=True)
+""")
+
+
+@pytest.mark.timeout(240)
+def test_this_task_runs_the_same_script_on_a_real_cluster(tmp_path):
+    """Two 'machines' (processes with their own TF_CONFIG, as a scheduler would start them) each
+    run ``kerasdist launch --this-task``; both in one private network namespace for the test."""
+    from kerasdist.cluster.spec import local_cluster
+    from kerasdist.launch.isolation import isolated_argv, unavailable_reason
+
+    if unavailable_reason() is not None:
+        pytest.skip(f"needs a private network namespace for its servers: {unavailable_reason()}")
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY_MWMS)
+    spec = local_cluster(workers=2)
+    driver = textwrap.dedent(f"""
+        import os, subprocess, sys
+        procs = [subprocess.Popen([sys.executable, "-m", "kerasdist", "launch", "--this-task",
+                                   {str(script)!r}], env={{**os.environ, "TF_CONFIG": c}})
+                 for c in {[spec.for_task("worker", i).to_json() for i in range(2)]!r}]
+        sys.exit(max(p.wait(timeout=200) for p in procs))
+    """)
+    done = subprocess.run(isolated_argv([sys.executable, "-c", driver]), capture_output=True,
+                          text=True, timeout=230)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "trained worker 0 2" in done.stdout and "trained worker 1 2" in done.stdout
