@@ -121,9 +121,10 @@ def _relaunch_isolated(command: list[str]) -> int:
     Raises:
         ClusterError: namespaces are unavailable (exit 2): ``--allow-network-exposure`` says so.
     """
+    from kerasdist._signals import Terminated, terminate_on_sigterm
     from kerasdist.errors import ClusterError
     from kerasdist.launch.isolation import isolated_argv
-    from kerasdist.launch.processes import Terminated, die_with_parent, terminate_on_sigterm
+    from kerasdist.launch.processes import die_with_parent
 
     try:
         argv = isolated_argv([sys.executable, "-m", "kerasdist", *command])

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from kerasdist.launch.processes import LocalLauncher, Task, terminate_on_sigterm
+from kerasdist._signals import terminate_on_sigterm
+from kerasdist.launch.processes import LocalLauncher, Task
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _FINISHED = re.compile(r"Optimization Finished: W=([-+\d.eE]+), b=([-+\d.eE]+)")

@@ -146,25 +146,15 @@ def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarra
     and int64 ``(N,)`` labels (read with :func:`parse_tfrecords`).
 
     Raises:
-        DataError: no files, or records that do not parse.
+        DataError: no files, no records, or records that do not parse.
     """
-    import tensorflow as tf
-
-    files = tfrecord_files(folder, split)
-    if not files:
-        raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
-    images, labels = [], []
-    try:
-        for image, label in parse_tfrecords(files).batch(4096):
-            images.append(image.numpy())
-            labels.append(label.numpy())
-    except tf.errors.OpError as err:
-        raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
-    return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+    return sample_tfrecord_split(folder, split, limit=None)
 
 
-def sample_tfrecord_split(folder: Path, split: str, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``limit`` records of a tfrecord split (for checks that need a bounded sample).
+def sample_tfrecord_split(folder: Path, split: str,
+                          limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``limit`` records of a tfrecord split (None: all of them), as
+    :func:`load_tfrecord_split` returns them.
 
     Raises:
         DataError: no files, or records that do not parse.
@@ -176,7 +166,8 @@ def sample_tfrecord_split(folder: Path, split: str, limit: int) -> tuple[np.ndar
         raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     images, labels = [], []
     try:
-        for image, label in parse_tfrecords(files).take(limit).batch(4096):
+        records = parse_tfrecords(files)
+        for image, label in (records if limit is None else records.take(limit)).batch(4096):
             images.append(image.numpy())
             labels.append(label.numpy())
     except tf.errors.OpError as err:

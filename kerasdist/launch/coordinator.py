@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerasdist._log import get_logger
+from kerasdist._signals import terminate_on_sigterm
 from kerasdist.cluster.spec import check_ports_free, local_cluster
 from kerasdist.errors import TaskFailedError
 from kerasdist.launch.processes import (
     LocalLauncher,
     describe_exit,
     network_note,
-    terminate_on_sigterm,
 )
 from kerasdist.training import RunResult, run_session
 

@@ -46,13 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerasdist import _log, errors
+from kerasdist._signals import Terminated, terminate_on_sigterm
 from kerasdist.errors import ClusterError, Preempted, TaskFailedError, TrainingError
 from kerasdist.launch.processes import (
-    Terminated,
     describe_exit,
     die_with_parent,
     network_interfaces,
-    terminate_on_sigterm,
 )
 from kerasdist.strategies import registry
 from kerasdist.training import RunResult

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from kerasdist import errors
 from kerasdist._log import get_logger
+from kerasdist._signals import terminate_on_sigterm
 from kerasdist.cluster.spec import check_ports_free, local_cluster
 from kerasdist.errors import (
     BAD_INPUT,
@@ -43,7 +44,6 @@ from kerasdist.launch.processes import (
     Task,
     describe_exit,
     network_note,
-    terminate_on_sigterm,
 )
 
 if TYPE_CHECKING:

@@ -18,10 +18,9 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
 
 from kerasdist.cluster.spec import TFConfig, split_address
 from kerasdist.errors import ClusterError
@@ -280,25 +279,3 @@ def port_holders(port: int) -> list[int]:
         if name.isdigit() and inodes & _socket_inodes(int(name)):
             holders.append(int(name))
     return holders
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread when the process receives SIGTERM (see terminate_on_sigterm)."""
-
-
-@contextmanager
-def terminate_on_sigterm() -> Iterator[None]:
-    """Turn SIGTERM into a :class:`Terminated` exception so ``finally`` blocks stop children."""
-
-    def handler(signum, frame):
-        raise Terminated()
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not in the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -34,10 +34,11 @@ from pathlib import Path
 
 from kerasdist._log import get_logger
 from kerasdist._native_log import is_noise
+from kerasdist._signals import terminate_on_sigterm
 from kerasdist.cluster.spec import TFConfig, check_ports_free, local_cluster
 from kerasdist.errors import RETRYABLE, ClusterError
 from kerasdist.launch.peers import Failure, describe_failure
-from kerasdist.launch.processes import LocalLauncher, Task, terminate_on_sigterm
+from kerasdist.launch.processes import LocalLauncher, Task
 
 log = get_logger("launch")
 

@@ -21,12 +21,12 @@ writes anything and a resumed run continues at the exact global step:
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
+from kerasdist._signals import terminate_on_sigterm
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training import checks, outputs, rundir
 from kerasdist.training.model import build_compiled_model
@@ -57,31 +57,6 @@ def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | Non
     if recipe.trainer.deterministic:
         tf.config.experimental.enable_op_determinism()
     return tf_strategy, mends
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """SIGTERM outside the training loop (start-up, evaluation, final save) ends the run like
-    Ctrl-C: ``KeyboardInterrupt`` -> exit code 130, checkpoints kept, no partial output (during
-    training the loop's :class:`~kerasdist.keras.backup.PreemptionWatch` saves first). Left alone
-    when another Python handler owns SIGTERM (a launcher) or off the main thread."""
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt("SIGTERM received outside the training steps; stopped, "
-                                "checkpoints kept")
-
-    previous = signal.getsignal(signal.SIGTERM)
-    if callable(previous):
-        yield
-        return
-    try:
-        signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _build_model(recipe, strategy, tf_strategy):
@@ -184,7 +159,9 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         checks.check_run_dir_path(run_dir)
     resumable = rundir.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_sigterm_interrupts())
+        # SIGTERM outside the training steps (start-up, evaluation, final save) ends the run as
+        # Ctrl-C does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves
+        stack.enter_context(terminate_on_sigterm(unless_handled=True))
         tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
         data = strategy.make_input(recipe, tf_strategy)
         model = _build_model(recipe, strategy, tf_strategy)
