@@ -186,3 +186,32 @@ def test_this_task_runs_the_same_script_on_a_real_cluster(tmp_path):
                           text=True, timeout=230)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "trained worker 0 2" in done.stdout and "trained worker 1 2" in done.stdout
+
+
+KILLED_ONCE = textwrap.dedent("""
+    import json, os, signal, sys, time
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    marker = sys.argv[1]
+    if task["index"] == 1 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)  # a lost task, as the OOM killer would leave it
+    time.sleep(1)
+    print("finished", task["index"], flush=True)
+""")
+
+
+@pytest.mark.timeout(180)
+def test_a_lost_task_restarts_the_cluster_within_max_restarts(tmp_path):
+    script = tmp_path / "killed_once.py"
+    script.write_text(KILLED_ONCE)
+    marker = tmp_path / "marker"
+    done = _launch("--workers", "2", "--max-restarts", "1", str(script), str(marker), cwd=tmp_path,
+                   timeout=150)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout + done.stderr  # kerasdist's log lines are on stdout
+    assert "task worker:1 was killed by SIGKILL" in out
+    assert "restarting the cluster (0 restart(s) left)" in out
+    assert done.stdout.count("finished 1") == 1 and done.stdout.count("finished 0") >= 1
+    marker.unlink()
+    spent = _launch("--workers", "2", str(script), str(marker), cwd=tmp_path, timeout=150)
+    assert spent.returncode == 1 and "failed after 1 attempt(s)" in spent.stderr
