@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -48,7 +49,8 @@ def _recipe(run_dir: Path):
 
 
 def run_finished(run_dir: Path) -> bool:
-    """True when no live process holds the run directory's lock (it ended, or never started)."""
+    """True when no live process holds the run directory's lock (it ended, or never started). A
+    holder on another host (a shared run directory) counts as live until it empties the lock."""
     path = Path(run_dir) / rundir.LOCK_NAME
     try:
         holder = json.loads(path.read_text(encoding="utf-8") or "{}")
@@ -57,6 +59,8 @@ def run_finished(run_dir: Path) -> bool:
     pid = holder.get("pid") if isinstance(holder, dict) else None
     if not pid:
         return True
+    if holder.get("host") != socket.gethostname():
+        return False  # held from another machine (shared run dir): released when it is emptied
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
