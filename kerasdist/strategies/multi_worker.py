@@ -119,6 +119,28 @@ def check_same_step(tf_strategy, step: int, *, task: str, run_dir) -> None:
             f"output.run_dir must be on a filesystem every worker sees. Received: run_dir='{run_dir}'")
 
 
+def uneven_eval_fn(eval_fn):
+    """``eval_fn`` whose per-worker datasets have no known length, so that evaluation under
+    ``MultiWorkerMirroredStrategy`` counts every example once when the shards are uneven.
+
+    A held-out split that does not divide evenly over the workers and the batch gives the workers
+    different numbers of batches (1025 examples, 2 workers, 16 per worker and batch: 33 and 32).
+    Keras takes the number of evaluation steps from the *local* dataset's cardinality, so one
+    worker would run a step more than the other and their collectives would no longer match
+    (``Collective instance N expected ... data_type``). Without a known cardinality Keras steps
+    until the distributed iterator ends, which it does on every worker at once: each step the
+    workers all-reduce whether any of them still has data, and a worker whose shard is exhausted
+    evaluates an empty batch (loss and metrics weighted by 0 examples). The metric variables are
+    sums read across all workers, so the result is the mean over every example once.
+    """
+    import tensorflow as tf
+
+    def fn(ctx):
+        return eval_fn(ctx).filter(lambda *_: tf.constant(True))  # cardinality: unknown
+
+    return fn
+
+
 class MultiWorkerStrategy(Strategy):
     """``strategy.kind: multi_worker``: every worker task runs the lifecycle; Keras ``model.fit``
     in lockstep; the chief writes the outputs."""
@@ -136,6 +158,14 @@ class MultiWorkerStrategy(Strategy):
 
     def num_input_pipelines(self, tf_strategy) -> int:
         return num_workers(tf_strategy)
+
+    def make_input(self, recipe, tf_strategy):
+        import dataclasses
+
+        data = super().make_input(recipe, tf_strategy)
+        if data.eval_fn is None or data.pipelines < 2:
+            return data
+        return dataclasses.replace(data, eval_fn=uneven_eval_fn(data.eval_fn))
 
     def prepare_model(self, model, config) -> None:
         from kerasdist.keras.compression import compress_gradients
