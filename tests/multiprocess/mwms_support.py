@@ -108,8 +108,8 @@ def wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, *, min_step: i
 def epoch_digests(log: Path) -> dict[int, str]:
     """``{epoch: weights sha256}`` from a worker log's ``kerasdist: epoch E step S weights`` lines."""
     text = log.read_text(encoding="utf-8", errors="replace")
-    return {int(e): h for e, h in re.findall(r"kerasdist(?:\[[\w:]+\])?: epoch (\d+) step \d+ weights sha256 (\w+)",
-                                             text)}
+    pattern = r"kerasdist(?:\[[\w:]+\])?: epoch (\d+) step \d+ weights sha256 (\w+)"
+    return {int(e): h for e, h in re.findall(pattern, text)}
 
 
 def final_weights(run_dir: Path) -> list[np.ndarray]:
@@ -136,3 +136,61 @@ def no_processes_left(pids) -> bool:
 
 def sigterm(process: subprocess.Popen) -> None:
     os.kill(process.pid, signal.SIGTERM)
+
+
+def _saving(folder: Path) -> str | None:
+    """The name of a checkpoint being written in ``folder`` right now: TF writes a save into a
+    ``<prefix>_temp`` folder and merges it into ``<prefix>.index`` + data when complete."""
+    try:
+        names = {entry.name for entry in os.scandir(folder)}
+    except OSError:
+        return None
+    for name in names:
+        prefix, sep, _ = name.partition("_temp")
+        if sep and f"{prefix}.index" not in names:
+            return prefix
+    return None
+
+
+def kill_mid_save(process: subprocess.Popen, victim: psutil.Process, folder: Path, *,
+                  min_step: int = 0, timeout_s: float = 180) -> str:
+    """SIGKILL ``victim`` while it is writing a checkpoint into ``folder``; return its prefix.
+
+    Polls ``folder`` for a save in progress (a ``*_temp`` folder without its ``.index``); then
+    freezes ``victim`` (SIGSTOP), checks that the save is still unfinished, and SIGKILLs it; a save
+    that finished in between is let go (SIGCONT) and the next one is tried. ``min_step``: only
+    saves numbered ``ckpt-N`` with N >= min_step (a non-chief's scratch save is named ``ckpt``).
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        prefix = _saving(folder)
+        number = prefix.rpartition("-")[2] if prefix else ""
+        if prefix and (not number.isdigit() or int(number) >= min_step):
+            victim.suspend()
+            while victim.status() not in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE):
+                time.sleep(0.001)
+            if _saving(folder) == prefix:
+                victim.kill()
+                victim.wait(30)
+                return prefix
+            victim.resume()
+        if process.poll() is not None:
+            raise AssertionError(f"launcher exited early:\n{process.stdout.read()[-6000:]}")
+        time.sleep(0.002)
+    kill_tree(process.pid)
+    raise AssertionError(f"no save caught in progress in {folder} within {timeout_s} s")
+
+
+def evaluate_single_process(run_dir: Path, recipe: Path) -> dict[str, float]:
+    """Plain Keras in this process: ``model.keras`` of ``run_dir`` evaluated on the recipe's
+    evaluation split (every example once, one process, no strategy)."""
+    import keras
+
+    from kerasdist import load_recipe
+    from kerasdist.data import load_split
+
+    config = load_recipe(recipe).data
+    x, y = load_split(config, config.eval_split)
+    model = keras.saving.load_model(run_dir / "model.keras")
+    logs = model.evaluate(x, y, batch_size=config.batch_size, verbose=0, return_dict=True)
+    return {key: float(value) for key, value in logs.items()}
