@@ -82,7 +82,7 @@ def test_resume_after_interruption_continues_from_checkpoint(tmp_path, capsys):
     assert result.extra["restore_verified"] is True  # weights + Adam slots + step, bit for bit
     assert len(result.history["loss"]) == 2  # epochs 2 and 3 only, not from zero
     assert result.extra["global_steps"] == 3 * 32
-    assert result.evaluation["accuracy"] > 0.9
+    assert result.evaluation["accuracy"] > 0.88  # 0.932-0.951 over 5 seeds (docs/recipe-accuracy.md)
 
 
 def test_save_model_atomic_never_truncates_a_good_model(tmp_path):
