@@ -5,6 +5,13 @@ The loop owns everything around the step (:mod:`kerasdist.keras.ps_steps`): it s
 completes (so Keras callbacks and the progress bar advance while the workers run), joins the
 coordinator at the end of every epoch and only then reads metrics, writes checkpoints and calls
 ``on_epoch_end``.
+
+Steps are **at-least-once**. TF's ``ClusterCoordinator`` runs one scheduled function at a time per
+worker (one closure-processing thread each); when a worker is lost, the function it was running
+is put back in the queue and runs again elsewhere, re-applying the steps it had already applied.
+A lost worker therefore repeats at most one scheduled call, ``steps_per_execution`` steps, on top
+of the requested ones (:func:`repeated_steps_bound`); without a lost worker the global step
+(``optimizer.iterations``) is exactly the number of steps scheduled.
 """
 
 from __future__ import annotations
@@ -17,6 +24,14 @@ from typing import Any
 import numpy as np
 
 MAX_PENDING_PER_WORKER = 4  # scheduled-but-unreported steps per worker before the loop waits
+CALLS_IN_FLIGHT_PER_WORKER = 1  # ClusterCoordinator: one closure-processing thread per worker
+
+
+def repeated_steps_bound(lost_workers: int, steps_per_execution: int = 1) -> int:
+    """Most steps a run can apply twice (at-least-once) when ``lost_workers`` worker tasks died
+    mid-run: each lost worker's calls in flight are re-run, each at most ``steps_per_execution``
+    steps. Never more than the loop keeps scheduled, ``max_pending + 1`` calls."""
+    return lost_workers * CALLS_IN_FLIGHT_PER_WORKER * max(1, steps_per_execution)
 
 
 class PSStats:
