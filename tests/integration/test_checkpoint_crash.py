@@ -2,7 +2,8 @@
 
 The child saves checkpoint 1 through kerasdist's one checkpoint store (``BackupStore``, used by
 every strategy), changes the weights, and starts checkpoint 2 of a ~256 MiB model; the test
-SIGKILLs it while that save is being written, then resumes in a fresh process.
+SIGKILLs it while that save is being written, then resumes in a fresh process, which restores
+checkpoint 1 bit for bit (its state digest equals the one recorded when it was saved).
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ store = BackupStore(model=model, directory=run_dir / "checkpoints", is_chief=Tru
                     task_name="chief:0", max_to_keep=3, steps_per_epoch=1)
 if mode == "resume":
     step = store.restore()
+    from kerasdist.keras import state_digest
     print(json.dumps({"step": step, "first": float(model.weights[0][0, 0]),
-                      "latest": store._manager.latest_checkpoint}), flush=True)
+                      "all_first": bool(np.all(model.weights[0].numpy() == 1.0)),
+                      "latest": store._manager.latest_checkpoint,
+                      "verified": store.restore_verified, "digest": store.restored_digest,
+                      "recorded": state_digest.read(store.directory)}), flush=True)
     sys.exit(0)
 model.weights[0].assign(np.full((8192, 8192), 1.0, np.float32))
 model.optimizer.iterations.assign(1)
@@ -80,3 +85,7 @@ def test_sigkill_during_checkpoint_save_resumes_from_the_previous_one(tmp_path):
     assert state["step"] == 1  # the global step (optimizer.iterations) of checkpoint 1
     assert state["first"] == 1.0  # checkpoint 1's weights, not a mix with the cut-off save
     assert state["latest"].endswith("ckpt-1")
+    # bit for bit: weights + optimizer state hash to the digest recorded when checkpoint 1 was
+    # saved; the cut-off save recorded nothing
+    assert state["all_first"] and state["verified"] is True
+    assert state["recorded"] == {"ckpt-1": state["digest"]}
