@@ -317,6 +317,17 @@ class TrainerConfig(_Frozen):
     deterministic: bool = Field(False, description="tf.config.experimental.enable_op_determinism")
     verbose: Literal["auto", 0, 1, 2] = "auto"
     checkpoint: CheckpointConfig = CheckpointConfig()
+    gradient_accumulation_steps: int = Field(
+        1, ge=1, description="Split each replica's share of the global batch into this many "
+        "sequential micro-batches and apply (all-reduce) their averaged gradients once. A step "
+        "stays one optimizer update on data.batch_size examples (optimizer.iterations, "
+        "steps_per_epoch and checkpoints count updates); memory is that of one micro-batch of "
+        "batch_size / (replicas x k). data.batch_size must divide by replicas x k. Keras-fit "
+        "strategies only (parameter_server refuses k > 1); see kerasdist.keras.accumulation.")
+    precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
+        "float32", description="Keras dtype policy of the model's layers: mixed_* compute in 16 "
+        "bits with float32 variables and a float32 output layer; mixed_float16 adds dynamic loss "
+        "scaling (LossScaleOptimizer). See kerasdist.keras.precision.")
 
 
 class OutputConfig(_Frozen):

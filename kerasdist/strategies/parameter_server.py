@@ -115,7 +115,9 @@ class ParameterServerStrategy(Strategy):
 
     def make_input(self, recipe, tf_strategy) -> PerWorkerInput:
         from kerasdist.data import build_datasets
+        from kerasdist.keras.accumulation import refuse
 
+        refuse(recipe, self.kind)  # trainer.gradient_accumulation_steps > 1
         policy = "off" if recipe.data.auto_shard == "off" else "data"
         datasets = build_datasets(recipe.data, repeat_train=True, shard=policy == "data")
         return PerWorkerInput(train_fn=datasets.train_fn, eval_fn=datasets.eval_fn,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kerasdist._log import get_logger
 from kerasdist.errors import RecipeError
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
+
+log = get_logger("training")
 
 
 def make_optimizer(config, num_replicas: int = 1):
@@ -61,7 +64,8 @@ def check_metrics(names) -> None:
 
 
 def build_model(recipe: Recipe):
-    """Call the recipe's builder and check what it returned (no compile).
+    """Call the recipe's builder under the ``trainer.precision`` dtype policy and check what it
+    returned (no compile; see :mod:`kerasdist.keras.precision`).
 
     Returns:
         ``(model, spec)``: the uncompiled ``keras.Model`` and its registry ``ModelSpec``.
@@ -72,12 +76,14 @@ def build_model(recipe: Recipe):
     """
     import keras
 
+    from kerasdist.keras.precision import float32_output, policy_scope
     from kerasdist.models import registry
 
-    config = recipe.model
+    config, precision = recipe.model, recipe.trainer.precision
     spec = registry.check(config)
     try:
-        model = spec.build(**config.params)
+        with policy_scope(precision):
+            model = spec.build(**config.params)
     except (ValueError, TypeError) as err:
         raise RecipeError(f"model.params: builder '{config.name}' refused its parameters: {err}. "
                           f"Received: params={dict(config.params)!r}") from None
@@ -89,7 +95,7 @@ def build_model(recipe: Recipe):
                           "keras.Model (kerasdist compiles it with the recipe's optimizer, loss and "
                           "metrics). Received: a model compiled with optimizer "
                           f"{type(getattr(model, 'optimizer', None)).__name__}")
-    return model, spec
+    return float32_output(model, precision), spec
 
 
 def build_compiled_model(recipe: Recipe, num_replicas: int = 1, **compile_kwargs):
@@ -101,15 +107,29 @@ def build_compiled_model(recipe: Recipe, num_replicas: int = 1, **compile_kwargs
         compile_kwargs: extra ``model.compile`` arguments (e.g. ``steps_per_execution``).
 
     Returns:
-        The compiled ``keras.Model``; its optimizer is not built yet.
+        The compiled ``keras.Model``; its optimizer is not built yet. With
+        ``trainer.precision: mixed_float16`` the optimizer is a ``LossScaleOptimizer``; with
+        ``trainer.gradient_accumulation_steps: k > 1`` each training step runs ``k`` micro-batches
+        per replica and applies the optimizer once (:mod:`kerasdist.keras.accumulation`).
 
     Raises:
         RecipeError: unknown builder, loss or metric; parameters the builder refuses; a builder
-            that does not return an uncompiled ``keras.Model`` (see :func:`build_model`).
+            that does not return an uncompiled ``keras.Model`` (see :func:`build_model`); a global
+            batch that does not divide by ``num_replicas x gradient_accumulation_steps``.
     """
+    from kerasdist.keras.accumulation import accumulate_gradients, check_divisible
+    from kerasdist.keras.precision import wrap_optimizer
+
+    trainer = recipe.trainer
+    check_divisible(recipe.data.batch_size, num_replicas, trainer.gradient_accumulation_steps)
     model, spec = build_model(recipe)
-    loss = make_loss(spec.loss)
+    loss = make_loss(spec.loss)  # float32 (floatx) whatever the policy: casts the logits
     check_metrics(spec.metrics)
-    model.compile(optimizer=make_optimizer(recipe.optimizer, num_replicas),
-                  loss=loss, metrics=list(spec.metrics), **compile_kwargs)
-    return model
+    optimizer = wrap_optimizer(make_optimizer(recipe.optimizer, num_replicas), trainer.precision)
+    model.compile(optimizer=optimizer, loss=loss, metrics=list(spec.metrics), **compile_kwargs)
+    steps = trainer.gradient_accumulation_steps
+    if steps > 1 or trainer.precision != "float32":
+        log.info(f"precision {trainer.precision}; gradient accumulation: {steps} micro-batch(es) "
+                 f"of {recipe.data.batch_size // (num_replicas * steps)} examples per replica "
+                 "per optimizer update")
+    return accumulate_gradients(model, steps)
