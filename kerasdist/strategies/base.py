@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from kerasdist.config.schema import StrategyConfigBase, StrategyTraits
 from kerasdist.data.pipeline import check_batch_divisible
+from kerasdist.keras.accumulation import check_divisible
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -56,6 +57,7 @@ class Strategy:
         replicas = self.replicas_before_start(recipe)
         if replicas:
             check_batch_divisible(recipe.data.batch_size, replicas)
+            check_divisible(recipe.data.batch_size, replicas, recipe.trainer.gradient_accumulation_steps)
 
     def num_input_pipelines(self, tf_strategy) -> int:
         """Input pipelines (one per worker process) the data is sharded over."""

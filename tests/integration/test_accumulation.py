@@ -126,6 +126,13 @@ def test_batch_that_does_not_split_into_micro_batches_is_refused():
         build_compiled_model(recipe, num_replicas=1)
     with pytest.raises(RecipeError, match=r"2 x 4 = 8"):
         build_compiled_model(_linear_recipe("unused", batch_size=20, steps=4), num_replicas=2)
+    from kerasdist.strategies.multi_worker import MultiWorkerStrategy
+
+    two_workers = validate_recipe({"strategy": {"kind": "multi_worker"}, "data": {"batch_size": 36},
+                                   "cluster": {"kind": "local", "workers": 2},
+                                   "trainer": {"gradient_accumulation_steps": 4}})
+    with pytest.raises(RecipeError, match=r"2 x 4 = 8"):  # before any worker process starts
+        MultiWorkerStrategy().preflight(two_workers)
 
 
 def test_schema_refuses_zero_steps_and_parameter_server_refuses_accumulation():
