@@ -31,7 +31,8 @@ def test_mnist_cnn_two_workers_reach_accuracy_with_identical_weights(tmp_path):
     out = mw.finish(process, timeout_s=400)
     assert process.returncode == 0, out[-6000:]
     result = mw.metrics(run_dir)
-    assert result["evaluation"]["accuracy"] >= 0.97, result["evaluation"]
+    # 126 steps: 0.9725-0.9805 over 5 seeds (sd 0.003; docs/recipe-accuracy.md)
+    assert result["evaluation"]["accuracy"] >= 0.95, result["evaluation"]
     assert result["global_steps"] == 2 * 63 and result["num_replicas"] == 2
     assert result["mends"] == ["keras#20585", "tensorflow#72388"]
     digests = [mw.epoch_digests(run_dir / "logs" / f"worker-{i}.log") for i in (0, 1)]
