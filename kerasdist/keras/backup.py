@@ -209,7 +209,10 @@ class BackupStore:
         self.restored_digest = state_digest.state_digest(self.model)
         saved = state_digest.read(self.directory).get(Path(prefix).name)
         self.restore_verified = saved == self.restored_digest
-        if saved is not None and not self.restore_verified:
+        if saved is None:
+            log.warning(f"checkpoint {prefix} has no recorded state digest (written by an older "
+                        "kerasdist?); its restore cannot be verified")
+        elif not self.restore_verified:
             raise TrainingError(f"checkpoint {prefix} restored values that differ from the ones "
                                 f"saved (state sha256 {self.restored_digest} != {saved})")
 
@@ -231,9 +234,11 @@ class BackupStore:
             The chief's checkpoint path, None on other workers (their copy is already deleted).
         """
         if self._manager is not None:
-            path = self._manager.save(checkpoint_number=step)
-            state_digest.record(self.directory, path, state_digest.state_digest(self.model))
-            return path
+            # the digest first: a kill between the two leaves a digest without a checkpoint
+            # (pruned later), never a complete checkpoint that cannot be verified
+            state_digest.record(self.directory, f"ckpt-{step}",
+                                state_digest.state_digest(self.model))
+            return self._manager.save(checkpoint_number=step)
         self.checkpoint.write(str(self._tmp / "ckpt"))
         for path in self._tmp.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -42,10 +42,12 @@ def read(directory: Path) -> dict[str, str]:
 
 
 def record(directory: Path, checkpoint: str, digest: str) -> None:
-    """Add ``checkpoint``'s digest; forget checkpoints whose index file is gone."""
+    """Add ``checkpoint``'s digest (before it is written); forget the others whose index file is
+    gone."""
     directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
     kept = {name: value for name, value in read(directory).items()
-            if (directory / f"{name}.index").exists()}
+            if (directory / f"{name}.index").exists() or name == Path(checkpoint).name}
     kept[Path(checkpoint).name] = digest
     fd, tmp = tempfile.mkstemp(prefix=f".{DIGESTS_FILE}.", dir=directory)
     try:

@@ -66,8 +66,11 @@ def test_sigkill_during_checkpoint_save_resumes_from_the_previous_one(tmp_path):
                 break
         else:
             pytest.fail(f"child ended before saving checkpoint 2 (exit {child.wait()})")
-        time.sleep(0.1)  # inside the ~256 MiB write
-        child.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 60  # the digest is recorded first, then TF writes files
+        while not any(p.name.startswith("ckpt-2") for p in (run_dir / "checkpoints").iterdir()):
+            assert time.monotonic() < deadline and child.poll() is None, "no ckpt-2 write seen"
+            time.sleep(0.005)
+        child.send_signal(signal.SIGKILL)  # inside the ~256 MiB write
         rest = child.stdout.read()
     finally:
         child.kill()
@@ -86,6 +89,7 @@ def test_sigkill_during_checkpoint_save_resumes_from_the_previous_one(tmp_path):
     assert state["first"] == 1.0  # checkpoint 1's weights, not a mix with the cut-off save
     assert state["latest"].endswith("ckpt-1")
     # bit for bit: weights + optimizer state hash to the digest recorded when checkpoint 1 was
-    # saved; the cut-off save recorded nothing
+    # saved (the cut-off save's digest, recorded before its files, belongs to no checkpoint)
     assert state["all_first"] and state["verified"] is True
-    assert state["recorded"] == {"ckpt-1": state["digest"]}
+    assert state["recorded"]["ckpt-1"] == state["digest"]
+    assert state["recorded"]["ckpt-2"] != state["digest"]
