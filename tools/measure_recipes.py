@@ -51,7 +51,7 @@ def read_target(recipe: Path, override: str | None = None) -> dict:
         if tol_w != tol_b:
             raise SystemExit(f"{recipe}: W and b tolerances must match to gate one figure")
         return {"kind": "linear", "w": w0, "b": b0, "tol": tol_w,
-                "text": f"max(|W-{w0:g}|,|b-{b0:g}|) <= {tol_w:g}"}
+                "text": f"max(abs(W-{w0:g}), abs(b-{b0:g})) <= {tol_w:g}"}
     raise SystemExit(f"{recipe}: no '# Target:' comment line (see tools/measure_recipes.py)")
 
 
@@ -129,7 +129,10 @@ def table(summaries: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipes", nargs="+", type=Path)
+    parser.add_argument("recipes", nargs="*", type=Path)
+    parser.add_argument("--table", nargs="+", type=Path, metavar="JSON",
+                        help="run nothing: print the table of earlier --out files, each recipe "
+                        "judged against its current '# Target:' line")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed-base", type=int, default=1, help="seeds seed-base .. +runs-1")
     parser.add_argument("--set", dest="sets", action="append", default=[],
@@ -145,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/recipe_accuracy.json"))
     args = parser.parse_args(argv)
 
+    if args.table:
+        return retable(args.table)
+    if not args.recipes:
+        parser.error("name at least one recipe (or --table JSON...)")
     started = time.monotonic()
     summaries = []
     for recipe in args.recipes:
@@ -161,6 +168,25 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(_report(args, summaries, started), indent=2) + "\n")
     print(table(summaries))
     print(f"wrote {args.out}; {time.monotonic() - started:.0f} s in all")
+    return 0 if all(s["met"] for s in summaries) else 1
+
+
+def retable(paths: list[Path]) -> int:
+    summaries = []
+    for path in paths:
+        for old in json.loads(path.read_text(encoding="utf-8"))["recipes"]:
+            recipe = Path(old["recipe"])
+            target = read_target(recipe) if recipe.exists() else None
+            if target is None:
+                summaries.append(old)
+                continue
+            rows = old["runs_detail"]
+            for row in rows:
+                if "value" in row:
+                    row["met"] = (row["value"] >= target["min"] if target["kind"] == "accuracy"
+                                  else row["value"] <= target["tol"])
+            summaries.append(summarize(recipe, target, rows))
+    print(table(summaries))
     return 0 if all(s["met"] for s in summaries) else 1
 
 
