@@ -33,8 +33,8 @@ def test_seed_cnn_reaches_97_percent_on_held_out_mnist(ps_strategy, kerasdist_en
     result = model.evaluate(eval_fn, verbose=0, return_dict=True)
     stats = history.ps_stats
     print(f"held-out accuracy {result['accuracy']:.4f}; PS figures {stats}")
-    # async: 0.9705-0.986 over 5 seeds (sd 0.006), 0.9765-0.9855 at 4 epochs; gate 5 sd below the
-    # mean (docs/recipe-accuracy.md)
+    # async: 0.9705-0.986 over 5 seeds (sd 0.006), 0.9765-0.9855 at 4 epochs; gate 5 sd under the
+    # lowest (docs/recipe-accuracy.md)
     assert result["accuracy"] >= 0.94
     assert stats["global_step"] == sum(stats["steps_per_worker"]) == 3 * 62
     assert min(stats["steps_per_worker"]) > 0  # both workers trained
