@@ -110,9 +110,21 @@ class StreamInput:
             lambda ctx: self.train_fn(ctx, start_step * local))
 
     def eval_dataset(self, strategy):
-        """Distributed evaluation input, or None when the recipe has no ``eval_split``."""
+        """Distributed evaluation input, or None when the recipe has no ``eval_split``.
+
+        With one input pipeline and several replicas (``mirrored``), the globally batched split
+        goes through ``experimental_distribute_dataset``, which splits every global batch over the
+        replicas, the last partial one too (per-replica batches handed out in turn would leave a
+        replica an empty, shapeless batch at an odd count: a crash in the first conv layer).
+        """
+        import tensorflow as tf
+
         if self.eval_fn is None:
             return None
+        if self.pipelines == 1 and strategy.num_replicas_in_sync > 1:
+            whole = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                               num_replicas_in_sync=1)
+            return strategy.experimental_distribute_dataset(self.eval_fn(whole))
         return strategy.distribute_datasets_from_function(self.eval_fn)
 
 
