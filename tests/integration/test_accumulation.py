@@ -102,6 +102,7 @@ class _Steps(keras.callbacks.Callback):
         self.steps = accumulation_steps(self.model)
 
 
+@pytest.mark.isolated  # its MirroredStrategy instances must not share a process with other tests
 @pytest.mark.timeout(240)
 def test_recipe_on_mirrored_counts_optimizer_updates_and_matches_unaccumulated(tmp_path):
     mirrored = {"kind": "mirrored", "logical_cpus": 2}
