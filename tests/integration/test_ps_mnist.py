@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_seed_cnn_reaches_97_percent_on_held_out_mnist(ps_strategy, kerasdist_enabled):
+def test_seed_cnn_learns_held_out_mnist_under_ps_fit(ps_strategy, kerasdist_enabled):
     keras.utils.set_random_seed(42)
     x, y = load_split(DataConfig(), "test[:80%]")  # 8,000 real digits
     ex, ey = load_split(DataConfig(), "test[80%:]")  # 2,000 held out
