@@ -84,7 +84,8 @@ def _ps_recipe(tmp_path: Path, name: str) -> Path:
     raw = yaml.safe_load(mw.linear_recipe(tmp_path, name).read_text())
     raw["strategy"] = {"kind": "parameter_server"}
     raw["cluster"] = {"kind": "local", "workers": 2, "ps": 1, "threads_per_task": 1}
-    raw["trainer"] = {"epochs": 2, "steps_per_epoch": 40, "seed": 1}
+    # long enough that every task is seen listening before the run ends, on a quiet machine too
+    raw["trainer"] = {"epochs": 3, "steps_per_epoch": 150, "seed": 1}
     raw["data"].pop("auto_shard", None)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw), encoding="utf-8")
