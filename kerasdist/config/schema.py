@@ -15,25 +15,29 @@ before anything starts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
     Field,
-    SerializeAsAny,
     field_validator,
     model_validator,
 )
 
+from kerasdist.config._base import Frozen as _Frozen
+from kerasdist.config.strategy_configs import (  # noqa: F401  (re-exported: the schema's names)
+    CHECKPOINT_SCHEMA,
+    DefaultStrategyConfig,
+    MirroredStrategyConfig,
+    MultiWorkerStrategyConfig,
+    ParameterServerStrategyConfig,
+    StrategyConfig,
+    StrategyConfigBase,
+    StrategyTraits,
+    register_strategy_config,
+    strategy_config_classes,
+)
 from kerasdist.errors import RecipeError
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
 
 # --------------------------------------------------------------------------------------- model
@@ -106,164 +110,6 @@ class OptimizerConfig(_Frozen):
     momentum: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
     nesterov: bool = False
     scale_lr_by_replicas: bool = False
-
-
-# ------------------------------------------------------------------------------------ strategy
-CHECKPOINT_SCHEMA = "kerasdist-step-v2"
-"""The one checkpoint layout every built-in strategy writes and reads: model + optimizer (whose
-``iterations`` is the global step) + ``steps_per_epoch``; epoch progress is derived from the step."""
-
-
-@dataclass(frozen=True)
-class StrategyTraits:
-    """What a strategy kind needs and supports, declared once on its config class.
-
-    Attributes:
-        topology: ``single`` (this process is the whole job), ``peers`` (every worker task runs
-            the same training program; the chief writes the outputs) or ``coordinator`` (ps and
-            worker tasks serve; the chief task runs training and writes the outputs).
-        cluster_kinds: the ``cluster.kind`` values it can run on.
-        needs_ps: needs parameter-server tasks (``cluster.ps >= 1`` on local clusters).
-        auto_shard: the ``data.auto_shard`` values it honours; others are refused.
-        checkpoint_schema: the checkpoint layout it reads and writes; a run directory written
-            under another schema is refused.
-    """
-
-    topology: Literal["single", "peers", "coordinator"]
-    cluster_kinds: tuple[str, ...]
-    needs_ps: bool = False
-    auto_shard: tuple[str, ...] = ("auto",)
-    checkpoint_schema: str = CHECKPOINT_SCHEMA
-
-
-class StrategyConfigBase(_Frozen):
-    """Base of every ``strategy`` section; subclasses set ``kind`` (a ``Literal``) and ``traits``."""
-
-    kind: str
-    traits: ClassVar[StrategyTraits]
-
-
-_ONE_PROCESS = StrategyTraits(topology="single", cluster_kinds=("this_process",))
-_CLUSTERS = ("local", "tf_config", "slurm")
-
-
-class DefaultStrategyConfig(StrategyConfigBase):
-    """One device (``tf.distribute.get_strategy()``'s default, or the device named)."""
-
-    traits: ClassVar[StrategyTraits] = _ONE_PROCESS
-    kind: Literal["default"] = "default"
-    device: str | None = Field(None, description="e.g. '/cpu:0' or '/gpu:0'; None = TF's choice.")
-
-
-class MirroredStrategyConfig(StrategyConfigBase):
-    """Synchronous in-graph replication over the devices of one host (``MirroredStrategy``).
-
-    With ``logical_cpus: N`` the host CPU is split into N logical devices and one replica runs on
-    each, which is how the seed's multi-GPU tower training is exercised on a CPU-only machine.
-    """
-
-    traits: ClassVar[StrategyTraits] = _ONE_PROCESS
-    kind: Literal["mirrored"] = "mirrored"
-    devices: list[str] | None = Field(None, description="Devices; None = all GPUs, else the CPU.")
-    logical_cpus: int | None = Field(None, ge=1, description="Split the CPU into N devices.")
-    cross_device_ops: Literal["auto", "reduce_to_one", "nccl", "hierarchical_copy"] = "auto"
-
-    @model_validator(mode="after")
-    def _one_of(self) -> MirroredStrategyConfig:
-        if self.devices and self.logical_cpus:
-            raise ValueError(
-                "strategy: give either 'devices' or 'logical_cpus', not both. "
-                f"Received: devices={self.devices}, logical_cpus={self.logical_cpus}"
-            )
-        return self
-
-
-class MultiWorkerStrategyConfig(StrategyConfigBase):
-    """Synchronous between-graph replication over worker tasks (``MultiWorkerMirroredStrategy``).
-
-    Every worker runs the same program on its own data shard; gradients are all-reduced with
-    collective ops every step. Worker 0 is the chief (writes the outputs).
-    Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
-    """
-
-    traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="peers", cluster_kinds=_CLUSTERS, auto_shard=("auto", "off", "data", "file"))
-    kind: Literal["multi_worker"] = "multi_worker"
-    communication: Literal["auto", "ring", "nccl"] = "auto"
-    timeout_s: float = Field(60.0, gt=0, description="Collective-op timeout: a lost peer fails "
-                             "the survivors after this many seconds.")
-    gradient_compression: Literal["none", "bf16", "fp16"] = Field(
-        "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
-        "see kerasdist.keras.compression.")
-
-
-class ParameterServerStrategyConfig(StrategyConfigBase):
-    """Asynchronous data parallelism with parameter servers (``ParameterServerStrategy``).
-
-    Variables live on the ``ps`` tasks; a coordinator (the chief, in the launching process)
-    schedules training steps onto workers with ``ClusterCoordinator``; each worker applies its
-    gradients to the ps variables without waiting for the others.
-    Source: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
-    """
-
-    traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True,
-        auto_shard=("auto", "off", "data"))
-    kind: Literal["parameter_server"] = "parameter_server"
-    variable_partitioning: Literal["none", "min_size", "max_shards"] = Field(
-        "none", description="Shard large variables over the ps tasks "
-        "(tf.distribute.experimental.partitioners)."
-    )
-    min_shard_bytes: int = Field(256 << 10, gt=0, description="min_size: smallest shard, bytes.")
-    max_shards: int | None = Field(None, ge=1, description="max_shards: default = number of ps.")
-    steps_per_execution: int = Field(1, ge=1, description="Steps run by one scheduled function.")
-
-
-_STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {
-    cls.model_fields["kind"].default: cls
-    for cls in (DefaultStrategyConfig, MirroredStrategyConfig, MultiWorkerStrategyConfig,
-                ParameterServerStrategyConfig)
-}
-
-
-def register_strategy_config(config_class: type[StrategyConfigBase]) -> None:
-    """Make ``strategy.kind: <config_class's kind default>`` valid in recipes (used by
-    :func:`kerasdist.strategies.register`; a later registration of the same kind replaces it).
-
-    Raises:
-        RecipeError: the class does not derive from :class:`StrategyConfigBase`, has no ``traits``
-            or no default ``kind``.
-    """
-    kind = getattr(config_class.model_fields.get("kind"), "default", None)
-    if not (isinstance(config_class, type) and issubclass(config_class, StrategyConfigBase)
-            and isinstance(kind, str) and isinstance(getattr(config_class, "traits", None),
-                                                      StrategyTraits)):
-        raise RecipeError("a strategy config class must subclass StrategyConfigBase, give `kind` a "
-                          f"string default and declare `traits`. Received: {config_class!r}")
-    _STRATEGY_CONFIGS[kind] = config_class
-
-
-def strategy_config_classes() -> dict[str, type[StrategyConfigBase]]:
-    """``{kind: config class}`` of every strategy kind recipes accept."""
-    return dict(_STRATEGY_CONFIGS)
-
-
-def _strategy_by_kind(value: Any) -> Any:
-    if isinstance(value, StrategyConfigBase):
-        return value
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ValueError(f"strategy must be a mapping with a 'kind'. Received: {value!r}")
-    kind = value.get("kind", "default")
-    if kind not in _STRATEGY_CONFIGS:
-        raise ValueError(f"strategy.kind: unknown strategy '{kind}'. Available: "
-                         f"{', '.join(repr(k) for k in sorted(_STRATEGY_CONFIGS))}. "
-                         f"Received: kind='{kind}'")
-    return _STRATEGY_CONFIGS[kind].model_validate(value)
-
-
-StrategyConfig = Annotated[SerializeAsAny[StrategyConfigBase], BeforeValidator(_strategy_by_kind)]
 
 
 # ------------------------------------------------------------------------------------- cluster
