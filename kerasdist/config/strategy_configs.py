@@ -90,15 +90,25 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
 
     Every worker runs the same program on its own data shard; gradients are all-reduced with
     collective ops every step. Worker 0 is the chief (writes the outputs).
-    Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
+
+    The all-reduce settings (``communication``, ``bytes_per_pack``, ``timeout_s``) become the
+    strategy's ``tf.distribute.experimental.CommunicationOptions``; ``gradient_compression`` casts
+    the gradients before the all-reduce (:mod:`kerasdist.keras.compression`).
+    Sources: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy,
+    https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/CommunicationOptions
     """
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
         topology="peers", cluster_kinds=_CLUSTERS, auto_shard=("auto", "off", "data", "file"))
     kind: Literal["multi_worker"] = "multi_worker"
-    communication: Literal["auto", "ring", "nccl"] = "auto"
-    timeout_s: float = Field(60.0, gt=0, description="Collective-op timeout: a lost peer fails "
-                             "the survivors after this many seconds.")
+    communication: Literal["auto", "ring", "nccl"] = Field(
+        "auto", description="Collective implementation: 'ring' (gRPC ring, CPU or GPU), 'nccl' "
+        "(GPU workers only), 'auto' (TF picks at run time).")
+    bytes_per_pack: int = Field(
+        0, ge=0, le=1 << 34, description="Pack the gradients into all-reduces of about this many "
+        "bytes each (fewer, larger collectives); 0 = TF's automatic choice. Bytes, <= 16 GiB.")
+    timeout_s: float = Field(60.0, gt=0, le=86_400, description="Collective-op timeout: a lost "
+                             "peer fails the survivors after this many seconds (<= 1 day).")
     gradient_compression: Literal["none", "bf16", "fp16"] = Field(
         "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
         "see kerasdist.keras.compression.")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from kerasdist.config.schema import MultiWorkerStrategyConfig
-from kerasdist.errors import ClusterError, TaskFailedError
+from kerasdist.errors import ClusterError, RecipeError, TaskFailedError
 from kerasdist.strategies.base import Strategy
 
 IMPLEMENTATIONS = {"auto": "AUTO", "ring": "RING", "nccl": "NCCL"}
@@ -24,17 +24,36 @@ IMPLEMENTATIONS = {"auto": "AUTO", "ring": "RING", "nccl": "NCCL"}
 def communication_options(config):
     """``tf.distribute.experimental.CommunicationOptions`` from a ``MultiWorkerStrategyConfig``.
 
-    ``timeout_seconds=config.timeout_s`` bounds every collective: when a peer dies or hangs, the
-    survivors' next all-reduce fails after at most that many seconds instead of waiting forever
-    (TF's coordination service usually notices a dead peer sooner, from missed heartbeats).
+    * ``implementation`` from ``config.communication`` (auto -> ``AUTO``, ring -> ``RING``,
+      nccl -> ``NCCL``).
+    * ``bytes_per_pack=config.bytes_per_pack`` (bytes; 0 = TF's automatic packing): TF splits a
+      batch of gradients into packs of about that size and runs one collective per pack, so a
+      larger value means fewer, larger all-reduces.
+    * ``timeout_seconds=config.timeout_s`` bounds every collective: when a peer dies or hangs, the
+      survivors' next all-reduce fails after at most that many seconds instead of waiting forever
+      (TF's coordination service usually notices a dead peer sooner, from missed heartbeats).
+
+    Raises:
+        RecipeError: a value TF refuses (the pydantic model refuses them first; this guards
+            configs built with ``model_construct``), naming the field and the value.
+
     Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/CommunicationOptions
     """
     import tensorflow as tf
 
+    if config.communication not in IMPLEMENTATIONS:
+        raise RecipeError(f"strategy.communication must be one of {sorted(IMPLEMENTATIONS)}. "
+                          f"Received: communication={config.communication!r}")
     implementation = getattr(tf.distribute.experimental.CommunicationImplementation,
                              IMPLEMENTATIONS[config.communication])
-    return tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation, timeout_seconds=float(config.timeout_s))
+    try:
+        return tf.distribute.experimental.CommunicationOptions(
+            implementation=implementation, bytes_per_pack=int(config.bytes_per_pack),
+            timeout_seconds=float(config.timeout_s))
+    except ValueError as err:
+        raise RecipeError(f"strategy: TensorFlow refused the all-reduce options ({err}). Received: "
+                          f"bytes_per_pack={config.bytes_per_pack}, "
+                          f"timeout_s={config.timeout_s}") from None
 
 
 def build(config, *, cluster_resolver=None, **_):
@@ -42,7 +61,8 @@ def build(config, *, cluster_resolver=None, **_):
 
     Args:
         config: a ``MultiWorkerStrategyConfig`` (``communication``: auto/ring/nccl;
-            ``timeout_s``: collective timeout, seconds).
+            ``bytes_per_pack``: all-reduce pack size, bytes, 0 = automatic; ``timeout_s``:
+            collective timeout, seconds); see :func:`communication_options`.
         cluster_resolver: this task's cluster and role, e.g. ``TFConfig.cluster_resolver()``
             or a ``SlurmClusterResolver``; ``None`` reads ``TF_CONFIG`` (TF's default).
 
