@@ -1,10 +1,17 @@
 """The coordinator's loops for parameter-server training: schedule steps, join, call callbacks.
 
 The loop owns everything around the step (:mod:`kerasdist.keras.ps_steps`): it schedules up to
-``MAX_PENDING_PER_WORKER * num_workers`` steps ahead, fetches each step's result in order as it
+``MAX_PENDING_PER_WORKER * num_workers`` calls ahead, waits for each call in order as it
 completes (so Keras callbacks and the progress bar advance while the workers run), joins the
-coordinator at the end of every epoch and only then reads metrics, writes checkpoints and calls
-``on_epoch_end``.
+coordinator at the end of every epoch and only then reads metrics and the per-worker counters,
+writes checkpoints and calls ``on_epoch_end``.
+
+The coordinator copies no tensor per step: the calls count their steps, examples and staleness
+in a variable on a ps (read once per epoch), and return the ``train_step`` logs only when the
+loop asks for them: on the first and last call of an epoch and on the first call scheduled after
+``LOG_INTERVAL_S`` seconds without one. Other calls' ``on_train_batch_end`` receive the most
+recent logs fetched (Keras's progress bar and batch-level callbacks see logs at most
+``LOG_INTERVAL_S`` plus the calls in flight old; epoch logs are always exact).
 
 Steps are **at-least-once**. TF's ``ClusterCoordinator`` runs one scheduled function at a time per
 worker (one closure-processing thread each); when a worker is lost, the function it was running
@@ -23,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-MAX_PENDING_PER_WORKER = 4  # scheduled-but-unreported steps per worker before the loop waits
+MAX_PENDING_PER_WORKER = 4  # scheduled-but-unreported calls per worker before the loop waits
+LOG_INTERVAL_S = 1.0  # seconds between calls that return their logs to the coordinator
 CALLS_IN_FLIGHT_PER_WORKER = 1  # ClusterCoordinator: one closure-processing thread per worker
 
 
@@ -59,13 +67,18 @@ class PSStats:
     def steps(self) -> int:
         return int(self.steps_per_worker.sum())
 
-    def add(self, stats) -> None:
-        """Add one call's int64 stats ``[worker, steps, staleness_sum, staleness_max, examples]``."""
-        worker, steps, s_sum, s_max, examples = (int(v) for v in stats)
-        self.steps_per_worker[worker] += steps
-        self.examples += examples
-        self.staleness_sum += s_sum
-        self.staleness_max = max(self.staleness_max, s_max)
+    @classmethod
+    def from_counters(cls, counters) -> PSStats:
+        """Figures from the per-worker counters ``[num_workers, 4]`` (int64; columns
+        :data:`kerasdist.keras.ps_steps.COUNTER_COLUMNS`: steps, staleness_sum, examples,
+        staleness_max)."""
+        counters = np.asarray(counters, np.int64).reshape(-1, 4)
+        stats = cls(len(counters))
+        stats.steps_per_worker = counters[:, 0].copy()
+        stats.staleness_sum = int(counters[:, 1].sum())
+        stats.examples = int(counters[:, 2].sum())
+        stats.staleness_max = int(counters[:, 3].max(initial=0))
+        return stats
 
     def merge(self, other: PSStats) -> None:
         self.steps_per_worker += other.steps_per_worker
@@ -107,14 +120,18 @@ class PSStats:
 
 @dataclass
 class PSRun:
-    """What the loops need: the model, its strategy, the coordinator and the traced functions."""
+    """What the loops need: the model, its strategy, the coordinator, the traced functions
+    (``train_function`` returns nothing, ``train_logs_function`` its last step's logs) and the
+    per-worker counters variable (:func:`kerasdist.keras.ps_steps.make_counters`)."""
 
     model: Any
     strategy: Any
     coordinator: Any
     num_workers: int
     train_function: Any = None
+    train_logs_function: Any = None
     test_function: Any = None
+    counters: Any = None
 
     @property
     def max_pending(self) -> int:
@@ -141,29 +158,37 @@ def metrics_logs(model, last_logs=None) -> dict[str, float]:
 def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, PSStats]:
     """Schedule ``steps`` training steps (summed over workers); return (last logs, stats).
 
-    Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` when its
-    result is fetched; stops scheduling once ``model.stop_training`` is set.
+    Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` when it
+    has completed (with the most recent logs fetched, see module docs); stops scheduling once
+    ``model.stop_training`` is set. The counters are reset first and read after ``join``.
     """
     import tensorflow as tf
 
-    model, stats = run.model, PSStats(run.num_workers)
+    model = run.model
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
     pending: collections.deque = collections.deque()
     last_logs, begin, started = {}, 0, False
-    epoch_started = time.perf_counter()
+    run.counters.assign(tf.zeros_like(run.counters))
+    epoch_started = last_logs_at = time.perf_counter()
 
     def complete():
         nonlocal last_logs
         end, value = pending.popleft()
-        last_logs, vector = value.fetch()
-        stats.add(vector)
+        logs = value.fetch()  # waits; copies tensors only for a logs call
+        if logs is not None:
+            last_logs = logs
         callbacks.on_train_batch_end(end, last_logs)
 
     while begin < steps and not model.stop_training:
         size = min(per_call, steps - begin)
+        now = time.perf_counter()
+        want_logs = not started or begin + size >= steps or now - last_logs_at >= LOG_INTERVAL_S
+        if want_logs:
+            last_logs_at = now
+        function = run.train_logs_function if want_logs else run.train_function
         callbacks.on_train_batch_begin(begin)
         pending.append((begin + size - 1, run.coordinator.schedule(
-            run.train_function, args=(iterator, tf.constant(size, tf.int32)))))
+            function, args=(iterator, tf.constant(size, tf.int32)))))
         begin += size
         if not started:  # wait for the first call (tracing, registration on the workers)
             complete()
@@ -173,6 +198,7 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     run.coordinator.join()
     while pending:
         complete()
+    stats = PSStats.from_counters(run.counters.numpy())
     stats.epoch_seconds.append(time.perf_counter() - epoch_started)
     stats.epoch_examples.append(stats.examples)
     return last_logs, stats

@@ -1,10 +1,15 @@
 """The small ``tf.function`` steps that the coordinator schedules onto parameter-server workers.
 
 Each scheduled call runs the model's own ``train_step``/``test_step`` (so subclassed models with a
-custom step keep working) inside ``strategy.run`` and returns a small int64 *stats* vector that the
-coordinator fetches after the step completes:
+custom step keep working) inside ``strategy.run``. A training call adds its statistics to a small
+int64 *counters* variable on a ps (:func:`make_counters`), one row per worker:
 
-``[worker_index, steps_run, staleness_sum, staleness_max, examples]``
+``[steps_run, staleness_sum, examples, staleness_max]``
+
+so that the coordinator fetches nothing per step: it reads the counters once per epoch, after
+``join``. Most training calls return nothing (their ``RemoteValue`` is waited on without copying a
+tensor); the loop schedules the variant that returns the ``train_step`` logs only when it wants
+fresh batch logs (:mod:`kerasdist.keras.ps_loop`).
 
 **Staleness** of one step, in optimizer updates: the step reads ``optimizer.iterations`` (the
 global version of the ps variables) before it reads any weight, and again right after its own
@@ -13,7 +18,8 @@ while this step computed its gradient. Synchronous training always gives 0. It i
 an update that lands between this step's apply and its second read is counted too.
 
 Keras 3's ``assign_add``/``assign_sub`` are not atomic; the steps are traced with kerasdist's mend
-(:mod:`kerasdist._compat.keras_ps_atomic_assign`) in force on the model's variables.
+(:mod:`kerasdist._compat.keras_ps_atomic_assign`) in force on the model's variables. The counters
+are updated with ``scatter_nd_add``/``scatter_nd_max``, which hold the variable's lock.
 """
 
 from __future__ import annotations
@@ -54,19 +60,58 @@ def _one_train_step(model, strategy, iterator):
             tf.add_n(list(local(examples))))
 
 
-def make_train_function(model, strategy, *, steps_per_execution: int = 1):
-    """A ``tf.function(iterator, num_steps) -> (logs, stats)`` to pass to ``coordinator.schedule``.
+COUNTER_COLUMNS = ("steps", "staleness_sum", "examples", "staleness_max")
+
+
+def make_counters(model, strategy, num_workers: int):
+    """The per-worker statistics variable: int64 ``[num_workers, 4]`` of zeros, columns
+    :data:`COUNTER_COLUMNS`, on the ps that holds ``optimizer.iterations`` (never partitioned).
+
+    It is not tracked by the model, so it is neither checkpointed nor digested; the loop
+    resets it at the start of every epoch.
+    """
+    import contextlib
+
+    import tensorflow as tf
+
+    anchor = getattr(getattr(model.optimizer, "iterations", None), "value", None)
+    with strategy.scope():
+        place = (strategy.extended.colocate_vars_with(anchor) if anchor is not None
+                 else contextlib.nullcontext())
+        with place:
+            return tf.Variable(tf.zeros([num_workers, len(COUNTER_COLUMNS)], tf.int64),
+                               trainable=False, name="kerasdist_ps_counters")
+
+
+def _count(counters, steps, stale_sum, examples, stale_max):
+    """Add one call's figures to the running worker's row of ``counters``."""
+    import tensorflow as tf
+
+    worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(), tf.int64)
+    add = counters.scatter_nd_add(tf.stack([[worker, 0], [worker, 1], [worker, 2]]),
+                                  tf.stack([steps, stale_sum, examples]))
+    with tf.control_dependencies([add]):
+        return counters.scatter_nd_max(tf.stack([[worker, 3]]), tf.reshape(stale_max, [1]))
+
+
+def make_train_function(model, strategy, *, counters, steps_per_execution: int = 1,
+                        return_logs: bool = False):
+    """A ``tf.function(iterator, num_steps)`` to pass to ``coordinator.schedule``.
 
     Args:
         model: a compiled Keras model whose variables were created under ``strategy.scope()``.
         strategy: the ``ParameterServerStrategy``.
+        counters: the variable of :func:`make_counters`; each call adds its steps, staleness
+            and examples to the running worker's row.
         steps_per_execution: with 1, one step per call (``num_steps`` is ignored); above 1, each
             call runs ``num_steps`` (an int32 scalar tensor, 1 <= num_steps) steps in a
             ``tf.while_loop`` on the worker, saving dispatch round trips.
+        return_logs: return the last step's ``train_step`` output (metric results read on the
+            worker after its update); otherwise the function returns nothing, and waiting for
+            its ``RemoteValue`` copies no tensor to the coordinator.
 
     Returns:
-        The function. ``logs`` is the last step's ``train_step`` output (metric results read on
-        the worker after its update); ``stats`` is the int64 vector of the module docs.
+        The function.
     """
     import tensorflow as tf
 
@@ -82,8 +127,11 @@ def make_train_function(model, strategy, *, steps_per_execution: int = 1):
             _, logs, steps, stale_sum, stale_max, examples = tf.while_loop(
                 lambda i, *_: i < num_steps, body,
                 (tf.constant(1), logs, steps, stale_sum, stale_max, examples))
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return logs, tf.stack([worker, steps, stale_sum, stale_max, examples])
+        counted = _count(counters, steps, stale_sum, examples, stale_max)
+        if not return_logs:
+            return None
+        with tf.control_dependencies([counted]):
+            return tf.nest.map_structure(tf.identity, logs)
 
     return tf.function(train_function)
 
