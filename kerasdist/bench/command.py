@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from kerasdist.bench import report
+from kerasdist.bench import targets as bench_targets
 from kerasdist.bench.runner import (
     CLUSTER_STRATEGIES,
     Measurement,
@@ -107,18 +108,9 @@ def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measureme
     return m
 
 
-def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baselines: list[str],
-              repeats: int = 1, workers: int = 2, sweep_workers: list[int] = (),
-              out_dir: str | Path = "runs/bench", target: float | None = None,
-              timeout_s: float = 1800) -> dict[str, Any]:
-    """Run the benchmark; returns the bench.json content (also written to ``out_dir``).
-
-    Raises:
-        RecipeError: bad recipe, strategy or baseline names, repeats < 1 (before anything runs).
-    """
+def _check_inputs(recipe, strategies, baselines, *, repeats, workers, sweep_workers) -> None:
     from kerasdist.errors import RecipeError
 
-    recipe = load_recipe(recipe_path, overrides)
     validate_names(strategies, baselines)
     if repeats < 1:
         raise RecipeError(f"--repeats must be >= 1. Received: repeats={repeats}")
@@ -129,6 +121,31 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
                 f"multi_worker splits the global batch evenly over the workers: data.batch_size "
                 f"({recipe.data.batch_size}) is not divisible by {sorted(uneven)} worker(s). "
                 f"Received: workers={workers}, sweep_workers={list(sweep_workers)}")
+
+
+def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baselines: list[str],
+              repeats: int = 1, workers: int = 2, sweep_workers: list[int] = (),
+              out_dir: str | Path = "runs/bench", target: float | None = None,
+              timeout_s: float = 1800, coordinator_scaling: list[int] = (),
+              scaling_steps: int = 300) -> dict[str, Any]:
+    """Run the benchmark; returns the bench.json content (also written to ``out_dir``).
+
+    ``coordinator_scaling`` (worker counts, e.g. ``[1, 2, 4, 8]``) adds the coordinator-scaling
+    points (:mod:`kerasdist.bench.scaling`, ``repeats`` each, ``scaling_steps`` steps per epoch)
+    after the rows. bench.json's ``targets`` holds issue 12's verdicts
+    (:mod:`kerasdist.bench.targets`).
+
+    Raises:
+        RecipeError: bad recipe, strategy or baseline names, repeats < 1, bad worker counts
+            (before anything runs).
+    """
+    if coordinator_scaling:
+        from kerasdist.bench.scaling import parse_counts
+
+        coordinator_scaling = parse_counts(",".join(str(n) for n in coordinator_scaling))
+    recipe = load_recipe(recipe_path, overrides)
+    _check_inputs(recipe, strategies, baselines, repeats=repeats, workers=workers,
+                  sweep_workers=sweep_workers)
     target = target if target is not None else 0.98
     raw = recipe.model_dump(mode="json")
     out = Path(out_dir)
@@ -158,6 +175,13 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
                    out=out, target=target, timeout_s=timeout_s)
     result = _assemble(recipe, rows, kinds, sweep, target=target, workers=workers,
                        repeats=repeats)
+    if coordinator_scaling:
+        from kerasdist.bench.scaling import run_scaling
+
+        result["coordinator_scaling"] = run_scaling(
+            list(coordinator_scaling), steps=scaling_steps, repeats=repeats, out_dir=out,
+            timeout_s=timeout_s)
+        result["targets"] = bench_targets.evaluate(result)
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     report.write_all(result, out)
     return result
@@ -217,7 +241,7 @@ def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[s
         mine = s["time_to_target_s_median"]
         theirs = summaries.get("plain_keras", {}).get("time_to_target_s_median")
         s["ratio_time_to_target_vs_plain_keras"] = mine / theirs if mine and theirs else None
-    return {
+    result = {
         "environment": environment(),
         "recipe": recipe.model_dump(mode="json"),
         "settings": {"target_accuracy": target, "workers": workers, "repeats": repeats,
@@ -226,3 +250,5 @@ def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[s
                         "runs": [asdict(m) for m in ms]} for name, ms in rows.items()},
         "sweep": sweep,
     }
+    result["targets"] = bench_targets.evaluate(result)
+    return result

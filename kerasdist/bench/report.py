@@ -12,7 +12,48 @@ def _fmt(value, spec=".1f", suffix="") -> str:
 
 def markdown_table(result: dict[str, Any]) -> str:
     """One row per strategy/baseline: examples/s (median [min–max]), time to target, accuracy,
-    peak RSS of all tasks, staleness, and ratios to every baseline."""
+    peak RSS of all tasks, staleness, and ratios to every baseline; then the worker sweep, the
+    coordinator-scaling points and the targets' verdicts where the result has them."""
+    text = _rows_table(result) if result.get("rows") else ""
+    return text + scaling_table(result) + targets_table(result)
+
+
+def scaling_table(result: dict[str, Any]) -> str:
+    """The coordinator-scaling points (steps/s median [min–max]) and where each saturates."""
+    scaling = result.get("coordinator_scaling")
+    if not scaling:
+        return ""
+    settings = scaling["settings"]
+    text = (f"\nCoordinator scaling ({settings['model']}; {settings['cluster']}; "
+            f"{settings['steps_per_epoch']} steps/epoch, {settings['timing']}, "
+            f"{settings['repeats']} repeat(s)):\n\n"
+            "| implementation | workers | steps/s median [min–max] | steps per call | "
+            "peak RSS (MiB) |\n| --- | --- | --- | --- | --- |\n")
+    for p in sorted(scaling["points"], key=lambda p: (p["impl"], p["workers"])):
+        failed = "" if p["succeeded"] == p["runs"] else f" ({p['runs'] - p['succeeded']} failed)"
+        text += (f"| {p['impl']}{failed} | {p['workers']} | {_fmt(p['steps_per_sec'])} "
+                 f"[{_fmt(p['steps_per_sec_min'])}–{_fmt(p['steps_per_sec_max'])}] | "
+                 f"{p['steps_per_execution'] or '–'} | {_fmt(p['peak_rss_mb'], '.0f')} |\n")
+    for impl, s in scaling.get("saturation", {}).items():
+        at = (f"saturates at {s['saturates_at']} worker(s)" if s["saturates_at"]
+              else "not saturated in the range")
+        text += (f"\n{impl}: {at}; peak {_fmt(s['peak_steps_per_sec'])} steps/s at "
+                 f"{s['peak_workers']} worker(s).")
+    return text + "\n"
+
+
+def targets_table(result: dict[str, Any]) -> str:
+    """MET / MISSED / n/a for each target of issue 12 (:mod:`kerasdist.bench.targets`)."""
+    if not result.get("targets"):
+        return ""
+    lines = ["", "Targets (medians of this run):", "", "| target | verdict | measured |",
+             "| --- | --- | --- |"]
+    lines += [f"| {t['target']} | {t['verdict']} | {t['detail'] or '–'} |"
+              for t in result["targets"]]
+    return "\n".join(lines) + "\n"
+
+
+def _rows_table(result: dict[str, Any]) -> str:
     settings = result["settings"]
     head = (f"Target held-out accuracy {settings['target_accuracy']}, global batch "
             f"{settings['global_batch_size']}, {settings['workers']} workers for cluster "
@@ -172,14 +213,50 @@ def plot_sweep(result: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
+def plot_scaling(result: dict[str, Any], path: Path) -> Path | None:
+    """Coordinator steps/s against workers (log2 axis), one line per implementation, min–max
+    as error bars, the saturation point marked."""
+    scaling = result.get("coordinator_scaling")
+    if not scaling or not scaling.get("points"):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for index, impl in enumerate(sorted({p["impl"] for p in scaling["points"]})):
+        points = sorted((p for p in scaling["points"] if p["impl"] == impl and p["steps_per_sec"]),
+                        key=lambda p: p["workers"])
+        if not points:
+            continue
+        rates = [p["steps_per_sec"] for p in points]
+        spread = [[r - p["steps_per_sec_min"] for r, p in zip(rates, points, strict=True)],
+                  [p["steps_per_sec_max"] - r for r, p in zip(rates, points, strict=True)]]
+        ax.errorbar([p["workers"] for p in points], rates, yerr=spread, marker="o", capsize=3,
+                    label=impl, color=f"C{index}")
+        at = scaling.get("saturation", {}).get(impl, {}).get("saturates_at")
+        if at:
+            ax.axvline(at, color=f"C{index}", linestyle=":", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="workers (in-process, one machine)", ylabel="steps/s (whole epochs 2..n)",
+           title="Parameter-server coordinator: steps/s sustained (dotted: saturation)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_all(result: dict[str, Any], out: Path) -> dict[str, str]:
     """Write bench.md and the PNG plots into ``out``; return their paths."""
-    paths = {"table": out / "bench.md", "curves": out / "curves.png",
-             "throughput": out / "throughput.png"}
+    paths: dict[str, Path] = {"table": out / "bench.md"}
     paths["table"].write_text(markdown_table(result), encoding="utf-8")
-    plot_curves(result, paths["curves"])
-    plot_throughput(result, paths["throughput"])
-    sweep = plot_sweep(result, out / "sweep.png")
-    if sweep:
-        paths["sweep"] = sweep
+    if result.get("rows"):
+        paths["curves"] = plot_curves(result, out / "curves.png")
+        paths["throughput"] = plot_throughput(result, out / "throughput.png")
+    for key, plot in (("sweep", plot_sweep), ("coordinator_scaling", plot_scaling)):
+        written = plot(result, out / f"{key}.png")
+        if written:
+            paths[key] = written
     return {k: str(v) for k, v in paths.items()}

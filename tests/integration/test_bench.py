@@ -100,3 +100,46 @@ def test_bench_sweep_needs_a_cluster_strategy(tmp_path, capsys):
                  "--sweep-workers", "1,2", "--out", str(out)]) == EXIT_BAD_INPUT
     assert "--sweep-workers sweeps multi_worker and parameter_server" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_coordinator_scaling_mode_writes_points_verdict_and_plot(tmp_path, capsys):
+    from kerasdist.bench import scaling
+    from kerasdist.launch import isolation
+
+    if isolation.unavailable_reason() is not None:
+        pytest.skip(f"needs a private network namespace: {isolation.unavailable_reason()}")
+    out = tmp_path / "bench"
+    code = scaling.main(["1,2", "--steps", "20", "--epochs", "2", "--repeats", "1",
+                         "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    result = json.loads((out / "bench.json").read_text())
+    part = result["coordinator_scaling"]
+    assert part["settings"]["workers"] == [1, 2] and part["settings"]["steps_per_epoch"] == 20
+    points = {(p["impl"], p["workers"]): p for p in part["points"]}
+    assert set(points) == {("kerasdist", 1), ("kerasdist", 2), ("tf_keras", 1), ("tf_keras", 2)}
+    for point in points.values():
+        assert point["succeeded"] == point["runs"] == 1 and point["returncodes"] == [0]
+        assert point["steps_per_sec_min"] <= point["steps_per_sec"] <= point["steps_per_sec_max"]
+        assert point["steps_per_sec"] > 0 and point["steps_per_execution"] >= 1
+    figures = json.loads((out / "results" / "scaling-tf_keras-w2-r0.json").read_text())
+    assert figures["global_step"] == 2 * 20 and len(figures["epoch_seconds"]) == 2
+    assert set(part["saturation"]) == {"kerasdist", "tf_keras"}
+    verdicts = {t["name"]: t["verdict"] for t in result["targets"]}
+    assert verdicts["coordinator_kerasdist_vs_tf_keras"] in {"MET", "MISSED"}
+    assert verdicts["default_vs_plain_keras"] == "n/a (rows missing)"  # no rows in this run
+    assert (out / "coordinator_scaling.png").read_bytes()[:8] == PNG_MAGIC
+    table = (out / "bench.md").read_text()
+    assert "| kerasdist | 2 |" in table and "coordinator scaling: kerasdist >= tf_keras" in table
+    assert "Coordinator scaling (" in printed
+
+
+@pytest.mark.parametrize("argv", [["0,2"], ["1,x"], ["1,2", "--epochs", "1"],
+                                  ["1,2", "--steps", "0"]])
+def test_coordinator_scaling_mode_refuses_bad_input_with_exit_2(tmp_path, capsys, argv):
+    from kerasdist.bench import scaling
+
+    out = tmp_path / "bench"
+    assert scaling.main([*argv, "--out", str(out)]) == EXIT_BAD_INPUT
+    assert "Received:" in capsys.readouterr().err
+    assert not out.exists()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kerasdist.bench import scaling
 from kerasdist.bench.command import _assemble
 from kerasdist.bench.report import markdown_table
 from kerasdist.bench.runner import Measurement
@@ -70,3 +71,98 @@ def test_step_clock_excludes_each_epochs_first_step_and_the_time_between_epochs(
     assert summary["examples_per_sec"] == pytest.approx(3 * 8 / 4.0)
     assert summary["epoch_end_s"] == [10.0, 22.0]
     assert summary["epoch_examples_per_sec"] == [pytest.approx(2 * 8 / 3.0), pytest.approx(8.0)]
+
+
+def _verdicts(result):
+    return {t["name"]: t["verdict"] for t in result["targets"]}
+
+
+def _assembled(rows, *, target=0.98):
+    kinds = {name: "baseline" if name in ("plain_keras", "tf_keras_parameter_server",
+                                          "tf_keras_multi_worker") else "strategy"
+             for name in rows}
+    return _assemble(load_recipe(str(RECIPE)), rows, kinds, [], target=target, workers=2,
+                     repeats=3)
+
+
+def test_targets_met_missed_and_missing_rows():
+    rows = {"plain_keras": [_run("p0", 1000.0, ends=(10.0, 20.0))],
+            "tf_keras_parameter_server": [_run("t0", 1000.0, tf_keras_ps=True, acc=(0.98,))],
+            "tf_keras_multi_worker": [_run("m0", 600.0)],
+            "default": [_run("d0", 980.0)],  # 0.98x plain: MET (>= 0.97)
+            "parameter_server": [_run("s0", 900.0, epoch_level=1040.0)],  # 0.90x plain, 1.04x tf
+            "multi_worker": [_run("w0", 640.0, ends=(11.0, 22.0))]}  # 1.067x tf, 0.64x plain
+    result = _assembled(rows)
+    verdicts = _verdicts(result)
+    assert verdicts == {"parameter_server_vs_tf_keras_ps": "MISSED",  # 1.04 < 1.05
+                        "multi_worker_vs_tf_keras_mwms": "MET",
+                        "multi_worker_best_vs_plain_keras": "MISSED",  # 0.64 < 0.75
+                        "parameter_server_vs_plain_keras": "MET",
+                        "default_vs_plain_keras": "MET",
+                        "coordinator_kerasdist_vs_tf_keras": "n/a (rows missing)"}
+    table = markdown_table(result)
+    assert "| default >= 0.97x plain Keras | MET | 0.980x plain_keras |" in table
+    assert "| parameter_server >= 1.05x tf_keras parameter server (whole epochs 2..n) | MISSED |" \
+        in table
+
+    # A faster multi_worker variant row with time to 0.98 within 1.2x plain: the best one counts.
+    rows["multi_worker_bf16"] = [_run("b0", 800.0, ends=(11.0, 23.0))]
+    best = next(t for t in _assembled(rows)["targets"]
+                if t["name"] == "multi_worker_best_vs_plain_keras")
+    assert best["verdict"] == "MET" and best["detail"].startswith("multi_worker_bf16: 0.800x")
+
+    # Rows absent (or every run failed): n/a, never MET.
+    failed = Measurement("d1", 1, 5.0, 100.0, {})
+    verdicts = _verdicts(_assembled({"plain_keras": rows["plain_keras"], "default": [failed]}))
+    assert set(verdicts.values()) == {"n/a (rows missing)"}
+
+
+def test_time_to_target_verdict_needs_the_098_target_and_both_rows_reaching_it():
+    rows = {"plain_keras": [_run("p0", 1000.0)],
+            "multi_worker": [_run("w0", 800.0, acc=(0.9, 0.95))]}  # never reaches 0.98
+    best = next(t for t in _assembled(rows)["targets"]
+                if t["name"] == "multi_worker_best_vs_plain_keras")
+    assert best["verdict"] == "MISSED" and "0.98 not reached" in best["detail"]
+    best = next(t for t in _assembled(rows, target=0.9)["targets"]
+                if t["name"] == "multi_worker_best_vs_plain_keras")
+    assert best["verdict"].startswith("n/a (time to 0.98 not measured")
+    assert "measured at 0.9" in best["detail"]
+
+
+def _point(impl, workers, rate):
+    runs = [Measurement(f"{impl}{workers}", 0, 3.0, 500.0,
+                        {"steps_per_sec": rate, "steps_per_execution": 1})]
+    return scaling.summarize_point(impl, workers, runs)
+
+
+def test_coordinator_target_and_saturation():
+    from kerasdist.bench import targets
+
+    points = [_point("kerasdist", 1, 100.0), _point("kerasdist", 2, 190.0),
+              _point("kerasdist", 4, 200.0), _point("tf_keras", 1, 90.0),
+              _point("tf_keras", 2, 180.0), _point("tf_keras", 4, 210.0)]
+    result = {"rows": {}, "coordinator_scaling": {"points": points,
+                                                  "saturation": scaling.saturation(points)}}
+    verdict = next(t for t in targets.evaluate(result)
+                   if t["name"] == "coordinator_kerasdist_vs_tf_keras")
+    assert verdict["verdict"] == "MISSED" and verdict["value"] == pytest.approx(200 / 210)
+    assert verdict["detail"] == "1w 1.11x, 2w 1.06x, 4w 0.95x"
+    assert scaling.saturation(points) == {
+        "kerasdist": {"saturates_at": 2, "peak_workers": 4, "peak_steps_per_sec": 200.0},
+        "tf_keras": {"saturates_at": None, "peak_workers": 4, "peak_steps_per_sec": 210.0}}
+    points[-1] = _point("tf_keras", 4, 150.0)
+    result["coordinator_scaling"]["points"] = points
+    assert _verdicts({**result, "targets": targets.evaluate(result)})[
+        "coordinator_kerasdist_vs_tf_keras"] == "MET"
+    points.pop()  # tf_keras missing at 4 workers: not judged
+    assert _verdicts({**result, "targets": targets.evaluate(result)})[
+        "coordinator_kerasdist_vs_tf_keras"] == "n/a (rows missing)"
+
+
+@pytest.mark.parametrize("text", ["", "0,2", "a,b", "1,1", "64"])
+def test_coordinator_scaling_counts_are_refused_when_bad(text):
+    from kerasdist.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=f"Received: '{text}'"):
+        scaling.parse_counts(text)
+    assert scaling.parse_counts("8, 1,2 ,4") == [1, 2, 4, 8]

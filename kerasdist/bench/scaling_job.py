@@ -1,0 +1,110 @@
+"""One point of the coordinator-scaling benchmark: a small dense net trained by a parameter-server
+coordinator on an in-process cluster of N workers and 1 ps, all in this process.
+
+The model (``FEATURES -> HIDDEN relu -> CLASSES``, SGD) and its input (one constant batch made on
+each worker and repeated) cost almost nothing per step, so the steps/s measured is what the
+coordinator and the per-step RPCs sustain, not compute. Both libraries are timed on the same basis,
+the only one tf_keras's parameter-server ``fit`` allows (no batch-level callbacks): whole epochs
+2..n, ``steps_per_epoch`` scheduled steps each, no validation.
+
+* ``kerasdist``: :func:`kerasdist.keras.ps_fit.fit` with Keras 3, ``steps_per_execution`` =
+  kerasdist's default for ``strategy.kind: parameter_server``.
+* ``tf_keras``: tf_keras 2.x's own ``model.fit`` (the process must be started with
+  ``TF_USE_LEGACY_KERAS=1``) with its default ``steps_per_execution`` (1).
+
+Run: ``python -m kerasdist.bench.scaling_job {kerasdist,tf_keras} WORKERS STEPS EPOCHS OUT.json``
+(:mod:`kerasdist.bench.scaling` runs it in a private network namespace).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+FEATURES, HIDDEN, CLASSES, BATCH = 32, 64, 10, 32
+IMPLEMENTATIONS = ("kerasdist", "tf_keras")
+
+
+def _dataset_fn(input_context=None):
+    import tensorflow as tf
+
+    x = tf.random.stateless_normal([BATCH, FEATURES], seed=[1, 2])
+    y = tf.argmax(tf.matmul(x, tf.ones([FEATURES, CLASSES])), axis=1)
+    return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+
+def _model(k, steps_per_execution: int):
+    model = k.Sequential([k.Input(shape=(FEATURES,)), k.layers.Dense(HIDDEN, activation="relu"),
+                          k.layers.Dense(CLASSES)])
+    model.compile(optimizer=k.optimizers.SGD(0.01),
+                  loss=k.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps_per_execution)
+    return model
+
+
+def _epoch_timer(base):
+    class EpochTimer(base):
+        def __init__(self):
+            super().__init__()
+            self.seconds: list[float] = []
+            self._begin = 0.0
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._begin = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seconds.append(time.perf_counter() - self._begin)
+
+    return EpochTimer()
+
+
+def run(impl: str, workers: int, steps: int, epochs: int) -> dict:
+    """Train ``epochs`` x ``steps`` steps with ``impl``; return the figures (see module docs).
+
+    Returns:
+        ``{"impl", "workers", "steps_per_epoch", "epochs", "steps_per_execution",
+        "epoch_seconds", "steps_per_sec" (epochs 2..n), "global_step"}``.
+    """
+    import tensorflow as tf
+
+    from kerasdist.cluster.inprocess import start_inprocess_cluster
+
+    cluster = start_inprocess_cluster(num_workers=workers, num_ps=1)
+    strategy = tf.distribute.ParameterServerStrategy(cluster.cluster_resolver)
+    if impl == "kerasdist":
+        import keras
+
+        from kerasdist.config.strategy_configs import ParameterServerStrategyConfig
+        from kerasdist.keras import ps_fit
+
+        spe = ParameterServerStrategyConfig().steps_per_execution
+        with strategy.scope():
+            model = _model(keras, spe)
+        timer = _epoch_timer(keras.callbacks.Callback)
+        ps_fit.fit(model, _dataset_fn, epochs=epochs, steps_per_epoch=steps, verbose=0,
+                   callbacks=[timer])
+    else:
+        spe = 1
+        with strategy.scope():
+            model = _model(tf.keras, spe)
+        timer = _epoch_timer(tf.keras.callbacks.Callback)
+        model.fit(tf.keras.utils.experimental.DatasetCreator(_dataset_fn), epochs=epochs,
+                  steps_per_epoch=steps, verbose=0, callbacks=[timer])
+    timed = timer.seconds[1:]
+    return {"impl": impl, "workers": workers, "steps_per_epoch": steps, "epochs": epochs,
+            "steps_per_execution": spe, "epoch_seconds": timer.seconds,
+            "steps_per_sec": steps * len(timed) / sum(timed) if timed and sum(timed) > 0 else None,
+            "global_step": int(model.optimizer.iterations.numpy())}
+
+
+def main(argv=None) -> int:
+    impl, workers, steps, epochs, out_path = sys.argv[1:] if argv is None else argv
+    result = run(impl, int(workers), int(steps), int(epochs))
+    with open(out_path, "w", encoding="utf-8") as handle:
+        json.dump(result, handle, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Issue 12's speed targets judged on a bench result: MET, MISSED or n/a for each.
+
+Every target reads the medians the bench computed (round-robin repeats); a target whose rows are
+absent from the result is ``n/a (rows missing)``, never MET. Ratios are those of
+:func:`kerasdist.bench.command._assemble` (kerasdist's parameter-server row against tf_keras's PS
+uses the whole-epoch figure, the only one tf_keras allows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MET, MISSED, ROWS_MISSING = "MET", "MISSED", "n/a (rows missing)"
+NOT_MEASURED = "n/a (time to 0.98 not measured: bench --target-accuracy differs)"
+TIME_TO_ACCURACY = 0.98  # the held-out accuracy of the time-to-target targets
+
+
+def _verdict(name: str, text: str, *, value=None, threshold=None, ok=None, detail="",
+             unjudged: str = ROWS_MISSING) -> dict:
+    verdict = unjudged if ok is None else (MET if ok else MISSED)
+    return {"name": name, "target": text, "verdict": verdict, "value": value,
+            "threshold": threshold, "detail": detail}
+
+
+def _summary(result: dict, row: str) -> dict | None:
+    entry = result.get("rows", {}).get(row)
+    if not entry or not entry["summary"].get("succeeded"):
+        return None
+    return entry["summary"]
+
+
+def _ratio(result: dict, row: str, base: str) -> float | None:
+    mine = _summary(result, row)
+    if mine is None or _summary(result, base) is None:
+        return None
+    return (mine.get("ratio_examples_per_sec") or {}).get(base)
+
+
+def _ratio_target(result, name, row, base, threshold, text) -> dict:
+    ratio = _ratio(result, row, base)
+    return _verdict(name, text, value=ratio, threshold=threshold,
+                    ok=None if ratio is None else ratio >= threshold,
+                    detail="" if ratio is None else f"{ratio:.3f}x {base}")
+
+
+def _multi_worker_best(result: dict) -> dict:
+    """multi_worker with its best settings: the ``multi_worker*`` strategy row with the highest
+    examples/s ratio to plain Keras must reach 0.75x and time to 0.98 <= 1.2x plain Keras."""
+    text = ("multi_worker (best accumulation/compression settings) >= 0.75x plain Keras "
+            "examples/s and time to 0.98 <= 1.2x plain Keras")
+    rows = [n for n, r in result.get("rows", {}).items()
+            if r.get("kind") == "strategy" and (n == "multi_worker" or n.startswith("multi_worker_"))]
+    ratios = {n: _ratio(result, n, "plain_keras") for n in rows}
+    ratios = {n: r for n, r in ratios.items() if r is not None}
+    if not ratios:
+        return _verdict("multi_worker_best_vs_plain_keras", text)
+    best = max(ratios, key=ratios.get)
+    tta = _summary(result, best).get("ratio_time_to_target_vs_plain_keras")
+    accuracy = result.get("settings", {}).get("target_accuracy")
+    detail = f"{best}: {ratios[best]:.3f}x examples/s"
+    if accuracy != TIME_TO_ACCURACY:
+        return _verdict("multi_worker_best_vs_plain_keras", text, value=ratios[best],
+                        threshold=0.75, unjudged=NOT_MEASURED,
+                        detail=detail + f"; time to target measured at {accuracy}")
+    ok = ratios[best] >= 0.75 and tta is not None and tta <= 1.2
+    detail += ("; 0.98 not reached by both rows" if tta is None
+               else f"; time to 0.98 {tta:.3f}x")
+    return _verdict("multi_worker_best_vs_plain_keras", text, value=ratios[best],
+                    threshold=0.75, ok=ok, detail=detail)
+
+
+def _coordinator(result: dict) -> dict:
+    text = "coordinator scaling: kerasdist >= tf_keras steps/s at every worker count"
+    points = (result.get("coordinator_scaling") or {}).get("points", [])
+    rate = {(p["impl"], p["workers"]): p.get("steps_per_sec") for p in points}
+    counts = sorted({n for _, n in rate})
+    pairs = [(n, rate.get(("kerasdist", n)), rate.get(("tf_keras", n))) for n in counts]
+    if not pairs or any(mine is None or theirs is None for _, mine, theirs in pairs):
+        return _verdict("coordinator_kerasdist_vs_tf_keras", text)
+    ratios = {n: mine / theirs for n, mine, theirs in pairs}
+    detail = ", ".join(f"{n}w {r:.2f}x" for n, r in ratios.items())
+    return _verdict("coordinator_kerasdist_vs_tf_keras", text, value=min(ratios.values()),
+                    threshold=1.0, ok=all(r >= 1.0 for r in ratios.values()), detail=detail)
+
+
+def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Judge every target of issue 12 on ``result`` (bench.json content).
+
+    Returns:
+        One dict per target: ``name``, ``target`` (text), ``verdict`` (``MET``, ``MISSED``,
+        ``n/a (rows missing)`` or :data:`NOT_MEASURED`), ``value`` (the smallest ratio
+        judged, or None), ``threshold`` and ``detail``.
+    """
+    return [
+        _ratio_target(result, "parameter_server_vs_tf_keras_ps", "parameter_server",
+                      "tf_keras_parameter_server", 1.05,
+                      "parameter_server >= 1.05x tf_keras parameter server (whole epochs 2..n)"),
+        _ratio_target(result, "multi_worker_vs_tf_keras_mwms", "multi_worker",
+                      "tf_keras_multi_worker", 1.05,
+                      "multi_worker >= 1.05x tf_keras multi-worker"),
+        _multi_worker_best(result),
+        _ratio_target(result, "parameter_server_vs_plain_keras", "parameter_server",
+                      "plain_keras", 0.85, "parameter_server >= 0.85x plain Keras"),
+        _ratio_target(result, "default_vs_plain_keras", "default", "plain_keras", 0.97,
+                      "default >= 0.97x plain Keras"),
+        _coordinator(result),
+    ]
