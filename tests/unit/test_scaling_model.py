@@ -1,0 +1,65 @@
+"""The arithmetic of tools/scaling_model.py (no TensorFlow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "tools" / "scaling_model.py"
+_SPEC = importlib.util.spec_from_file_location("scaling_model", _PATH)
+sm = importlib.util.module_from_spec(_SPEC)
+sys.modules["scaling_model"] = sm
+_SPEC.loader.exec_module(sm)
+
+CAL = sm.Calibration()
+
+
+def test_ring_allreduce_sends_2_n_minus_1_over_n_of_the_bytes():
+    assert sm.ring_allreduce_bytes(1, 100.0) == 0.0
+    assert sm.ring_allreduce_bytes(2, 100.0) == pytest.approx(100.0)
+    assert sm.ring_allreduce_bytes(4, 100.0) == pytest.approx(150.0)
+    assert sm.ring_allreduce_bytes(128, 100.0) == pytest.approx(2 * 127 / 128 * 100)
+    with pytest.raises(ValueError, match="n=0"):
+        sm.ring_allreduce_bytes(0, 1.0)
+
+
+def test_seed_cnn_bytes_and_per_byte_cost():
+    assert sum(sm.SEED_VARIABLES) == 3_274_634  # the seed CNN's parameter count
+    assert CAL.gradient_bytes == 4 * 3_274_634
+    assert sm.per_byte_s(10, 0.0) == pytest.approx(0.8e-9)  # 8 bits / 10 Gb/s
+
+
+@pytest.mark.parametrize("n", [2, 8, 128])
+def test_efficiency_rises_with_bandwidth_accumulation_and_bf16(n):
+    effs = [sm.multi_worker(CAL, n, g)["efficiency"] for g in (1, 10, 25, 100, 400)]
+    assert effs == sorted(effs) and effs[0] < effs[-1] <= 1.0
+    by_k = [sm.multi_worker(CAL, n, 10, k=k)["efficiency"] for k in (1, 2, 4, 8)]
+    assert by_k == sorted(by_k)
+    assert sm.multi_worker(CAL, n, 10, bf16=True)["comm_s"] < sm.multi_worker(CAL, n, 10)["comm_s"]
+    ps = [sm.parameter_server(CAL, n, g, num_ps=4, partitioned=True)["efficiency"]
+          for g in (1, 10, 25, 100)]
+    assert ps == sorted(ps)
+
+
+def test_one_worker_has_no_communication_and_full_efficiency():
+    one = sm.multi_worker(CAL, 1, 10)
+    assert one["comm_s"] == 0.0 and one["efficiency"] == pytest.approx(1.0)
+    assert one["examples_per_s"] == pytest.approx(64 / CAL.t_comp(64))
+
+
+def test_partitioning_spreads_the_big_dense_kernel_over_the_ps_tasks():
+    whole = sm.ps_bytes(CAL, 8, partitioned=False)
+    split = sm.ps_bytes(CAL, 8, partitioned=True)
+    assert whole >= 3_211_264 * 4  # the 3136x1024 kernel stays on one ps
+    # an even eighth, plus at most the largest variable too small to split (conv2's kernel)
+    assert CAL.gradient_bytes / 8 <= split <= CAL.gradient_bytes / 8 + 51_200 * 4
+    assert sm.ps_bytes(CAL, 1, partitioned=True) == pytest.approx(CAL.gradient_bytes)
+
+
+def test_parameter_server_is_capped_by_its_busiest_ps():
+    few = sm.parameter_server(CAL, 128, 10, num_ps=1)
+    many = sm.parameter_server(CAL, 128, 10, num_ps=8, partitioned=True)
+    assert few["limit"] == "ps" and many["examples_per_s"] > few["examples_per_s"]

@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""Past one machine, on paper: predicted step time, examples/s and scaling efficiency of the seed CNN
+for 2-128 workers on 10/25/100 Gb/s networks, calibrated on pieces measured on this machine
+(``tools/profile_rows.py``).
+
+Model (every assumption is a parameter of :class:`Calibration` or of the functions):
+
+* A worker is one machine like the development VM (2 cores); its training step on ``b`` examples
+  takes ``t_comp(b) = fixed_s + per_example_s * b`` (a line through the measured batch-64 and
+  batch-128 steps). Input preparation is left out (0.6 ms per 128 examples, overlapped by prefetch).
+* Every byte a worker sends or receives costs ``8 / bandwidth`` seconds on the wire PLUS
+  ``cpu_s_per_byte`` of serialisation and copying in TF's gRPC runtime (measured on localhost,
+  where the wire is free), with no overlap of the two, nor of transfer with compute (TF's
+  all-reduce of Keras gradients starts after the backward pass), and ``latency_s`` per message.
+* multi_worker, ring all-reduce (Patarasuk & Yuan 2009; Horovod's paper, Sergeev & Del Balso
+  2018): each worker sends and receives ``2 (n-1) / n * bytes`` in ``2 (n-1)`` messages. With
+  gradient accumulation ``k``, one all-reduce per ``k`` micro-batches. bf16 halves the bytes; its
+  per-byte cost is measured separately (it includes the casts).
+* parameter_server (asynchronous): a worker step pulls every variable and pushes every gradient
+  (``2 * bytes``, sequentially, through the worker's link) and pays the coordinator's round trip.
+  The cluster is capped by the busiest ps (its link and its CPU carry its variables' bytes in and
+  out per step, for every worker's step) and by the coordinator's sustained scheduling rate.
+  Without partitioning TF places whole variables round-robin over the ps tasks; with
+  ``variable_partitioning`` each variable over 256 KiB is split evenly over the ps tasks.
+* Scaling efficiency = examples/s of n workers / (n * examples/s of one worker computing alone).
+
+Usage::
+
+    python tools/scaling_model.py                          # defaults: the 2026-11-23 calibration
+    python tools/scaling_model.py --profile runs/profile_rows.json   # recalibrate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+WORKERS = (2, 4, 8, 16, 32, 64, 128)
+NETWORKS_GBPS = (10, 25, 100)
+ACCUMULATION = (1, 2, 4, 8, 16, 32, 64)
+# The seed CNN's trainable variables in creation order (elements): conv1 k, b; conv2 k, b;
+# dense 3136x1024 k, b; dense 1024x10 k, b. 3,274,634 in all.
+SEED_VARIABLES = (800, 32, 51_200, 64, 3_211_264, 1024, 10_240, 10)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Measured constants (seconds, bytes). Defaults: tools/profile_rows.py on 2026-11-23 (loaded
+    2-core VM; see docs/benchmarks.md)."""
+
+    fixed_s: float = 0.0095          # t_comp intercept, s per step
+    per_example_s: float = 0.00065   # t_comp slope, s per example
+    cpu_s_per_byte_f32: float = 4.3e-9   # 2-process all-reduce of 13.1 MB float32: 56 ms
+    cpu_s_per_byte_bf16: float = 6.5e-9  # the same gradients in bf16, casts included: 42 ms
+    ps_cpu_s_per_byte: float = 1.74e-9   # ps read + update, 13.1 MB each way: 45.7 ms
+    coordinator_s: float = 0.0021    # coordinator round trip per scheduled step (latency)
+    coordinator_rate_s: float = 0.0021   # coordinator CPU per step when steps are pipelined
+    latency_s: float = 50e-6         # per message on a data-centre network (assumed, not measured)
+    variables: tuple[int, ...] = SEED_VARIABLES
+    bytes_per_element: int = 4
+
+    @property
+    def gradient_bytes(self) -> int:
+        return sum(self.variables) * self.bytes_per_element
+
+    def t_comp(self, batch: int) -> float:
+        """Seconds of one worker's training step (forward, backward, update) on ``batch``."""
+        return self.fixed_s + self.per_example_s * batch
+
+
+def ring_allreduce_bytes(n: int, nbytes: float) -> float:
+    """Bytes each worker sends (and receives) in a ring all-reduce of ``nbytes`` over ``n``
+    workers: ``2 (n - 1) / n * nbytes`` (reduce-scatter, then all-gather). 0 for one worker."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1. Received: n={n}")
+    return 2 * (n - 1) / n * nbytes
+
+
+def per_byte_s(gbps: float, cpu_s_per_byte: float) -> float:
+    """Seconds per byte moved: the wire (8 bits / bandwidth) plus the runtime's CPU per byte."""
+    return 8 / (gbps * 1e9) + cpu_s_per_byte
+
+
+def multi_worker(cal: Calibration, n: int, gbps: float, *, batch: int = 64, k: int = 1,
+                 bf16: bool = False) -> dict:
+    """One update of ``n`` synchronous workers, ``batch`` examples each per micro-batch, ``k``
+    micro-batches per all-reduce. Returns step_s (one update), examples_per_s, efficiency."""
+    nbytes = cal.gradient_bytes / (2 if bf16 else 1)
+    cpu = cal.cpu_s_per_byte_bf16 if bf16 else cal.cpu_s_per_byte_f32
+    comm = 0.0
+    if n > 1:
+        comm = ring_allreduce_bytes(n, nbytes) * per_byte_s(gbps, cpu) + 2 * (n - 1) * cal.latency_s
+    step = k * cal.t_comp(batch) + comm
+    rate = n * k * batch / step
+    return {"step_s": step, "comm_s": comm, "examples_per_s": rate,
+            "efficiency": rate / (n * batch / cal.t_comp(batch))}
+
+
+def ps_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
+    """Bytes of variables on the busiest ps task."""
+    load = [0.0] * num_ps
+    if partitioned:
+        for i, elements in enumerate(cal.variables):
+            nbytes = elements * cal.bytes_per_element
+            if nbytes > 256 << 10:
+                load = [x + nbytes / num_ps for x in load]
+            else:
+                load[i % num_ps] += nbytes
+    else:
+        for i, elements in enumerate(cal.variables):  # TF's default: round-robin, whole variables
+            load[i % num_ps] += elements * cal.bytes_per_element
+    return max(load)
+
+
+def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
+                     partitioned: bool = False, batch: int = 128, k: int = 1) -> dict:
+    """``n`` asynchronous workers, ``num_ps`` ps tasks; ``k`` local micro-batches per pull/push
+    (hypothetical: kerasdist refuses gradient accumulation for parameter_server)."""
+    nbytes = cal.gradient_bytes
+    worker_step = (k * cal.t_comp(batch) + 2 * nbytes * per_byte_s(gbps, cal.ps_cpu_s_per_byte)
+                   + 2 * cal.latency_s + cal.coordinator_s)
+    busiest = ps_bytes(cal, num_ps, partitioned)
+    ps_steps = 1 / max(busiest * 8 / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
+    steps = min(n / worker_step, ps_steps, 1 / cal.coordinator_rate_s)
+    rate = steps * k * batch
+    limit = ("workers" if steps == n / worker_step else
+             "ps" if steps == ps_steps else "coordinator")
+    return {"step_s": n / steps, "examples_per_s": rate, "limit": limit,
+            "efficiency": rate / (n * batch / cal.t_comp(batch))}
+
+
+def best_multi_worker(cal: Calibration, n: int, gbps: float, *, target: float = 0.8,
+                      batch: int = 64) -> str:
+    """The smallest ``k`` (float32 first, then bf16 at its own smallest k) reaching ``target``."""
+    found = []
+    for bf16 in (False, True):
+        for k in ACCUMULATION:
+            if multi_worker(cal, n, gbps, batch=batch, k=k, bf16=bf16)["efficiency"] >= target:
+                found.append(f"{'bf16' if bf16 else 'f32'} k={k}")
+                break
+    return ", ".join(found) or f"none up to k={ACCUMULATION[-1]}"
+
+
+def best_parameter_server(cal: Calibration, n: int, gbps: float, *, target: float = 0.8) -> str:
+    """The fewest ps tasks (1-8, partitioned) reaching ``target`` with k=1, else with the
+    smallest k (hypothetical local accumulation)."""
+    for k in ACCUMULATION:
+        for num_ps in range(1, 9):
+            if parameter_server(cal, n, gbps, num_ps=num_ps, partitioned=True,
+                                k=k)["efficiency"] >= target:
+                return f"{num_ps} ps, partitioned" + ("" if k == 1 else f", k={k}")
+    return "none (coordinator-bound)"
+
+
+def calibrate(profile: dict) -> Calibration:
+    """A :class:`Calibration` from a ``tools/profile_rows.py`` JSON result."""
+    pieces = profile["pieces"]
+    comp = {c["batch"]: c["step_ms"] / 1e3 for c in pieces["compute"] if c["threads"] == "default"}
+    slope = (comp[128] - comp[64]) / 64
+    ar = {a["dtype"]: a for a in pieces["allreduce"] if a["bytes_per_pack"] == 0}
+    cpu = {d: sum(a["cpu_ms_per_worker"]) / len(a["cpu_ms_per_worker"]) / 1e3 / a["bytes"]
+           for d, a in ar.items()}  # CPU, not wall: here both workers share 2 cores
+    ps = pieces["ps"]
+    return replace(Calibration(), fixed_s=max(comp[64] - 64 * slope, 0.0), per_example_s=slope,
+                   cpu_s_per_byte_f32=cpu["float32"], cpu_s_per_byte_bf16=cpu["bfloat16"],
+                   ps_cpu_s_per_byte=ps["read_and_update_ms"] / 1e3 / (2 * ps["bytes_each_way"]),
+                   coordinator_s=ps["noop_ms"] / 1e3,
+                   coordinator_rate_s=ps.get("noop_pipelined_ms", ps["noop_ms"]) / 1e3)
+
+
+def tables(cal: Calibration) -> str:
+    out = [f"calibration: {cal}", "",
+           "multi_worker (ring all-reduce, 64 examples per worker per micro-batch)", "",
+           "| workers | Gb/s | f32 step ms | f32 examples/s | f32 eff. | bf16 step ms | bf16 eff. "
+           "| settings for >= 80 % |", "| --- " * 8 + "|"]
+    for gbps in NETWORKS_GBPS:
+        for n in WORKERS:
+            f32 = multi_worker(cal, n, gbps)
+            b16 = multi_worker(cal, n, gbps, bf16=True)
+            out.append(f"| {n} | {gbps} | {f32['step_s'] * 1e3:.1f} | {f32['examples_per_s']:,.0f} | "
+                       f"{f32['efficiency']:.0%} | {b16['step_s'] * 1e3:.1f} | {b16['efficiency']:.0%} "
+                       f"| {best_multi_worker(cal, n, gbps)} |")
+    out += ["", "parameter_server (asynchronous, 128 examples per worker step)", "",
+            "| workers | Gb/s | 1 ps: examples/s, eff. (limit) | 8 ps unpartitioned | "
+            "8 ps partitioned | settings for >= 80 % |", "| --- " * 6 + "|"]
+    for gbps in NETWORKS_GBPS:
+        for n in WORKERS:
+            cells = []
+            for num_ps, part in ((1, False), (8, False), (8, True)):
+                r = parameter_server(cal, n, gbps, num_ps=num_ps, partitioned=part)
+                cells.append(f"{r['examples_per_s']:,.0f}, {r['efficiency']:.0%} ({r['limit']})")
+            out.append(f"| {n} | {gbps} | {' | '.join(cells)} | "
+                       f"{best_parameter_server(cal, n, gbps)} |")
+    return "\n".join(out)
+
+
+# Points measured on this machine (docs/benchmarks.md): examples/s, medians.
+MEASURED_HERE = {
+    ("multi_worker", 1, 128, False): (1157.8, "run A sweep, 2026-11-21"),
+    ("multi_worker", 2, 128, False): (618.3, "run B, 2026-11-21 (run A: 586.5)"),
+    ("parameter_server", 1, 128, False): (863.4, "run A sweep"),
+    ("parameter_server", 2, 128, False): (917.0, "run B (run A: 918.7)"),
+    ("parameter_server", 3, 128, False): (1017.5, "run A sweep"),
+}
+
+
+def local_check(cal: Calibration, *, one_thread: dict, all_cores: dict, ps_transfer_s: float,
+                measured: dict | None = None) -> list[dict]:
+    """Predictions for points measured on this 2-core machine, where every task shares the cores
+    and the wire is free (so only the runtime's per-byte cost counts).
+
+    Args:
+        cal: the calibration (its per-byte costs, coordinator).
+        one_thread: {batch: seconds} of a training step on 1 thread (a worker holding 1 core).
+        all_cores: {batch: seconds} of a training step on both cores (a lone worker).
+        ps_transfer_s: measured wall seconds of a ps read + update of every variable.
+        measured: {(strategy, workers, global batch, bf16): (examples/s, source)}.
+
+    Rules: one worker runs on both cores; ``n >= 2`` workers get a core each, and beyond 2 the
+    cores are shared, stretching compute and CPU-bound transfer by ``n / 2``.
+    """
+    def interp(table, batch):
+        (b1, s1), (b2, s2) = sorted(table.items())
+        return s1 + (s2 - s1) * (batch - b1) / (b2 - b1)
+
+    measured = MEASURED_HERE if measured is None else measured
+    rows = []
+    points = sorted({*measured, ("multi_worker", 2, 64, False), ("multi_worker", 2, 64, True),
+                     ("multi_worker", 4, 128, False), ("parameter_server", 4, 128, False)})
+    for kind, n, glob, bf16 in points:
+        share = max(1.0, n / 2)
+        if kind == "multi_worker":
+            per = glob // n
+            t = interp(all_cores, per) if n == 1 else interp(one_thread, per)
+            cpu = cal.cpu_s_per_byte_bf16 if bf16 else cal.cpu_s_per_byte_f32
+            nbytes = cal.gradient_bytes / (2 if bf16 else 1)
+            step = share * (t + ring_allreduce_bytes(n, nbytes) * cpu)
+            rate = glob / step
+        else:
+            t = interp(all_cores, glob) if n == 1 else interp(one_thread, glob)
+            step = share * t + ps_transfer_s + cal.coordinator_s
+            rate = n * glob / step
+        got = measured.get((kind, n, glob, bf16))
+        rows.append({"strategy": kind, "workers": n, "global_batch": glob, "bf16": bf16,
+                     "predicted": rate, "measured": got[0] if got else None,
+                     "source": got[1] if got else "not measured"})
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", type=Path, help="tools/profile_rows.py JSON to calibrate on")
+    args = parser.parse_args(argv)
+    cal = Calibration()
+    one_thread, all_cores, ps_transfer = {64: 0.060, 128: 0.110}, {64: 0.051, 128: 0.093}, 0.0457
+    if args.profile:
+        profile = json.loads(args.profile.read_text(encoding="utf-8"))
+        cal = calibrate(profile)
+        steps = {(c["batch"], c["threads"]): c["step_ms"] / 1e3 for c in profile["pieces"]["compute"]}
+        one_thread = {b: s for (b, t), s in steps.items() if t == 1}
+        all_cores = {b: s for (b, t), s in steps.items() if t == "default"}
+        ps_transfer = profile["pieces"]["ps"]["read_and_update_ms"] / 1e3
+    print(tables(cal))
+    print("\nCheck on this machine (2 shared cores, no wire):\n")
+    print("| strategy | workers | global batch | bf16 | predicted examples/s | measured | ratio | "
+          "source |\n" + "| --- " * 8 + "|")
+    for r in local_check(cal, one_thread=one_thread, all_cores=all_cores, ps_transfer_s=ps_transfer):
+        ratio = f"{r['predicted'] / r['measured']:.2f}" if r["measured"] else "–"
+        print(f"| {r['strategy']} | {r['workers']} | {r['global_batch']} | {r['bf16']} | "
+              f"{r['predicted']:.0f} | {r['measured'] or '–'} | {ratio} | {r['source']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
