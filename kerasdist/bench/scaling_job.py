@@ -12,8 +12,9 @@ the only one tf_keras's parameter-server ``fit`` allows (no batch-level callback
 * ``tf_keras``: tf_keras 2.x's own ``model.fit`` (the process must be started with
   ``TF_USE_LEGACY_KERAS=1``) with its default ``steps_per_execution`` (1).
 
-Run: ``python -m kerasdist.bench.scaling_job {kerasdist,tf_keras} WORKERS STEPS EPOCHS OUT.json``
-(:mod:`kerasdist.bench.scaling` runs it in a private network namespace).
+Run: ``python -m kerasdist.bench.scaling_job {kerasdist,tf_keras} WORKERS STEPS EPOCHS OUT.json
+[STEPS_PER_EXECUTION]`` (:mod:`kerasdist.bench.scaling` runs it in a private network namespace;
+the last argument overrides the library's default, for side-by-side measurements).
 """
 
 from __future__ import annotations
@@ -59,8 +60,11 @@ def _epoch_timer(base):
     return EpochTimer()
 
 
-def run(impl: str, workers: int, steps: int, epochs: int) -> dict:
+def run(impl: str, workers: int, steps: int, epochs: int,
+        steps_per_execution: int | None = None) -> dict:
     """Train ``epochs`` x ``steps`` steps with ``impl``; return the figures (see module docs).
+
+    ``steps_per_execution``: steps per scheduled call; None = the library's default.
 
     Returns:
         ``{"impl", "workers", "steps_per_epoch", "epochs", "steps_per_execution",
@@ -78,14 +82,14 @@ def run(impl: str, workers: int, steps: int, epochs: int) -> dict:
         from kerasdist.config.strategy_configs import ParameterServerStrategyConfig
         from kerasdist.keras import ps_fit
 
-        spe = ParameterServerStrategyConfig().steps_per_execution
+        spe = steps_per_execution or ParameterServerStrategyConfig().steps_per_execution
         with strategy.scope():
             model = _model(keras, spe)
         timer = _epoch_timer(keras.callbacks.Callback)
         ps_fit.fit(model, _dataset_fn, epochs=epochs, steps_per_epoch=steps, verbose=0,
                    callbacks=[timer])
     else:
-        spe = 1
+        spe = steps_per_execution or 1
         with strategy.scope():
             model = _model(tf.keras, spe)
         timer = _epoch_timer(tf.keras.callbacks.Callback)
@@ -99,8 +103,8 @@ def run(impl: str, workers: int, steps: int, epochs: int) -> dict:
 
 
 def main(argv=None) -> int:
-    impl, workers, steps, epochs, out_path = sys.argv[1:] if argv is None else argv
-    result = run(impl, int(workers), int(steps), int(epochs))
+    impl, workers, steps, epochs, out_path, *spe = sys.argv[1:] if argv is None else argv
+    result = run(impl, int(workers), int(steps), int(epochs), int(spe[0]) if spe else None)
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=2)
     return 0

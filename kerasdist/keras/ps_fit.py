@@ -172,11 +172,9 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
             run, validation_data, steps=validation_steps, batch_size=validation_batch_size,
             argument="validation_data", steps_argument="validation_steps")
         run.counters = ps_steps.make_counters(model, run.strategy, run.num_workers)
-        per_call = int(model.steps_per_execution or 1)
-        run.train_function, run.train_logs_function = (
-            ps_steps.make_train_function(model, run.strategy, counters=run.counters,
-                                         steps_per_execution=per_call, return_logs=logs)
-            for logs in (False, True))
+        run.train_function = ps_steps.make_train_function(
+            model, run.strategy, counters=run.counters,
+            steps_per_execution=int(model.steps_per_execution or 1))
         run.test_function = ps_steps.make_test_function(model, run.strategy)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = list(callbacks or [])

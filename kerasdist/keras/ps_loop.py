@@ -6,19 +6,19 @@ completes (so Keras callbacks and the progress bar advance while the workers run
 coordinator at the end of every epoch and only then reads metrics and the per-worker counters,
 writes checkpoints and calls ``on_epoch_end``.
 
-The coordinator copies no tensor per step: the calls count their steps, examples and staleness
-in a variable on a ps (read once per epoch), and return the ``train_step`` logs only when the
-loop asks for them: on the first and last call of an epoch and on the first call scheduled after
-``LOG_INTERVAL_S`` seconds without one. Other calls' ``on_train_batch_end`` receive the most
-recent logs fetched (Keras's progress bar and batch-level callbacks see logs at most
-``LOG_INTERVAL_S`` plus the calls in flight old; epoch logs are always exact).
+Per call, the coordinator fetches only the ``train_step`` logs (a few scalars, for the batch
+callbacks and the progress bar): the calls count their steps, examples and staleness in a small
+variable on a ps (:func:`kerasdist.keras.ps_steps.make_counters`), read once per epoch.
 
 Steps are **at-least-once**. TF's ``ClusterCoordinator`` runs one scheduled function at a time per
 worker (one closure-processing thread each); when a worker is lost, the function it was running
 is put back in the queue and runs again elsewhere, re-applying the steps it had already applied.
 A lost worker therefore repeats at most one scheduled call, ``steps_per_execution`` steps, on top
 of the requested ones (:func:`repeated_steps_bound`); without a lost worker the global step
-(``optimizer.iterations``) is exactly the number of steps scheduled.
+(``optimizer.iterations``) is exactly the number of steps scheduled. Larger calls widen the bound
+in proportion (``steps_per_execution`` 4: up to 4 repeated steps per lost worker). The workers'
+counters follow the steps (a re-run call counts again); the loop's own ``ps_steps`` counts each
+scheduled step once.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 MAX_PENDING_PER_WORKER = 4  # scheduled-but-unreported calls per worker before the loop waits
-LOG_INTERVAL_S = 1.0  # seconds between calls that return their logs to the coordinator
 CALLS_IN_FLIGHT_PER_WORKER = 1  # ClusterCoordinator: one closure-processing thread per worker
 
 
@@ -51,10 +50,16 @@ class PSStats:
     figure is kept (first scheduled call included, validation excluded: the only timing
     tf_keras's own PS ``fit`` allows), as ``whole_epoch_examples_per_sec``. Units: steps =
     optimizer updates; seconds; examples/s.
+
+    ``steps`` are the steps the loop scheduled and saw complete (exact). ``steps_per_worker``,
+    ``examples`` and the staleness figures come from the workers' counters, which are
+    at-least-once like the steps themselves: after a lost worker their sum may exceed ``steps``
+    by at most :func:`repeated_steps_bound`.
     """
 
     def __init__(self, num_workers: int):
         self.steps_per_worker = np.zeros(num_workers, np.int64)
+        self.completed_steps: int | None = None  # set by the loop; None: the counters' sum
         self.examples = 0
         self.staleness_sum = 0
         self.staleness_max = 0
@@ -65,6 +70,14 @@ class PSStats:
 
     @property
     def steps(self) -> int:
+        """Steps scheduled and completed (the counters' sum where the loop set none)."""
+        if self.completed_steps is None:
+            return self.counted_steps
+        return self.completed_steps
+
+    @property
+    def counted_steps(self) -> int:
+        """Steps the workers counted (at-least-once; see the class docs)."""
         return int(self.steps_per_worker.sum())
 
     @classmethod
@@ -81,6 +94,8 @@ class PSStats:
         return stats
 
     def merge(self, other: PSStats) -> None:
+        if self.completed_steps is not None or other.completed_steps is not None:
+            self.completed_steps = self.steps + other.steps
         self.steps_per_worker += other.steps_per_worker
         self.examples += other.examples
         self.staleness_sum += other.staleness_sum
@@ -96,7 +111,8 @@ class PSStats:
 
     @property
     def staleness_mean(self) -> float:
-        return self.staleness_sum / self.steps if self.steps else 0.0
+        counted = self.counted_steps
+        return self.staleness_sum / counted if counted else 0.0
 
     def logs(self, global_step: int) -> dict[str, float]:
         """Scalar entries for the epoch logs (History, TensorBoard, progress bar)."""
@@ -120,16 +136,14 @@ class PSStats:
 
 @dataclass
 class PSRun:
-    """What the loops need: the model, its strategy, the coordinator, the traced functions
-    (``train_function`` returns nothing, ``train_logs_function`` its last step's logs) and the
-    per-worker counters variable (:func:`kerasdist.keras.ps_steps.make_counters`)."""
+    """What the loops need: the model, its strategy, the coordinator, the traced functions and
+    the per-worker counters variable (:func:`kerasdist.keras.ps_steps.make_counters`)."""
 
     model: Any
     strategy: Any
     coordinator: Any
     num_workers: int
     train_function: Any = None
-    train_logs_function: Any = None
     test_function: Any = None
     counters: Any = None
 
@@ -158,9 +172,9 @@ def metrics_logs(model, last_logs=None) -> dict[str, float]:
 def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, PSStats]:
     """Schedule ``steps`` training steps (summed over workers); return (last logs, stats).
 
-    Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` when it
-    has completed (with the most recent logs fetched, see module docs); stops scheduling once
-    ``model.stop_training`` is set. The counters are reset first and read after ``join``.
+    Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` with its
+    logs when it has completed; stops scheduling once ``model.stop_training`` is set. The
+    counters are reset first and read after ``join``.
     """
     import tensorflow as tf
 
@@ -169,26 +183,19 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     pending: collections.deque = collections.deque()
     last_logs, begin, started = {}, 0, False
     run.counters.assign(tf.zeros_like(run.counters))
-    epoch_started = last_logs_at = time.perf_counter()
+    epoch_started = time.perf_counter()
 
     def complete():
         nonlocal last_logs
         end, value = pending.popleft()
-        logs = value.fetch()  # waits; copies tensors only for a logs call
-        if logs is not None:
-            last_logs = logs
+        last_logs = value.fetch()  # the last step's logs: a few scalars
         callbacks.on_train_batch_end(end, last_logs)
 
     while begin < steps and not model.stop_training:
         size = min(per_call, steps - begin)
-        now = time.perf_counter()
-        want_logs = not started or begin + size >= steps or now - last_logs_at >= LOG_INTERVAL_S
-        if want_logs:
-            last_logs_at = now
-        function = run.train_logs_function if want_logs else run.train_function
         callbacks.on_train_batch_begin(begin)
         pending.append((begin + size - 1, run.coordinator.schedule(
-            function, args=(iterator, tf.constant(size, tf.int32)))))
+            run.train_function, args=(iterator, tf.constant(size, tf.int32)))))
         begin += size
         if not started:  # wait for the first call (tracing, registration on the workers)
             complete()
@@ -199,6 +206,7 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     while pending:
         complete()
     stats = PSStats.from_counters(run.counters.numpy())
+    stats.completed_steps = begin  # join returned: every scheduled call completed
     stats.epoch_seconds.append(time.perf_counter() - epoch_started)
     stats.epoch_examples.append(stats.examples)
     return last_logs, stats

@@ -6,10 +6,8 @@ int64 *counters* variable on a ps (:func:`make_counters`), one row per worker:
 
 ``[steps_run, staleness_sum, examples, staleness_max]``
 
-so that the coordinator fetches nothing per step: it reads the counters once per epoch, after
-``join``. Most training calls return nothing (their ``RemoteValue`` is waited on without copying a
-tensor); the loop schedules the variant that returns the ``train_step`` logs only when it wants
-fresh batch logs (:mod:`kerasdist.keras.ps_loop`).
+so that the coordinator reads them once per epoch, after ``join``; a call returns only the last
+step's ``train_step`` logs (a few scalars, for the batch callbacks).
 
 **Staleness** of one step, in optimizer updates: the step reads ``optimizer.iterations`` (the
 global version of the ps variables) before it reads any weight, and again right after its own
@@ -94,9 +92,8 @@ def _count(counters, steps, stale_sum, examples, stale_max):
         return counters.scatter_nd_max(tf.stack([[worker, 3]]), tf.reshape(stale_max, [1]))
 
 
-def make_train_function(model, strategy, *, counters, steps_per_execution: int = 1,
-                        return_logs: bool = False):
-    """A ``tf.function(iterator, num_steps)`` to pass to ``coordinator.schedule``.
+def make_train_function(model, strategy, *, counters, steps_per_execution: int = 1):
+    """A ``tf.function(iterator, num_steps) -> logs`` to pass to ``coordinator.schedule``.
 
     Args:
         model: a compiled Keras model whose variables were created under ``strategy.scope()``.
@@ -106,12 +103,10 @@ def make_train_function(model, strategy, *, counters, steps_per_execution: int =
         steps_per_execution: with 1, one step per call (``num_steps`` is ignored); above 1, each
             call runs ``num_steps`` (an int32 scalar tensor, 1 <= num_steps) steps in a
             ``tf.while_loop`` on the worker, saving dispatch round trips.
-        return_logs: return the last step's ``train_step`` output (metric results read on the
-            worker after its update); otherwise the function returns nothing, and waiting for
-            its ``RemoteValue`` copies no tensor to the coordinator.
 
     Returns:
-        The function.
+        The function. ``logs`` is the last step's ``train_step`` output (metric results read
+        on the worker after its update, once the call's counts are added).
     """
     import tensorflow as tf
 
@@ -128,8 +123,6 @@ def make_train_function(model, strategy, *, counters, steps_per_execution: int =
                 lambda i, *_: i < num_steps, body,
                 (tf.constant(1), logs, steps, stale_sum, stale_max, examples))
         counted = _count(counters, steps, stale_sum, examples, stale_max)
-        if not return_logs:
-            return None
         with tf.control_dependencies([counted]):
             return tf.nest.map_structure(tf.identity, logs)
 

@@ -6,8 +6,9 @@ What each fault may cost (asserted below):
   runs one scheduled call at a time per worker and re-runs the call a lost worker was running, so
   the final global step lies in ``[requested, requested + repeated_steps_bound(1, spe)]``
   (:func:`kerasdist.keras.ps_loop.repeated_steps_bound`: one call of ``steps_per_execution``
-  steps per lost worker), while the steps the loop scheduled and saw reported are exactly the
-  requested ones; the restarted worker rejoins and runs steps again;
+  steps per lost worker), while the steps the loop scheduled and saw complete are exactly the
+  requested ones (the workers' own per-worker counters are at-least-once too: their sum lies in
+  the same range); the restarted worker rejoins and runs steps again;
 * the coordinator or the ps killed: the steps since the last checkpoint (epoch end); the re-run
   restores that checkpoint's weights and optimizer state bit for bit (its state digest equals the
   one recorded when it was saved) and ends at exactly the requested global step.
@@ -26,12 +27,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kerasdist.config.strategy_configs import ParameterServerStrategyConfig
 from kerasdist.keras import ps_loop, state_digest
 
 pytestmark = pytest.mark.multiprocess
 REPO = Path(__file__).parents[2]
 EPOCHS, STEPS = 4, 30
-SPE = 1  # strategy.steps_per_execution: steps per scheduled call
+SPE = ParameterServerStrategyConfig().steps_per_execution  # the default: steps per call
 
 
 def _command(run_dir: Path) -> list[str]:
@@ -126,7 +128,8 @@ def test_killed_worker_is_restarted_and_training_completes(tmp_path):
     # epoch waits for each worker's shard, so the restarted worker was back before they began.
     after = history["ps_steps_worker_1"][killed_in:]
     assert after and sum(after) > 0, history
-    assert sum(ps["steps_per_worker"]) == requested and ps["steps_per_worker"][1] >= sum(after)
+    assert requested <= sum(ps["steps_per_worker"]) <= requested + bound
+    assert ps["steps_per_worker"][1] >= sum(after)
     worker_log = (run_dir / "logs" / "worker-1.log").read_text()
     assert worker_log.count("task worker:1 serving on port") == 2  # the first and restarted one
 

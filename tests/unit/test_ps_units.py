@@ -134,22 +134,25 @@ def test_worker_index_seeded_shuffle_traces_with_global_seed_zero():
 
 @pytest.mark.timeout(60)
 def test_stats_arithmetic():
-    stats = ps_loop.PSStats(num_workers=2)
-    stats.add([0, 1, 0, 0, 32])
-    stats.add([1, 2, 3, 2, 64])
+    # Counter rows per worker: [steps, staleness_sum, examples, staleness_max].
+    stats = ps_loop.PSStats.from_counters([[1, 0, 32, 0], [2, 3, 64, 2]])
+    stats.completed_steps = 3
     stats.epoch_seconds, stats.epoch_examples = [5.0], [96]
-    other = ps_loop.PSStats(num_workers=2)
-    other.add([1, 1, 1, 1, 32])
+    # A lost worker's call re-run: the counters hold one step more than the loop completed.
+    other = ps_loop.PSStats.from_counters([[0, 0, 0, 0], [2, 2, 64, 1]])
+    other.completed_steps = 1
     other.epoch_seconds, other.epoch_examples = [2.0], [32]
     stats.merge(other)
     logs = stats.logs(global_step=7)
     assert logs["ps_steps"] == 4 and logs["ps_steps_worker_0"] == 1
-    assert logs["ps_steps_worker_1"] == 3 and logs["ps_staleness_max"] == 2
-    assert logs["ps_staleness_mean"] == pytest.approx(1.0)
+    assert logs["ps_steps_worker_1"] == 4 and logs["ps_staleness_max"] == 2
+    assert logs["ps_staleness_mean"] == pytest.approx(5 / 5)  # over the counted steps
     assert "ps_examples_per_sec" not in logs  # one throughput rule: ThroughputMeter's
     summary = stats.summary(global_step=7)
-    assert summary["steps_per_worker"] == [1, 3] and summary["examples"] == 128
+    assert summary["steps_per_worker"] == [1, 4] and summary["examples"] == 160
+    assert summary["steps"] == 4 and stats.counted_steps == 5
     assert summary["whole_epoch_examples_per_sec"] == pytest.approx(32 / 2.0)  # epochs 2..n
+    assert ps_loop.PSStats.from_counters([[3, 0, 96, 0]]).steps == 3  # no loop figure: counters
 
 
 @pytest.mark.timeout(60)
