@@ -204,6 +204,44 @@ def piece_allreduce_worker(dtype: str, bytes_per_pack: int, reps: int = 20) -> d
             "cpu_ms": cpu, "tensors": len(grads)}
 
 
+def piece_mw_step_worker(compression: str, threads: int, batch: int = 64, reps: int = 20) -> dict:
+    """One of 2 workers: kerasdist's multi-worker training step without Keras ``fit`` and without
+    input (``strategy.run`` of forward, backward and ``apply_gradients``, whose Keras hook does the
+    all-reduce, compressed as ``compression``): the pieces together, as a worker runs them."""
+    tf = _tf(threads)
+    import keras
+
+    from kerasdist.keras.compression import compress_gradients
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():
+        model, optimizer = _seed_model()
+        model.build((None, 28, 28, 1))
+        compress_gradients(optimizer, compression)
+        optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="sum_over_batch_size")
+    x = tf.random.uniform([batch, 28, 28, 1])
+    y = tf.random.uniform([batch], maxval=10, dtype=tf.int32)
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) / strategy.num_replicas_in_sync
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    @tf.function
+    def step():
+        return strategy.run(replica_step)
+
+    for _ in range(3):
+        step().numpy()
+    wall, best, cpu = _timed(lambda: step().numpy(), reps)
+    return {"compression": compression, "threads": threads or "default", "batch": batch,
+            "ms": best, "median_ms": wall, "cpu_ms": cpu}
+
+
 def piece_ps(reps: int = 30) -> dict:
     import tensorflow as tf
 
@@ -264,6 +302,12 @@ def _last_json(done, name):
 
 
 def _run_allreduce(dtype: str, bytes_per_pack: int) -> dict:
+    return _run_two_workers("allreduce_worker", dtype=dtype, bytes_per_pack=bytes_per_pack)
+
+
+def _run_two_workers(piece: str, **kwargs) -> dict:
+    """``piece`` in 2 worker processes of a local MWMS cluster; the first's result, with every
+    worker's CPU ms."""
     import portpicker
 
     ports = [portpicker.pick_unused_port() for _ in range(2)]
@@ -272,15 +316,14 @@ def _run_allreduce(dtype: str, bytes_per_pack: int) -> dict:
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
         env = {**os.environ, "TF_CONFIG": json.dumps(tf_config)}
-        args = json.dumps({"dtype": dtype, "bytes_per_pack": bytes_per_pack})
         procs.append(subprocess.Popen(
-            [sys.executable, __file__, "--piece", "allreduce_worker", "--args", args],
+            [sys.executable, __file__, "--piece", piece, "--args", json.dumps(kwargs)],
             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=600)
         results.append(_last_json(subprocess.CompletedProcess(proc.args, proc.returncode, stdout,
-                                                              stderr), "allreduce"))
+                                                              stderr), piece))
     first = results[0]
     first["cpu_ms_per_worker"] = [r["cpu_ms"] for r in results]
     return first
@@ -294,6 +337,8 @@ def measure(quick: bool) -> dict:
                       for b, t in ((128, 0), (64, 0), (64, 1), (128, 1))]
     packs = (0,) if quick else (0, 4 << 20, 32 << 20)
     out["allreduce"] = [_run_allreduce(d, p) for d in ("float32", "bfloat16") for p in packs]
+    out["mw_step"] = [_run_two_workers("mw_step_worker", compression=c, threads=t)
+                      for c in ("none", "bf16") for t in (0, 1)]
     out["ps"] = _run_piece("ps")
     return out
 
@@ -304,7 +349,9 @@ def main(argv=None) -> int:
     parser.add_argument("--args", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one all-reduce pack size only")
     parser.add_argument("--out", type=Path, default=Path("runs/profile_rows.json"))
-    parser.add_argument("--table", type=Path, help="print the tables of an earlier --out file")
+    parser.add_argument("--table", type=Path, nargs="+",
+                        help="print the tables of earlier --out files (several: best of each piece)")
+    parser.add_argument("--merged-out", type=Path, help="with --table: write the merged result")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     if args.piece:
@@ -312,7 +359,10 @@ def main(argv=None) -> int:
         print(json.dumps(fn(**json.loads(args.args))), flush=True)
         return 0
     if args.table:
-        print(report(json.loads(args.table.read_text(encoding="utf-8"))))
+        merged = best_of([json.loads(p.read_text(encoding="utf-8")) for p in args.table])
+        if args.merged_out:
+            args.merged_out.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")
+        print(report(merged))
         return 0
     if not os.environ.get(INSIDE_ENV):
         from kerasdist.launch import isolation
@@ -329,6 +379,32 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     print(report(result))
     return 0
+
+
+_KEYS = {"matmul": ("threads",), "input": ("batch",), "compute": ("batch", "threads"),
+         "allreduce": ("dtype", "bytes_per_pack"), "mw_step": ("compression", "threads")}
+
+
+def best_of(results: list[dict]) -> dict:
+    """Several profiles merged piece by piece: the least time (greatest GFLOP/s) of each piece,
+    the closest figure to a quiet machine when others' jobs load it at random moments."""
+    if len(results) == 1:
+        return results[0]
+    merged = {"date": [r["date"] for r in results], "pieces": {},
+              "load_avg": [(r.get("load_avg_before"), r.get("load_avg_after")) for r in results]}
+    for name, keys in _KEYS.items():
+        groups: dict = {}
+        for r in results:
+            for item in r["pieces"].get(name, []):
+                groups.setdefault(tuple(item[k] for k in keys), []).append(item)
+        if name == "matmul":
+            merged["pieces"][name] = [max(g, key=lambda i: i["gflops"]) for g in groups.values()]
+        else:
+            field = {"input": "batch_ms", "compute": "step_ms"}.get(name, "ms")
+            merged["pieces"][name] = [min(g, key=lambda i, f=field: i[f]) for g in groups.values()]
+    merged["pieces"]["ps"] = min((r["pieces"]["ps"] for r in results),
+                                 key=lambda p: p["read_and_update_ms"])
+    return merged
 
 
 def _pick(items: list[dict], **match) -> dict:
@@ -368,8 +444,17 @@ def breakdown(pieces: dict, rows: dict[str, float]) -> list[dict]:
             parts = {"input": inp[128], "compute": comp[(128, "default")], "transfer": 0.0,
                      "coordinator": 0.0}
         parts["rest"] = step - sum(parts.values())
-        out.append({"row": row, "examples_per_s": ex_s, "step_ms": step, **parts})
+        whole = [m for m in pieces.get("mw_step", []) if m["threads"] == "default"
+                 and m["compression"] == ("bf16" if shape == "peers16" else "none")]
+        together = f"{whole[0]['ms']:.0f}–{whole[0]['median_ms']:.0f}" if whole and \
+            shape.startswith("peers") else "–"
+        out.append({"row": row, "examples_per_s": ex_s, "step_ms": step, **parts,
+                    "together": together})
     return out
+
+
+def _ms(value) -> str:
+    return "–" if value is None else f"{value:.1f}"
 
 
 def report(result: dict, rows: dict[str, float] | None = None) -> str:
@@ -393,26 +478,32 @@ def report(result: dict, rows: dict[str, float] | None = None) -> str:
         lines.append(f"| input | batch {i['batch']} | – | {i['batch_ms']:.2f} | {i['cpu_ms']:.2f} |")
     for c in pieces["compute"]:
         lines.append(f"| compute | batch {c['batch']}, threads {c['threads']} | {c['step_ms']:.1f} | "
-                     f"{c.get('median_ms', 0):.1f} | {c['cpu_ms']:.1f} |")
+                     f"{_ms(c.get('median_ms'))} | {c['cpu_ms']:.1f} |")
     for a in pieces["allreduce"]:
         lines.append(f"| all-reduce, 2 processes | {a['dtype']}, {a['bytes'] / 1e6:.1f} MB, "
                      f"bytes_per_pack {a['bytes_per_pack']} | {a['ms']:.1f} | "
-                     f"{a.get('median_ms', 0):.1f} | "
+                     f"{_ms(a.get('median_ms'))} | "
                      f"{' / '.join(f'{x:.1f}' for x in a['cpu_ms_per_worker'])} |")
+    for m in pieces.get("mw_step", []):
+        lines.append(f"| multi-worker step, 2 processes, no fit, no input | batch {m['batch']} per "
+                     f"worker, compression {m['compression']}, threads {m['threads']} | "
+                     f"{m['ms']:.1f} | {m['median_ms']:.1f} | "
+                     f"{' / '.join(f'{x:.1f}' for x in m['cpu_ms_per_worker'])} |")
     ps = pieces["ps"]
     lines += [f"| ps read + update | {ps['bytes_each_way'] / 1e6:.1f} MB each way | "
-              f"{ps['read_and_update_ms']:.1f} | {ps.get('read_and_update_median_ms', 0):.1f} | – |",
+              f"{ps['read_and_update_ms']:.1f} | {_ms(ps.get('read_and_update_median_ms'))} | – |",
               f"| coordinator round trip | scheduled no-op, fetched | {ps['noop_ms']:.2f} | "
-              f"{ps.get('noop_median_ms', 0):.2f} | – |",
+              f"{_ms(ps.get('noop_median_ms'))} | – |",
               f"| coordinator, sustained | no-ops scheduled back to back, per step | – | "
               f"{ps['noop_pipelined_ms']:.2f} | – |",
               "", "| row | examples/s | % of compute bound | step ms / 128 ex. | input | compute | "
-              "all-reduce or transfer | coordinator | rest |", "| --- " * 9 + "|"]
+              "all-reduce or transfer | coordinator | rest | compute + all-reduce as one step |",
+              "| --- " * 10 + "|"]
     for r in breakdown(pieces, rows):
         cells = " | ".join(f"{r[k]:.1f}" for k in ("step_ms", "input", "compute", "transfer",
                                                     "coordinator", "rest"))
         lines.append(f"| {r['row']} | {r['examples_per_s']:.0f} | "
-                     f"{100 * r['examples_per_s'] / bound:.0f} % | {cells} |")
+                     f"{100 * r['examples_per_s'] / bound:.0f} % | {cells} | {r['together']} |")
     return "\n".join(lines)
 
 
