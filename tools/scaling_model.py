@@ -5,9 +5,11 @@ for 2-128 workers on 10/25/100 Gb/s networks, calibrated on pieces measured on t
 
 Model (every assumption is a parameter of :class:`Calibration` or of the functions):
 
-* A worker is one machine like the development VM (2 cores); its training step on ``b`` examples
-  takes ``t_comp(b) = fixed_s + per_example_s * b`` (a line through the measured batch-64 and
-  batch-128 steps). Input preparation is left out (0.6 ms per 128 examples, overlapped by prefetch).
+* A worker computes like one core of the development VM running alone: its training step on ``b``
+  examples takes ``t_comp(b) = fixed_s + per_example_s * b``, the line through the fastest measured
+  1-thread steps at batch 64 and 128 (154 GFLOP/s at 128, the core's matmul speed). A worker with
+  more or faster cores computes faster and so scales worse: divide ``t_comp`` to see it. Input
+  preparation is left out (about 1 ms per batch, overlapped by prefetch).
 * Every byte a worker sends or receives costs ``8 / bandwidth`` seconds on the wire PLUS
   ``cpu_s_per_byte`` of serialisation and copying in TF's gRPC runtime (measured on localhost,
   where the wire is free), with no overlap of the two, nor of transfer with compute (TF's
@@ -47,16 +49,16 @@ SEED_VARIABLES = (800, 32, 51_200, 64, 3_211_264, 1024, 10_240, 10)
 
 @dataclass(frozen=True)
 class Calibration:
-    """Measured constants (seconds, bytes). Defaults: tools/profile_rows.py on 2026-11-23 (loaded
-    2-core VM; see docs/benchmarks.md)."""
+    """Measured constants (seconds, bytes). Defaults: the best of two ``tools/profile_rows.py``
+    runs on 2026-11-23 (2-core VM loaded by other jobs, load average 5-15; docs/benchmarks.md)."""
 
-    fixed_s: float = 0.0095          # t_comp intercept, s per step
-    per_example_s: float = 0.00065   # t_comp slope, s per example
-    cpu_s_per_byte_f32: float = 4.3e-9   # 2-process all-reduce of 13.1 MB float32: 56 ms
-    cpu_s_per_byte_bf16: float = 6.5e-9  # the same gradients in bf16, casts included: 42 ms
-    ps_cpu_s_per_byte: float = 1.74e-9   # ps read + update, 13.1 MB each way: 45.7 ms
-    coordinator_s: float = 0.0021    # coordinator round trip per scheduled step (latency)
-    coordinator_rate_s: float = 0.0021   # coordinator CPU per step when steps are pipelined
+    fixed_s: float = 0.0109          # t_comp intercept, s per step (1 thread)
+    per_example_s: float = 0.000446  # t_comp slope, s per example (1 thread)
+    cpu_s_per_byte_f32: float = 2.72e-9  # 2-process all-reduce of 13.1 MB float32: CPU per worker
+    cpu_s_per_byte_bf16: float = 3.00e-9  # the same gradients in bf16 (6.5 MB), casts included
+    ps_cpu_s_per_byte: float = 1.47e-9   # ps read + update, 13.1 MB each way: 38.6 ms
+    coordinator_s: float = 0.00182   # coordinator round trip per scheduled step (latency)
+    coordinator_rate_s: float = 0.00113  # coordinator time per step when steps are pipelined
     latency_s: float = 50e-6         # per message on a data-centre network (assumed, not measured)
     variables: tuple[int, ...] = SEED_VARIABLES
     bytes_per_element: int = 4
@@ -144,20 +146,22 @@ def best_multi_worker(cal: Calibration, n: int, gbps: float, *, target: float = 
 
 
 def best_parameter_server(cal: Calibration, n: int, gbps: float, *, target: float = 0.8) -> str:
-    """The fewest ps tasks (1-8, partitioned) reaching ``target`` with k=1, else with the
-    smallest k (hypothetical local accumulation)."""
+    """The fewest ps tasks (1-8, partitioned) reaching ``target`` at the smallest per-worker batch
+    of 128 x k (``data.batch_size``: a parameter-server worker step is one global batch; kerasdist
+    refuses gradient accumulation there, and a k-times larger batch moves the same bytes)."""
     for k in ACCUMULATION:
         for num_ps in range(1, 9):
             if parameter_server(cal, n, gbps, num_ps=num_ps, partitioned=True,
                                 k=k)["efficiency"] >= target:
-                return f"{num_ps} ps, partitioned" + ("" if k == 1 else f", k={k}")
+                label = "1 ps" if num_ps == 1 else f"{num_ps} ps, partitioned"
+                return label + f", batch {128 * k}"
     return "none (coordinator-bound)"
 
 
 def calibrate(profile: dict) -> Calibration:
     """A :class:`Calibration` from a ``tools/profile_rows.py`` JSON result."""
     pieces = profile["pieces"]
-    comp = {c["batch"]: c["step_ms"] / 1e3 for c in pieces["compute"] if c["threads"] == "default"}
+    comp = {c["batch"]: c["step_ms"] / 1e3 for c in pieces["compute"] if c["threads"] == 1}
     slope = (comp[128] - comp[64]) / 64
     ar = {a["dtype"]: a for a in pieces["allreduce"] if a["bytes_per_pack"] == 0}
     cpu = {d: sum(a["cpu_ms_per_worker"]) / len(a["cpu_ms_per_worker"]) / 1e3 / a["bytes"]
@@ -262,7 +266,7 @@ def main(argv=None) -> int:
                         "e.g. the factor an end-to-end run shows over the isolated pieces")
     args = parser.parse_args(argv)
     cal = Calibration()
-    cpu_step, all_cores, ps_transfer = {64: 0.061, 128: 0.091}, {64: 0.051, 128: 0.093}, 0.0471
+    cpu_step, all_cores, ps_transfer = {64: 0.0608, 128: 0.0951}, {64: 0.0334, 128: 0.0982}, 0.0386
     if args.profile:
         profile = json.loads(args.profile.read_text(encoding="utf-8"))
         cal = calibrate(profile)
