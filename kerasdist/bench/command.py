@@ -138,11 +138,13 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     Raises:
         RecipeError: bad recipe, strategy or baseline names, repeats < 1, bad worker counts
             (before anything runs).
+        ClusterError: coordinator scaling asked for where no network namespace can be made.
     """
     if coordinator_scaling:
-        from kerasdist.bench.scaling import parse_counts
+        from kerasdist.bench.scaling import check_isolation, parse_counts
 
         coordinator_scaling = parse_counts(",".join(str(n) for n in coordinator_scaling))
+        check_isolation()
     recipe = load_recipe(recipe_path, overrides)
     _check_inputs(recipe, strategies, baselines, repeats=repeats, workers=workers,
                   sweep_workers=sweep_workers)

@@ -58,6 +58,18 @@ def _check_positive(**values: int) -> None:
                           + ", ".join(f"{k}={v}" for k, v in bad.items()))
 
 
+def check_isolation() -> None:
+    """Raises ClusterError (exit 2) where the points cannot run in a private network namespace
+    (their in-process TF servers must not be reachable from the network)."""
+    from kerasdist.errors import ClusterError
+    from kerasdist.launch.isolation import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ClusterError(f"the coordinator-scaling runs start TF servers and run only in a "
+                           f"private network namespace: {reason}")
+
+
 def _run_point(impl: str, workers: int, *, steps: int, epochs: int, out: Path, rep: int,
                timeout_s: float) -> Measurement:
     from kerasdist.launch.isolation import isolated_argv
@@ -173,12 +185,7 @@ def main(argv=None) -> int:
     try:
         counts = parse_counts(args.counts, argument="counts")
         _check_positive(steps=args.steps, repeats=args.repeats)
-        from kerasdist.launch.isolation import unavailable_reason
-
-        reason = unavailable_reason()
-        if reason is not None:
-            raise ClusterError(f"the coordinator-scaling runs start TF servers and run only in a "
-                               f"private network namespace: {reason}")
+        check_isolation()
         scaling = run_scaling(counts, steps=args.steps, epochs=args.epochs,
                               repeats=args.repeats, out_dir=args.out, timeout_s=args.timeout)
     except (RecipeError, ClusterError) as err:

@@ -133,7 +133,11 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
     )
     min_shard_bytes: int = Field(256 << 10, gt=0, description="min_size: smallest shard, bytes.")
     max_shards: int | None = Field(None, ge=1, description="max_shards: default = number of ps.")
-    steps_per_execution: int = Field(1, ge=1, description="Steps run by one scheduled function.")
+    steps_per_execution: int = Field(
+        4, ge=1, description="Training steps run by one scheduled function (one coordinator "
+        "round trip). Default 4: faster than 1 in every side-by-side pair measured (docs/"
+        "benchmarks.md, 2026-11-23). A lost worker re-runs at most this many steps "
+        "(at-least-once).")
 
 
 _STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {
