@@ -10,6 +10,8 @@ fixed at start-up), alone, on this machine:
 * ``compute`` -- one seed-CNN training step (forward, backward, Adam) on a batch already in memory;
 * ``allreduce`` -- 2 worker processes (``MultiWorkerMirroredStrategy``, local gRPC) all-reducing
   tensors of the seed CNN's variable shapes, float32 or bfloat16: the multi-worker gradient traffic;
+* ``mw_step`` -- the same 2 workers running kerasdist's multi-worker step as one ``strategy.run``
+  (forward, backward, all-reduce in the Keras optimizer, update; no ``fit``, no input);
 * ``ps``      -- an in-process parameter-server cluster (1 ps, 1 worker; coordinator in the process):
   a scheduled no-op function (the coordinator's cost per step) and a function that reads every
   variable from the ps and adds a gradient-sized update back (the variable traffic per step).
@@ -18,9 +20,13 @@ FLOPs are counted from the model's layers (:func:`training_flops_per_example`); 
 rate is the measured matmul GFLOP/s over those FLOPs. Each bench row's measured step time is then
 split into the pieces (the composition rules are printed with the table).
 
-Usage (the cluster pieces run in a private network namespace where the machine allows one)::
+On a shared machine each piece's least time over its repeats is used (the median is reported
+too), and ``--table A.json B.json`` merges several profiles by the best figure of each piece.
 
-    nice -n 10 python tools/profile_rows.py --out runs/profile_rows.json
+Usage (the whole profile runs in a private network namespace where the machine allows one)::
+
+    python tools/profile_rows.py --out runs/profile_rows_1.json      # ~3-6 minutes
+    python tools/profile_rows.py --table runs/profile_rows_*.json --merged-out runs/profile_merged.json
 """
 
 from __future__ import annotations
