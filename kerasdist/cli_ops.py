@@ -44,6 +44,16 @@ def add_parsers(sub, add_role_args) -> None:
                         help="on a real cluster: run only this machine's task, its role from "
                              "TF_CONFIG, the Slurm job or the role flags (ps/worker tasks of a "
                              "parameter-server cluster serve; the others run the script)")
+    launch.add_argument("--ray", action="store_true",
+                        help="run the workers as Ray Train workers (pip install 'kerasdist[ray]'; "
+                             "multi-worker scripts only)")
+    launch.add_argument("--ray-address", default=None,
+                        help="--ray: 'auto' or HOST:PORT of an existing Ray cluster (default: a "
+                             "local Ray for this run, in a private network namespace)")
+    launch.add_argument("--cpus-per-worker", type=float, default=1.0,
+                        help="--ray: logical CPUs each worker reserves (default 1)")
+    launch.add_argument("--gpus-per-worker", type=float, default=0.0,
+                        help="--ray: GPUs each worker reserves (default 0)")
     add_role_args(launch)
     launch.add_argument("script", help="your Python script")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -96,6 +106,8 @@ def _cmd_launch(args) -> int:
 
     if args.this_task:
         return _this_task(args)
+    if args.ray:
+        return _launch_on_ray(args)
 
     cluster = ScriptCluster(script=args.script, args=tuple(args.script_args),
                             workers=args.workers, ps=args.ps, chief=args.chief,
@@ -111,6 +123,42 @@ def _cmd_launch(args) -> int:
              "--threads-per-task", str(args.threads_per_task), *(["--chief"] * args.chief),
              str(Path(args.script).resolve()), *args.script_args])
     launch(cluster)
+    return EXIT_OK
+
+
+def _launch_on_ray(args) -> int:
+    """``kerasdist launch --ray``: checks, then (a local Ray: in a private network namespace)
+    :func:`kerasdist.launch.ray_run.launch_script`."""
+    from kerasdist.errors import ClusterError
+    from kerasdist.launch import ray_run
+
+    for flag, value in (("--ps", args.ps), ("--chief", args.chief), ("--dry-run", args.dry_run)):
+        if value:
+            raise ClusterError(f"{flag} cannot be used with --ray: Ray Train runs one group of "
+                               f"identical workers (worker 0 is the chief). Received: {flag}="
+                               f"{value}")
+    if args.workers < 1 or args.cpus_per_worker <= 0 or args.gpus_per_worker < 0:
+        raise ClusterError(f"--ray needs --workers >= 1, --cpus-per-worker > 0 and "
+                           f"--gpus-per-worker >= 0. Received: workers={args.workers}, "
+                           f"cpus_per_worker={args.cpus_per_worker}, "
+                           f"gpus_per_worker={args.gpus_per_worker}")
+    if not Path(args.script).is_file():
+        raise ClusterError(f"script: no such file. Received: {args.script!r}")
+    ray_run.require_ray()
+    ray_run.check_address(args.ray_address)
+    placement = ray_run.RayPlacement(workers=args.workers, cpus=args.cpus_per_worker,
+                                     gpus=args.gpus_per_worker, address=args.ray_address,
+                                     max_failures=args.max_restarts)
+    if (args.ray_address is None and not args.allow_network_exposure
+            and not os.environ.get(IN_NETNS_ENV)):
+        return _relaunch_isolated(
+            ["launch", "--ray", "--workers", str(args.workers), "--max-restarts",
+             str(args.max_restarts), "--log-dir", str(Path(args.log_dir).resolve()),
+             "--threads-per-task", str(args.threads_per_task), "--cpus-per-worker",
+             str(args.cpus_per_worker), "--gpus-per-worker", str(args.gpus_per_worker),
+             str(Path(args.script).resolve()), *args.script_args])
+    ray_run.launch_script(args.script, list(args.script_args), placement,
+                          log_dir=Path(args.log_dir), threads=args.threads_per_task)
     return EXIT_OK
 
 

@@ -123,13 +123,17 @@ class ClusterConfig(_Frozen):
       (or the ``--job-name/--task-index/--ps-hosts/--worker-hosts`` flags): real machines.
     * ``slurm``: the role comes from the Slurm job (``SlurmClusterResolver``), one task per node
       or per ``srun`` task.
+    * ``ray``: ``workers`` Ray Train workers (``TensorflowTrainer``), each running kerasdist's
+      lifecycle as one multi-worker task (:mod:`kerasdist.launch.ray_run`); needs
+      ``pip install 'kerasdist[ray]'``.
     """
 
-    kind: Literal["this_process", "local", "tf_config", "slurm"] = "this_process"
-    workers: int = Field(1, ge=1, description="local: number of worker tasks.")
+    kind: Literal["this_process", "local", "tf_config", "slurm", "ray"] = "this_process"
+    workers: int = Field(1, ge=1, description="local, ray: number of worker tasks.")
     ps: int = Field(0, ge=0, description="local: number of parameter-server tasks.")
-    max_restarts: int = Field(0, ge=0, description="local, multi_worker: cluster restarts after "
-                              "a task dies (resuming from the last backup).")
+    max_restarts: int = Field(0, ge=0, description="local, ray (multi_worker): cluster restarts "
+                              "after a task dies (resuming from the last backup at its exact "
+                              "step; on Ray: FailureConfig.max_failures).")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
     threads_per_task: int = Field(0, ge=0, description="intra-op threads per task; 0 = TF default.")
     port_base: int = Field(8888, ge=1024, le=65535, description="slurm: first port of the tasks "
@@ -139,6 +143,21 @@ class ClusterConfig(_Frozen):
         "private network namespace. TensorFlow binds every task server to all interfaces with no "
         "authentication, so without isolation any host that can reach this machine can run ops "
         "in them (read files, for example).")
+    address: str | None = Field(
+        None, min_length=1, description="ray: None = start a local Ray for this run (in a private "
+        "network namespace, shut down at the end); 'auto' = the Ray cluster already running on "
+        "this machine; 'HOST:PORT' = that cluster's GCS address (left running).")
+    cpus_per_worker: float = Field(1.0, gt=0, allow_inf_nan=False,
+                                   description="ray: logical CPUs each worker reserves.")
+    gpus_per_worker: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                   description="ray: GPUs each worker reserves (0 = none).")
+
+    @model_validator(mode="after")
+    def _ray_fields_only_on_ray(self) -> ClusterConfig:
+        if self.kind != "ray" and self.address is not None:
+            raise ValueError("cluster.address is for cluster.kind 'ray' only. Received: "
+                             f"kind='{self.kind}', address={self.address!r}")
+        return self
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -207,6 +226,10 @@ class Recipe(_Frozen):
     @model_validator(mode="after")
     def _cluster_fits_strategy(self) -> Recipe:
         kind, traits, cluster = self.strategy.kind, self.strategy.traits, self.cluster
+        why = dict(traits.refusals).get(cluster.kind)
+        if why:
+            raise ValueError(f"strategy '{kind}' cannot run on cluster.kind '{cluster.kind}': "
+                             f"{why}. Received: kind='{cluster.kind}'")
         if cluster.kind not in traits.cluster_kinds:
             raise ValueError(f"strategy '{kind}' needs cluster.kind "
                              f"{' or '.join(repr(k) for k in traits.cluster_kinds)}. "

@@ -34,6 +34,8 @@ class StrategyTraits:
         auto_shard: the ``data.auto_shard`` values it honours; others are refused.
         checkpoint_schema: the checkpoint layout it reads and writes; a run directory written
             under another schema is refused.
+        refusals: ``(cluster kind, why)`` pairs: the reason given when a recipe asks for a cluster
+            kind this strategy cannot run on.
     """
 
     topology: Literal["single", "peers", "coordinator"]
@@ -41,6 +43,7 @@ class StrategyTraits:
     needs_ps: bool = False
     auto_shard: tuple[str, ...] = ("auto",)
     checkpoint_schema: str = CHECKPOINT_SCHEMA
+    refusals: tuple[tuple[str, str], ...] = ()
 
 
 class StrategyConfigBase(Frozen):
@@ -52,6 +55,12 @@ class StrategyConfigBase(Frozen):
 
 _ONE_PROCESS = StrategyTraits(topology="single", cluster_kinds=("this_process",))
 _CLUSTERS = ("local", "tf_config", "slurm")
+_PS_ON_RAY = (
+    "ray", "Ray Train's TensorFlow backend starts one group of identical workers and gives them a "
+    "worker-only TF_CONFIG; a parameter-server cluster needs ps tasks that only serve variables and "
+    "a coordinator that schedules steps onto the workers, roles Ray Train does not place. Use "
+    "strategy.kind multi_worker on Ray, or parameter_server with cluster.kind local, tf_config or "
+    "slurm")
 
 
 class DefaultStrategyConfig(StrategyConfigBase):
@@ -99,7 +108,8 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
     """
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="peers", cluster_kinds=_CLUSTERS, auto_shard=("auto", "off", "data", "file"))
+        topology="peers", cluster_kinds=(*_CLUSTERS, "ray"),
+        auto_shard=("auto", "off", "data", "file"))
     kind: Literal["multi_worker"] = "multi_worker"
     communication: Literal["auto", "ring", "nccl"] = Field(
         "auto", description="Collective implementation: 'ring' (gRPC ring, CPU or GPU), 'nccl' "
@@ -124,7 +134,7 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
     """
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True,
+        topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True, refusals=(_PS_ON_RAY,),
         auto_shard=("auto", "off", "data"))
     kind: Literal["parameter_server"] = "parameter_server"
     variable_partitioning: Literal["none", "min_size", "max_shards"] = Field(

@@ -135,7 +135,12 @@ def plan(recipe: Recipe, *, callbacks=()) -> bool:
 
 
 def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
-    """Run the local cluster from this process (the namespace child, or an exposed run)."""
+    """Run the local cluster from this process (the namespace child, or an exposed run); a
+    ``cluster.kind: ray`` run starts its Ray here (:mod:`kerasdist.launch.ray_run`)."""
+    if recipe.cluster.kind == "ray":
+        from kerasdist.launch.ray_run import train_on_ray
+
+        return train_on_ray(recipe, overwrite=overwrite, verbose=verbose)
     topology = registry.for_recipe(recipe).traits.topology
     args = _task_args(recipe)
     if topology == "peers":

@@ -7,6 +7,8 @@ single            this_process    runs the lifecycle (:func:`kerasdist.training.
 peers             local           preflight, then (in a private network namespace) starts the
                                   workers, supervises, restarts them
 peers             tf_config/slurm is one worker: runs the lifecycle with its role
+peers             ray             preflight, then (a local Ray: in a private network namespace)
+                                  runs the workers as Ray Train workers (:mod:`.ray_run`)
 coordinator       local           preflight, then (in a private network namespace) starts
                                   ps + worker tasks, runs the lifecycle
 coordinator       tf_config/slurm ps/worker: serve; chief: runs the lifecycle
@@ -66,6 +68,20 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
     checks.check_recipe_here(recipe)
 
 
+def _plan_ray(recipe: Recipe, callbacks) -> bool:
+    """Checks of a Ray run before anything is written; whether it runs isolated (a local Ray)."""
+    from kerasdist.launch import isolation, ray_run
+
+    ray_run.require_ray()
+    if callbacks:
+        raise ClusterError("extra Python callbacks cannot be sent to Ray workers. "
+                           f"Received: callbacks={list(callbacks)!r}")
+    if recipe.cluster.address is None:
+        return isolation.plan(recipe)
+    ray_run.check_address(recipe.cluster.address)
+    return False
+
+
 def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
     """This task's role on a real cluster: given, from Slurm, or from ``TF_CONFIG``.
 
@@ -108,11 +124,14 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     topology = registry.for_recipe(recipe).traits.topology
     if topology == "single":
         return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
-    if recipe.cluster.kind == "local":
+    if recipe.cluster.kind in ("local", "ray"):
         from kerasdist.launch import isolation
 
         preflight(recipe, overwrite=overwrite)
-        isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
+        if recipe.cluster.kind == "ray":
+            isolated = _plan_ray(recipe, callbacks)
+        else:
+            isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             rundir.claim(held, Path(recipe.output.run_dir), recipe, overwrite=overwrite,
                          checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)

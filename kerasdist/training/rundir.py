@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import socket
 import sys
 import time
@@ -36,9 +37,13 @@ if TYPE_CHECKING:
 log = get_logger("training")
 
 LOCK_NAME = ".kerasdist.lock"
-LAUNCH_ONLY = frozenset({"logs", LOCK_NAME})
-"""Entries a run directory may hold before a run writes its ``run.json``: the local launcher's
-task logs and the lock."""
+LOCK_TOKEN_ENV = "KERASDIST_RUN_LOCK_TOKEN"
+"""Environment variable through which a launcher hands its run-directory lock down to its tasks:
+a task whose value equals the holder's token runs under the lock. The token identifies one run; it
+is not a secret (Ray ships it to its workers inside the training function's config)."""
+LAUNCH_ONLY = frozenset({"logs", "ray", LOCK_NAME})
+"""Entries a run directory may hold before a run writes its ``run.json``: the launcher's task logs,
+Ray's storage (``cluster.kind: ray``) and the lock."""
 
 
 def _entries(run_dir: Path) -> list[str]:
@@ -168,6 +173,23 @@ def _ancestors() -> set[int]:
     return pids
 
 
+def lock_token(run_dir: Path) -> str | None:
+    """The token of the process holding ``run_dir``'s lock (read by a launcher's child that passes
+    it on to remote tasks, :data:`LOCK_TOKEN_ENV`); None when the lock is free or unreadable."""
+    holder = RunDirLock(run_dir)._read_holder()
+    return holder.get("token") if isinstance(holder.get("token"), str) else None
+
+
+def _holder_is_ours(holder: dict) -> bool:
+    """Whether the lock's holder runs this process: an ancestor on this host (the local launcher),
+    or the launcher that passed its lock token down (:data:`LOCK_TOKEN_ENV`, e.g. to Ray workers,
+    which need not be its descendants nor on its host)."""
+    if holder.get("pid") in _ancestors() and holder.get("host") == socket.gethostname():
+        return True
+    token = os.environ.get(LOCK_TOKEN_ENV)
+    return bool(token) and secrets.compare_digest(token, str(holder.get("token", "")))
+
+
 class RunDirLock:
     """Exclusive lock on a run directory for the duration of a run (context manager).
 
@@ -175,8 +197,10 @@ class RunDirLock:
         run_dir: the run directory (created if missing, when the lock is taken).
 
     Attributes:
-        inherited: True when an ancestor process (the local launcher) holds the lock, so this
-            process runs under it without taking it.
+        inherited: True when an ancestor process (the local launcher), or the launcher whose token
+            is in :data:`LOCK_TOKEN_ENV`, holds the lock, so this process runs under it without
+            taking it.
+        token: the holder's random token (hex), which the holder passes to its remote tasks.
 
     Raises (on enter):
         RunDirError: another live process holds the lock (its pid, host, command and start time
@@ -186,6 +210,7 @@ class RunDirLock:
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
         self.inherited = False
+        self.token: str | None = None
         self._created: list[Path] = []
         self._fd: int | None = None
 
@@ -210,8 +235,8 @@ class RunDirLock:
         except BlockingIOError:
             os.close(fd)
             holder = self._read_holder()
-            if holder.get("pid") in _ancestors() and holder.get("host") == socket.gethostname():
-                self.inherited = True
+            if _holder_is_ours(holder):
+                self.inherited, self.token = True, holder.get("token")
                 return self
             raise RunDirError(
                 f"output.run_dir '{self.path.parent}' is in use by another run: pid "
@@ -223,7 +248,8 @@ class RunDirLock:
             log.warning(f"took over the lock on {self.path.parent} left by pid {stale['pid']} on "
                         f"{stale.get('host', '?')} (since {stale.get('since', '?')}), which no "
                         "longer holds it")
-        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+        self.token = secrets.token_hex(16)
+        record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": self.token,
                              "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                              "command": " ".join(sys.argv)[:300]})
         os.ftruncate(fd, 0)

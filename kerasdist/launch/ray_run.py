@@ -1,0 +1,270 @@
+"""Run a multi-worker recipe, or a user's script, on Ray: each Ray Train worker is one worker task.
+
+``cluster.kind: ray`` (and ``kerasdist launch --ray``) hand the worker group to Ray Train's
+``TensorflowTrainer``: Ray places ``cluster.workers`` workers (each reserving
+``cluster.cpus_per_worker`` CPUs and ``cluster.gpus_per_worker`` GPUs), writes a worker-only
+``TF_CONFIG`` into each, and runs :func:`kerasdist.launch.ray_worker.recipe_loop` there, which
+applies :func:`kerasdist.enable` and runs the same lifecycle as a local multi-worker task
+(:func:`kerasdist.training.run_session`): worker 0 is the chief and writes the outputs into
+``output.run_dir``; each epoch every worker reports its logs to Ray, and the chief also reports the
+newest checkpoint (copied into Ray's storage, ``<run_dir>/ray``). After a worker is lost, Ray's
+``FailureConfig(max_failures=cluster.max_restarts)`` restarts the whole group, which resumes from
+kerasdist's last backup at its exact step (``trainer.checkpoint.every_steps``).
+
+Where Ray runs:
+
+* ``cluster.address`` unset: a local Ray is started for this run, with
+  ``max(cores, workers x cpus_per_worker)`` logical CPUs (over-subscribed on small machines), inside
+  the run's private network namespace (:mod:`kerasdist.launch.isolation`: Ray's own servers, like
+  TensorFlow's, accept unauthenticated clients), and shut down at the end;
+* ``auto`` or ``HOST:PORT``: the existing cluster there is joined and left running. Its network is
+  the operator's: TensorFlow's task servers in the workers listen on the nodes' addresses for the
+  run (README, "Security"). ``output.run_dir`` must then be on storage every node reaches.
+
+Parameter-server training is refused on Ray (see ``ParameterServerStrategyConfig``'s traits).
+Source: https://docs.ray.io/en/latest/train/api/doc/ray.train.tensorflow.TensorflowTrainer.html
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kerasdist import _log
+from kerasdist.errors import ClusterError, KerasdistError, TaskFailedError
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+    from kerasdist.training import RunResult
+
+log = _log.get_logger("launch")
+
+INSTALL_HINT = "pip install 'kerasdist[ray]'"
+OBJECT_STORE_BYTES = 256 << 20
+"""Object store of a local Ray started by kerasdist (training data does not go through it)."""
+CONNECT_TIMEOUT_S = 5.0
+"""Seconds to wait for a ``HOST:PORT`` Ray address to accept a TCP connection."""
+
+
+@dataclass(frozen=True)
+class RayPlacement:
+    """Where and how big the Ray worker group is.
+
+    Attributes:
+        workers: Ray Train workers (>= 1), one TF worker task each.
+        cpus: logical CPUs each worker reserves (> 0).
+        gpus: GPUs each worker reserves (>= 0).
+        address: None (start a local Ray), ``auto`` or ``HOST:PORT``.
+        max_failures: restarts of the whole group after a lost worker (Ray's FailureConfig).
+    """
+
+    workers: int
+    cpus: float = 1.0
+    gpus: float = 0.0
+    address: str | None = None
+    max_failures: int = 0
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> RayPlacement:
+        c = recipe.cluster
+        return cls(workers=c.workers, cpus=c.cpus_per_worker, gpus=c.gpus_per_worker,
+                   address=c.address, max_failures=c.max_restarts)
+
+
+def require_ray():
+    """The ``ray`` module, with Ray Train's TensorFlow trainer importable.
+
+    Raises:
+        ClusterError: Ray Train is not installed (exit code 2; says how to install it).
+    """
+    try:
+        import ray
+        import ray.train.tensorflow  # noqa: F401
+    except ImportError as err:
+        raise ClusterError(f"cluster.kind 'ray' needs Ray Train, which is not installed here "
+                           f"({err}); install it with {INSTALL_HINT}. Received: "
+                           "cluster.kind='ray'") from None
+    return ray
+
+
+def check_address(address: str | None) -> None:
+    """Refuse an unreachable ``HOST:PORT`` before anything starts (``auto`` and ``ray://``
+    addresses are checked when Ray connects).
+
+    Raises:
+        ClusterError: malformed, or nothing accepts a TCP connection there within
+            :data:`CONNECT_TIMEOUT_S` (exit code 2).
+    """
+    if address is None or address == "auto" or address.startswith("ray://"):
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ClusterError(f"cluster.address must be 'auto' or HOST:PORT (the Ray cluster's GCS "
+                           f"address). Received: address={address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as err:
+        raise ClusterError(f"cluster.address {address!r}: no Ray cluster reachable there "
+                           f"({err.strerror or err}). Received: address={address!r}") from None
+
+
+@contextlib.contextmanager
+def ray_session(placement: RayPlacement):
+    """Connect to (or start) Ray and check the worker group fits; shut a local Ray down on exit.
+
+    Raises:
+        ClusterError: Ray cannot be reached, or cannot place the workers (exit code 2).
+    """
+    ray = require_ray()
+    started = placement.address is None
+    if started:
+        cpus = max(os.cpu_count() or 1, math.ceil(placement.workers * placement.cpus))
+        ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
+                 log_to_driver=True, configure_logging=False, logging_config=_quiet(ray))
+        log.info(f"started a local Ray ({cpus} logical CPUs) for this run")
+    else:
+        try:
+            ray.init(address=placement.address, log_to_driver=True, configure_logging=False,
+                     logging_config=_quiet(ray))
+        except (ConnectionError, RuntimeError, ValueError) as err:
+            raise ClusterError(
+                f"cluster.address {placement.address!r}: cannot join a Ray cluster there: {err} "
+                "(a cluster with token authentication also needs RAY_AUTH_MODE=token and its "
+                "token, in ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN). Received: "
+                f"address={placement.address!r}") from None
+    try:
+        _check_fits(ray, placement)
+        yield ray
+    finally:
+        ray.shutdown()  # stops a local Ray; only disconnects from an existing cluster
+
+
+def _quiet(ray):
+    """Ray's own loggers in the job's processes at WARNING: without Ray's dashboard (not in
+    ``ray[train]``) Ray Train's placement-group cleaner cannot use the state API and would log
+    that every second; INFO lines per report are noise beside kerasdist's progress bar."""
+    return ray.LoggingConfig(log_level="ERROR")
+
+
+def _check_fits(ray, placement: RayPlacement) -> None:
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    total = {k: sum(n.get(k, 0.0) for n in nodes) for k in ("CPU", "GPU")}
+    fits = sum(min(math.floor(n.get("CPU", 0.0) / placement.cpus),
+                   math.floor(n.get("GPU", 0.0) / placement.gpus) if placement.gpus else 1 << 30)
+               for n in nodes)
+    if fits < placement.workers:
+        raise ClusterError(
+            f"cluster.workers: the Ray cluster can place {fits} worker(s) of {placement.cpus:g} "
+            f"CPU and {placement.gpus:g} GPU each ({len(nodes)} node(s), {total['CPU']:g} CPU and "
+            f"{total['GPU']:g} GPU in all), fewer than asked. Received: workers="
+            f"{placement.workers}, cpus_per_worker={placement.cpus:g}, gpus_per_worker="
+            f"{placement.gpus:g}")
+
+
+def fit_on_ray(ray, loop, config: dict[str, Any], placement: RayPlacement, *, storage: Path,
+               name: str, keep: int) -> None:
+    """Run ``loop(config)`` on every worker of a ``TensorflowTrainer``; return when all finish.
+
+    Raises:
+        KerasdistError: the first worker's own kerasdist error (same class), e.g. bad input.
+        TaskFailedError: the group failed after ``placement.max_failures`` restarts.
+    """
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.tensorflow import TensorflowTrainer
+
+    resources = {"CPU": placement.cpus, **({"GPU": placement.gpus} if placement.gpus else {})}
+    trainer = TensorflowTrainer(
+        loop, train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=placement.workers, use_gpu=placement.gpus > 0,
+                                     resources_per_worker=resources),
+        run_config=RunConfig(name=name, storage_path=str(storage.resolve()),
+                             failure_config=FailureConfig(max_failures=placement.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=keep)))
+    try:
+        trainer.fit()
+    except Exception as err:  # Ray's TrainingFailedError and friends: find the workers' cause
+        own = _own_error(err)
+        if own is not None:
+            raise own from None
+        raise TaskFailedError(f"Ray training failed after {placement.max_failures} restart(s) "
+                              f"(cluster.max_restarts): {str(err).strip()[-2000:]}") from None
+
+
+def _own_error(err: BaseException) -> KerasdistError | None:
+    """The kerasdist error a worker raised, found in Ray's wrapping (worker failures, causes)."""
+    seen, todo = set(), [err]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, KerasdistError):
+            return e
+        failures = getattr(e, "worker_failures", None)
+        if isinstance(failures, dict):
+            todo += [failures[k] for k in sorted(failures)]
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    return None
+
+
+def worker_recipe(recipe: Recipe) -> dict:
+    """The recipe each Ray worker runs: this one as a ``tf_config`` task (its role comes from the
+    TF_CONFIG Ray writes)."""
+    data = recipe.model_dump(mode="json")
+    data["cluster"].update(kind="tf_config", address=None)
+    return data
+
+
+def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
+    """Run ``recipe`` (strategy ``multi_worker``) on Ray; called under the run directory's lock
+    (whose token the workers receive), after the launcher's preflight.
+
+    Returns:
+        the chief's :class:`RunResult` (from ``<run_dir>/metrics.json``).
+
+    Raises:
+        ClusterError: Ray missing or unreachable, or the workers do not fit (exit 2).
+        KerasdistError: a worker's own error (same class); TaskFailedError: workers lost.
+    """
+    from kerasdist.launch.ray_worker import recipe_loop
+    from kerasdist.training import RunResult, rundir
+
+    run_dir = Path(recipe.output.run_dir).resolve()
+    placement = RayPlacement.of(recipe)
+    config = {"recipe": worker_recipe(recipe), "verbose": 2 if verbose is None else verbose,
+              "lock_token": rundir.lock_token(run_dir), "overwrite": overwrite,
+              "threads": recipe.cluster.threads_per_task}
+    with ray_session(placement) as ray:
+        log.info(f"Ray: {placement.workers} workers ({placement.cpus:g} CPU, {placement.gpus:g} GPU "
+                 f"each); run dir {run_dir}; Ray storage {run_dir / 'ray'}")
+        fit_on_ray(ray, recipe_loop, config, placement, storage=run_dir / "ray",
+                   name="train", keep=recipe.trainer.checkpoint.max_to_keep)
+    return RunResult.from_metrics(run_dir / "metrics.json")
+
+
+def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_dir: Path,
+                  threads: int = 0) -> None:
+    """``kerasdist launch --ray``: run a user's script on every Ray worker with kerasdist enabled
+    and Ray's TF_CONFIG (worker 0 is the chief, as MultiWorkerMirroredStrategy expects).
+
+    Raises:
+        ClusterError: Ray missing or unreachable, or the workers do not fit (exit 2).
+        TaskFailedError: a worker's script failed or was lost, after the restarts allowed.
+    """
+    from kerasdist.launch.ray_worker import script_loop
+
+    check_address(placement.address)
+    log_dir = Path(log_dir).resolve()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = {"script": str(Path(script).resolve()), "args": list(args), "threads": threads}
+    with ray_session(placement) as ray:
+        log.info(f"Ray: running {script} on {placement.workers} workers; Ray storage "
+                 f"{log_dir / 'ray'}")
+        fit_on_ray(ray, script_loop, config, placement, storage=log_dir / "ray", name="launch",
+                   keep=1)

@@ -1,0 +1,202 @@
+"""``cluster.kind: ray`` recipes and ``kerasdist launch --ray`` scripts on a local Ray.
+
+Each slow test starts a real local Ray (in a private network namespace, as kerasdist does) on this
+machine, over-subscribing its logical CPUs; the bad-input tests stop before any Ray starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).parents[2]
+RECIPE = REPO / "recipes" / "mnist_cnn_ray.yaml"
+SCRIPTS = REPO / "tests" / "scripts"
+DATA = REPO / "kerasdist" / "data" / "sample"
+pytestmark = pytest.mark.multiprocess
+
+
+def _ray_processes() -> set[int]:
+    """Pids of Ray's own processes on this machine (GCS, raylet, workers, helpers)."""
+    found = set()
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        text = " ".join([proc.info["name"] or "", *(proc.info["cmdline"] or [])])
+        if re.search(r"\b(raylet|gcs_server)\b|^ray::|ray/_private/(log_monitor|monitor)\.py|"
+                     r"default_worker\.py", text):
+            found.add(proc.pid)
+    return found
+
+
+def _fit(run_dir: Path, *sets: str, env=None) -> subprocess.Popen:
+    args = [sys.executable, "-m", "kerasdist", "fit", str(RECIPE), "--set",
+            f"output.run_dir={run_dir}", *[a for s in sets for a in ("--set", s)]]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ray_recipe_reaches_97_percent_with_identical_weights_and_leaves_no_ray(tmp_path):
+    before = _ray_processes()
+    code, out = _finish(_fit(tmp_path / "run", "trainer.epochs=3"), timeout=560)
+    assert code == 0, out[-4000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["evaluation"]["accuracy"] >= 0.97, metrics["evaluation"]
+    assert metrics["global_steps"] == 3 * metrics["steps_per_epoch"]
+    # every worker logs its final weights' digest: both equal the chief's metrics.json figure
+    digests = re.findall(r"done at global step \d+; weights sha256 ([0-9a-f]{64})", out)
+    assert len(digests) == 2 and set(digests) == {metrics["weights_sha256"]}, out[-3000:]
+    assert {p.name for p in (tmp_path / "run" / "logs").glob("ray-worker-*.json")} == {
+        "ray-worker-0.json", "ray-worker-1.json"}
+    reported = sorted(p for p in (tmp_path / "run" / "ray" / "train").glob("checkpoint_*")
+                      if p.is_dir())
+    assert reported and list(reported[-1].glob("ckpt-*.index")), "no checkpoint reported to Ray"
+    assert not (_ray_processes() - before), "a Ray process outlived the run"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_killed_ray_worker_is_restarted_and_the_run_ends_at_the_exact_step(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _fit(run_dir, "trainer.epochs=2", "trainer.steps_per_epoch=40",
+                "trainer.checkpoint.every_steps=5", "cluster.max_restarts=1",
+                "trainer.validation=false")
+    record, pointer = run_dir / "logs" / "ray-worker-1.json", run_dir / "checkpoints" / "checkpoint"
+    deadline, victim = time.monotonic() + 400, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        text = pointer.read_text() if pointer.is_file() else ""
+        steps = [int(s) for s in re.findall(r"ckpt-(\d+)", text)]
+        if record.is_file() and steps and max(steps) >= 10:
+            victim = json.loads(record.read_text())["pid"]
+            os.kill(victim, signal.SIGKILL)
+            break
+        time.sleep(0.2)
+    assert victim is not None, "worker 1 never reached step 10: " + (proc.communicate()[0] or "")[-3000:]
+    code, out = _finish(proc, timeout=500)
+    assert code == 0, out[-4000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["global_steps"] == 80  # exactly the requested steps
+    assert metrics["start_step"] >= 10 and metrics["restore_verified"] is True
+    assert json.loads(record.read_text())["pid"] != victim  # Ray started a new worker 1
+    assert "resuming from checkpoint" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_launch_ray_runs_a_users_script_to_97_percent_in_sync_and_leaves_no_ray(tmp_path):
+    before = _ray_processes()
+    done = subprocess.run(
+        [sys.executable, "-m", "kerasdist", "launch", "--ray", "--workers", "2",
+         "--threads-per-task", "1", "--log-dir", str(tmp_path / "logs"),
+         str(SCRIPTS / "mnist_multi_worker.py"), str(DATA), "4"],
+        capture_output=True, text=True, timeout=560, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    accuracy = {task: float(value) for task, value in re.findall(
+        r"task (worker:\d) held-out accuracy: ([\d.]+)", done.stdout + done.stderr)}
+    assert set(accuracy) == {"worker:0", "worker:1"}
+    assert min(accuracy.values()) >= 0.97 and len(set(accuracy.values())) == 1  # in sync
+    assert not (_ray_processes() - before), "a Ray process outlived the run"
+
+
+ALIVE = "import ray; ray.init(address='127.0.0.1:6390'); print('ALIVE', ray.cluster_resources()['CPU'])"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_existing_ray_cluster_is_joined_and_left_running(tmp_path):
+    """In a private network namespace (Ray's and TF's servers stay unreachable): `ray start`,
+    a recipe run with cluster.address HOST:PORT and a script with launch --ray-address, then the
+    cluster must still answer."""
+    from kerasdist.launch.isolation import isolated_argv
+
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    run_dir = tmp_path / "run"
+    script = f"""
+set -u
+export RAY_AUTH_MODE=token  # the cluster's token (~/.ray/auth_token) for `ray start` and clients
+{ray_bin} start --head --port 6390 --num-cpus 2 --include-dashboard false >/dev/null 2>&1 || exit 90
+{sys.executable} -m kerasdist fit {RECIPE} --set cluster.address=127.0.0.1:6390 \\
+  --set output.run_dir={run_dir} --set trainer.epochs=1 --set trainer.steps_per_epoch=10 \\
+  --set trainer.validation=false
+code=$?
+{sys.executable} -m kerasdist launch --ray --ray-address 127.0.0.1:6390 --workers 2 \
+  --log-dir {tmp_path / "logs"} {SCRIPTS / "mnist_multi_worker.py"} {DATA} 1 || code=91
+{sys.executable} -c "{ALIVE}"
+{ray_bin} stop --force >/dev/null 2>&1
+exit $code
+"""
+    done = subprocess.run(isolated_argv(["bash", "-c", script]), capture_output=True, text=True,
+                          timeout=560)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["global_steps"] == 10
+    assert "started a local Ray" not in done.stdout + done.stderr
+    assert len(re.findall(r"task worker:\d held-out accuracy", done.stdout + done.stderr)) >= 2
+    assert "ALIVE 2.0" in done.stdout  # the joined cluster outlived the run
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_more_workers_than_ray_can_place_exit_2_before_training(tmp_path):
+    before = _ray_processes()
+    code, out = _finish(_fit(tmp_path / "run", "cluster.gpus_per_worker=1"), timeout=280)
+    assert code == 2, out[-3000:]
+    assert "cluster.workers: the Ray cluster can place 0 worker(s)" in out
+    assert "gpus_per_worker=1" in out
+    assert not (tmp_path / "run").exists()  # nothing written
+    assert not (_ray_processes() - before)
+
+
+def test_ray_not_installed_exits_2_naming_the_extra(tmp_path):
+    fake = tmp_path / "fake"
+    (fake / "ray").mkdir(parents=True)
+    (fake / "ray" / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    env = {**os.environ, "PYTHONPATH": f"{fake}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code, out = _finish(_fit(tmp_path / "run", env=env), timeout=200)
+    assert code == 2, out[-3000:]
+    assert "pip install 'kerasdist[ray]'" in out and "cluster.kind='ray'" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_unreachable_ray_address_exits_2_before_anything_starts(tmp_path):
+    import portpicker
+
+    port = portpicker.pick_unused_port()
+    code, out = _finish(_fit(tmp_path / "run", f"cluster.address=127.0.0.1:{port}"), timeout=200)
+    assert code == 2, out[-3000:]
+    assert f"cluster.address '127.0.0.1:{port}': no Ray cluster reachable there" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_parameter_server_on_ray_is_refused_with_the_reason(tmp_path):
+    recipe = tmp_path / "ps_on_ray.yaml"
+    recipe.write_text(f"strategy: {{kind: parameter_server}}\ncluster: {{kind: ray, workers: 2}}\n"
+                      f"output: {{run_dir: {tmp_path / 'run'}}}\n")
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(recipe)],
+                          capture_output=True, text=True, timeout=200)
+    code, out = done.returncode, done.stdout + done.stderr
+    assert code == 2, out[-3000:]
+    assert "strategy 'parameter_server' cannot run on cluster.kind 'ray'" in out
+    assert "worker-only TF_CONFIG" in out and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flags", [["--ps", "1"], ["--chief"]])
+def test_launch_ray_refuses_parameter_server_and_chief_flags(tmp_path, flags):
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "launch", "--ray", *flags,
+                           str(SCRIPTS / "mnist_multi_worker.py")], capture_output=True,
+                          text=True, timeout=200, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{flags[0]} cannot be used with --ray" in done.stderr

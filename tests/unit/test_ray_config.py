@@ -1,0 +1,118 @@
+"""``cluster.kind: ray`` without starting Ray: recipe fields, placement checks, error unwrapping,
+and the run-directory lock handed to workers that are not the launcher's descendants."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from kerasdist.config import validate_recipe
+from kerasdist.errors import ClusterError, DataError, RecipeError, RunDirError
+from kerasdist.launch import ray_run
+from kerasdist.training import rundir
+
+RAY = {"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "ray", "workers": 2}}
+
+
+def test_ray_cluster_fields_and_defaults():
+    recipe = validate_recipe({**RAY, "cluster": {**RAY["cluster"], "address": "auto",
+                                                 "gpus_per_worker": 0.5}})
+    placement = ray_run.RayPlacement.of(recipe)
+    assert (placement.workers, placement.cpus, placement.gpus, placement.address) == (2, 1.0, 0.5,
+                                                                                     "auto")
+    data = ray_run.worker_recipe(recipe)
+    assert data["cluster"]["kind"] == "tf_config" and data["cluster"]["address"] is None
+    validate_recipe(data)  # what each worker validates again
+
+
+def test_address_is_refused_outside_ray():
+    with pytest.raises(RecipeError, match=r"cluster.address is for cluster.kind 'ray' only.*"
+                                          r"kind='local', address='auto'"):
+        validate_recipe({"strategy": {"kind": "multi_worker"},
+                         "cluster": {"kind": "local", "workers": 2, "address": "auto"}})
+
+
+@pytest.mark.parametrize("field,value", [("cpus_per_worker", 0), ("gpus_per_worker", -1),
+                                         ("workers", 0)])
+def test_bad_ray_resources_name_the_field(field, value):
+    with pytest.raises(RecipeError, match=field):
+        validate_recipe({**RAY, "cluster": {**RAY["cluster"], field: value}})
+
+
+def test_parameter_server_on_ray_names_the_reason():
+    with pytest.raises(RecipeError, match=r"cannot run on cluster.kind 'ray': Ray Train's "
+                                          r"TensorFlow backend .* Received: kind='ray'"):
+        validate_recipe({"strategy": {"kind": "parameter_server"}, "cluster": {"kind": "ray"}})
+
+
+class _FakeRay:
+    def __init__(self, *nodes):
+        self._nodes = [{"Alive": True, "Resources": n} for n in nodes]
+
+    def nodes(self):
+        return self._nodes + [{"Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}]
+
+
+def test_placement_counts_whole_workers_per_live_node():
+    two_nodes = _FakeRay({"CPU": 3.0, "GPU": 1.0}, {"CPU": 2.0})
+    ray_run._check_fits(two_nodes, ray_run.RayPlacement(workers=5, cpus=1.0))
+    with pytest.raises(ClusterError, match=r"can place 2 worker\(s\) of 2 CPU and 0 GPU each "
+                                           r"\(2 node\(s\), 5 CPU and 1 GPU in all\).*workers=3"):
+        ray_run._check_fits(two_nodes, ray_run.RayPlacement(workers=3, cpus=2.0))
+    with pytest.raises(ClusterError, match=r"can place 1 worker\(s\).*gpus_per_worker=1"):
+        ray_run._check_fits(two_nodes, ray_run.RayPlacement(workers=2, cpus=1.0, gpus=1.0))
+
+
+def test_workers_own_kerasdist_error_is_found_inside_rays_wrapping():
+    class WorkerGroupError(RuntimeError):
+        def __init__(self):
+            super().__init__("training failed")
+            self.worker_failures = {1: RuntimeError("peer lost"), 0: DataError("label 11 >= 10")}
+
+    try:
+        try:
+            raise WorkerGroupError()
+        except WorkerGroupError as inner:
+            raise RuntimeError("outer") from inner
+    except RuntimeError as err:
+        found = ray_run._own_error(err)
+    assert isinstance(found, DataError) and "label 11" in str(found)
+    assert ray_run._own_error(RuntimeError("nothing of ours")) is None
+
+
+@pytest.mark.parametrize("address", ["nonsense", "host:", ":80", "host:port"])
+def test_malformed_address_is_refused(address):
+    with pytest.raises(ClusterError, match="cluster.address must be 'auto' or HOST:PORT"):
+        ray_run.check_address(address)
+
+
+def test_lock_token_lets_a_non_descendant_task_run_under_the_lock(tmp_path, monkeypatch):
+    """The holder is a child of this test process, so this process is not its descendant: only
+    the token (what Ray workers get) makes it run under the lock."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from kerasdist.training.rundir import RunDirLock
+        with RunDirLock(Path({str(tmp_path)!r})) as lock:
+            print(lock.token, flush=True)
+            sys.stdin.read()
+        """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        token = holder.stdout.readline().strip()
+        assert rundir.lock_token(tmp_path) == token and len(token) == 32
+        monkeypatch.delenv(rundir.LOCK_TOKEN_ENV, raising=False)
+        with pytest.raises(RunDirError, match="is in use by another run"):
+            rundir.RunDirLock(tmp_path).__enter__()
+        monkeypatch.setenv(rundir.LOCK_TOKEN_ENV, "0" * 32)
+        with pytest.raises(RunDirError, match="is in use by another run"):
+            rundir.RunDirLock(tmp_path).__enter__()
+        monkeypatch.setenv(rundir.LOCK_TOKEN_ENV, token)
+        with rundir.RunDirLock(tmp_path) as lock:
+            assert lock.inherited and lock.token == token
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert not (tmp_path / rundir.LOCK_NAME).exists()  # released by its holder, nothing left
