@@ -114,7 +114,11 @@ def _check_inputs(recipe, strategies, baselines, *, repeats, workers, sweep_work
     validate_names(strategies, baselines)
     if repeats < 1:
         raise RecipeError(f"--repeats must be >= 1. Received: repeats={repeats}")
-    if "multi_worker" in strategies:
+    if "ray" in strategies:  # the ray row needs Ray Train installed: refuse before any row runs
+        from kerasdist.launch.ray_run import require_ray
+
+        require_ray()
+    if {"multi_worker", "ray"} & set(strategies):
         uneven = [n for n in {workers, *sweep_workers} if recipe.data.batch_size % n]
         if uneven:
             raise RecipeError(

@@ -21,11 +21,14 @@ from typing import Any
 
 from kerasdist.errors import RecipeError
 
-STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server", "legacy")
+STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server", "legacy", "ray")
 BASELINES = ("plain_keras", "raw_step", "tf_keras")
 CLUSTER_STRATEGIES = ("multi_worker", "parameter_server")
 ROW_OPTIONS = {"mirrored": {"logical_cpus": 2}}
 """Strategy settings of a bench row beyond its kind (mirrored: 2 logical CPUs on a CPU host)."""
+ROW_CLUSTERS = {"ray": ("multi_worker", "ray")}
+"""Rows that run a strategy on another cluster kind: row -> (strategy kind, cluster.kind). The
+``ray`` row is multi_worker on a local Ray (``pip install 'kerasdist[ray]'``)."""
 
 
 @dataclass
@@ -92,13 +95,16 @@ def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) ->
     from kerasdist.config.schema import strategy_config_classes
 
     data = json.loads(json.dumps(raw))
-    data["strategy"] = {"kind": strategy, **ROW_OPTIONS.get(strategy, {})}
-    traits = strategy_config_classes()[strategy].traits
+    kind, cluster_kind = ROW_CLUSTERS.get(strategy, (strategy, "local"))
+    data["strategy"] = {"kind": kind, **ROW_OPTIONS.get(strategy, {})}
+    traits = strategy_config_classes()[kind].traits
     if traits.topology == "single":
         data["cluster"] = {"kind": "this_process"}
         data["data"] = {**data.get("data", {}), "auto_shard": "auto"}  # one pipeline: no sharding
     else:
-        data["cluster"] = {**data.get("cluster", {}), "kind": "local", "workers": workers,
+        cluster = {k: v for k, v in data.get("cluster", {}).items()
+                   if k not in ("address", "cpus_per_worker", "gpus_per_worker")}
+        data["cluster"] = {**cluster, "kind": cluster_kind, "workers": workers,
                            "ps": 1 if traits.needs_ps else 0}
     data["output"] = {**data.get("output", {}), "run_dir": str(run_dir)}
     data["trainer"] = {**data.get("trainer", {}), "verbose": 0}

@@ -116,3 +116,15 @@ def test_lock_token_lets_a_non_descendant_task_run_under_the_lock(tmp_path, monk
         holder.stdin.close()
         holder.wait(timeout=60)
     assert not (tmp_path / rundir.LOCK_NAME).exists()  # released by its holder, nothing left
+
+
+def test_bench_ray_row_is_the_multi_worker_row_on_ray(tmp_path):
+    from kerasdist.bench.runner import STRATEGIES, strategy_recipe
+
+    raw = {"strategy": {"kind": "default"}, "cluster": {"kind": "this_process"},
+           "data": {"batch_size": 64}}
+    mw, on_ray = (validate_recipe(strategy_recipe(raw, row, workers=2, run_dir=tmp_path / row))
+                  for row in ("multi_worker", "ray"))
+    assert "ray" in STRATEGIES
+    assert on_ray.strategy == mw.strategy and on_ray.cluster.workers == mw.cluster.workers == 2
+    assert (mw.cluster.kind, on_ray.cluster.kind) == ("local", "ray")
