@@ -29,9 +29,13 @@ NOISE = (
     re.compile(r"^E\d{4} [\d:. ]+\d+ cuda_platform\.cc:\d+\] failed call to cuInit"),
     re.compile(r"^W\d{4} [\d:. ]+\d+ gpu_device\.cc:\d+\] Cannot dlopen some GPU libraries"),
     re.compile(r"^To enable the following instructions: .* rebuild TensorFlow"),
+    # a local Ray in kerasdist's private network namespace (only loopback) finds no route out
+    re.compile(r"^\[[\d\- :,]+ W \d+ \d+\] network_util\.cc:\d+: Failed to determine local IP "
+               r"via external connectivity"),
 )
-"""Lines dropped: absl's pre-init banner, native INFO lines, and the CPU-only machine's cuInit
-error and GPU-library warnings (TensorFlow 2.21)."""
+"""Lines dropped: absl's pre-init banner, native INFO lines, the CPU-only machine's cuInit error
+and GPU-library warnings (TensorFlow 2.21), and Ray 2.60's warning that a namespace with only
+loopback has no route to the internet."""
 
 
 def is_noise(line: str) -> bool:

@@ -238,7 +238,7 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     run_dir = Path(recipe.output.run_dir).resolve()
     placement = RayPlacement.of(recipe)
     config = {"recipe": worker_recipe(recipe), "verbose": 2 if verbose is None else verbose,
-              "lock_token": rundir.lock_token(run_dir), "overwrite": overwrite,
+              "lock_token": rundir.lock_token(run_dir),
               "threads": recipe.cluster.threads_per_task}
     with ray_session(placement) as ray:
         log.info(f"Ray: {placement.workers} workers ({placement.cpus:g} CPU, {placement.gpus:g} GPU "

@@ -17,6 +17,9 @@ NOISE = [
     "machine, GPU will not be used.",
     "E0000 00:00:1795413200.005354   26685 cuda_platform.cc:52] failed call to cuInit: INTERNAL: "
     "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)",
+    "[2026-11-23 11:28:05,692 W 26285 26285] network_util.cc:330: Failed to determine local IP via "
+    "external connectivity to: 8.8.8.8:53, [2001:4860:4860::8888]:53, falling back to hostname "
+    "resolution",
 ]
 REAL = "E0000 00:00:1795413200.005354   26685 some_kernel.cc:12] a real native error"
 
