@@ -2,7 +2,7 @@
 
 :func:`collect` returns a JSON-ready mapping:
 
-* ``versions``: kerasdist, tensorflow, keras, tf_keras (None when not installed), python, os;
+* ``versions``: kerasdist, tensorflow, keras, tf_keras and ray (None when not installed), python, os;
 * ``environment``: ``KERAS_BACKEND``, ``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``,
   ``CUDA_VISIBLE_DEVICES`` as set (None when unset);
 * ``devices``: TensorFlow's physical devices (``CPU:0``, ``GPU:0`` ...);
@@ -20,7 +20,7 @@ from typing import Any
 
 ENV_VARS = ("KERAS_BACKEND", "TF_USE_LEGACY_KERAS", "TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")
 _DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"),
-                  "keras": ("keras",), "tf_keras": ("tf-keras", "tf_keras")}
+                  "keras": ("keras",), "tf_keras": ("tf-keras", "tf_keras"), "ray": ("ray",)}
 
 
 def _version(names: tuple[str, ...]) -> str | None:

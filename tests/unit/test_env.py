@@ -30,6 +30,13 @@ def test_report_names_versions_devices_and_mends(capsys, monkeypatch):
     assert code == 0
     assert report["versions"]["tensorflow"] == tf.__version__
     assert report["versions"]["keras"] == keras.__version__
+    from importlib import metadata
+
+    try:
+        ray_version = metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        ray_version = None
+    assert report["versions"]["ray"] == ray_version
     assert report["environment"]["KERAS_BACKEND"] == "tensorflow"
     assert "CPU:0" in report["devices"]
     assert set(report["mends"]) == {"keras#20585", "tensorflow#72388"}
