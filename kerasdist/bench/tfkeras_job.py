@@ -147,12 +147,13 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _is_coordinator(kind: str) -> bool:
     """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
     from kerasdist.config.schema import strategy_config_classes
 
     return strategy_config_classes()[kind].traits.topology == "coordinator"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
