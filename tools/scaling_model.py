@@ -209,6 +209,10 @@ MEASURED_HERE = {
     ("parameter_server", 3, 128, False): (1017.5, "run A sweep"),
     ("multi_worker", 2, 64, False): (347.7, "mnist_cnn_mwms none, 4 runs, 2026-11-23, load 5-15"),
     ("multi_worker", 2, 64, True): (305.4, "mnist_cnn_mwms bf16, 4 runs, 2026-11-23, load 5-15"),
+    ("multi_worker", 4, 128, False): (563.9, "1 run, 2 epochs, 1 thread per task, 2026-11-23 "
+                                              "(2 workers alike: 674.0)"),
+    ("parameter_server", 4, 128, False): (1493.5, "1 run, 2 x 62 steps, 2026-11-23 "
+                                                  "(2 workers alike: 939.1)"),
 }
 
 
