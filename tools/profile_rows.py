@@ -293,6 +293,38 @@ def piece_ps(reps: int = 30) -> dict:
     return out
 
 
+def piece_inprocess_ps(workers: int, steps: int = 62) -> dict:
+    """Keras ``fit`` (``kerasdist.enable()``) of the seed CNN under ``ParameterServerStrategy`` on an
+    in-process cluster (1 ps, ``workers`` workers, coordinator in this process), global batch 128:
+    examples/s of one epoch of ``steps`` steps after a warm-up epoch (an in-process point of the
+    scaling check; ``--inprocess-ps`` runs it in a private network namespace)."""
+    import keras
+    import tensorflow as tf
+
+    import kerasdist
+    from kerasdist.cluster.inprocess import start_inprocess_cluster
+    from kerasdist.config import load_recipe
+    from kerasdist.data.pipeline import build_datasets
+    from kerasdist.models.seed import mnist_cnn
+
+    kerasdist.enable()
+    cluster = start_inprocess_cluster(num_workers=workers, num_ps=1)
+    strategy = tf.distribute.ParameterServerStrategy(cluster.cluster_resolver)
+    recipe = load_recipe(ROOT / "recipes" / "mnist_cnn.yaml", ["data.batch_size=128"])
+    data = build_datasets(recipe.data, repeat_train=True)
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = mnist_cnn()
+        model.compile(optimizer="adam", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(data.train_fn, epochs=1, steps_per_epoch=10, verbose=0)
+    t0 = time.perf_counter()
+    model.fit(data.train_fn, epochs=1, steps_per_epoch=steps, verbose=0)
+    wall = time.perf_counter() - t0
+    return {"workers": workers, "steps": steps, "seconds": wall,
+            "examples_per_s": steps * 128 / wall}
+
+
 # ------------------------------------------------------------------------------------- driver
 def _run_piece(name: str, **kwargs) -> dict:
     cmd = [sys.executable, __file__, "--piece", name, "--args", json.dumps(kwargs)]
@@ -354,6 +386,9 @@ def main(argv=None) -> int:
     parser.add_argument("--piece", help=argparse.SUPPRESS)
     parser.add_argument("--args", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one all-reduce pack size only")
+    parser.add_argument("--inprocess-ps", type=int, nargs="+", metavar="WORKERS",
+                        help="only measure Keras fit on in-process parameter-server clusters of "
+                        "these worker counts (each in its own process)")
     parser.add_argument("--out", type=Path, default=Path("runs/profile_rows.json"))
     parser.add_argument("--table", type=Path, nargs="+",
                         help="print the tables of earlier --out files (several: best of each piece)")
@@ -377,6 +412,10 @@ def main(argv=None) -> int:
             argv = isolation.isolated_argv([sys.executable, __file__, *(argv or sys.argv[1:])])
             return subprocess.call(argv, env={**os.environ, INSIDE_ENV: "1"})
     started = time.time()
+    if args.inprocess_ps:
+        for n in args.inprocess_ps:
+            print(json.dumps(_run_piece("inprocess_ps", workers=n)), flush=True)
+        return 0
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count(),
               "load_avg_before": os.getloadavg(), "pieces": measure(args.quick)}
     result["load_avg_after"] = os.getloadavg()
