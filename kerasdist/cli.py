@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="held-out accuracy for the time-to-accuracy column")
     bench.add_argument("--out", default="runs/bench", help="folder for bench.json, table, plots")
     bench.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    bench.add_argument("--coordinator-scaling", default="",
+                       help="comma list of worker counts, e.g. 1,2,4,8: also measure the steps/s "
+                            "a parameter-server coordinator sustains (kerasdist vs tf_keras)")
     _add_export_parser(sub)
     return parser
 
@@ -268,11 +271,15 @@ def _cmd_bench(args) -> int:
                           f"has neither. Received: strategies='{args.strategies}'")
     from kerasdist.bench.command import run_bench
     from kerasdist.bench.report import markdown_table
+    from kerasdist.bench.scaling import parse_counts
+
+    scaling = parse_counts(args.coordinator_scaling) if args.coordinator_scaling else []
 
     result = run_bench(recipe_path=args.recipe, overrides=args.overrides,
                        strategies=_split(args.strategies), baselines=_split(args.baselines),
                        repeats=args.repeats, workers=args.workers, sweep_workers=sweep,
-                       out_dir=args.out, target=args.target_accuracy, timeout_s=args.timeout)
+                       out_dir=args.out, target=args.target_accuracy, timeout_s=args.timeout,
+                       coordinator_scaling=scaling)
     print(markdown_table(result))
     print(f"kerasdist: bench.json, bench.md and plots in {args.out}")
     failed = [n for n, r in result["rows"].items() if r["summary"]["succeeded"] < r["summary"]["runs"]]

@@ -8,11 +8,15 @@ uses the whole-epoch figure, the only one tf_keras allows).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MET, MISSED, ROWS_MISSING = "MET", "MISSED", "n/a (rows missing)"
 NOT_MEASURED = "n/a (time to 0.98 not measured: bench --target-accuracy differs)"
 TIME_TO_ACCURACY = 0.98  # the held-out accuracy of the time-to-target targets
+
+_MULTI_WORKER_ROW = re.compile(r"multi_worker(_.+)?")
+"""Bench rows of multi_worker: the plain row and its variants (``multi_worker_<settings>``)."""
 
 
 def _verdict(name: str, text: str, *, value=None, threshold=None, ok=None, detail="",
@@ -49,7 +53,7 @@ def _multi_worker_best(result: dict) -> dict:
     text = ("multi_worker (best accumulation/compression settings) >= 0.75x plain Keras "
             "examples/s and time to 0.98 <= 1.2x plain Keras")
     rows = [n for n, r in result.get("rows", {}).items()
-            if r.get("kind") == "strategy" and (n == "multi_worker" or n.startswith("multi_worker_"))]
+            if r.get("kind") == "strategy" and _MULTI_WORKER_ROW.fullmatch(n)]
     ratios = {n: _ratio(result, n, "plain_keras") for n in rows}
     ratios = {n: r for n, r in ratios.items() if r is not None}
     if not ratios:

@@ -143,3 +143,11 @@ def test_coordinator_scaling_mode_refuses_bad_input_with_exit_2(tmp_path, capsys
     assert scaling.main([*argv, "--out", str(out)]) == EXIT_BAD_INPUT
     assert "Received:" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_bench_cli_coordinator_scaling_flag_refuses_bad_counts_with_exit_2(tmp_path, capsys):
+    out = tmp_path / "bench"
+    code = main(["bench", str(REPO / "recipes" / "linear_mwms.yaml"), "--coordinator-scaling",
+                 "0,x", "--out", str(out)])
+    assert code == EXIT_BAD_INPUT and "--coordinator-scaling" in capsys.readouterr().err
+    assert not out.exists()
