@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(bench)
     bench.add_argument("--strategies", default="default,mirrored,multi_worker,parameter_server",
                        help="comma list of: default, mirrored, multi_worker, parameter_server, "
-                            "legacy, ray (multi_worker on a local Ray; needs .[ray]) (default: "
-                            "all but legacy and ray)")
+                            "multi_worker_bf16 (16-bit all-reduce), legacy, ray (multi_worker on "
+                            "a local Ray; needs .[ray]) (default: default, mirrored, "
+                            "multi_worker, parameter_server)")
     bench.add_argument("--baselines", default="plain_keras,raw_step,tf_keras",
                        help="comma list of: plain_keras, raw_step, tf_keras (needs .[bench])")
     bench.add_argument("--repeats", type=int, default=1, help="runs per row (median and spread)")

@@ -118,7 +118,7 @@ def _check_inputs(recipe, strategies, baselines, *, repeats, workers, sweep_work
         from kerasdist.launch.ray_run import require_ray
 
         require_ray()
-    if {"multi_worker", "ray"} & set(strategies):
+    if {"multi_worker", "multi_worker_bf16", "ray"} & set(strategies):
         uneven = [n for n in {workers, *sweep_workers} if recipe.data.batch_size % n]
         if uneven:
             raise RecipeError(

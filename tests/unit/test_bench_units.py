@@ -166,3 +166,15 @@ def test_coordinator_scaling_counts_are_refused_when_bad(text):
     with pytest.raises(RecipeError, match=f"Received: '{text}'"):
         scaling.parse_counts(text)
     assert scaling.parse_counts("8, 1,2 ,4") == [1, 2, 4, 8]
+
+
+def test_bench_multi_worker_bf16_row_differs_from_multi_worker_only_in_compression(tmp_path):
+    from kerasdist.bench.runner import strategy_recipe
+    from kerasdist.config import validate_recipe
+
+    raw = {"data": {"batch_size": 64}}
+    mw, bf16 = (validate_recipe(strategy_recipe(raw, row, workers=2, run_dir=tmp_path / row))
+                for row in ("multi_worker", "multi_worker_bf16"))
+    assert (mw.strategy.gradient_compression, bf16.strategy.gradient_compression) == ("none", "bf16")
+    assert mw.strategy.model_copy(update={"gradient_compression": "bf16"}) == bf16.strategy
+    assert bf16.cluster == mw.cluster

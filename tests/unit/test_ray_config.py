@@ -128,3 +128,4 @@ def test_bench_ray_row_is_the_multi_worker_row_on_ray(tmp_path):
     assert "ray" in STRATEGIES
     assert on_ray.strategy == mw.strategy and on_ray.cluster.workers == mw.cluster.workers == 2
     assert (mw.cluster.kind, on_ray.cluster.kind) == ("local", "ray")
+
