@@ -146,7 +146,7 @@ def ray_session(placement: RayPlacement):
 
 
 def _quiet(ray):
-    """Ray's own loggers in the job's processes at WARNING: without Ray's dashboard (not in
+    """Ray's own loggers in the job's processes at ERROR: without Ray's dashboard (not in
     ``ray[train]``) Ray Train's placement-group cleaner cannot use the state API and would log
     that every second; INFO lines per report are noise beside kerasdist's progress bar."""
     return ray.LoggingConfig(log_level="ERROR")
@@ -224,6 +224,10 @@ def worker_recipe(recipe: Recipe) -> dict:
 def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     """Run ``recipe`` (strategy ``multi_worker``) on Ray; called under the run directory's lock
     (whose token the workers receive), after the launcher's preflight.
+
+    Args:
+        overwrite: already done by the launcher under the lock (it moved the old run aside); the
+            workers never overwrite, so a Ray restart resumes. Kept for the launcher's signature.
 
     Returns:
         the chief's :class:`RunResult` (from ``<run_dir>/metrics.json``).
