@@ -17,18 +17,21 @@ from __future__ import annotations
 
 def enable() -> list[str]:
     """Opt in, one line: route ``model.fit``/``evaluate`` of models built under
-    ``ParameterServerStrategy`` to :mod:`kerasdist.keras.ps_fit` and install every
-    :mod:`kerasdist._compat` mend the installed Keras/TF need. Idempotent and thread-safe.
+    ``ParameterServerStrategy`` to :mod:`kerasdist.keras.ps_fit`, install every
+    :mod:`kerasdist._compat` mend the installed Keras/TF need, and make Keras's own
+    ``ModelCheckpoint``/``BackupAndRestore`` chief-aware with atomic writes
+    (:mod:`kerasdist._compat.keras_chief_callbacks`). Idempotent and thread-safe.
 
     Returns:
         The names of the mends in effect (e.g. ``['keras#20585', 'tensorflow#72388']``).
     """
     from kerasdist import _compat
-    from kerasdist._compat import keras_ps_dispatch
+    from kerasdist._compat import keras_chief_callbacks, keras_ps_dispatch
     from kerasdist.keras import ps_fit
 
     mends = _compat.apply()
     keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate)
+    keras_chief_callbacks.install()
     return mends
 
 

@@ -1,0 +1,318 @@
+"""Mend: Keras 3's ``ModelCheckpoint`` and ``BackupAndRestore`` are not multi-worker safe, and
+their saves are not atomic.
+
+Upstream: no Keras 3 issue for the multi-worker part (Keras 3.15 has no chief/worker logic in any
+callback; tf_keras had non-chief workers write temporary copies). Reproduction: run
+``tests/scripts/mwms_backup_restore.py`` (a script that passes ONE shared ``backup_dir`` and ONE
+``ModelCheckpoint`` path, as TensorFlow's multi-worker tutorial does) with ``kerasdist launch
+--workers 2`` without this mend: both workers write the same files and one fails with h5py's
+"unable to lock file" (or ``zipfile.BadZipFile: Bad CRC-32``, ``FileExistsError``, a
+``CollectiveBcastRecv`` abort while a worker loads a half-written file), which the launcher classes
+as fatal. The non-atomic write: ``.keras`` and ``.weights.h5`` saves open the target for writing
+(truncating it) before the new content exists, so a crash mid-save loses the previous file;
+keras-team/keras#20463 reports the unreadable backup that follows, closed by #20465 with the opt-in
+``double_checkpoint``, not an atomic write.
+
+Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``):
+
+* every write of the user's path is atomic: Keras writes into a staging folder created inside the
+  target's own folder (``.kerasdist-staging-*``), then each finished file is moved over the target
+  with ``os.replace`` (weights first, then ``training_metadata.json``); a crash mid-save leaves the
+  previous file intact (and, after a hard kill, a hidden staging folder behind);
+* under a strategy in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) only
+  the chief writes the user's path: task ``chief`` when the cluster has one, else ``worker`` 0 (from
+  the strategy's ``cluster_resolver``). Every other worker still runs the save (reading distributed
+  values may need collectives) into a private temporary folder, removed right after;
+* ``BackupAndRestore`` in multi-worker mode: every worker restores from the shared folder at train
+  begin (a complete file, thanks to the atomic writes) and nobody writes there at train begin (the
+  ``double_checkpoint`` fallback loads the ``.bkp`` files instead of copying them back); only the
+  chief deletes the backup at a successful train end.
+
+Outside multi-worker mode the callbacks run Keras's own code, only redirected through the staging
+folder. Remote paths (``gs://``, ``/cns`` ...) are written by Keras in place on the chief (no atomic
+rename there). Subclasses that override ``_save_model`` are not affected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import threading
+
+from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
+
+NAME = "keras-chief-callbacks"
+ISSUE = ("no upstream issue for the multi-worker race (reproduction: tests/scripts/"
+         "mwms_backup_restore.py under `kerasdist launch --workers 2`); the lost file after a "
+         "crash mid-save: https://github.com/keras-team/keras/issues/20463")
+_MARK = "_kerasdist_mend"
+STAGING_PREFIX = ".kerasdist-staging-"
+_SINGLE, _CHIEF, _OTHER = "single", "chief", "other"
+_LOCK = threading.Lock()
+
+
+def _classes():
+    from keras.src.callbacks.backup_and_restore import BackupAndRestore
+    from keras.src.callbacks.model_checkpoint import ModelCheckpoint
+
+    return BackupAndRestore, ModelCheckpoint
+
+
+def _is_chief(resolver) -> bool:
+    """TF's rule: task ``chief`` if the cluster has that job, else ``worker`` 0."""
+    jobs = resolver.cluster_spec().as_dict()
+    if "chief" in jobs:
+        return resolver.task_type == "chief"
+    return resolver.task_type == "worker" and int(resolver.task_id or 0) == 0
+
+
+def role(model) -> str:
+    """``'single'`` (no multi-worker strategy), ``'chief'`` or ``'other'`` for ``model``'s strategy."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or not is_multi_worker(strategy):
+        return _SINGLE
+    return _CHIEF if _is_chief(strategy.cluster_resolver) else _OTHER
+
+
+@contextlib.contextmanager
+def _staging(target_dir: str, publish: bool):
+    """A fresh folder for one save: inside ``target_dir`` (same file system, so ``os.replace`` is
+    atomic) when the result will be published, else private in the system temp folder. Removed
+    on exit, with whatever was not moved out of it."""
+    if publish:
+        os.makedirs(target_dir, exist_ok=True)
+        stage = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target_dir)
+    else:
+        stage = tempfile.mkdtemp(prefix="kerasdist-nonchief-save-")
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _swapped(obj, **attributes):
+    """Set ``attributes`` on ``obj`` for the block, then put the previous values back."""
+    previous = {name: getattr(obj, name) for name in attributes}
+    for name, value in attributes.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            setattr(obj, name, value)
+
+
+def _is_remote(path) -> bool:
+    from keras.src.utils import file_utils
+
+    return file_utils.is_remote_path(path)
+
+
+# --- BackupAndRestore -------------------------------------------------------------------------
+
+
+def _keep_previous(callback, stage: str) -> None:
+    """``double_checkpoint``: copy the current backup files to their ``.bkp`` names, atomically."""
+    pairs = ((callback._weights_path, callback._prev_weights_path),
+             (callback._training_metadata_path, callback._prev_training_metadata_path))
+    for current, previous in pairs:
+        if os.path.exists(current):
+            staged = os.path.join(stage, os.path.basename(previous))
+            shutil.copyfile(current, staged)
+            os.replace(staged, previous)
+
+
+def _backup_save(original):
+    @functools.wraps(original)
+    def _save_model(self):
+        publish = role(self.model) != _OTHER
+        if publish and _is_remote(self.backup_dir):
+            return original(self)
+        targets = (self._weights_path, self._training_metadata_path)
+        with _staging(self.backup_dir, publish) as stage:
+            if publish and self.double_checkpoint:
+                _keep_previous(self, stage)
+            staged = [os.path.join(stage, os.path.basename(path)) for path in targets]
+            with _swapped(self, backup_dir=stage, _weights_path=staged[0],
+                          _training_metadata_path=staged[1], double_checkpoint=False):
+                original(self)
+            if publish:  # weights first: a crash between the two replays an epoch, never skips
+                for source, target in zip(staged, targets, strict=True):
+                    if os.path.exists(source):
+                        os.replace(source, target)
+        return None
+
+    setattr(_save_model, _MARK, NAME)
+    return _save_model
+
+
+def _backup_restore(original):
+    @functools.wraps(original)
+    def on_train_begin(self, logs=None):
+        if role(self.model) == _SINGLE:
+            return original(self, logs)
+        try:  # every worker reads; nobody writes the shared folder here
+            self._load_model()
+        except OSError:
+            if not os.path.exists(self._prev_weights_path):
+                raise
+            with _swapped(self, _weights_path=self._prev_weights_path,
+                          _training_metadata_path=self._prev_training_metadata_path):
+                self._load_model()
+        return None
+
+    setattr(on_train_begin, _MARK, NAME)
+    return on_train_begin
+
+
+def _backup_cleanup(original):
+    @functools.wraps(original)
+    def on_train_end(self, logs=None):
+        if role(self.model) == _OTHER:
+            return None  # the chief deletes the shared backup
+        return original(self, logs)
+
+    setattr(on_train_end, _MARK, NAME)
+    return on_train_end
+
+
+# --- ModelCheckpoint ---------------------------------------------------------------------------
+
+
+class _StagedSaves:
+    """Stands in for the model during one ``ModelCheckpoint._save_model`` call: ``save`` and
+    ``save_weights`` write through a staging folder; every other attribute is the model's."""
+
+    def __init__(self, model, publish: bool):
+        self._kerasdist_model, self._kerasdist_publish = model, publish
+
+    def __getattr__(self, name):
+        return getattr(self._kerasdist_model, name)
+
+    def _write(self, method, filepath, args, kwargs):
+        if self._kerasdist_publish and _is_remote(filepath):
+            return method(filepath, *args, **kwargs)
+        target = os.path.abspath(os.fspath(filepath))
+        with _staging(os.path.dirname(target), self._kerasdist_publish) as stage:
+            staged = os.path.join(stage, os.path.basename(target))
+            result = method(staged, *args, **kwargs)
+            if self._kerasdist_publish and os.path.exists(staged):
+                os.replace(staged, target)
+        return result
+
+    def save(self, filepath, *args, **kwargs):
+        return self._write(self._kerasdist_model.save, filepath, args, kwargs)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        return self._write(self._kerasdist_model.save_weights, filepath, args, kwargs)
+
+
+def _checkpoint_save(original):
+    @functools.wraps(original)
+    def _save_model(self, epoch, batch, logs):
+        model = self._model
+        publish = role(self.model) != _OTHER
+        with _swapped(self, _model=_StagedSaves(model, publish)):
+            return original(self, epoch, batch, logs)
+
+    setattr(_save_model, _MARK, NAME)
+    return _save_model
+
+
+# --- install / probe ---------------------------------------------------------------------------
+
+
+def _patches():
+    backup, checkpoint = _classes()
+    return ((backup, "_save_model", _backup_save), (backup, "on_train_begin", _backup_restore),
+            (backup, "on_train_end", _backup_cleanup), (checkpoint, "_save_model", _checkpoint_save))
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return all(getattr(cls.__dict__[name], _MARK, None) == NAME for cls, name, _ in _patches())
+
+
+def _original(cls, name: str):
+    method = cls.__dict__[name]
+    return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
+
+
+def fake_worker_strategy(task_id: int):
+    """A fake (never initialised) ``MultiWorkerMirroredStrategy`` of a 2-worker cluster, seen from
+    ``worker:<task_id>`` (no TF op; for the probe and tests)."""
+    import tensorflow as tf
+
+    base = type(fake_multi_worker_strategy())
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["fake:1", "fake:2"]}), task_type="worker",
+        task_id=task_id)
+
+    class _Worker(base):
+        @property
+        def cluster_resolver(self):
+            return resolver
+
+    return _Worker()
+
+
+class _Recorder:
+    """A stand-in model that records the paths it is asked to save to (writes nothing)."""
+
+    def __init__(self, strategy):
+        self.distribute_strategy, self.paths = strategy, []
+
+    def save(self, filepath, *args, **kwargs):
+        self.paths.append(os.fspath(filepath))
+
+    save_weights = save
+
+
+def bug_present() -> bool:
+    """Probe: do the unmodified callbacks hand the user's own path to ``save``/``save_weights`` on
+    a NON-chief worker (``worker:1`` of a fake 2-worker strategy)? That one symptom shows both
+    defects: every worker writes the shared path, and it writes it in place.
+
+    Calls the upstream ``_save_model`` of both callbacks on a recording stand-in model (no
+    cluster, no TF op; the backup's json goes to a temporary folder, removed). Returns False when
+    the methods are gone or no longer hand over the shared path, i.e. upstream changed them.
+    """
+    backup_cls, checkpoint_cls = _classes()
+    model = _Recorder(fake_worker_strategy(1))
+    with tempfile.TemporaryDirectory() as folder:
+        checkpoint = checkpoint_cls(os.path.join(folder, "model.keras"))
+        backup = backup_cls(os.path.join(folder, "backup"))
+        try:
+            for callback in (checkpoint, backup):
+                callback.set_model(model)
+            _original(checkpoint_cls, "_save_model")(checkpoint, epoch=0, batch=None, logs={})
+            _original(backup_cls, "_save_model")(backup)
+        except (AttributeError, TypeError, KeyError):
+            return False
+        shared = {checkpoint.filepath, backup._weights_path}
+    return bool(shared & set(model.paths))
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent, thread-safe). Returns True when it is
+    in effect."""
+    with _LOCK:
+        if installed():
+            return True
+        if not bug_present():
+            return False
+        for cls, name, wrap in _patches():
+            if getattr(cls.__dict__[name], _MARK, None) != NAME:
+                setattr(cls, name, wrap(cls.__dict__[name]))
+        return True
+
+
+def uninstall() -> None:
+    """Restore the upstream methods (tests only)."""
+    with _LOCK:
+        for cls, name, _ in _patches():
+            setattr(cls, name, _original(cls, name))
