@@ -78,19 +78,19 @@ def role(model) -> str:
 
 
 @contextlib.contextmanager
-def _staging(target_dir: str, publish: bool):
-    """A fresh folder for one save: inside ``target_dir`` (same file system, so ``os.replace`` is
-    atomic) when the result will be published, else private in the system temp folder. Removed
-    on exit, with whatever was not moved out of it."""
-    if publish:
-        os.makedirs(target_dir, exist_ok=True)
-        stage = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target_dir)
+def _folder(parent: str | None = None):
+    """A fresh folder for one save, removed on exit with whatever was not moved out of it: a
+    staging folder inside ``parent`` (the target's folder: same file system, so ``os.replace`` is
+    atomic), or, with no parent, a non-chief worker's private folder in the system temp folder."""
+    if parent is not None:
+        os.makedirs(parent, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
     else:
-        stage = tempfile.mkdtemp(prefix="kerasdist-nonchief-save-")
+        folder = tempfile.mkdtemp(prefix="kerasdist-nonchief-save-")
     try:
-        yield stage
+        yield folder
     finally:
-        shutil.rmtree(stage, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -133,11 +133,11 @@ def _backup_save(original):
         if publish and _is_remote(self.backup_dir):
             return original(self)
         targets = (self._weights_path, self._training_metadata_path)
-        with _staging(self.backup_dir, publish) as stage:
+        with _folder(self.backup_dir if publish else None) as folder:
             if publish and self.double_checkpoint:
-                _keep_previous(self, stage)
-            staged = [os.path.join(stage, os.path.basename(path)) for path in targets]
-            with _swapped(self, backup_dir=stage, _weights_path=staged[0],
+                _keep_previous(self, folder)
+            staged = [os.path.join(folder, os.path.basename(path)) for path in targets]
+            with _swapped(self, backup_dir=folder, _weights_path=staged[0],
                           _training_metadata_path=staged[1], double_checkpoint=False):
                 original(self)
             if publish:  # weights first: a crash between the two replays an epoch, never skips
@@ -150,6 +150,17 @@ def _backup_save(original):
     return _save_model
 
 
+def _load_previous(callback) -> None:
+    """Load the ``double_checkpoint`` copies (``*.bkp``) without writing the shared folder: Keras
+    loads weights only from a ``.weights.h5`` name, so the copy is read from a private one."""
+    with _folder() as folder:
+        weights = os.path.join(folder, os.path.basename(callback._weights_path))
+        shutil.copyfile(callback._prev_weights_path, weights)
+        with _swapped(callback, _weights_path=weights,
+                      _training_metadata_path=callback._prev_training_metadata_path):
+            callback._load_model()
+
+
 def _backup_restore(original):
     @functools.wraps(original)
     def on_train_begin(self, logs=None):
@@ -160,9 +171,7 @@ def _backup_restore(original):
         except OSError:
             if not os.path.exists(self._prev_weights_path):
                 raise
-            with _swapped(self, _weights_path=self._prev_weights_path,
-                          _training_metadata_path=self._prev_training_metadata_path):
-                self._load_model()
+            _load_previous(self)
         return None
 
     setattr(on_train_begin, _MARK, NAME)
@@ -184,23 +193,24 @@ def _backup_cleanup(original):
 
 
 class _StagedSaves:
-    """Stands in for the model during one ``ModelCheckpoint._save_model`` call: ``save`` and
-    ``save_weights`` write through a staging folder; every other attribute is the model's."""
+    """Stands in for the model during one ``ModelCheckpoint._save_model`` call on the chief (or a
+    single process): ``save`` and ``save_weights`` write into a staging folder next to the target,
+    then move the finished file over it; every other attribute is the model's."""
 
-    def __init__(self, model, publish: bool):
-        self._kerasdist_model, self._kerasdist_publish = model, publish
+    def __init__(self, model):
+        self._kerasdist_model = model
 
     def __getattr__(self, name):
         return getattr(self._kerasdist_model, name)
 
     def _write(self, method, filepath, args, kwargs):
-        if self._kerasdist_publish and _is_remote(filepath):
+        if _is_remote(filepath):
             return method(filepath, *args, **kwargs)
         target = os.path.abspath(os.fspath(filepath))
-        with _staging(os.path.dirname(target), self._kerasdist_publish) as stage:
-            staged = os.path.join(stage, os.path.basename(target))
+        with _folder(os.path.dirname(target)) as folder:
+            staged = os.path.join(folder, os.path.basename(target))
             result = method(staged, *args, **kwargs)
-            if self._kerasdist_publish and os.path.exists(staged):
+            if os.path.exists(staged):
                 os.replace(staged, target)
         return result
 
@@ -214,10 +224,13 @@ class _StagedSaves:
 def _checkpoint_save(original):
     @functools.wraps(original)
     def _save_model(self, epoch, batch, logs):
-        model = self._model
-        publish = role(self.model) != _OTHER
-        with _swapped(self, _model=_StagedSaves(model, publish)):
-            return original(self, epoch, batch, logs)
+        if role(self.model) != _OTHER:
+            with _swapped(self, _model=_StagedSaves(self._model)):
+                return original(self, epoch, batch, logs)
+        with _folder() as folder:  # the whole save, folder creation included, goes there
+            private = os.path.join(folder, os.path.basename(self.filepath))
+            with _swapped(self, filepath=private):
+                return original(self, epoch, batch, logs)
 
     setattr(_save_model, _MARK, NAME)
     return _save_model

@@ -41,9 +41,10 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
 
 
-def _check_outputs(tmp_path: Path) -> None:
+def _check_outputs(tmp_path: Path, *, killed: int = 0) -> None:
     """Both workers end with the same weights; the chief's checkpoint holds them; nothing of the
-    saves is left behind (staging folders, non-chief copies, the backup after a clean end)."""
+    saves is left behind (staging folders, the backup after a clean end, non-chief copies but
+    those of ``killed`` SIGKILLed tasks, which cannot clean up)."""
     import keras
 
     out = tmp_path / "out"
@@ -54,7 +55,7 @@ def _check_outputs(tmp_path: Path) -> None:
                                   final[0])
     assert os.listdir(out / "checkpoint") == ["model.keras"]
     assert not (out / "backup").exists()  # deleted by the chief at the successful end
-    assert not any((tmp_path / "tmp").glob("kerasdist-*"))
+    assert len(list((tmp_path / "tmp").glob("kerasdist-*"))) <= killed
 
 
 def _starts(tmp_path: Path, name: str) -> list[int]:
@@ -101,4 +102,4 @@ def test_a_killed_worker_resumes_from_the_shared_backup(tmp_path):
     first, resumed = _starts(tmp_path, "worker-0")
     assert first == 0 and resumed >= backed_up >= 1, out[-4000:]
     assert _starts(tmp_path, "worker-1") == [0, resumed]
-    _check_outputs(tmp_path)
+    _check_outputs(tmp_path, killed=1)
