@@ -64,6 +64,15 @@ class RunDirError(KerasdistError, RuntimeError):
     """The run directory holds outputs that the requested run would overwrite or cannot resume."""
 
 
+class UnsupportedFeatureError(KerasdistError, ValueError):
+    """A Keras feature kerasdist cannot run correctly under a strategy, refused before training.
+
+    The message names the feature, the strategy and why (e.g. "`gradient_accumulation_steps` is
+    not supported under ParameterServerStrategy: ..."). Exit code 2 in recipes; the conformance
+    matrix (``kerasdist conformance``) lists such cells as refused.
+    """
+
+
 class TaskFailedError(ClusterError):
     """A task of a running cluster died, hung or was lost during training (class ``peer_lost``).
 

@@ -7,6 +7,8 @@ module                                  upstream issue / scope
 ``keras_20585_symbolic_build``          https://github.com/keras-team/keras/issues/20585
                                         (Keras 3 ``fit`` under MWMS with 2+ workers)
 ``tf_72388_scalar_reduce``              https://github.com/tensorflow/tensorflow/issues/72388
+``keras_bn_replica_stats``              no issue; reproduction in the module (BatchNormalization
+                                        moving statistics differ across replicas/workers)
 ``keras_ps_atomic_assign``              no issue; reproduction in the module. Scoped to the
                                         variables of one model, inside a ``with`` block
 ``keras_ps_dispatch``                   Keras 3 has no PS ``fit``; installed by
@@ -38,6 +40,8 @@ import importlib
 MENDS = (
     "kerasdist._compat.keras_20585_symbolic_build",
     "kerasdist._compat.tf_72388_scalar_reduce",
+    "kerasdist._compat.keras_bn_replica_stats",
+    "kerasdist._compat.keras_replica_apply",
 )
 
 

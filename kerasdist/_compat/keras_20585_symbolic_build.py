@@ -9,17 +9,21 @@ whole tuple to ``strategy.reduce("MEAN", batch, axis=None)`` only to learn its s
 that accepts one tensor, not a structure, and ``model.fit`` fails with "Attempt to convert a value
 (PerReplica...) ... to a Tensor".
 
-Mend: for a strategy in multi-worker mode only, take this worker's first local replica value of
-each element (``strategy.experimental_local_results(v)[0]``, no communication; its shapes and
-dtypes are those of a per-replica batch, which is all the symbolic build needs) and hand that batch
-to the unmodified method. Every other strategy takes the unmodified path.
+The same reduce fails under ``MirroredStrategy`` with 2+ replicas whenever the batch holds a
+string tensor (a ``StringLookup``/``TextVectorization`` model: "Value for attr 'T' of string is not
+in the list of allowed values"; found by ``kerasdist conformance``).
+
+Mend: under any distribution strategy, take this worker's first local replica value of each
+element (``strategy.experimental_local_results(v)[0]``, no communication; its shapes and dtypes
+are those of a per-replica batch, which is all the symbolic build needs) and hand that batch to
+the unmodified method. Without a strategy the unmodified path runs.
 """
 
 from __future__ import annotations
 
 import functools
 
-from kerasdist._compat._fakes import fake_multi_worker_strategy, fake_per_replica, is_multi_worker
+from kerasdist._compat._fakes import fake_multi_worker_strategy, fake_per_replica
 
 NAME = "keras#20585"
 ISSUE = "https://github.com/keras-team/keras/issues/20585"
@@ -47,7 +51,7 @@ def _mended(original):
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
-        if iterator is None or strategy is None or not is_multi_worker(strategy):
+        if iterator is None or strategy is None:
             return original(self, iterator=iterator, data_batch=data_batch)
         for _, _, step_iterator in iterator:
             data_batch = _local_batch(strategy, next(step_iterator))

@@ -1,0 +1,103 @@
+"""Mend: Keras 3 ``BatchNormalization`` moving statistics drift apart across replicas.
+
+Upstream: no Keras issue found; written reproduction (kerasdist, Keras 3.15 / TF 2.21, CPU): a
+Sequential ``Dense -> BatchNormalization -> Dense`` trained with ``model.fit`` under
+``MultiWorkerMirroredStrategy`` with 2 workers ends with every trainable weight equal on both
+workers but ``moving_mean``/``moving_variance`` different (each worker's running average of its
+own half of every batch); under ``MirroredStrategy`` with 2 replicas the two local copies differ
+the same way and a save keeps replica 0's. The saved model depends on which task saves it.
+Cause: ``BatchNormalization.build`` creates the moving statistics with ``add_weight(...,
+trainable=False)`` and the default ``aggregation="none"``; TensorFlow then lets each replica
+``assign`` its own copy of a mirrored variable without any communication.
+
+Mend: while a ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` scope is active,
+``BatchNormalization`` creates its moving statistics (``moving_mean``, ``moving_variance`` and,
+with ``renorm``, ``moving_stddev``/``renorm_mean``/``renorm_stddev``) with
+``aggregation="mean"``. An ``assign`` in replica context then averages the replicas' new values
+(one all-reduce per variable per step) and writes the mean to every copy, as tf_keras's
+``BatchNormalization`` did (its moving statistics aggregated with ``MEAN``). With equal
+per-replica batches the moving mean equals the single-process one on the same global batch; the
+moving variance is the mean of the replicas' variances (it leaves out the spread between the
+replicas' means) unless ``synchronized=True``, which computes global moments.
+
+Probe: :func:`bug_present` reads ``BatchNormalization.build``'s source (no TF op): the mend is
+needed while its ``moving_mean`` ``add_weight`` call passes no ``aggregation``;
+``tests/unit/test_compat.py`` fails when that changes.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+
+NAME = "keras-bn-replica-stats"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
+_MARK = "_kerasdist_mend"
+
+
+def _layer_class():
+    from keras.src.layers.normalization.batch_normalization import BatchNormalization
+
+    return BatchNormalization
+
+
+def bug_present() -> bool:
+    """Whether ``BatchNormalization.build`` still creates ``moving_mean`` without an aggregation."""
+    source = textwrap.dedent(inspect.getsource(_original_build()))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_weight":
+            keywords = {k.arg: k.value for k in node.keywords}
+            name = keywords.get("name")
+            if isinstance(name, ast.Constant) and name.value == "moving_mean":
+                return "aggregation" not in keywords
+    return False
+
+
+def _replicated() -> bool:
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy():
+        return False
+    return isinstance(tf.distribute.get_strategy(),
+                      (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy))
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def add_weight(self, *args, **kwargs):
+        if (kwargs.get("name") in STATISTICS and not kwargs.get("trainable", True)
+                and kwargs.get("aggregation", "none") in ("none", None) and _replicated()):
+            kwargs["aggregation"] = "mean"
+        return original(self, *args, **kwargs)
+
+    setattr(add_weight, _MARK, NAME)
+    return add_weight
+
+
+def _original_build():
+    return _layer_class().build
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return getattr(_layer_class().__dict__.get("add_weight"), _MARK, None) == NAME
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    layer = _layer_class()
+    layer.add_weight = _mended(layer.add_weight)
+    return True
+
+
+def uninstall() -> None:
+    """Restore the inherited ``add_weight`` (tests only)."""
+    if installed():
+        del _layer_class().add_weight

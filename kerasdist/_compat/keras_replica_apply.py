@@ -1,0 +1,147 @@
+"""Mend: Keras 3 optimizers clip, accumulate and average per replica, before the all-reduce.
+
+Upstream: keras-team/keras#20582 (``gradient_accumulation_steps`` under ``tf.distribute``:
+"merge_call called while defining a new graph or a tf.function"); the clipping and EMA halves
+have no issue found, reproduction below (kerasdist, Keras 3.15 / TF 2.21, CPU, ``kerasdist
+conformance``).
+
+Bug: on the TensorFlow backend, ``BaseOptimizer._backend_apply_gradients`` runs in *replica*
+context: it clips (``clipnorm``, ``clipvalue``, ``global_clipnorm``) each replica's partial gradient
+(of its ``1/replicas``-scaled loss), and only later, inside ``_backend_update_step``, all-reduces
+the clipped gradients. Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` with 2
+replicas a clipped model therefore ends with weights different from the single-process run on the
+same global batches (max abs diff 4e-3 to 1e-2 after 8 SGD steps in the conformance cases), and
+``gradient_accumulation_steps`` and ``use_ema`` with ``ema_overwrite_frequency`` wrap an update
+that calls ``merge_call`` in ``ops.cond`` inside the replica function, which TensorFlow refuses.
+
+Mend: for a strategy with 2 or more replicas in sync (mirrored, multi-worker), the mended method
+first all-reduces the gradients in replica context (through the optimizer's own
+``_all_reduce_sum_gradients``, so kerasdist's 16-bit all-reduce hook still applies), then moves to
+cross-replica context with one ``merge_call`` and runs Keras's unmodified
+``_backend_apply_gradients`` there on the reduced gradients: clipping and weight decay see the
+whole global-batch gradient (as in one process), every ``ops.cond`` (accumulation, EMA overwrite)
+is taken in cross-replica context where TensorFlow allows it, and the updates go through
+``strategy.extended.update`` as before. ``_backend_update_step`` finds no replica context and does
+not reduce a second time. One process, ``OneDeviceStrategy`` and parameter-server workers (one
+replica each) run Keras's unmodified code.
+
+Probe: :func:`bug_present` reads the installed method's source (no TF op): the mend is needed
+while clipping happens in ``_backend_apply_gradients`` before ``_backend_update_step`` reduces;
+``tests/unit/test_compat.py`` fails when that changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+NAME = "keras-optimizer-replica-apply"
+ISSUE = "https://github.com/keras-team/keras/issues/20582"
+_MARK = "_kerasdist_mend"
+
+
+def _optimizer_class():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer
+
+
+def _base_method():
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    return BaseOptimizer._backend_apply_gradients
+
+
+def bug_present() -> bool:
+    """Whether Keras still clips in ``_backend_apply_gradients`` and all-reduces later, in
+    ``TFOptimizer._backend_update_step`` (source check, no TF op)."""
+    apply_source = inspect.getsource(_base_method())
+    update_source = inspect.getsource(_optimizer_class()._backend_update_step)
+    return "_clip_gradients" in apply_source and "_all_reduce_sum_gradients" in update_source
+
+
+def _needs_mend(optimizer) -> bool:
+    import tensorflow as tf
+
+    strategy = getattr(optimizer, "_distribution_strategy", None)
+    if strategy is None or tf.distribute.get_replica_context() is None:
+        return False
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        return False
+    return strategy.num_replicas_in_sync > 1
+
+
+def _local(distribution, value):
+    """This worker's first replica's value of an all-reduced (identical) gradient."""
+    if value is None:
+        return None
+    return distribution.experimental_local_results(value)[0]
+
+
+@contextlib.contextmanager
+def _direct_merge_calls():
+    """While the optimizer runs in cross-replica context, TF's ``maybe_merge_call`` (which Keras's
+    TF optimizer calls, and which assumes a replica context) calls its function directly.
+
+    Only the thread holding the ``merge_call`` runs while the replicas wait, so the swap is not
+    seen by another replica; it is undone on exit."""
+    import tensorflow as tf
+
+    interim = tf.__internal__.distribute.interim
+    original = interim.maybe_merge_call
+
+    def maybe_merge_call(fn, strategy, *args, **kwargs):
+        if tf.distribute.in_cross_replica_context():
+            return fn(strategy, *args, **kwargs)
+        return original(fn, strategy, *args, **kwargs)
+
+    interim.maybe_merge_call = maybe_merge_call
+    try:
+        yield
+    finally:
+        interim.maybe_merge_call = original
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        import tensorflow as tf
+
+        if not _needs_mend(self):
+            return original(self, grads, trainable_variables)
+        trainable_variables = list(trainable_variables)
+        reduced = self._all_reduce_sum_gradients(
+            list(zip(grads, [getattr(v, "value", v) for v in trainable_variables])))
+        reduced = [g for g, _ in reduced]
+
+        def in_cross_replica(distribution, reduced):
+            local = [_local(distribution, g) for g in reduced]
+            with _direct_merge_calls():
+                return original(self, local, trainable_variables)
+
+        return tf.distribute.get_replica_context().merge_call(in_cross_replica, args=(reduced,))
+
+    setattr(_backend_apply_gradients, _MARK, NAME)
+    return _backend_apply_gradients
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return getattr(_optimizer_class().__dict__.get("_backend_apply_gradients"), _MARK, None) == NAME
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    _optimizer_class()._backend_apply_gradients = _mended(_base_method())
+    return True
+
+
+def uninstall() -> None:
+    """Remove the mend (tests only): the class inherits Keras's method again."""
+    if installed():
+        del _optimizer_class()._backend_apply_gradients

@@ -1,0 +1,262 @@
+"""The conformance cases: one ordinary Keras 3 feature each, run under every strategy.
+
+A :class:`Case` names the feature, its data, a model builder, how it is compiled and fitted, and
+its oracle (:mod:`kerasdist.conformance.oracle`). :data:`CASES` is the whole matrix's row list, in
+the order the rows of ``docs/conformance.md`` appear.
+
+Each case trains :data:`~kerasdist.conformance.data.EPOCHS` epochs of
+:data:`~kerasdist.conformance.data.STEPS_PER_EPOCH` steps on global batches of
+:data:`~kerasdist.conformance.data.GLOBAL_BATCH`, then evaluates and predicts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kerasdist.conformance import models
+
+SCCE = "scce_logits"  # SparseCategoricalCrossentropy(from_logits=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the matrix.
+
+    Attributes:
+        name: unique id (``[a-z0-9_]``).
+        feature: what the row exercises, as shown in the matrix.
+        data: data kind (:func:`kerasdist.conformance.data.make`).
+        model: builder ``fn(data) -> keras.Model`` (uncompiled).
+        compile: ``fn() -> dict`` of ``model.compile`` keyword arguments (fresh objects each call);
+            ``loss="scce_logits"`` stands for sparse categorical cross-entropy on logits.
+        input: ``dataset``, ``numpy`` or ``dataset_fn`` (:mod:`kerasdist.conformance.data`).
+        weighted: feed ``sample_weight`` with the data.
+        pipeline: ``fn(data) -> fn(x) -> x`` adapted preprocessing mapped over ``x`` in the
+            ``tf.data`` pipeline (``dataset``/``dataset_fn`` inputs; predict gets a dataset too).
+        fit_kwargs: extra ``model.fit`` keyword arguments (e.g. ``class_weight``).
+        callbacks: ``fn(workdir: Path) -> list`` of Keras callbacks; ``workdir`` is one directory
+            shared by every task of a run (as users point callbacks at one shared path).
+        validation: pass the data as ``validation_data`` too.
+        per_replica: why the trained weights of a multi-replica run are not comparable with the
+            strategy-free run (Keras's documented per-replica semantics); empty: they are.
+        precision: Keras dtype policy while the model is built and trained.
+        tolerance: ``(rtol, atol)`` for weights, optimizer state, history, evaluate and predict.
+        after: ``fn(model, workdir: Path, is_chief: bool) -> None`` run after predict (saving).
+        check: ``fn(workdir: Path, result: dict) -> list[str]`` run by the driver: problems found.
+    """
+
+    name: str
+    feature: str
+    data: str = "dense"
+    model: Callable = models.dense
+    compile: Callable[[], dict] = field(default=lambda: sgd_compile())
+    input: str = "dataset"
+    weighted: bool = False
+    pipeline: Callable | None = None
+    fit_kwargs: dict = field(default_factory=dict)
+    callbacks: Callable | None = None
+    validation: bool = False
+    per_replica: str = ""
+    precision: str = "float32"
+    tolerance: tuple[float, float] = (2e-4, 2e-5)
+    after: Callable | None = None
+    check: Callable | None = None
+
+
+def _optimizer(name="sgd", **kwargs):
+    import keras
+
+    cls = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
+           "adamw": keras.optimizers.AdamW}[name]
+    kwargs.setdefault("learning_rate", 0.05 if name == "sgd" else 0.01)
+    return cls(**kwargs)
+
+
+def sgd_compile(*, optimizer=None, metrics=("accuracy",), loss=SCCE, **extra) -> dict:
+    """``compile`` arguments: SGD(0.05) unless given, the case's loss and metrics."""
+    metrics = metrics if isinstance(metrics, dict) else list(metrics)
+    return {"optimizer": optimizer or _optimizer(), "loss": loss, "metrics": metrics, **extra}
+
+
+def _opt_case(name: str, feature: str, factory: Callable) -> Case:
+    return Case(name, feature, compile=lambda: sgd_compile(optimizer=factory()))
+
+
+def _confusion_metrics():
+    import keras
+
+    return [keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision"),
+            keras.metrics.Recall(name="recall"),
+            keras.metrics.PrecisionAtRecall(0.5, name="precision_at_recall"),
+            keras.metrics.BinaryAccuracy(name="binary_accuracy")]
+
+
+def _f1_metrics():
+    import keras
+
+    return [keras.metrics.F1Score(average="macro", threshold=0.5, name="f1")]
+
+
+def _lr_schedule():
+    import keras
+
+    return _optimizer(learning_rate=keras.optimizers.schedules.ExponentialDecay(0.1, 2, 0.5))
+
+
+def _loss_scale():
+    import keras
+
+    return keras.optimizers.LossScaleOptimizer(_optimizer(), initial_scale=2.0 ** 8)
+
+
+def _model_cases() -> list[Case]:
+    return [
+        Case("sequential", "Sequential (Dense)"),
+        Case("functional_multi_io", "Functional, 2 inputs / 2 outputs, loss_weights",
+             data="multi", model=models.functional_multi_io,
+             compile=lambda: sgd_compile(loss={"cls": SCCE, "reg": "mse"},
+                                         loss_weights={"cls": 1.0, "reg": 0.5},
+                                         metrics={"cls": ["accuracy"], "reg": ["mae"]})),
+        Case("subclassed", "Subclassed keras.Model", model=models.subclassed),
+        Case("custom_train_test_step", "custom train_step / test_step (guide's pattern)",
+             model=models.custom_step),
+        Case("custom_compute_loss", "custom compute_loss", model=models.custom_compute_loss),
+    ]
+
+
+def _layer_cases() -> list[Case]:
+    return [
+        Case("batchnorm", "BatchNormalization", model=models.batchnorm,
+             per_replica="each replica normalizes with its own batch statistics (Keras's "
+                         "synchronized=False semantics); moving statistics are averaged over "
+                         "replicas"),
+        Case("batchnorm_synchronized", "BatchNormalization(synchronized=True)",
+             model=lambda data: models.batchnorm(data, synchronized=True)),
+        Case("dropout", "Dropout", model=models.dropout,
+             per_replica="each replica draws its own dropout mask for its part of the batch"),
+        Case("layernorm", "LayerNormalization", model=models.layernorm),
+        Case("embedding", "Embedding", data="tokens", model=models.sequence),
+        Case("lstm", "LSTM", data="tokens", model=lambda data: models.sequence(data, rnn="lstm")),
+        Case("gru", "GRU", data="tokens", model=lambda data: models.sequence(data, rnn="gru")),
+    ]
+
+
+def _preprocessing_cases() -> list[Case]:
+    return [
+        Case("normalization", "Normalization (adapted) in the model", model=models.normalization),
+        Case("string_lookup", "StringLookup (adapted) in the model", data="words",
+             model=models.string_lookup),
+        Case("integer_lookup", "IntegerLookup (adapted) in the model", data="ints",
+             model=models.integer_lookup),
+        Case("text_vectorization", "TextVectorization (adapted) in the model", data="strings",
+             model=models.text_vectorization),
+        Case("lookup_in_pipeline", "TextVectorization (multi-hot lookup) in the tf.data pipeline",
+             data="strings", pipeline=models.multi_hot_pipeline, model=lambda data: models.dense()),
+        Case("normalization_in_pipeline", "Normalization in the tf.data pipeline",
+             pipeline=models.normalization_pipeline, model=lambda data: models.dense()),
+    ]
+
+
+def _metric_cases() -> list[Case]:
+    return [
+        Case("metrics_mean", "mean metrics (accuracy, crossentropy, top-k)",
+             compile=lambda: sgd_compile(metrics=("accuracy", "sparse_top_k_categorical_accuracy"))),
+        Case("metrics_confusion", "AUC, Precision, Recall, PrecisionAtRecall", data="binary",
+             model=lambda data: models.dense(out=1, activation="sigmoid"),
+             compile=lambda: sgd_compile(loss="binary_crossentropy",
+                                         metrics=_confusion_metrics())),
+        Case("metrics_f1", "F1Score", data="binary",
+             model=lambda data: models.dense(out=1, activation="sigmoid"),
+             compile=lambda: sgd_compile(loss="binary_crossentropy", metrics=_f1_metrics())),
+        Case("metrics_custom", "custom keras.metrics.Metric subclass", data="regression",
+             model=lambda data: models.dense(out=1),
+             compile=lambda: sgd_compile(loss="mse", metrics=[models.custom_metric()])),
+        Case("sample_weight", "sample_weight", weighted=True),
+        Case("class_weight", "class_weight", fit_kwargs={"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}}),
+    ]
+
+
+def _optimizer_cases() -> list[Case]:
+    import functools
+
+    opt = functools.partial
+    return [
+        _opt_case("sgd_momentum_nesterov", "SGD momentum + nesterov",
+                  opt(_optimizer, momentum=0.9, nesterov=True)),
+        _opt_case("adam", "Adam", opt(_optimizer, "adam")),
+        _opt_case("adamw", "AdamW", opt(_optimizer, "adamw", weight_decay=0.05)),
+        _opt_case("clipnorm", "clipnorm", opt(_optimizer, clipnorm=0.1)),
+        _opt_case("clipvalue", "clipvalue", opt(_optimizer, clipvalue=0.01)),
+        _opt_case("global_clipnorm", "global_clipnorm", opt(_optimizer, global_clipnorm=0.1)),
+        _opt_case("use_ema", "use_ema", opt(_optimizer, "adam", use_ema=True,
+                                            ema_overwrite_frequency=3)),
+        _opt_case("gradient_accumulation", "gradient_accumulation_steps=2",
+                  opt(_optimizer, momentum=0.9, gradient_accumulation_steps=2)),
+        _opt_case("loss_scale_optimizer", "LossScaleOptimizer", _loss_scale),
+        _opt_case("lr_schedule", "learning-rate schedule (ExponentialDecay)", _lr_schedule),
+    ]
+
+
+def _input_cases() -> list[Case]:
+    return [
+        Case("input_numpy", "fit/evaluate/predict from NumPy", input="numpy"),
+        Case("input_dataset_fn", "fit/evaluate/predict from a dataset_fn", input="dataset_fn"),
+    ]
+
+
+def _saving_cases() -> list[Case]:
+    from kerasdist.conformance import saving
+
+    return [
+        Case("save_keras_load", "model.save (.keras) + load_model", after=saving.save_keras,
+             check=saving.check_keras),
+        Case("export", "model.export (SavedModel)", after=saving.export,
+             check=saving.check_export),
+        Case("mixed_bfloat16", "mixed_bfloat16 policy", precision="mixed_bfloat16",
+             tolerance=(2e-2, 2e-2)),
+    ]
+
+
+def all_cases() -> list[Case]:
+    """Every case, in matrix order."""
+    from kerasdist.conformance.callback_cases import callback_cases
+
+    cases = (_model_cases() + _layer_cases() + _preprocessing_cases() + _metric_cases()
+             + _optimizer_cases() + callback_cases() + _input_cases() + _saving_cases())
+    names = [c.name for c in cases]
+    if len(names) != len(set(names)):
+        raise RuntimeError(f"duplicate conformance case names: {names}")
+    return cases
+
+
+def select(names=None) -> list[Case]:
+    """The cases named (all when ``names`` is empty), in matrix order.
+
+    Raises:
+        ValueError: an unknown case name (the message lists the known ones).
+    """
+    cases = all_cases()
+    if not names:
+        return cases
+    known = {c.name: c for c in cases}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown conformance case(s) {unknown}. Known: {sorted(known)}")
+    return [c for c in cases if c.name in set(names)]
+
+
+def compile_model(model, case: Case) -> Any:
+    """Compile ``model`` with the case's arguments (``jit_compile=False``: the same kernels on
+    every strategy). Returns the model."""
+    import keras
+
+    kwargs = case.compile()
+    loss = kwargs.get("loss")
+    if loss == SCCE:
+        kwargs["loss"] = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    elif isinstance(loss, dict):
+        kwargs["loss"] = {k: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+                          if v == SCCE else v for k, v in loss.items()}
+    model.compile(jit_compile=False, **kwargs)
+    return model

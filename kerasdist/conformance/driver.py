@@ -1,0 +1,167 @@
+"""Drive the conformance matrix: the strategy-free reference, one cluster per strategy, verdicts.
+
+:func:`run_matrix` runs, in this process, every case without a strategy (the reference, which
+also fixes each case's initial weights); then starts each strategy's processes **once** -- one
+process for ``default`` and ``mirrored`` (2 logical CPUs), 2 worker processes for
+``multi_worker`` and 1 ps + 2 workers + the coordinator for ``parameter_server``, both through
+``kerasdist launch`` (private network namespace, free ports, every process stopped at the end) --
+which run all the cases in turn (:mod:`kerasdist.conformance.task`); finally it evaluates each
+run's trained weights here, without a strategy, and judges every cell
+(:mod:`kerasdist.conformance.oracle`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kerasdist.conformance import data as cdata
+from kerasdist.conformance import oracle, runner
+from kerasdist.conformance.cases import Case, select
+
+STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server")
+TASK_SCRIPT = Path(__file__).with_name("task.py")
+QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+@dataclass
+class Matrix:
+    """Verdicts ``{case name: {strategy: Verdict}}`` plus run facts."""
+
+    cases: list[Case]
+    strategies: list[str]
+    cells: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    logs: dict = field(default_factory=dict)
+
+    def failures(self) -> list[tuple[str, str, str]]:
+        """``(case, strategy, detail)`` of every cell that is neither pass nor refused."""
+        return [(c, s, v.detail) for c, row in self.cells.items() for s, v in row.items()
+                if v.status not in ("pass", "refused")]
+
+    def as_dict(self) -> dict:
+        return {"strategies": self.strategies, "seconds": self.seconds,
+                "cells": {c: {s: v.as_dict() for s, v in row.items()}
+                          for c, row in self.cells.items()}}
+
+
+def run_reference(cases: list[Case], folder: Path) -> dict:
+    """Run every case strategy-free here; save initial weights under ``folder/initial``."""
+    results = {}
+    for case in cases:
+        try:
+            result = runner.run_case(case, None, workdir=folder / "work" / "reference" / case.name)
+        except Exception as err:  # noqa: BLE001 - a reference failure is a harness bug: shown
+            raise RuntimeError(f"conformance case '{case.name}' fails without any strategy: "
+                               f"{err}") from err
+        runner.save({"initial_weights": result["initial_weights"]}, folder / "initial",
+                     case.name, "initial")
+        runner.save(result, folder / "results" / "reference", case.name, "main")
+        results[case.name] = result
+    return results
+
+
+def _command(strategy: str, plan_path: Path, log_dir: Path, *, allow_exposure: bool) -> list[str]:
+    direct = [sys.executable, str(TASK_SCRIPT), str(plan_path)]
+    if strategy in ("default", "mirrored"):
+        return direct
+    launch = [sys.executable, "-m", "kerasdist", "launch", "--workers", "2", "--threads-per-task",
+              "1", "--log-dir", str(log_dir)]
+    if strategy == "parameter_server":
+        launch += ["--ps", "1"]
+    if allow_exposure:
+        launch.append("--allow-network-exposure")
+    return launch + [str(TASK_SCRIPT), str(plan_path)]
+
+
+def run_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: float,
+                 allow_exposure: bool = False) -> tuple[float, str]:
+    """Start the strategy's processes once; they run every case. Returns (seconds, output tail)."""
+    out = folder / "results" / strategy
+    plan = {"strategy": strategy, "cases": [c.name for c in cases], "out": str(out),
+            "workdir": str(folder / "work" / strategy), "initial": str(folder / "initial")}
+    plan_path = folder / f"plan-{strategy}.json"
+    plan_path.write_text(json.dumps(plan))
+    command = _command(strategy, plan_path, folder / "logs" / strategy,
+                       allow_exposure=allow_exposure)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, env={**os.environ, **QUIET}, capture_output=True,
+                              text=True, timeout=timeout_s, cwd=str(folder))
+        output = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as err:
+        output = f"timed out after {timeout_s} s\n{err.stdout or ''}{err.stderr or ''}"
+    return time.perf_counter() - start, output[-20000:]
+
+
+def _tasks(folder: Path, case: str) -> dict:
+    results = {}
+    for meta in sorted(folder.glob(f"{case}.*.json")):
+        task = meta.name[len(case) + 1:-len(".json")]
+        results[task] = runner.load(folder, case, task)
+    return results
+
+
+def same_weights(case: Case, weights: list) -> tuple[dict, object]:
+    """Strategy-free evaluate/predict of ``weights`` on the case's data; also the model."""
+    import keras
+
+    keras.utils.set_random_seed(runner.SEED)
+    data = cdata.make(case.data)
+    with runner.dtype_policy(case.precision):
+        model = runner.build_model(case, data)
+        model.set_weights(weights)
+        e_args, e_kwargs = runner.eval_input(case, data)
+        evaluation = model.evaluate(*e_args, verbose=0, return_dict=True, **e_kwargs)
+        p_args, p_kwargs = runner.predict_input(case, data)
+        predictions = model.predict(*p_args, verbose=0, **p_kwargs)
+    return ({"evaluation": {k: float(v) for k, v in evaluation.items()},
+             "predict": runner._flatten_predictions(predictions)}, model)
+
+
+def judge_case(case: Case, strategy: str, folder: Path, reference: dict,
+               initial_loss: dict) -> oracle.Verdict:
+    results = _tasks(folder / "results" / strategy, case.name)
+    if not results:
+        return oracle.Verdict("not_run", "the strategy's processes wrote no result")
+    chief = results.get("main") or results.get("worker-0")
+    problems, evaluated = [], {"evaluation": {}, "predict": []}
+    if chief and chief.get("status") == "ok":
+        evaluated, _ = same_weights(case, chief["weights"])
+        if case.check is not None:
+            problems = case.check(folder / "work" / strategy / case.name, chief,
+                                  lambda: runner.build_model(case, cdata.make(case.data)))
+    return oracle.judge(case, strategy, results, reference[case.name], evaluated,
+                        initial_loss.get(case.name), problems)
+
+
+def run_matrix(*, strategies=STRATEGIES, case_names=(), folder: Path, timeout_s: float = 1500,
+               allow_exposure: bool = False, progress=print) -> Matrix:
+    """Run the matrix (module docs) in ``folder`` (created; results, logs, callback outputs)."""
+    cases = select(list(case_names))
+    folder.mkdir(parents=True, exist_ok=True)
+    matrix = Matrix(cases, list(strategies))
+    start = time.perf_counter()
+    reference = run_reference(cases, folder)
+    initial_loss = {c.name: same_weights(c, reference[c.name]["initial_weights"])[0][
+        "evaluation"].get("loss") for c in cases}
+    matrix.seconds["reference"] = time.perf_counter() - start
+    progress(f"reference: {len(cases)} cases in {matrix.seconds['reference']:.0f} s")
+    for strategy in strategies:
+        seconds, output = run_strategy(strategy, cases, folder, timeout_s=timeout_s,
+                                       allow_exposure=allow_exposure)
+        matrix.seconds[strategy] = seconds
+        matrix.logs[strategy] = output
+        start = time.perf_counter()
+        for case in cases:
+            verdict = judge_case(case, strategy, folder, reference, initial_loss)
+            matrix.cells.setdefault(case.name, {})[strategy] = verdict
+        passed = sum(matrix.cells[c.name][strategy].status == "pass" for c in cases)
+        progress(f"{strategy}: {passed}/{len(cases)} pass, run {seconds:.0f} s, judged in "
+                 f"{time.perf_counter() - start:.0f} s")
+    return matrix

@@ -1,0 +1,111 @@
+"""One process of a conformance run: build the strategy once, run every planned case under it.
+
+``python kerasdist/conformance/task.py PLAN.json`` (the driver starts it directly for ``default``
+and ``mirrored``, and through ``kerasdist launch`` for ``multi_worker`` -- every worker runs it --
+and ``parameter_server`` -- it runs once, as the coordinator). ``PLAN.json``::
+
+    {"strategy": "multi_worker", "cases": ["sequential", ...], "out": DIR, "workdir": DIR,
+     "initial": DIR}
+
+Each case's result goes to ``<out>/<case>.<task>.{npz,json}`` (:mod:`kerasdist.conformance.runner`),
+``<task>`` being ``main`` or ``worker-<i>``. A case that raises is recorded as an error and the
+next case runs, except under ``multi_worker``, where the workers' collectives may no longer line
+up: the remaining cases are then recorded as not run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+LOGICAL_CPUS = 2
+COLLECTIVE_TIMEOUT_S = 60
+
+
+def _configure(kind: str) -> None:
+    import tensorflow as tf
+
+    tf.config.threading.set_inter_op_parallelism_threads(4)
+    if kind == "mirrored":
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
+
+
+def build_strategy(kind: str):
+    """The ``tf.distribute`` strategy of a matrix column (None for the reference)."""
+    import tensorflow as tf
+
+    if kind == "reference":
+        return None
+    if kind == "default":
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(LOGICAL_CPUS)])
+    if kind == "multi_worker":
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=COLLECTIVE_TIMEOUT_S)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if kind == "parameter_server":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver)
+    raise ValueError(f"unknown conformance strategy. Received: {kind!r}")
+
+
+def task_name() -> tuple[str, bool]:
+    """``(name, is_chief)`` of this process from ``TF_CONFIG`` (``main`` without one)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return "main", True
+    task = json.loads(raw).get("task", {})
+    kind, index = task.get("type", "worker"), int(task.get("index", 0))
+    if kind == "chief":
+        return "main", True
+    return f"{kind}-{index}", kind == "worker" and index == 0
+
+
+def run_plan(plan: dict) -> int:
+    """Run every case of ``plan`` (module docs); returns the number of cases that raised."""
+    import kerasdist
+    from kerasdist.conformance import runner
+    from kerasdist.conformance.cases import select
+
+    kind = plan["strategy"]
+    _configure(kind)
+    kerasdist.enable()
+    strategy = build_strategy(kind)
+    name, is_chief = task_name()
+    out, initial_dir = Path(plan["out"]), Path(plan["initial"])
+    broken, failures = None, 0
+    for case in select(plan["cases"]):
+        if broken:
+            runner.save({"status": "not_run", "error": f"not run: the cluster stopped being "
+                         f"usable after case '{broken}' failed"}, out, case.name, name)
+            continue
+        initial = runner.load(initial_dir, case.name, "initial")
+        try:
+            result = runner.run_case(
+                case, strategy, workdir=Path(plan["workdir"]) / case.name,
+                initial=initial["initial_weights"] if initial else None, is_chief=is_chief,
+                parameter_server=kind == "parameter_server")
+        except Exception as err:  # noqa: BLE001 - recorded per case; the driver reports it
+            result = runner.failure(err)
+            failures += 1
+            if kind == "multi_worker":
+                broken = case.name
+        runner.save(result, out, case.name, name)
+        print(f"[conformance] {kind} {name} {case.name}: {result['status']}", flush=True)
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    plan = json.loads(Path(argv[0]).read_text())
+    run_plan(plan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
