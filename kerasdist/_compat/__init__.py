@@ -42,6 +42,7 @@ MENDS = (
     "kerasdist._compat.tf_72388_scalar_reduce",
     "kerasdist._compat.keras_bn_replica_stats",
     "kerasdist._compat.keras_replica_apply",
+    "kerasdist._compat.keras_replica_loss",
 )
 
 

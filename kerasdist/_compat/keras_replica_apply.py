@@ -22,7 +22,9 @@ cross-replica context with one ``merge_call`` and runs Keras's unmodified
 whole global-batch gradient (as in one process), every ``ops.cond`` (accumulation, EMA overwrite)
 is taken in cross-replica context where TensorFlow allows it, and the updates go through
 ``strategy.extended.update`` as before. ``_backend_update_step`` finds no replica context and does
-not reduce a second time. One process, ``OneDeviceStrategy`` and parameter-server workers (one
+not reduce a second time. When :mod:`kerasdist._compat.keras_replica_loss` left the losses of a
+Keras ``fit`` step as per-replica means, the reduced sum is divided by the replicas in sync (the
+mean gradient, which Keras otherwise gets by dividing every loss). One process, ``OneDeviceStrategy`` and parameter-server workers (one
 replica each) run Keras's unmodified code.
 
 Probe: :func:`bug_present` reads the installed method's source (no TF op): the mend is needed
@@ -114,6 +116,11 @@ def _mended(original):
         reduced = self._all_reduce_sum_gradients(
             list(zip(grads, [getattr(v, "value", v) for v in trainable_variables])))
         reduced = [g for g, _ in reduced]
+        from kerasdist._compat import keras_replica_loss
+
+        if keras_replica_loss.unscaled_losses():  # per-replica mean losses: sum -> mean
+            replicas = self._distribution_strategy.num_replicas_in_sync
+            reduced = [None if g is None else g / tf.cast(replicas, g.dtype) for g in reduced]
 
         def in_cross_replica(distribution, reduced):
             local = [_local(distribution, g) for g in reduced]

@@ -138,10 +138,9 @@ def _train_step(self, data):
 
 def _unscaled(loss):
     """The loss as the user sees it: Keras divides it by the replicas in sync for the gradient."""
-    import tensorflow as tf
+    from keras.src.losses import loss as loss_module
 
-    replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    return loss * tf.cast(replicas, loss.dtype) if replicas > 1 else loss
+    return loss_module.unscale_loss_for_distribution(loss)
 
 
 def accumulate_gradients(model, steps: int):

@@ -1,0 +1,153 @@
+"""Mend: under a multi-replica strategy, Keras 3 hands custom steps a loss divided by the replicas.
+
+Upstream: no Keras issue found; reproduction (kerasdist, Keras 3.15 / TF 2.21, ``kerasdist
+conformance``, ``MirroredStrategy`` with 2 replicas and ``MultiWorkerMirroredStrategy`` with 2
+workers): a ``train_step``/``test_step`` written as Keras's "customizing fit" guide shows
+(``loss = self.compute_loss(...)``; ``metric.update_state(loss)`` for the ``loss`` metric) reports
+half the loss of the same model in one process (evaluate 0.59 vs 1.18), and a model that
+overrides ``compute_loss`` to add a term of its own (``+ 0.01 * mean(y_pred**2)``) ends with
+weights 1e-3 away from the single-process run. Cause: Keras divides every loss by
+``num_replicas_in_sync`` inside ``compute_loss`` (``keras.src.losses.loss.
+scale_loss_for_distribution``) so that the all-reduce *sum* of the replicas' gradients is the mean;
+its own ``train_step`` multiplies the value back before its loss tracker sees it, users' steps do
+not, and a term a user adds is not divided.
+
+Mend: during the steps of Keras's own ``fit``/``evaluate`` (the model's ``train_function`` and
+``test_function``; a user's ``strategy.run`` loop is untouched) under a ``MirroredStrategy`` or
+``MultiWorkerMirroredStrategy`` with 2+ replicas, ``scale_loss_for_distribution`` and
+``unscale_loss_for_distribution`` are the identity, so every loss a step sees is the per-replica
+mean, as in one process, and the optimizer divides the all-reduced gradient sum by the replicas
+instead (:mod:`kerasdist._compat.keras_replica_apply`): the same update, written where a custom
+step cannot miss it.
+
+Probe: :func:`bug_present` reads the installed ``scale_loss_for_distribution`` (no TF op): the mend
+is needed while it divides by ``num_replicas_in_sync``; ``tests/unit/test_compat.py`` fails when
+that changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+
+NAME = "keras-replica-loss"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+_MARK = "_kerasdist_mend"
+_STATE = threading.Lock(), {"depth": 0}
+_FUNCTIONS = ("scale_loss_for_distribution", "unscale_loss_for_distribution")
+
+
+def _loss_module():
+    from keras.src.losses import loss
+
+    return loss
+
+
+def _trainer_class():
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+    return TensorFlowTrainer
+
+
+def bug_present() -> bool:
+    """Whether Keras still divides losses by ``num_replicas_in_sync`` (source check)."""
+    function = getattr(_loss_module(), "scale_loss_for_distribution", None)
+    if function is None:
+        return False
+    function = getattr(function, "__wrapped__", function)
+    return "num_replicas_in_sync" in inspect.getsource(function)
+
+
+def in_keras_step() -> bool:
+    """True while a Keras ``fit``/``evaluate`` step function runs or is traced (any thread)."""
+    return _STATE[1]["depth"] > 0
+
+
+def replicated(strategy=None) -> bool:
+    """A ``MirroredStrategy``/``MultiWorkerMirroredStrategy`` with 2 or more replicas in sync."""
+    import tensorflow as tf
+
+    if strategy is None:
+        if not tf.distribute.has_strategy():
+            return False
+        strategy = tf.distribute.get_strategy()
+    return (isinstance(strategy, (tf.distribute.MirroredStrategy,
+                                  tf.distribute.MultiWorkerMirroredStrategy))
+            and strategy.num_replicas_in_sync > 1)
+
+
+def unscaled_losses() -> bool:
+    """Whether losses of the step being traced are per-replica means (this mend in effect)."""
+    return installed() and in_keras_step() and replicated()
+
+
+def _identity_in_steps(original):
+    @functools.wraps(original)
+    def function(value):
+        if unscaled_losses():
+            return value
+        return original(value)
+
+    setattr(function, _MARK, NAME)
+    return function
+
+
+def _counted(step_function):
+    @functools.wraps(step_function)
+    def run(*args, **kwargs):
+        lock, state = _STATE
+        with lock:
+            state["depth"] += 1
+        try:
+            return step_function(*args, **kwargs)
+        finally:
+            with lock:
+                state["depth"] -= 1
+
+    run._kerasdist_counted = True
+    return run
+
+
+def _wrap_maker(original, attribute: str):
+    @functools.wraps(original)
+    def make(self, *args, **kwargs):
+        returned = original(self, *args, **kwargs)  # Keras 3.15 sets the attribute, returns None
+        function = getattr(self, attribute, None)
+        if function is not None and not getattr(function, "_kerasdist_counted", False):
+            setattr(self, attribute, _counted(function))
+        return getattr(self, attribute) if returned is not None else returned
+
+    setattr(make, _MARK, NAME)
+    return make
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return getattr(getattr(_loss_module(), _FUNCTIONS[0]), _MARK, None) == NAME
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    module, trainer = _loss_module(), _trainer_class()
+    for name in _FUNCTIONS:
+        setattr(module, name, _identity_in_steps(getattr(module, name)))
+    for maker, attribute in (("make_train_function", "train_function"),
+                             ("make_test_function", "test_function")):
+        setattr(trainer, maker, _wrap_maker(trainer.__dict__[maker], attribute))
+    return True
+
+
+def uninstall() -> None:
+    """Restore the upstream functions (tests only)."""
+    if not installed():
+        return
+    module, trainer = _loss_module(), _trainer_class()
+    for name in _FUNCTIONS:
+        setattr(module, name, getattr(module, name).__wrapped__)
+    for maker in ("make_train_function", "make_test_function"):
+        setattr(trainer, maker, trainer.__dict__[maker].__wrapped__)
