@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
 
     cli_ops.add_parsers(sub, _add_role_args)
+    from kerasdist.conformance import command as conformance
+
+    conformance.add_parser(sub)
 
     bench = sub.add_parser("bench", help="run a recipe under several strategies and baselines")
     _add_recipe_args(bench)
@@ -292,8 +295,14 @@ def _cmd_bench(args) -> int:
     return EXIT_OK
 
 
+def _cmd_conformance(args) -> int:
+    from kerasdist.conformance import command
+
+    return command.run(args)
+
+
 COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
-            "export": _cmd_export, **cli_ops.COMMANDS}
+            "export": _cmd_export, "conformance": _cmd_conformance, **cli_ops.COMMANDS}
 
 
 def console(argv: Sequence[str] | None = None) -> int:

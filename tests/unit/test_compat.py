@@ -13,18 +13,65 @@ import tensorflow as tf
 from kerasdist import _compat
 from kerasdist._compat import _fakes
 from kerasdist._compat import keras_20585_symbolic_build as mend_20585
+from kerasdist._compat import keras_bn_replica_stats as mend_bn
+from kerasdist._compat import keras_replica_apply as mend_apply
+from kerasdist._compat import keras_replica_loss as mend_loss
 from kerasdist._compat import tf_72388_scalar_reduce as mend_72388
+
+ALL = [__import__(name, fromlist=["NAME"]) for name in _compat.MENDS]
 
 
 @pytest.fixture
 def pristine():
     """Run a test with no mend installed, then put back whatever was installed before."""
-    before = [m for m in (mend_20585, mend_72388) if m.installed()]
-    for module in (mend_20585, mend_72388):
+    before = [m for m in ALL if m.installed()]
+    for module in reversed(ALL):
         module.uninstall()
     yield
     for module in before:
         module.install()
+
+
+def test_upstream_batchnorm_still_creates_moving_statistics_without_aggregation(pristine):
+    assert mend_bn.bug_present(), (
+        "upstream fixed BatchNormalization's moving statistics under mirrored strategies (they "
+        "now pass an aggregation). Remove kerasdist/_compat/keras_bn_replica_stats.py")
+
+
+def test_upstream_optimizer_still_clips_before_the_all_reduce(pristine):
+    assert mend_apply.bug_present(), (
+        "upstream changed where Keras clips and all-reduces gradients (keras#20582 area). "
+        "Check, then remove kerasdist/_compat/keras_replica_apply.py")
+
+
+def test_upstream_losses_still_scaled_by_replicas(pristine):
+    assert mend_loss.bug_present(), (
+        "upstream no longer divides losses by num_replicas_in_sync in compute_loss. Remove "
+        "kerasdist/_compat/keras_replica_loss.py (and the division in keras_replica_apply)")
+
+
+def test_bn_mend_averages_moving_statistics_only_under_mirrored_strategies(pristine):
+    import keras
+
+    _compat.apply()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        layer = keras.layers.BatchNormalization()
+        layer.build((None, 3))
+    assert layer.moving_mean.aggregation == "mean" and layer.gamma.aggregation == "none"
+    plain = keras.layers.BatchNormalization()
+    plain.build((None, 3))
+    assert plain.moving_mean.aggregation == "none"
+
+
+def test_replica_mends_are_identity_outside_keras_steps(pristine):
+    from keras.src.losses import loss as loss_module
+
+    _compat.apply()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():  # a user's own strategy.run loop keeps Keras's scaling
+        assert not mend_loss.in_keras_step()
+        assert float(loss_module.scale_loss_for_distribution(tf.constant(2.0))) == 1.0
 
 
 def test_upstream_keras_20585_still_broken(pristine):
@@ -47,15 +94,17 @@ def test_apply_is_idempotent_and_names_the_issues(pristine):
     first = _compat.apply()
     method = mend_20585._trainer_class()._maybe_symbolic_build
     function = mend_72388._trainer_module().reduce_per_replica
-    assert first == ["keras#20585", "tensorflow#72388"]
+    assert first == [module.NAME for module in ALL if module.bug_present()]
     assert _compat.apply() == first
     assert mend_20585._trainer_class()._maybe_symbolic_build is method  # not wrapped twice
     assert mend_72388._trainer_module().reduce_per_replica is function
-    assert _compat.status() == {"keras#20585": "installed", "tensorflow#72388": "installed"}
-    for name in _compat.MENDS:
-        module = __import__(name, fromlist=["ISSUE"])
-        number = module.NAME.split("#")[1]
-        assert module.ISSUE.startswith("https://github.com/") and module.ISSUE.endswith(number)
+    assert _compat.status() == {name: "installed" for name in first}
+    for module in ALL:
+        if "#" in module.NAME:
+            number = module.NAME.split("#")[1]
+            assert module.ISSUE.startswith("https://github.com/") and module.ISSUE.endswith(number)
+        else:
+            assert "reproduction" in module.ISSUE or module.ISSUE.startswith("https://github.com/")
 
 
 def test_mended_reduce_averages_scalars_with_axis_none(pristine):
