@@ -14,6 +14,9 @@ Mend: a wrapper around ``reduce_per_replica`` that, for a multi-worker strategy 
 or ``"mean"`` reduction only, averages every scalar log across all replicas with ``axis=None``
 (one all-reduce per step for all scalars together, packed into one vector) and leaves values of
 rank >= 1 to the unmodified function. Effect: every worker logs the same, global mean value.
+For ``predict`` (reduction ``"concat"``) of a mixed_bfloat16 model, bfloat16 outputs are gathered
+as float32 and cast back (TF's all-gather has no bfloat16 kernel; found by ``kerasdist
+conformance``).
 """
 
 from __future__ import annotations
@@ -54,11 +57,42 @@ def _mean_of_scalars(values, strategy, original, reduction):
     return tf.nest.pack_sequence_as(values, leaves)
 
 
+def _concat_via_float32(values, strategy, original, reduction):
+    """``predict``'s cross-worker concat of bfloat16 outputs (mixed_bfloat16 models): TF's
+    all-gather has no bfloat16 kernel ("DataType bfloat16 not in list of allowed values"), so
+    gather them as float32 (exact: every bfloat16 is a float32) and cast back."""
+    import tensorflow as tf
+
+    def is_bf16(v):
+        return getattr(v, "dtype", None) == tf.bfloat16
+
+    def widen(v):
+        if isinstance(v, tf.distribute.DistributedValues):
+            parts = strategy.experimental_local_results(v)
+            if parts and is_bf16(parts[0]):
+                return strategy.run(lambda t: tf.cast(t, tf.float32), args=(v,))
+        elif is_bf16(v):  # one local replica: a plain tensor
+            return tf.cast(v, tf.float32)
+        return v
+
+    flat = tf.nest.flatten(values, expand_composites=False)
+    narrow = [any(is_bf16(p) for p in strategy.experimental_local_results(v))
+              if isinstance(v, tf.distribute.DistributedValues) else is_bf16(v) for v in flat]
+    if not any(narrow):
+        return original(values, strategy, reduction)
+    widened = tf.nest.pack_sequence_as(values, [widen(v) for v in flat])
+    out = tf.nest.flatten(original(widened, strategy, reduction))
+    return tf.nest.pack_sequence_as(
+        values, [tf.cast(o, tf.bfloat16) if n else o for o, n in zip(out, narrow, strict=True)])
+
+
 def _mended(original):
     @functools.wraps(original)
     def reduce_per_replica(values, strategy, reduction):
         if reduction in ("auto", "mean") and is_multi_worker(strategy):
             return _mean_of_scalars(values, strategy, original, reduction)
+        if reduction == "concat" and is_multi_worker(strategy):
+            return _concat_via_float32(values, strategy, original, reduction)
         return original(values, strategy, reduction)
 
     setattr(reduce_per_replica, _MARK, NAME)

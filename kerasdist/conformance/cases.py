@@ -38,6 +38,8 @@ class Case:
         callbacks: ``fn(workdir: Path) -> list`` of Keras callbacks; ``workdir`` is one directory
             shared by every task of a run (as users point callbacks at one shared path).
         validation: pass the data as ``validation_data`` too.
+        eval_examples: evaluate on the first N examples only (None: all), e.g. a number that
+            leaves a partial last batch and shards of different sizes.
         per_replica: why the trained weights of a multi-replica run are not comparable with the
             strategy-free run (Keras's documented per-replica semantics); empty: they are.
         precision: Keras dtype policy while the model is built and trained.
@@ -57,6 +59,7 @@ class Case:
     fit_kwargs: dict = field(default_factory=dict)
     callbacks: Callable | None = None
     validation: bool = False
+    eval_examples: int | None = None
     per_replica: str = ""
     precision: str = "float32"
     tolerance: tuple[float, float] = (2e-4, 2e-5)
@@ -163,6 +166,11 @@ def _metric_cases() -> list[Case]:
         Case("metrics_mean", "mean metrics (accuracy, crossentropy, top-k)",
              compile=lambda: sgd_compile(metrics=("accuracy", "sparse_top_k_categorical_accuracy"))),
         Case("metrics_confusion", "AUC, Precision, Recall, PrecisionAtRecall", data="binary",
+             model=lambda data: models.dense(out=1, activation="sigmoid"),
+             compile=lambda: sgd_compile(loss="binary_crossentropy",
+                                         metrics=_confusion_metrics())),
+        Case("metrics_confusion_uneven", "AUC, Precision, Recall on 60 examples (partial last "
+             "batch, uneven shards)", data="binary", eval_examples=60,
              model=lambda data: models.dense(out=1, activation="sigmoid"),
              compile=lambda: sgd_compile(loss="binary_crossentropy",
                                          metrics=_confusion_metrics())),

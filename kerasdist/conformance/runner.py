@@ -110,7 +110,12 @@ def train_input(case: Case, data: dict, strategy, *, parameter_server: bool) -> 
 
 
 def eval_input(case: Case, data: dict):
-    """The held-out input: the same examples, as a global-batched dataset (NumPy for numpy)."""
+    """The held-out input: the same examples (the first ``case.eval_examples``), as a
+    global-batched dataset (NumPy for numpy)."""
+    if case.eval_examples:
+        import keras
+
+        data = keras.tree.map_structure(lambda a: a[:case.eval_examples], data)
     if case.input == "numpy":
         return (data["x"], data["y"]), {"batch_size": cdata.GLOBAL_BATCH}
     ds = cdata.dataset(data, weighted=case.weighted)

@@ -1,0 +1,123 @@
+"""Mend: Keras 3 ``TensorBoard`` and ``CSVLogger`` are written by every multi-worker task.
+
+Upstream: no Keras issue found; reproduction (kerasdist, Keras 3.15 / TF 2.21, ``kerasdist
+conformance``, ``MultiWorkerMirroredStrategy`` with 2 workers, one shared path as TensorFlow's
+multi-worker tutorial uses): ``TensorBoard(log_dir)`` leaves two event files in
+``log_dir/train`` (one per task, the same curves twice in TensorBoard), and ``CSVLogger(path)`` is
+opened and written by both workers at once. Keras 3 callbacks have no chief logic
+(:mod:`kerasdist._compat.keras_chief_callbacks` covers ``ModelCheckpoint``/``BackupAndRestore``).
+
+Mend (installed by ``kerasdist.enable()``): under a multi-worker strategy a non-chief task writes
+its TensorBoard logs and its CSV file into a private temporary folder, removed at train end; the
+chief (task ``chief``, else ``worker`` 0) writes the user's path. Everything else is upstream.
+
+Probe: :func:`bug_present` checks that the installed callbacks still never look at the model's
+strategy (source check, no TF op); ``tests/unit/test_compat.py``-style test in
+``tests/integration/test_chief_callbacks.py`` fails when that changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import shutil
+import tempfile
+import threading
+
+from kerasdist._compat.keras_chief_callbacks import role
+
+NAME = "keras-chief-logs"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+_MARK = "_kerasdist_mend"
+_LOCK = threading.Lock()
+_OTHER = "other"
+
+
+def _classes():
+    from keras.src.callbacks.csv_logger import CSVLogger
+    from keras.src.callbacks.tensorboard import TensorBoard
+
+    return TensorBoard, CSVLogger
+
+
+def bug_present() -> bool:
+    """Whether neither callback consults the distribution strategy (source check)."""
+    return all("distribute" not in inspect.getsource(cls) for cls in _classes())
+
+
+def _private(callback) -> str:
+    folder = tempfile.mkdtemp(prefix="kerasdist-worker-logs-")
+    callback._kerasdist_private = folder
+    return folder
+
+
+def _tensorboard_set_model(original):
+    @functools.wraps(original)
+    def set_model(self, model):
+        if role(model) == _OTHER and not getattr(self, "_kerasdist_private", None):
+            self.log_dir = _private(self)
+        return original(self, model)
+
+    setattr(set_model, _MARK, NAME)
+    return set_model
+
+
+def _csv_train_begin(original):
+    @functools.wraps(original)
+    def on_train_begin(self, logs=None):
+        if role(self.model) == _OTHER and not getattr(self, "_kerasdist_private", None):
+            self.filename = os.path.join(_private(self), os.path.basename(self.filename))
+        return original(self, logs)
+
+    setattr(on_train_begin, _MARK, NAME)
+    return on_train_begin
+
+
+def _cleanup_after(original):
+    @functools.wraps(original)
+    def on_train_end(self, logs=None):
+        result = original(self, logs)
+        folder = getattr(self, "_kerasdist_private", None)
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
+            self._kerasdist_private = None
+        return result
+
+    setattr(on_train_end, _MARK, NAME)
+    return on_train_end
+
+
+def _patches():
+    tensorboard, csv_logger = _classes()
+    return ((tensorboard, "set_model", _tensorboard_set_model),
+            (tensorboard, "on_train_end", _cleanup_after),
+            (csv_logger, "on_train_begin", _csv_train_begin),
+            (csv_logger, "on_train_end", _cleanup_after))
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return all(getattr(cls.__dict__[name], _MARK, None) == NAME for cls, name, _ in _patches())
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    with _LOCK:
+        if installed():
+            return True
+        if not bug_present():
+            return False
+        for cls, name, wrap in _patches():
+            if getattr(cls.__dict__[name], _MARK, None) != NAME:
+                setattr(cls, name, wrap(cls.__dict__[name]))
+        return True
+
+
+def uninstall() -> None:
+    """Restore the upstream methods (tests only)."""
+    with _LOCK:
+        for cls, name, _ in _patches():
+            method = cls.__dict__[name]
+            if getattr(method, _MARK, None) == NAME:
+                setattr(cls, name, method.__wrapped__)

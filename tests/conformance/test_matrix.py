@@ -1,0 +1,78 @@
+"""The conformance matrix (``kerasdist conformance``) as tests: one test per (strategy, case) cell.
+
+The strategy-free reference runs once, in this process, for the module; each strategy's processes
+start **once** (one process for default/mirrored, a local 2-worker cluster for multi_worker, 1 ps +
+2 workers + coordinator for parameter_server) and run every case; each test then judges one cell
+with :func:`kerasdist.conformance.oracle.judge` (the oracle is documented there and in
+docs/conformance.md). A cell passes, or is refused up front with ``UnsupportedFeatureError``
+naming the feature and the strategy; anything else fails the test with the oracle's findings.
+
+Several of these cells are the regression tests of issue 18's defects (each failed on the main
+branch before its mend): ``batchnorm`` under multi_worker/mirrored (moving statistics differed
+across replicas), ``gradient_accumulation`` and ``use_ema`` (merge_call inside a cond),
+``clipnorm``/``clipvalue``/``global_clipnorm`` (clipped before the all-reduce),
+``custom_train_test_step``/``custom_compute_loss`` (loss divided by the replicas), the string-input
+cases under mirrored, ``cb_tensorboard`` under multi_worker (one writer per task),
+``mixed_bfloat16`` under multi_worker (predict), and every parameter_server cell (predict,
+nested logs of a custom step, class_weight).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kerasdist.conformance import driver, runner
+from kerasdist.conformance.cases import all_cases
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+CASES = all_cases()
+STRATEGY_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    """The folder, the reference results and each strategy's run (started on first use)."""
+    from kerasdist.launch import isolation
+
+    folder = tmp_path_factory.mktemp("conformance")
+    reference = driver.run_reference(CASES, folder)
+    initial_loss = {c.name: driver.same_weights(c, reference[c.name]["initial_weights"])[0][
+        "evaluation"].get("loss") for c in CASES}
+    return {"folder": folder, "reference": reference, "initial_loss": initial_loss, "runs": {},
+            "exposure": isolation.unavailable_reason() is not None}
+
+
+def _run(matrix, strategy):
+    if strategy not in matrix["runs"]:
+        seconds, output = driver.run_strategy(strategy, CASES, matrix["folder"],
+                                              timeout_s=STRATEGY_TIMEOUT_S,
+                                              allow_exposure=matrix["exposure"])
+        matrix["runs"][strategy] = output
+    return matrix["runs"][strategy]
+
+
+@pytest.mark.timeout(STRATEGY_TIMEOUT_S + 600)
+@pytest.mark.parametrize("strategy", driver.STRATEGIES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_cell(matrix, strategy, case):
+    output = _run(matrix, strategy)
+    verdict = driver.judge_case(case, strategy, matrix["folder"], matrix["reference"],
+                                matrix["initial_loss"])
+    if verdict.status == "refused":  # up front, by kerasdist, naming feature and strategy
+        assert verdict.detail.startswith("UnsupportedFeatureError"), verdict.detail
+        return
+    assert verdict.status == "pass", (f"{case.name} under {strategy}: {verdict.status}: "
+                                      f"{verdict.detail}\n--- processes' output (tail) ---\n"
+                                      f"{output[-4000:]}")
+
+
+def test_reference_is_deterministic(matrix, tmp_path):
+    """The oracle is only as good as its reference: a second strategy-free run of a case gives
+    bit-for-bit the same weights."""
+    case = next(c for c in CASES if c.name == "adam")
+    first = matrix["reference"]["adam"]
+    again = runner.run_case(case, None, workdir=tmp_path,
+                            initial=first["initial_weights"])
+    for a, b in zip(first["weights"] + first["optimizer"], again["weights"] + again["optimizer"]):
+        assert (a == b).all()
