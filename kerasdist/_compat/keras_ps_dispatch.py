@@ -82,16 +82,18 @@ def _wrap(name: str, original, target):
     return method
 
 
-def enable(*, fit, evaluate) -> None:
-    """Route ``model.fit``/``model.evaluate`` of ParameterServerStrategy models to ``fit`` and
-    ``evaluate`` (kerasdist's :func:`kerasdist.keras.ps_fit.fit` / ``evaluate``, passed in by
+def enable(*, fit, evaluate, predict=None) -> None:
+    """Route ``model.fit``/``model.evaluate`` (and ``model.predict`` when given) of
+    ParameterServerStrategy models to ``fit``, ``evaluate`` and ``predict`` (kerasdist's :func:`kerasdist.keras.ps_fit.fit` / ``evaluate``, passed in by
     :func:`kerasdist.keras.enable` so that this layer imports nothing above it).
 
     Idempotent and thread-safe.
     """
     trainer = _trainer_class()
     with _LOCK:
-        for name, target in (("fit", fit), ("evaluate", evaluate)):
+        targets = (("fit", fit), ("evaluate", evaluate)) + (
+            (("predict", predict),) if predict is not None else ())
+        for name, target in targets:
             current = trainer.__dict__[name]
             if hasattr(current, _MARK):
                 continue

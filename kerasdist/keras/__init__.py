@@ -28,10 +28,10 @@ def enable() -> list[str]:
     """
     from kerasdist import _compat
     from kerasdist._compat import keras_chief_callbacks, keras_chief_logs, keras_ps_dispatch
-    from kerasdist.keras import ps_fit
+    from kerasdist.keras import ps_fit, ps_predict
 
     mends = _compat.apply()
-    keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate)
+    keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate, predict=ps_predict.predict)
     keras_chief_callbacks.install()
     keras_chief_logs.install()
     return mends

@@ -20,7 +20,13 @@ parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i
 ``ps_staleness_mean``, ``ps_staleness_max``; see
 :class:`~kerasdist.keras.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
 
-Not supported (clear ``ValueError``): ``validation_split``, ``class_weight``.
+``class_weight`` becomes per-example weights on the workers' pipelines (Keras's own mapping);
+``model.predict`` is :func:`kerasdist.keras.ps_predict.predict`.
+
+Not supported (clear ``ValueError``): ``validation_split``. Refused before anything is scheduled
+(:class:`~kerasdist.errors.UnsupportedFeatureError`, naming the feature and why): an optimizer with
+``gradient_accumulation_steps`` or ``use_ema``, and Keras lookup layers (``StringLookup``,
+``IntegerLookup``, ``TextVectorization``) in the model (see :func:`refuse_unsupported`).
 """
 
 from __future__ import annotations
@@ -56,7 +62,49 @@ def _atomic_updates(run: ps_loop.PSRun):
     return keras_ps_atomic_assign.atomic_updates(variables)
 
 
-def _start(model) -> ps_loop.PSRun:
+LOOKUP_LAYERS = ("IndexLookup", "StringLookup", "IntegerLookup", "TextVectorization")
+
+
+def refuse_unsupported(model, *, training: bool = True) -> None:
+    """Refuse, before anything is scheduled, what asynchronous parameter-server training cannot
+    run correctly.
+
+    Raises:
+        UnsupportedFeatureError: ``gradient_accumulation_steps`` (every worker would add its
+            micro-steps to the same accumulators on the ps and at-least-once re-runs would count
+            twice: no update equals k steps of one replica); ``use_ema`` (the moving average and
+            its periodic overwrite of the weights are read-modify-writes of every ps variable,
+            racing with the other workers' updates); a Keras lookup layer (its TensorFlow lookup
+            table lives on the coordinator, and Keras 3 does not create it as a per-worker
+            resource: the workers fail at ``.../Lookup/Placeholder``).
+    """
+    from kerasdist.errors import UnsupportedFeatureError
+
+    optimizer = getattr(model, "optimizer", None)
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    why = {"gradient_accumulation_steps": "every worker would add its micro-steps to the same "
+           "accumulators on the ps, and a step re-run after a lost worker would count twice",
+           "use_ema": "the moving average and its periodic overwrite of the weights are "
+           "read-modify-writes of the ps variables that race with the other workers' updates"}
+    for name, reason in why.items():
+        value = getattr(inner, name, None) if training else None
+        if value:
+            raise UnsupportedFeatureError(
+                f"optimizer `{name}` is not supported under ParameterServerStrategy: {reason}. "
+                f"Use a synchronous strategy (multi_worker, mirrored) for it. "
+                f"Received: {name}={value!r}")
+    lookups = sorted({type(layer).__name__ for layer in model._flatten_layers()
+                      if any(base.__name__ in LOOKUP_LAYERS for base in type(layer).__mro__)})
+    if lookups:
+        raise UnsupportedFeatureError(
+            f"Keras lookup layers ({', '.join(lookups)}) are not supported in a model under "
+            "ParameterServerStrategy: their TensorFlow lookup table is created on the coordinator "
+            "and Keras 3 does not make it a per-worker resource, so the workers cannot read it. "
+            "Map strings to integer ids in the input pipeline on the workers (e.g. with "
+            f"keras.layers.Hashing or tf.lookup inside a dataset_fn). Received: {lookups}")
+
+
+def _start(model, *, training: bool = False) -> ps_loop.PSRun:
     import tensorflow as tf
 
     strategy = model.distribute_strategy
@@ -66,6 +114,7 @@ def _start(model) -> ps_loop.PSRun:
                          f"{type(strategy).__name__}")
     if not getattr(model, "compiled", False):
         raise ValueError("You must call `compile()` before using the model.")
+    refuse_unsupported(model, training=training)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
     num_workers = cluster_spec(strategy).num_tasks("worker")
     return ps_loop.PSRun(model=model, strategy=strategy, coordinator=coordinator,
@@ -158,10 +207,12 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
     """
     import keras
 
-    _check_unsupported(validation_split=validation_split, class_weight=class_weight)
-    run = _start(model)
+    _check_unsupported(validation_split=validation_split)
+    run = _start(model, training=True)
     train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
                                    shuffle=shuffle, num_workers=run.num_workers)
+    if class_weight:
+        train_in = ps_data.with_class_weight(train_in, class_weight)
     steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
                                   training=True)
     train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,

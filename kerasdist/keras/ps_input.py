@@ -66,6 +66,7 @@ def _from_dataset(dataset, num_workers: int) -> PSInput:
             f"workers ({err.message.splitlines()[0]}). Pass a dataset function "
             "`fn(input_context) -> tf.data.Dataset` instead. Received: x=<tf.data.Dataset>"
         ) from None
+    _refuse_lookup_tables(graph_def)
     spec = dataset.element_spec
 
     def dataset_fn(input_context):
@@ -74,6 +75,30 @@ def _from_dataset(dataset, num_workers: int) -> PSInput:
         return rebuilt.shard(num_workers, input_context.input_pipeline_id)
 
     return PSInput(dataset_fn, int(dataset.cardinality().numpy()), "dataset")
+
+
+def _refuse_lookup_tables(graph_def) -> None:
+    """Refuse a dataset whose graph reads a lookup table (a Keras ``StringLookup``/
+    ``TextVectorization`` mapped over it): the table lives on the coordinator and the workers'
+    copies of the pipeline cannot read it.
+
+    Raises:
+        UnsupportedFeatureError: naming the table ops found.
+    """
+    import tensorflow as tf
+
+    from kerasdist.errors import UnsupportedFeatureError
+
+    graph = tf.compat.v1.GraphDef.FromString(graph_def.numpy())
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    tables = sorted({n.op for n in nodes if "LookupTable" in n.op or "HashTable" in n.op})
+    if tables:
+        raise UnsupportedFeatureError(
+            "a tf.data.Dataset that reads a lookup table (e.g. a Keras StringLookup or "
+            "TextVectorization mapped over it) is not supported under ParameterServerStrategy: "
+            "the table lives on the coordinator and the workers' copies of the pipeline cannot "
+            "read it. Map strings to ids with ops that need no table (keras.layers.Hashing, "
+            f"tf.strings.to_hash_bucket_fast). Received: ops {tables}")
 
 
 def _from_arrays(data, *, batch_size: int, shuffle: bool, num_workers: int) -> PSInput:
@@ -132,6 +157,28 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         f"ParameterServerStrategy training reads `{argument}` on the workers: pass a dataset "
         "function `fn(input_context) -> tf.data.Dataset`, a tf.data.Dataset or NumPy arrays. "
         f"Received: {argument}={type(x).__name__}")
+
+
+def with_class_weight(ps_input: PSInput, class_weight: dict) -> PSInput:
+    """``ps_input`` whose batches carry ``sample_weight = class_weight[y]`` (Keras's own mapping,
+    ``make_class_weight_map_fn``: integer class ids; one-hot ``y`` is argmax'ed), applied on the
+    workers' pipelines.
+
+    Raises:
+        ValueError: ``class_weight`` is not a non-empty dict of non-negative int keys (the message
+            names it and the received value).
+    """
+    import dataclasses
+
+    from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+
+    if not isinstance(class_weight, dict) or not class_weight or not all(
+            isinstance(k, (int, np.integer)) and k >= 0 for k in class_weight):
+        raise ValueError("`class_weight` must be a dict {class id (int >= 0): weight}. "
+                         f"Received: class_weight={class_weight!r}")
+    weights = make_class_weight_map_fn({int(k): float(v) for k, v in class_weight.items()})
+    inner = ps_input.dataset_fn
+    return dataclasses.replace(ps_input, dataset_fn=lambda ctx: inner(ctx).map(weights))
 
 
 def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) -> int | None:

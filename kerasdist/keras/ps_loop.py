@@ -161,11 +161,16 @@ def metrics_logs(model, last_logs=None) -> dict[str, float]:
     """The model's metric results read from the ps variables (call after ``join``).
 
     As Keras does, a custom step's last logs are used instead when they carry keys the
-    model's metrics do not have.
+    model's metrics do not have; nested dicts (``{m.name: m.result() for m in self.metrics}``
+    gives ``compile_metrics: {...}``) are flattened with Keras's own ``pythonify_logs``.
     """
-    result = {k: float(np.asarray(v)) for k, v in model.get_metrics_result().items()}
-    if last_logs and set(last_logs) - set(result):
-        return {k: float(np.asarray(v)) for k, v in last_logs.items()}
+    from keras.src.utils.python_utils import pythonify_logs
+
+    result = pythonify_logs(model.get_metrics_result())
+    if last_logs:
+        last = pythonify_logs(last_logs)  # a custom step's nested dicts, flattened as Keras does
+        if set(last) - set(result):
+            return last
     return result
 
 
