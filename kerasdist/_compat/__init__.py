@@ -9,6 +9,14 @@ module                                  upstream issue / scope
 ``tf_72388_scalar_reduce``              https://github.com/tensorflow/tensorflow/issues/72388
 ``keras_bn_replica_stats``              no issue; reproduction in the module (BatchNormalization
                                         moving statistics differ across replicas/workers)
+``keras_replica_apply``                 https://github.com/keras-team/keras/issues/20582
+                                        (accumulation/EMA crash; clipping before the all-reduce)
+``keras_replica_loss``                  no issue; reproduction in the module (custom steps see
+                                        the loss divided by the replicas)
+``keras_chief_callbacks``               ModelCheckpoint/BackupAndRestore written by every worker;
+                                        installed by ``kerasdist.enable()`` only
+``keras_chief_logs``                    TensorBoard/CSVLogger written by every worker;
+                                        installed by ``kerasdist.enable()`` only
 ``keras_ps_atomic_assign``              no issue; reproduction in the module. Scoped to the
                                         variables of one model, inside a ``with`` block
 ``keras_ps_dispatch``                   Keras 3 has no PS ``fit``; installed by
@@ -17,15 +25,16 @@ module                                  upstream issue / scope
                                         instance (``strategy.gradient_compression``)
 ======================================  ===================================================
 
-The first two are installed by :func:`apply` (process-wide, both change behaviour only for a
-strategy in multi-worker mode). The last three are used where needed, never by :func:`apply`.
+The modules in :data:`MENDS` are installed by :func:`apply` (process-wide; each changes behaviour
+only under a distribution strategy: multi-worker mode, or 2+ replicas in sync); the others are
+used where needed, never by :func:`apply`. Most were found by the conformance matrix
+(``kerasdist conformance``, ``docs/conformance.md``).
 
 Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
 installed Keras/TF that runs no TensorFlow op, so it is safe before a
 ``MultiWorkerMirroredStrategy`` is created) and ``install() -> bool``. A mend is installed only when
 its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream fixed ...: remove this
-mend" once a release fixes it. Both mends change behaviour only for a strategy in multi-worker mode,
-so single-process training runs the unmodified Keras code.
+mend" once a release fixes it. Single-process training runs the unmodified Keras code.
 
 Example::
 

@@ -177,3 +177,31 @@ def test_upstream_keras_optimizer_still_all_reduces_in_the_private_hook():
     assert keras_allreduce_hook.hook_present(), (
         f"upstream Keras's TF optimizer has no {keras_allreduce_hook.HOOK} any more: find its new "
         "gradient all-reduce (or a public API) and update kerasdist/_compat/keras_allreduce_hook.py")
+
+
+def test_upstream_tensorboard_and_csvlogger_still_not_chief_aware():
+    from kerasdist._compat import keras_chief_logs
+
+    assert keras_chief_logs.bug_present(), (
+        "upstream TensorBoard/CSVLogger now consult the distribution strategy. Check, then remove "
+        "kerasdist/_compat/keras_chief_logs.py")
+
+
+def test_chief_logs_mend_sends_a_non_chief_csv_to_a_private_folder(tmp_path):
+    import types
+
+    from kerasdist._compat import keras_chief_callbacks, keras_chief_logs
+    from keras.callbacks import CSVLogger
+
+    keras_chief_logs.install()
+    path = tmp_path / "log.csv"
+    for task, private in ((0, False), (1, True)):
+        logger = CSVLogger(str(path))
+        logger.set_model(types.SimpleNamespace(
+            distribute_strategy=keras_chief_callbacks.fake_worker_strategy(task)))
+        logger.on_train_begin()
+        logger.on_epoch_end(0, {"loss": 1.0})
+        written = logger.filename
+        logger.on_train_end()
+        assert (written != str(path)) == private
+    assert path.read_text().count("\n") == 2  # header + one epoch, from the chief only
