@@ -281,5 +281,4 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
                                      batches=evaluation.batches, callbacks=callbacks)
     if return_dict:
         return logs
-    values = list(logs.values())
-    return values[0] if len(values) == 1 else values
+    return model._flatten_metrics_in_order(logs)  # Keras's order: metrics_names
