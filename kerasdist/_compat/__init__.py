@@ -13,6 +13,8 @@ module                                  upstream issue / scope
                                         (accumulation/EMA crash; clipping before the all-reduce)
 ``keras_replica_loss``                  no issue; reproduction in the module (custom steps see
                                         the loss divided by the replicas)
+``keras_20582_grad_accum``              https://github.com/keras-team/keras/issues/20582
+                                        (``gradient_accumulation_steps`` under any strategy)
 ``keras_chief_callbacks``               ModelCheckpoint/BackupAndRestore written by every worker;
                                         installed by ``kerasdist.enable()`` only
 ``keras_chief_logs``                    TensorBoard/CSVLogger written by every worker;
@@ -52,6 +54,7 @@ MENDS = (
     "kerasdist._compat.keras_bn_replica_stats",
     "kerasdist._compat.keras_replica_apply",
     "kerasdist._compat.keras_replica_loss",
+    "kerasdist._compat.keras_20582_grad_accum",
 )
 
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from kerasdist import _compat
 from kerasdist._compat import _fakes
+from kerasdist._compat import keras_20582_grad_accum as mend_20582
 from kerasdist._compat import keras_20585_symbolic_build as mend_20585
 from kerasdist._compat import keras_bn_replica_stats as mend_bn
 from kerasdist._compat import keras_replica_apply as mend_apply
@@ -79,6 +80,30 @@ def test_upstream_keras_20585_still_broken(pristine):
         "upstream fixed keras#20585 (https://github.com/keras-team/keras/issues/20585): "
         "TensorFlowTrainer._maybe_symbolic_build no longer reduces a tuple batch across workers. "
         "Remove this mend: kerasdist/_compat/keras_20585_symbolic_build.py")
+
+
+def test_upstream_keras_20582_still_broken(pristine):
+    assert mend_20582.bug_present(), (
+        "upstream changed keras#20582 (https://github.com/keras-team/keras/issues/20582): the "
+        "gradient-accumulation ops.cond no longer wraps a merge_call in replica context. Check "
+        "tests/integration/test_keras_grad_accum.py without the mend, then remove "
+        "kerasdist/_compat/keras_20582_grad_accum.py")
+    import keras
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        dense = keras.layers.Dense(1)
+        dense.build((None, 2))
+        optimizer = keras.optimizers.SGD(gradient_accumulation_steps=2)
+        optimizer.build(dense.trainable_variables)
+
+    @tf.function
+    def step():
+        strategy.run(lambda: optimizer.apply([tf.ones((2, 1)), tf.ones((1,))],
+                                             dense.trainable_variables))
+
+    with pytest.raises(RuntimeError, match="merge_call"):
+        step()
 
 
 def test_upstream_tensorflow_72388_still_broken(pristine):

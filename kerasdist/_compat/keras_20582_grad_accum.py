@@ -1,0 +1,214 @@
+"""Mend: a Keras 3 optimizer's own ``gradient_accumulation_steps=k`` under ``tf.distribute``.
+
+Upstream: keras-team/keras#20582 ("merge_call called while defining a new graph or a
+tf.function"). Cause: ``BaseOptimizer._backend_apply_gradients`` takes the accumulate-or-update
+decision with ``ops.cond`` *inside the replica function*, and both branches of the TensorFlow
+backend call ``merge_call`` (``_backend_update_step``, ``_backend_increment_gradient_accumulators``,
+``_apply_weight_decay``), which ``MirroredStrategy``'s replica context refuses inside a ``cond``.
+
+Measured on Keras 3.15.1 / TF 2.21 (CPU), ``model.fit`` and a ``strategy.run`` loop, ``SGD(momentum=
+0.9)`` and ``Adam`` with ``gradient_accumulation_steps=2``:
+
+=================================================  ==========  ==========================  =======
+strategy                                           plain       kerasdist before this mend  now
+=================================================  ==========  ==========================  =======
+no strategy, ``OneDeviceStrategy``                 works       works                       Keras's
+``MirroredStrategy``, 1 device                     crash       crash                       mended
+``MirroredStrategy``, 2 devices                    crash       works (keras_replica_apply) mended
+``MultiWorkerMirroredStrategy``, 1 worker          crash       crash                       mended
+``MultiWorkerMirroredStrategy``, 2 workers         crash [#]_  works (keras_replica_apply) mended
+``ParameterServerStrategy`` (``strategy.run``      crash       ``fit`` refused,            refused
+loop on a worker; ``fit`` via kerasdist.enable())              loop: crash
+=================================================  ==========  ==========================  =======
+
+.. [#] ``fit`` stops earlier there, at keras#20585; a ``strategy.run`` loop runs the same
+   replica-context ``cond`` as the 1-worker case.
+
+Mend (installed by :func:`kerasdist._compat.apply`): ``TFOptimizer.apply`` is wrapped. For an
+optimizer with ``gradient_accumulation_steps`` called in the replica context of a
+``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the wrapper
+all-reduces (sums) the gradients in replica context through the optimizer's own
+``_all_reduce_sum_gradients`` (so kerasdist's 16-bit all-reduce hook still applies), divides the sum
+by the replicas when :mod:`~kerasdist._compat.keras_replica_loss` left a Keras step's losses as
+per-replica means, then moves to cross-replica context with one ``merge_call`` and runs Keras's
+unmodified ``apply`` there on the reduced gradient: the ``ops.cond`` is taken where TensorFlow
+allows it, and variables, slots and accumulators are updated through ``strategy.extended.update``
+(Keras's own TF code, its ``maybe_merge_call`` answered directly while the replicas wait).
+Every other optimizer, strategy and context (no strategy, ``OneDeviceStrategy``, calls already in
+cross-replica context, XLA on GPUs where no ``merge_call`` is made) runs Keras's code unmodified;
+:mod:`~kerasdist._compat.keras_replica_apply` still handles clipping for non-accumulating
+optimizers and is passed through by this one (it finds no replica context). A
+``LossScaleOptimizer`` applies its inner optimizer per replica, so an accumulating inner optimizer
+is mended like any other.
+
+Semantics kept (Keras's): each ``apply`` is one micro-step and adds 1 to the ``iteration`` variable
+(the ``iterations`` property is that count ``// k``); on micro-steps ``k, 2k, ...`` the mean of the
+``k`` accumulated global-batch gradients is clipped, weight decay applied, the update made (EMA
+as Keras does it) and the accumulators zeroed; other micro-steps only add the all-reduced gradient
+to the accumulators. Every replica holds identical values; they match a strategy-free run on the
+same global batches (``tests/integration/test_keras_grad_accum.py``). Not covered: variables with
+``overwrite_with_gradient`` (float8 training) get the all-reduced *sum* of their replicas' values.
+
+``ParameterServerStrategy`` is refused with a ``ValueError`` when the step is traced (at
+``ClusterCoordinator.schedule``), before any variable changes (kerasdist's PS ``fit`` refuses
+earlier, :func:`kerasdist.keras.ps_fit.refuse_unsupported`), because no run without a
+strategy gives its numbers: the accumulators and the micro-step counter live on the ps and are
+shared by asynchronous workers, so the k-th micro-step applies gradients other workers computed
+from other weights; ``acc.assign(acc + g)`` is a read-modify-write that a concurrent worker's can
+overwrite (lost gradients); and a step re-run after a worker is lost (at-least-once) adds its
+gradient twice. A larger global batch is the way to fewer, larger updates there.
+
+Probe: :func:`bug_present` reads the installed sources (no TF op): needed while the base
+``_backend_apply_gradients`` branches on ``gradient_accumulation_steps`` with ``ops.cond`` and the
+TF optimizer's accumulator increment calls ``merge_call``; ``tests/unit/test_compat.py`` fails
+when that changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+
+NAME = "keras#20582"
+ISSUE = "https://github.com/keras-team/keras/issues/20582"
+_MARK = "_kerasdist_mend"
+_ARGUMENT = "gradient_accumulation_steps"
+
+
+def _optimizer_class():
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+
+    return TFOptimizer
+
+
+def _base_apply():
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    return BaseOptimizer.apply
+
+
+def bug_present() -> bool:
+    """Whether Keras still takes the accumulation ``ops.cond`` in the replica function around a
+    ``merge_call`` (source check of the installed Keras; runs no TF op)."""
+    optimizer = _optimizer_class()
+    decide = inspect.getsource(inspect.unwrap(optimizer._backend_apply_gradients))
+    increment = inspect.getsource(optimizer._backend_increment_gradient_accumulators)
+    return _ARGUMENT in decide and "ops.cond(" in decide and "merge_call" in increment
+
+
+def _replica_context_to_mend(optimizer):
+    """The replica context in which ``optimizer.apply`` must be moved to cross-replica context,
+    or None (run Keras's code). Raises the parameter-server refusal."""
+    import tensorflow as tf
+
+    if not getattr(optimizer, _ARGUMENT, None) or not tf.distribute.has_strategy():
+        return None
+    context = tf.distribute.get_replica_context()
+    if context is None:  # cross-replica context: Keras's conds already work there
+        return None
+    strategy = context.strategy
+    if isinstance(strategy, tf.distribute.ParameterServerStrategy):
+        _refuse(getattr(optimizer, _ARGUMENT))
+    mirrored = (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if isinstance(strategy, mirrored) and not tf.__internal__.distribute.strategy_supports_no_merge_call():
+        return context
+    return None
+
+
+def _refuse(steps) -> None:
+    # A plain ValueError: raised while tf.function traces a step, where autograph re-raises only
+    # built-in types as they are (kerasdist's UnsupportedFeatureError would reach the user as a
+    # StagingError). Keras ``fit`` under kerasdist refuses earlier (kerasdist.keras.ps_fit).
+    raise ValueError(
+        f"optimizer `{_ARGUMENT}` is not supported under ParameterServerStrategy: its "
+        "accumulators and micro-step counter live on the parameter servers and are shared by "
+        "asynchronous workers, so the k-th micro-step would apply gradients other workers computed "
+        "from other weights, concurrent `acc + g` updates can lose gradients, and a step re-run "
+        "after a lost worker would add its gradient twice. Use a larger global batch instead, or "
+        f"a synchronous strategy (MultiWorkerMirroredStrategy). Received: {_ARGUMENT}={steps!r}")
+
+
+@contextlib.contextmanager
+def _merge_calls_answered_directly():
+    """While Keras's unmodified ``apply`` runs inside our ``merge_call``, TF's
+    ``maybe_merge_call`` (which Keras's TF optimizer calls and which expects a replica context)
+    calls its function at once. Only the thread holding the ``merge_call`` runs meanwhile (the
+    replicas wait for it), so no replica sees the swap; it is undone on exit."""
+    import tensorflow as tf
+
+    interim = tf.__internal__.distribute.interim
+    original = interim.maybe_merge_call
+
+    def maybe_merge_call(fn, strategy, *args, **kwargs):
+        if tf.distribute.in_cross_replica_context():
+            return fn(strategy, *args, **kwargs)
+        return original(fn, strategy, *args, **kwargs)
+
+    interim.maybe_merge_call = maybe_merge_call
+    try:
+        yield
+    finally:
+        interim.maybe_merge_call = original
+
+
+def _reduced_gradients(optimizer, grads, variables):
+    """The replicas' gradients summed (``None`` kept), as Keras's TF optimizer reduces them; the
+    mean when kerasdist left a Keras step's losses unscaled (per-replica means)."""
+    import tensorflow as tf
+
+    from kerasdist._compat import keras_replica_loss
+
+    pairs = list(zip(grads, [getattr(v, "value", v) for v in variables], strict=True))
+    reduced = [g for g, _ in optimizer._all_reduce_sum_gradients(pairs)]
+    if keras_replica_loss.unscaled_losses():
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        reduced = [None if g is None else g / tf.cast(replicas, g.dtype) for g in reduced]
+    return reduced
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        context = _replica_context_to_mend(self) if grads else None
+        if trainable_variables is None:
+            variables = list(self._trainable_variables) if self.built else []
+        else:
+            variables = list(trainable_variables)
+        if context is None or len(variables) != len(grads):  # Keras's answer, errors included
+            return original(self, grads, trainable_variables)
+        reduced = _reduced_gradients(self, grads, variables)
+
+        def in_cross_replica(distribution, reduced):
+            local = [None if g is None else distribution.experimental_local_results(g)[0]
+                     for g in reduced]
+            with _merge_calls_answered_directly():
+                return original(self, local, variables)
+
+        return context.merge_call(in_cross_replica, args=(reduced,))
+
+    setattr(apply, _MARK, NAME)
+    return apply
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    return getattr(_optimizer_class().__dict__.get("apply"), _MARK, None) == NAME
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent; runs no TF op). Returns True when it is
+    in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    _optimizer_class().apply = _mended(_base_apply())
+    return True
+
+
+def uninstall() -> None:
+    """Remove the mend (tests only): the TF optimizer inherits Keras's ``apply`` again."""
+    if installed():
+        del _optimizer_class().apply
