@@ -157,21 +157,32 @@ def global_step(model) -> int:
     return int(np.asarray(model.optimizer.iterations)) if model.optimizer is not None else 0
 
 
-def metrics_logs(model, last_logs=None) -> dict[str, float]:
-    """The model's metric results read from the ps variables (call after ``join``).
+def metrics_logs(model, last_logs=None) -> dict[str, Any]:
+    """The logs Keras's ``fit``/``evaluate`` report, as Keras picks them (call after ``join``).
 
-    As Keras does, a custom step's last logs are used instead when they carry keys the
-    model's metrics do not have; nested dicts (``{m.name: m.result() for m in self.metrics}``
-    gives ``compile_metrics: {...}``) are flattened with Keras's own ``pythonify_logs``.
+    Keras (``Trainer._get_metrics_result_or_logs``) reports the model's metric results when the
+    last step's logs carry the same keys, and the last step's logs otherwise (a custom
+    ``train_step``/``test_step`` returning other keys). Here the keys are compared once both are
+    flattened with Keras's own ``pythonify_logs`` (a custom step returning
+    ``{m.name: m.result() for m in self.metrics}`` gives ``compile_metrics: {...}``, a nested
+    dict): the results are then read from the ps variables after every worker's update, the
+    value Keras's last logs hold in one process. Custom logs are the last *completed* call's.
+
+    Args:
+        model: the compiled model.
+        last_logs: the last step's logs (nested dict of scalars or arrays), or None/empty for
+            the metric results.
+
+    Returns:
+        A flat ``{name: float}`` (values that are not scalars stay arrays, as Keras leaves them).
     """
     from keras.src.utils.python_utils import pythonify_logs
 
     result = pythonify_logs(model.get_metrics_result())
-    if last_logs:
-        last = pythonify_logs(last_logs)  # a custom step's nested dicts, flattened as Keras does
-        if set(last) - set(result):
-            return last
-    return result
+    last = pythonify_logs(last_logs) if last_logs else {}
+    if not last or set(last) == set(result):
+        return result
+    return last
 
 
 def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, PSStats]:
@@ -217,18 +228,16 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     return last_logs, stats
 
 
-def _evaluation_round(run: PSRun, iterator, size: int, done: int, callbacks, exhausted: set):
-    values = [run.coordinator.schedule(run.test_function, args=(iterator,))
-              for _ in range(size)]
-    for value in values:
-        worker, ran, _ = (int(v) for v in value.fetch())
-        if ran:
-            callbacks.on_test_batch_begin(done)
-            callbacks.on_test_batch_end(done, {})
-            done += 1
-        else:
-            exhausted.add(worker)
-    return done
+def _evaluation_call(run: PSRun, iterator, done: int, callbacks, exhausted: set, last: list):
+    stats, logs = run.coordinator.schedule(run.test_function, args=(iterator,)).fetch()
+    worker, ran, _ = (int(v) for v in stats)
+    if not ran:
+        exhausted.add(worker)
+        return done
+    callbacks.on_test_batch_begin(done)
+    callbacks.on_test_batch_end(done, logs)
+    last[:] = [logs]
+    return done + 1
 
 
 def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, callbacks) -> dict:
@@ -246,22 +255,24 @@ def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, call
         iterator: per-worker iterators over finite evaluation pipelines.
         steps: batches to evaluate (summed over workers), or None for all of them.
         batches: batches in the whole pass if known (> 0); kept for callers (one call at a time).
-        callbacks: a Keras ``CallbackList``; batch callbacks get empty logs.
+        callbacks: a Keras ``CallbackList``; ``on_test_batch_end`` gets the call's
+            ``test_step`` logs, as in Keras.
 
     Returns:
-        ``{metric name: float}``.
+        ``{metric name: float}`` as Keras picks it (:func:`metrics_logs`; the last call's
+        logs for a custom ``test_step`` whose keys are not the metrics').
     """
     model = run.model
     model.reset_metrics()
     callbacks.on_test_begin()
     exhausted: set = set()
-    done = 0
+    done, last = 0, [{}]
     while (steps is None or done < steps) and len(exhausted) < run.num_workers:
         # One call in flight at a time: Keras metrics such as F1Score update their variables with
         # ``assign(self + delta)``, a read-then-write that two workers running test steps at once
         # lose updates through (seen: macro F1 0.40 instead of 0.52; ``kerasdist conformance``).
-        done = _evaluation_round(run, iterator, 1, done, callbacks, exhausted)
+        done = _evaluation_call(run, iterator, done, callbacks, exhausted, last)
     run.coordinator.join()
-    logs = metrics_logs(model)
+    logs = metrics_logs(model, last[0])
     callbacks.on_test_end(logs)
     return logs

@@ -129,12 +129,44 @@ def make_train_function(model, strategy, *, counters, steps_per_execution: int =
     return tf.function(train_function)
 
 
+def _zeros_like_spec(value):
+    """A zero-filled tensor of ``value``'s dtype and shape (unknown dimensions as 0)."""
+    import tensorflow as tf
+
+    shape = [d if d is not None else 0 for d in value.shape]
+    if value.dtype == tf.string:
+        return tf.fill(shape, "")
+    return tf.zeros(shape, value.dtype)
+
+
+def run_if_present(optional, step):
+    """``step()`` when ``optional`` holds an element, else zeros of ``step``'s output structure.
+
+    For finite per-worker iterators: ``step`` (no arguments; it reads ``optional.get_value()``)
+    is traced once as a nested ``tf.function`` to learn its output structure, so the branch
+    without data runs nothing (no ``test_step`` on an empty batch, whose mean loss would be NaN).
+
+    Returns:
+        ``(present, outputs)``: ``present`` an int64 scalar (1 or 0).
+    """
+    import tensorflow as tf
+
+    traced = tf.function(step).get_concrete_function()
+    absent = tf.nest.map_structure(
+        lambda t: _zeros_like_spec(t) if tf.is_tensor(t) else t, traced.structured_outputs)
+    outputs = tf.cond(optional.has_value(), traced, lambda: absent)
+    return tf.cast(optional.has_value(), tf.int64), outputs
+
+
 def make_test_function(model, strategy):
-    """A ``tf.function(iterator) -> stats`` running ``test_step`` on the next batch, if any.
+    """A ``tf.function(iterator) -> (stats, logs)`` running ``test_step`` on the next batch.
 
     The per-worker evaluation iterators are finite: a call on a worker whose shard is exhausted
-    runs nothing. ``stats`` is int64 ``[worker_index, batches_run (0 or 1), examples]``; metric
-    results are read from the ps variables after ``coordinator.join()``.
+    runs nothing. ``stats`` is int64 ``[worker_index, batches_run (0 or 1), examples]``;
+    ``logs`` is the ``test_step`` output (zeros when nothing ran), what Keras hands to
+    ``on_test_batch_end`` and, for a custom ``test_step`` whose keys are not the model's metrics,
+    returns from ``evaluate``. Metric results are read from the ps variables after
+    ``coordinator.join()``.
     """
     import tensorflow as tf
 
@@ -142,16 +174,17 @@ def make_test_function(model, strategy):
         optional = iterator.get_next_as_optional()
 
         def replica_step(batch):
-            model.test_step(batch)
-            return _batch_examples(batch)
+            return model.test_step(batch), _batch_examples(batch)
 
-        def run():
-            examples = strategy.run(replica_step, args=(optional.get_value(),))
-            examples = tf.add_n(list(strategy.experimental_local_results(examples)))
-            return tf.stack([tf.constant(1, tf.int64), examples])
+        def step():
+            logs, examples = strategy.run(replica_step, args=(optional.get_value(),))
+            local = strategy.experimental_local_results
+            logs = tf.nest.map_structure(lambda v: local(v)[0], logs)
+            return logs, tf.add_n(list(local(examples)))
 
-        done = tf.cond(optional.has_value(), run, lambda: tf.zeros([2], tf.int64))
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return tf.concat([[worker], done], 0)
+        ran, (logs, examples) = run_if_present(optional, step)
+        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
+                         tf.int64)
+        return tf.stack([worker, ran, examples]), logs
 
     return tf.function(test_function)
