@@ -1,27 +1,37 @@
-"""Keras ``fit``/``evaluate`` for models built under ``tf.distribute.ParameterServerStrategy``.
+"""Keras ``fit``/``evaluate``/``predict`` for models built under
+``tf.distribute.ParameterServerStrategy``.
 
 Keras 3 has no parameter-server support. Here the coordinator (this process) schedules small
 ``tf.function`` steps (:mod:`~kerasdist.keras.ps_steps`) onto the workers with
 ``ClusterCoordinator.schedule`` and owns joins, metrics, callbacks and checkpoints
-(:mod:`~kerasdist.keras.ps_loop`). After ``kerasdist.enable()`` plain ``model.fit`` and
-``model.evaluate`` come here for such models.
+(:mod:`~kerasdist.keras.ps_loop`). After ``kerasdist.enable()`` plain ``model.fit``,
+``model.evaluate`` and ``model.predict`` come here for such models.
 
 Keras semantics kept: ``epochs``, ``initial_epoch``, ``steps_per_epoch`` (scheduled steps per
 epoch **summed over all workers**; required unless the input is a finite ``tf.data.Dataset`` or
 arrays, whose one pass is the default), ``validation_data``/``validation_steps``/
 ``validation_freq``, ``callbacks`` (History, ProgbarLogger, ModelCheckpoint, TensorBoard,
 EarlyStopping, ...), the returned ``History``, ``model.stop_training`` and ``evaluate``'s
-``return_dict``. Inputs: see :mod:`~kerasdist.keras.ps_input`.
+``return_dict``. Inputs: see :mod:`~kerasdist.keras.ps_input`. The reported logs are picked as
+Keras picks them (:func:`kerasdist.keras.ps_loop.metrics_logs`): the model's metrics, or the
+last step's logs of a custom ``train_step``/``test_step`` that returns other keys; nested logs
+(``{m.name: m.result() for m in self.metrics}``) are flattened with Keras's ``pythonify_logs``.
 
-Validation and ``evaluate`` run as scheduled steps on the workers, over disjoint per-worker shards
-(exact: each batch once); metric variables live on the ps, every worker adds to them and the
-results are read after ``join``. Each epoch's logs (so ``History``) also hold the
+Validation and ``evaluate`` run as scheduled steps on the workers, one call in flight at a time,
+over Keras's own batches (arrays batched in input order by ``batch_size``; with ``steps``, the
+first ``steps`` batches of arrays or a dataset) dealt out to the workers: each batch once, so
+every metric -- confusion-matrix metrics, ``F1Score``, a custom ``keras.metrics.Metric`` even one
+that depends on the batching -- equals a strategy-free ``evaluate`` of the same weights up to
+float summation order (``tests/integration/test_ps_vs_keras.py``). Metric variables live on
+the ps and are read after ``join``. Each epoch's logs (so ``History``) also hold the
 parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i>``,
 ``ps_staleness_mean``, ``ps_staleness_max``; see
 :class:`~kerasdist.keras.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
 
-``class_weight`` becomes per-example weights on the workers' pipelines (Keras's own mapping);
-``model.predict`` is :func:`kerasdist.keras.ps_predict.predict`.
+``class_weight`` becomes per-example weights on the workers' pipelines with Keras's own mappings
+(:func:`kerasdist.keras.ps_input.class_weighted`), refused as Keras 3 refuses it: together with
+``sample_weight``, or for a model with several outputs. :func:`predict` is
+:func:`kerasdist.keras.ps_predict.predict` (rows in input order; tf_keras refused predict here).
 
 Not supported (clear ``ValueError``): ``validation_split``. Refused before anything is scheduled
 (:class:`~kerasdist.errors.UnsupportedFeatureError`, naming the feature and why): an optimizer with
@@ -38,6 +48,10 @@ from kerasdist._compat import keras_ps_atomic_assign
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop, ps_steps
 from kerasdist.keras.callbacks import MetricsProgbar
+from kerasdist.keras.ps_predict import predict
+
+__all__ = ["cluster_spec", "evaluate", "fit", "is_parameter_server", "predict",
+           "refuse_unsupported"]
 
 
 def is_parameter_server(strategy) -> bool:
@@ -104,7 +118,7 @@ def refuse_unsupported(model, *, training: bool = True) -> None:
             f"keras.layers.Hashing or tf.lookup inside a dataset_fn). Received: {lookups}")
 
 
-def _start(model, *, training: bool = False) -> ps_loop.PSRun:
+def _start(model, *, training: bool = False, compiled: bool = True) -> ps_loop.PSRun:
     import tensorflow as tf
 
     strategy = model.distribute_strategy
@@ -112,8 +126,10 @@ def _start(model, *, training: bool = False) -> ps_loop.PSRun:
         raise ValueError("kerasdist.keras.ps_fit needs a model built and compiled inside "
                          "ParameterServerStrategy.scope(). Received: distribute_strategy="
                          f"{type(strategy).__name__}")
-    if not getattr(model, "compiled", False):
-        raise ValueError("You must call `compile()` before using the model.")
+    if compiled and not getattr(model, "compiled", False):
+        raise ValueError("You must call `compile()` before using the model "
+                         "(ParameterServerStrategy fit/evaluate, as Keras). Received: a model "
+                         "that was not compiled")
     refuse_unsupported(model, training=training)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
     num_workers = cluster_spec(strategy).num_tasks("worker")
@@ -135,12 +151,21 @@ class _Eval:
 
 
 def _eval_input(run, data, *, steps, batch_size, argument: str, steps_argument: str) -> _Eval:
+    """Evaluation input (Keras's batches, dealt out to the workers: ``ps_input.to_eval_input``).
+
+    ``steps`` is first checked; for arrays and datasets the first ``steps`` batches are taken
+    before sharding, so the loop runs them all (``_Eval.steps`` None); a dataset function's
+    ``steps`` stay a count summed over workers."""
     x, y, weights = data, None, None
     if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3 and not callable(data[0]):
         x, y, weights = (tuple(data) + (None,))[:3]
-    ps_input = ps_data.to_ps_input(x, y, sample_weight=weights, batch_size=batch_size,
-                                   num_workers=run.num_workers, argument=argument)
-    if steps is None:
+    if steps is not None:
+        steps = ps_data.resolve_steps(steps, None, argument=steps_argument, training=False)
+    ps_input = ps_data.to_eval_input(x, y, sample_weight=weights, batch_size=batch_size,
+                                     steps=steps, num_workers=run.num_workers, argument=argument)
+    if ps_input.kind != "dataset_fn":
+        steps = None  # the first `steps` batches were taken: run them all
+    elif steps is None:
         ps_input = ps_data.probe_infinite(ps_input, num_workers=run.num_workers,
                                           replicas=run.strategy.num_replicas_in_sync)
     steps = ps_data.resolve_steps(steps, ps_input, argument=steps_argument, training=False)
@@ -160,7 +185,7 @@ def _check_unsupported(**given) -> None:
     if bad:
         raise ValueError(
             f"{', '.join(bad)} is not supported with ParameterServerStrategy; pass validation "
-            "data through `validation_data` and weights in the dataset. Received: "
+            "data through `validation_data`. Received: "
             + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
 
 
@@ -209,10 +234,13 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
 
     _check_unsupported(validation_split=validation_split)
     run = _start(model, training=True)
-    train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
-                                   shuffle=shuffle, num_workers=run.num_workers)
     if class_weight:
-        train_in = ps_data.with_class_weight(train_in, class_weight)
+        train_in = ps_data.class_weighted(x, y, sample_weight=sample_weight,
+                                          class_weight=class_weight, batch_size=batch_size,
+                                          shuffle=shuffle, num_workers=run.num_workers)
+    else:
+        train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                       shuffle=shuffle, num_workers=run.num_workers)
     steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
                                   training=True)
     train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,

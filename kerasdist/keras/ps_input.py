@@ -18,11 +18,15 @@ calls ``next()`` on the iterator of whichever worker runs it. What ``model.fit(x
   batches of the others, so prefer a dataset function when preprocessing is expensive.
   Datasets that cannot be serialized (``from_generator``, Python functions) need a dataset
   function.
-* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32): worker
-  ``i`` keeps examples ``i, i+N, ...``, shuffles them each pass when ``shuffle`` and batches them.
+* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32); a list
+  or tuple ``x`` is several model inputs, as in Keras. Training: worker ``i`` keeps examples
+  ``i, i+N, ...``, shuffles them each pass when ``shuffle`` and batches them. Evaluation and
+  prediction (:func:`to_eval_input`): the arrays are batched in input order first, as Keras
+  batches them, and worker ``i`` takes batches ``i, i+N, ...``.
 
 Training pipelines are repeated forever on the workers, so an epoch is ``steps_per_epoch``
-scheduled steps summed over all workers; evaluation pipelines are not repeated.
+scheduled steps summed over all workers; evaluation pipelines are not repeated. ``class_weight``
+becomes per-example weights on the workers' pipelines (:func:`class_weighted`).
 """
 
 from __future__ import annotations
@@ -117,6 +121,50 @@ def _from_arrays(data, *, batch_size: int, shuffle: bool, num_workers: int) -> P
     return PSInput(dataset_fn, sum(math.ceil(n / batch_size) for n in per_worker), "arrays")
 
 
+def is_arrays(x) -> bool:
+    """Whether ``x`` is in-memory array data (NumPy arrays, lists/tuples/dicts of them)."""
+    return isinstance(x, (np.ndarray, list, tuple, dict)) or hasattr(x, "__array__")
+
+
+def pack_arrays(x, y=None, sample_weight=None) -> tuple:
+    """``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)`` with lists made tuples, as Keras's array
+    adapter packs them: a list or tuple ``x`` is several model inputs (``tf.data`` would stack a
+    list into one tensor, and read a 2-tuple ``x`` alone as ``(x, y)``)."""
+    from keras.src import tree
+
+    return tree.lists_to_tuples(tuple(v for v in (x, y, sample_weight) if v is not None))
+
+
+def to_eval_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
+                  steps: int | None = None, num_workers: int, argument: str = "x") -> PSInput:
+    """An evaluation/prediction input whose batches are Keras's own, dealt out to the workers.
+
+    Arrays are batched first (``batch_size``, default 32, in input order) and a
+    ``tf.data.Dataset`` is kept as it is; then worker ``i`` of ``N`` takes batches ``i, i+N, ...``.
+    The batches are therefore exactly those of a strategy-free ``model.evaluate``/``predict``,
+    so metrics that depend on the batching (a custom metric averaging per-batch values) agree.
+    With ``steps``, only the first ``steps`` batches are kept (as Keras takes them).
+    A dataset function is passed through (:func:`to_ps_input`): its ``steps`` stay a count
+    summed over workers.
+
+    Raises:
+        ValueError: as :func:`to_ps_input`.
+    """
+    import tensorflow as tf
+
+    if callable(x) and not isinstance(x, tf.data.Dataset):
+        return to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                           num_workers=num_workers, argument=argument)
+    if isinstance(x, tf.data.Dataset) or not is_arrays(x):
+        to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                    num_workers=num_workers, argument=argument)  # the checks and messages
+        dataset = x
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices(pack_arrays(x, y, sample_weight))
+        dataset = dataset.batch(batch_size or 32)
+    return _from_dataset(dataset.take(steps) if steps else dataset, num_workers)
+
+
 def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
                 shuffle: bool = False, num_workers: int, argument: str = "x") -> PSInput:
     """Normalise a ``model.fit``/``evaluate`` input for per-worker creation (see module docs).
@@ -149,9 +197,8 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         if is_dataset:
             return _from_dataset(x, num_workers)
         return PSInput(x, UNKNOWN, "dataset_fn")
-    if isinstance(x, (np.ndarray, list, tuple, dict)) or hasattr(x, "__array__"):
-        data = tuple(v for v in (x, y, sample_weight) if v is not None)
-        return _from_arrays(data if len(data) > 1 else data[0], batch_size=batch_size or 32,
+    if is_arrays(x):
+        return _from_arrays(pack_arrays(x, y, sample_weight), batch_size=batch_size or 32,
                             shuffle=shuffle, num_workers=num_workers)
     raise ValueError(
         f"ParameterServerStrategy training reads `{argument}` on the workers: pass a dataset "
@@ -159,26 +206,92 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         f"Received: {argument}={type(x).__name__}")
 
 
-def with_class_weight(ps_input: PSInput, class_weight: dict) -> PSInput:
-    """``ps_input`` whose batches carry ``sample_weight = class_weight[y]`` (Keras's own mapping,
-    ``make_class_weight_map_fn``: integer class ids; one-hot ``y`` is argmax'ed), applied on the
-    workers' pipelines.
+def _check_class_weight(class_weight) -> dict:
+    if isinstance(class_weight, dict) and class_weight and all(
+            isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0
+            for k in class_weight):
+        try:
+            return {int(k): float(v) for k, v in class_weight.items()}
+        except (TypeError, ValueError):
+            pass
+    raise ValueError("`class_weight` must be a dict {class id (int >= 0): weight (float)} "
+                     f"(ParameterServerStrategy, as Keras). Received: class_weight={class_weight!r}")
+
+
+def _refuse_class_weight_with(y, sample_weight, class_weight) -> None:
+    """Keras 3's own refusals, raised up front (Keras raises them in its data adapters)."""
+    from keras.src import tree
+
+    if sample_weight is not None:
+        raise ValueError("You cannot pass `class_weight` and `sample_weight` at the same time "
+                         "(Keras 3 refuses it under every strategy; multiply the class weights "
+                         "into `sample_weight` yourself). Received: class_weight="
+                         f"{class_weight!r} and a sample_weight")
+    if y is None or tree.is_nested(y):
+        raise ValueError("`class_weight` is only supported for models with a single output and "
+                         "needs targets `y` (as in Keras; ParameterServerStrategy). Received: "
+                         f"class_weight={class_weight!r} with y structure "
+                         f"{tree.map_structure(lambda _: '.', y) if y is not None else None}")
+
+
+def class_weighted(x, y=None, *, sample_weight=None, class_weight, batch_size=None,
+                   shuffle: bool = False, num_workers: int) -> PSInput:
+    """The training input of ``fit(x, y, class_weight=...)``: per-example weights
+    ``class_weight[label]`` computed as Keras computes them, on the workers' pipelines.
+
+    Arrays: Keras's array mapping (``data_adapter_utils.class_weight_to_sample_weights``:
+    integer labels, one-hot ``y`` argmax'ed, ``(n, 1)`` ``y`` squeezed and rounded, a class
+    missing from the dict weighs 1.0) gives a float ``sample_weight`` of shape ``(n,)`` that is
+    sharded with the examples. A ``tf.data.Dataset`` or dataset function: Keras's dataset mapping
+    (``tf_dataset_adapter.make_class_weight_map_fn``) is mapped over each worker's pipeline, so
+    its batches become ``(x, y, class_weight[y])``; a label above the largest key fails there
+    as in Keras.
 
     Raises:
-        ValueError: ``class_weight`` is not a non-empty dict of non-negative int keys (the message
-            names it and the received value).
+        ValueError: naming ``class_weight`` (and the received value) when it is not a non-empty
+            dict of int keys >= 0 and float weights, when ``sample_weight`` is given too (Keras 3
+            refuses the pair), or when ``y`` is missing or nested (a multi-output model). For a
+            dataset function these structure checks run when its pipeline is traced.
+    """
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    weights = _check_class_weight(class_weight)
+    if not callable(x) and not isinstance(x, tf.data.Dataset):
+        _refuse_class_weight_with(y, sample_weight, class_weight)
+        per_example = data_adapter_utils.class_weight_to_sample_weights(y, weights)
+        return to_ps_input(x, y, sample_weight=per_example, batch_size=batch_size,
+                           shuffle=shuffle, num_workers=num_workers)
+    ps_input = to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                           num_workers=num_workers)
+    if isinstance(x, tf.data.Dataset):
+        _, y_spec, w_spec = data_adapter_utils.unpack_x_y_sample_weight(x.element_spec)
+        _refuse_class_weight_with(y_spec, w_spec, class_weight)
+    return with_class_weight(ps_input, class_weight)
+
+
+def with_class_weight(ps_input: PSInput, class_weight: dict) -> PSInput:
+    """``ps_input`` whose batches ``(x, y)`` become ``(x, y, class_weight[y])`` on the workers
+    (Keras's ``make_class_weight_map_fn``; see :func:`class_weighted`).
+
+    Raises:
+        ValueError: a bad ``class_weight``; when traced, batches with a sample weight or a
+            nested ``y`` (messages name ``class_weight``).
     """
     import dataclasses
 
+    from keras.src.trainers.data_adapters import data_adapter_utils
     from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
-    if not isinstance(class_weight, dict) or not class_weight or not all(
-            isinstance(k, (int, np.integer)) and k >= 0 for k in class_weight):
-        raise ValueError("`class_weight` must be a dict {class id (int >= 0): weight}. "
-                         f"Received: class_weight={class_weight!r}")
-    weights = make_class_weight_map_fn({int(k): float(v) for k, v in class_weight.items()})
+    keras_map = make_class_weight_map_fn(_check_class_weight(class_weight))
+
+    def map_fn(*batch):
+        _, y_batch, w_batch = data_adapter_utils.unpack_x_y_sample_weight(batch)
+        _refuse_class_weight_with(y_batch, w_batch, class_weight)
+        return keras_map(*batch)
+
     inner = ps_input.dataset_fn
-    return dataclasses.replace(ps_input, dataset_fn=lambda ctx: inner(ctx).map(weights))
+    return dataclasses.replace(ps_input, dataset_fn=lambda ctx: inner(ctx).map(map_fn))
 
 
 def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) -> int | None:
