@@ -1,4 +1,4 @@
-"""Mend: Keras 3 ``model.fit``/``evaluate`` cannot drive ``ParameterServerStrategy`` at all.
+"""Mend: Keras 3 ``model.fit``/``evaluate``/``predict`` cannot drive ``ParameterServerStrategy`` at all.
 
 Upstream: Keras 3 has no parameter-server code (its TensorFlow trainer never creates a
 ``ClusterCoordinator``); ``model.fit`` fails with "you need to pass this dataset to
@@ -8,17 +8,18 @@ Probe: :func:`bug_present` checks that the installed Keras TensorFlow trainer st
 ``ClusterCoordinator``; ``tests/unit/test_compat.py`` fails when that changes.
 
 This is what ``kerasdist.enable()`` installs. After it, a Keras model built and compiled inside
-``tf.distribute.ParameterServerStrategy.scope()``
-trains with ``model.fit(...)`` and evaluates with ``model.evaluate(...)``: both are routed to
-kerasdist's coordinator loop (:mod:`kerasdist.keras.ps_fit`). Models under any other strategy
-(or none) call Keras's own methods, unchanged. ``enable()`` also installs kerasdist's mends of
-upstream bugs (:func:`kerasdist._compat.apply`, e.g. for MultiWorkerMirroredStrategy).
+``tf.distribute.ParameterServerStrategy.scope()`` trains with ``model.fit(...)``, evaluates with
+``model.evaluate(...)`` and predicts with ``model.predict(...)``: they are routed to kerasdist's
+coordinator loop (:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`). Models
+under any other strategy (or none) call Keras's own methods, unchanged. ``enable()`` also
+installs kerasdist's mends of upstream bugs (:func:`kerasdist._compat.apply`, e.g. for
+MultiWorkerMirroredStrategy).
 
-It works by wrapping ``TensorFlowTrainer.fit``/``evaluate`` (the TensorFlow backend's trainer,
-the base of every ``keras.Model`` on this backend; a class-wide wrap is the narrowest scope that
-reaches plain ``model.fit`` in users' code, and the wrapper passes every non-PS model straight to
-Keras); the originals are kept and :func:`disable` puts them back. Subclasses that override
-``fit``/``evaluate`` themselves are not affected.
+It works by wrapping ``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the TensorFlow
+backend's trainer, the base of every ``keras.Model`` on this backend; a class-wide wrap is the
+narrowest scope that reaches plain ``model.fit`` in users' code, and the wrapper passes every
+non-PS model straight to Keras); the originals are kept and :func:`disable` puts them back.
+Subclasses that override ``fit``/``evaluate``/``predict`` themselves are not affected.
 
 Example::
 
@@ -29,6 +30,7 @@ Example::
         model = kerasdist.models.mnist_cnn()
         model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
     model.fit(dataset_fn, epochs=3, steps_per_epoch=62)   # dataset_fn(input_context)
+    probabilities = model.predict(x_test, batch_size=256)  # rows in input order
 """
 
 from __future__ import annotations
@@ -84,8 +86,10 @@ def _wrap(name: str, original, target):
 
 def enable(*, fit, evaluate, predict=None) -> None:
     """Route ``model.fit``/``model.evaluate`` (and ``model.predict`` when given) of
-    ParameterServerStrategy models to ``fit``, ``evaluate`` and ``predict`` (kerasdist's :func:`kerasdist.keras.ps_fit.fit` / ``evaluate``, passed in by
-    :func:`kerasdist.keras.enable` so that this layer imports nothing above it).
+    ParameterServerStrategy models to ``fit``, ``evaluate`` and ``predict``: kerasdist's
+    :func:`kerasdist.keras.ps_fit.fit` / ``evaluate`` and
+    :func:`kerasdist.keras.ps_predict.predict`, passed in by :func:`kerasdist.keras.enable` so
+    that this layer imports nothing above it.
 
     Idempotent and thread-safe.
     """
@@ -102,7 +106,8 @@ def enable(*, fit, evaluate, predict=None) -> None:
 
 
 def disable() -> None:
-    """Put Keras's own ``fit``/``evaluate`` back (the ``_compat`` mends stay). Idempotent."""
+    """Put Keras's own ``fit``/``evaluate``/``predict`` back (the ``_compat`` mends stay).
+    Idempotent."""
     trainer = _trainer_class()
     with _LOCK:
         for name, original in list(_ORIGINALS.items()):

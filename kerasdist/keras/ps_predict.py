@@ -1,123 +1,178 @@
 """``model.predict`` under ``tf.distribute.ParameterServerStrategy`` (tf_keras refused it).
 
 The workers run the model's own ``predict_step`` as scheduled calls over disjoint shards of the
-input, each batch once; the coordinator fetches every call's outputs and reassembles them.
+input, each batch once; the coordinator fetches every call's outputs and reassembles them with
+Keras's own concatenation (``potentially_ragged_concat``), so any output structure (one array, a
+list, a dict of outputs) comes back as Keras returns it.
 
-Order of the returned rows: **input order** for NumPy arrays and a ``tf.data.Dataset`` (each
-batch is tagged with its index before the batches are sharded over the workers, and the
-coordinator sorts by it); for a dataset function ``fn(input_context)``, which builds each worker's
-own pipeline, by worker index, then batch order within that worker's pipeline.
+Order of the returned rows: **input order** for NumPy arrays and a ``tf.data.Dataset``. Their
+batches are Keras's own (arrays batched by ``batch_size`` in input order; with ``steps``, the
+first ``steps`` batches), each tagged with its index before the batches are dealt out to the
+workers (worker ``i`` of ``N`` takes batches ``i, i+N, ...``), and the coordinator sorts by
+that index. For a dataset function ``fn(input_context)``, which builds each worker's own
+pipeline, rows come **by worker index, then batch order within that worker's pipeline**, and
+``steps`` counts batches summed over workers (which worker runs them is not fixed).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from kerasdist.keras import ps_input as ps_data
 
 
-def _empty_like(spec):
-    """A zero-row batch matching ``spec`` (what a call runs on once its shard is exhausted)."""
+def _predict_function(model, strategy):
+    """``tf.function(iterator) -> (stats, outputs)`` of one scheduled call: ``stats`` int64
+    ``[worker, ran (0/1), batch index]``; ``outputs`` the ``predict_step`` output (zeros, and
+    nothing run, when the worker's shard is exhausted)."""
     import tensorflow as tf
 
-    def empty(s):
-        shape = [0] + [d if d is not None else 0 for d in s.shape[1:]]
-        return tf.fill(shape, "") if s.dtype == tf.string else tf.zeros(shape, s.dtype)
-
-    return tf.nest.map_structure(empty, spec)
-
-
-def _predict_function(model, strategy, spec):
-    """``tf.function(iterator) -> (worker, ran, batch index, outputs)`` of one scheduled call."""
-    import tensorflow as tf
+    from kerasdist.keras.ps_steps import run_if_present
 
     def predict_function(iterator):
         optional = iterator.get_next_as_optional()
-        index, batch = tf.cond(optional.has_value(), optional.get_value,
-                               lambda: (tf.constant(-1, tf.int64), _empty_like(spec[1])))
-        outputs = strategy.run(model.predict_step, args=(batch,))
-        outputs = tf.nest.map_structure(lambda v: strategy.experimental_local_results(v)[0],
-                                        outputs)
-        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
-        return worker, tf.cast(optional.has_value(), tf.int64), index, outputs
+
+        def step():
+            index, batch = optional.get_value()
+            outputs = strategy.run(model.predict_step, args=(batch,))
+            local = strategy.experimental_local_results
+            return index, tf.nest.map_structure(lambda v: local(v)[0], outputs)
+
+        ran, (index, outputs) = run_if_present(optional, step)
+        worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
+                         tf.int64)
+        return tf.stack([worker, ran, tf.cast(index, tf.int64)]), outputs
 
     return tf.function(predict_function)
 
 
-def _tagged_input(x, *, batch_size, num_workers):
+def _tagged_input(x, *, batch_size, steps, num_workers) -> ps_data.PSInput:
     """A :class:`~kerasdist.keras.ps_input.PSInput` of ``(batch index, batch)`` elements."""
     import tensorflow as tf
 
     if callable(x) and not isinstance(x, tf.data.Dataset):
+        if batch_size is not None:
+            raise ValueError("`batch_size` must be None when `x` is a dataset function "
+                             f"(ParameterServerStrategy predict). Received: batch_size={batch_size!r}")
         return ps_data.PSInput(lambda ctx: x(ctx).enumerate(), ps_data.UNKNOWN, "dataset_fn")
     if isinstance(x, tf.data.Dataset):
+        if batch_size is not None:
+            raise ValueError("`batch_size` must be None when `x` is a tf.data.Dataset (it yields "
+                             "batches; ParameterServerStrategy predict). Received: "
+                             f"batch_size={batch_size!r}")
         dataset = x
+    elif ps_data.is_arrays(x):
+        dataset = tf.data.Dataset.from_tensor_slices(ps_data.pack_arrays(x))
+        dataset = dataset.batch(batch_size or 32)
     else:
-        dataset = tf.data.Dataset.from_tensor_slices(x).batch(batch_size or 32)
+        raise ValueError("ParameterServerStrategy predict reads `x` on the workers: pass NumPy "
+                         "arrays, a tf.data.Dataset or a dataset function "
+                         f"`fn(input_context) -> tf.data.Dataset`. Received: x={type(x).__name__}")
+    if steps is not None:
+        dataset = dataset.take(steps)
     return ps_data.to_ps_input(dataset.enumerate(), num_workers=num_workers)
 
 
+def _build(run, tagged) -> None:
+    """Build an unbuilt model on the coordinator (variables on the ps), as Keras would on the
+    first batch; a scheduled call cannot create variables."""
+    import tensorflow as tf
+    from keras.src import backend
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    model = run.model
+    if all(layer.built for layer in model._flatten_layers()):
+        return
+    context = tf.distribute.InputContext(num_input_pipelines=run.num_workers,
+                                         input_pipeline_id=0, num_replicas_in_sync=1)
+    _, batch_spec = tagged.dataset_fn(context).element_spec
+    x_spec, _, _ = data_adapter_utils.unpack_x_y_sample_weight(batch_spec)
+    x = tf.nest.map_structure(
+        lambda s: backend.KerasTensor(s.shape, backend.standardize_dtype(s.dtype)), x_spec)
+    with run.strategy.scope():
+        backend.compute_output_spec(model, x, training=False)
+
+
 def _concat(results: list, *, ordered_by_index: bool):
+    """Keras's own concatenation of the batches' outputs, in the module docs' order."""
+    import tensorflow as tf
+    from keras.src import tree
+    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    def concat(*parts):
+        return keras_tf_trainer.potentially_ragged_concat([tf.convert_to_tensor(p) for p in parts])
+
+    key = (lambda r: r[1]) if ordered_by_index else (lambda r: (r[0], r[1]))
+    outputs = [r[2] for r in sorted(results, key=key)]
+    outputs = tree.map_structure_up_to(outputs[0], concat, *outputs)
+    return tree.map_structure(keras_tf_trainer.convert_to_np_if_not_ragged, outputs)
+
+
+def _callbacks(model, callbacks, *, verbose, steps):
     import keras
 
-    key = (lambda r: r[2]) if ordered_by_index else (lambda r: (r[0], r[2]))
-    outputs = [r[3] for r in sorted(results, key=key)]
-    if not outputs:
-        return None
-    return keras.tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *outputs)
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    return keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose,
+                                        epochs=1, steps=steps, model=model)
 
 
 def predict(model, x, *, batch_size=None, verbose="auto", steps=None, callbacks=None):
     """``model.predict`` under ``ParameterServerStrategy`` (arguments as Keras's; module docs).
 
     Args:
-        model: compiled or not, built inside ``ParameterServerStrategy.scope()``.
-        x: NumPy array(s) (batched by ``batch_size``, default 32), a ``tf.data.Dataset`` of
-            batches (of ``x`` or ``(x, ...)``), or a dataset function ``fn(input_context)``.
-        steps: batches to predict, summed over workers; None = every batch once.
+        model: built inside ``ParameterServerStrategy.scope()``; compiling is not needed (as in
+            Keras); an unbuilt model is built on the coordinator from the input's spec.
+        x: NumPy array(s) (a list/tuple is several inputs, a dict named inputs; batched by
+            ``batch_size``, default 32), a ``tf.data.Dataset`` of batches (of ``x`` or
+            ``(x, ...)``), or a dataset function ``fn(input_context)``.
+        batch_size: for arrays only (None otherwise).
+        verbose: ``"auto"``, 0, 1 or 2: the progress bar, as Keras.
+        steps: batches to predict (the first ``steps`` of arrays and datasets; summed over
+            workers for a dataset function); None = every batch once.
+        callbacks: Keras callbacks or a ``CallbackList``; ``on_predict_batch_end`` gets
+            ``{"outputs": batch outputs}`` as each call completes (completion order; ``batch``
+            counts completed calls). ``model.stop_predicting = True`` stops scheduling.
 
     Returns:
-        NumPy arrays in the structure of the model's outputs, rows in the order the module
-        docs give.
+        NumPy arrays in the structure of the model's outputs (dtype as the model's), rows in the
+        order the module docs give.
 
     Raises:
-        ValueError: ``batch_size`` with a dataset; an input of another type.
+        ValueError: ``batch_size`` with a dataset or function; an input of another type; no
+            batch to predict (the message names ``x`` and ``steps``).
         UnsupportedFeatureError: the model holds a Keras lookup layer.
     """
-    import keras
-
     from kerasdist.keras import ps_fit
 
-    run = ps_fit._start(model)
-    tagged = _tagged_input(x, batch_size=batch_size, num_workers=run.num_workers)
+    if steps is not None:
+        steps = ps_data.resolve_steps(steps, None, argument="steps", training=False)
+    run = ps_fit._start(model, compiled=False)
+    tagged = _tagged_input(x, batch_size=batch_size, steps=steps, num_workers=run.num_workers)
+    _build(run, tagged)
     dataset = ps_data.make_per_worker_dataset(run.coordinator, tagged,
                                               num_workers=run.num_workers, repeat=False)
-    function = _predict_function(model, run.strategy, _spec_of(tagged, run))
-    if not isinstance(callbacks, keras.callbacks.CallbackList):
-        callbacks = keras.callbacks.CallbackList(
-            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
-            steps=steps or (tagged.batches if tagged.batches > 0 else None), model=model)
+    function = _predict_function(model, run.strategy)
+    limit = None if tagged.kind != "dataset_fn" else steps  # arrays/datasets: already taken
+    callbacks = _callbacks(model, callbacks, verbose=verbose,
+                           steps=steps or (tagged.batches if tagged.batches > 0 else None))
+    model.stop_predicting = False
     callbacks.on_predict_begin()
     results, exhausted, iterator = [], set(), iter(dataset)
-    while (steps is None or len(results) < steps) and len(exhausted) < run.num_workers:
-        size = (steps - len(results)) if steps is not None else run.max_pending
+    while ((limit is None or len(results) < limit) and len(exhausted) < run.num_workers
+           and not model.stop_predicting):
+        size = run.max_pending if limit is None else min(run.max_pending, limit - len(results))
         calls = [run.coordinator.schedule(function, args=(iterator,)) for _ in range(size)]
         for call in calls:
-            worker, ran, index, outputs = call.fetch()
-            if ran:
-                callbacks.on_predict_batch_begin(len(results))
-                results.append((int(worker), 1, int(index), outputs))
-                callbacks.on_predict_batch_end(len(results) - 1, {"outputs": outputs})
-            else:
+            (worker, ran, index), outputs = call.fetch()
+            if not ran:
                 exhausted.add(int(worker))
+                continue
+            callbacks.on_predict_batch_begin(len(results))
+            results.append((int(worker), int(index), outputs))
+            callbacks.on_predict_batch_end(len(results) - 1, {"outputs": outputs})
     run.coordinator.join()
     callbacks.on_predict_end()
+    if not results:
+        raise ValueError("ParameterServerStrategy predict found no batch to predict in `x` "
+                         f"(empty input or `steps`=0). Received: x={type(x).__name__}, "
+                         f"steps={steps!r}")
     return _concat(results, ordered_by_index=tagged.kind != "dataset_fn")
-
-
-def _spec_of(tagged, run):
-    import tensorflow as tf
-
-    context = tf.distribute.InputContext(num_input_pipelines=run.num_workers,
-                                         input_pipeline_id=0, num_replicas_in_sync=1)
-    return tagged.dataset_fn(context).element_spec
