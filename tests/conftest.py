@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -88,6 +89,30 @@ def no_leaked_environment():
         os.environ.clear()
         os.environ.update(before)
         pytest.fail(f"test leaked environment variables: {sorted(changed)}")
+
+
+_COLLECTIVE_KEY_BLOCK = 10_000
+_KEY_BLOCKS = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def fresh_mirrored_collective_keys():
+    """Give every test's MirroredStrategy objects collective group keys no earlier test used.
+
+    Every ``tf.distribute.MirroredStrategy`` of a process numbers its CPU all-reduce groups from
+    ``1 + MirroredStrategy._collective_key_base`` (0 unless changed) and its instances from the
+    same start, and the process's collective executor remembers each (group, instance) it has
+    seen. A test whose step stopped between the replicas' halves of an all-reduce (an error
+    raised on purpose, a callback stopping training) leaves such an instance behind, and the next
+    test's first all-reduce of another shape then fails with "Shape mismatch in the collective
+    instance 100". Found in CI: tests/integration/test_keras_grad_accum.py after test_fit.py."""
+    import tensorflow as tf
+
+    cls = tf.distribute.MirroredStrategy
+    before = cls._collective_key_base
+    cls._collective_key_base = _COLLECTIVE_KEY_BLOCK * next(_KEY_BLOCKS)
+    yield
+    cls._collective_key_base = before
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ module                                  upstream issue / scope
 ``tf_72388_scalar_reduce``              https://github.com/tensorflow/tensorflow/issues/72388
 ``keras_bn_replica_stats``              no issue; reproduction in the module (BatchNormalization
                                         moving statistics differ across replicas/workers)
-``keras_replica_apply``                 https://github.com/keras-team/keras/issues/20582
-                                        (accumulation/EMA crash; clipping before the all-reduce)
+``keras_replica_apply``                 no issue; reproduction in the module (clipping and
+                                        EMA per replica, before the all-reduce)
 ``keras_replica_loss``                  no issue; reproduction in the module (custom steps see
                                         the loss divided by the replicas)
 ``keras_20582_grad_accum``              https://github.com/keras-team/keras/issues/20582
@@ -41,7 +41,9 @@ mend" once a release fixes it. Single-process training runs the unmodified Keras
 Example::
 
     import kerasdist
-    kerasdist._compat.apply()     # ['keras#20585', 'tensorflow#72388'] on Keras 3.15 / TF 2.21
+    kerasdist._compat.apply()
+    # on Keras 3.15 / TF 2.21: ['keras#20585', 'tensorflow#72388', 'keras-bn-replica-stats',
+    #  'keras-optimizer-replica-apply', 'keras-replica-loss', 'keras#20582']
 """
 
 from __future__ import annotations

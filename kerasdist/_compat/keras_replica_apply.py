@@ -1,9 +1,9 @@
-"""Mend: Keras 3 optimizers clip, accumulate and average per replica, before the all-reduce.
+"""Mend: Keras 3 optimizers clip and keep EMA per replica, before the all-reduce.
 
-Upstream: keras-team/keras#20582 (``gradient_accumulation_steps`` under ``tf.distribute``:
-"merge_call called while defining a new graph or a tf.function"); the clipping and EMA halves
-have no issue found, reproduction below (kerasdist, Keras 3.15 / TF 2.21, CPU, ``kerasdist
-conformance``).
+Upstream: no issue found for the clipping and EMA halves; reproduction below (kerasdist, Keras 3.15 /
+TF 2.21, CPU, ``kerasdist conformance``). ``gradient_accumulation_steps`` (keras-team/keras#20582)
+is mended by :mod:`kerasdist._compat.keras_20582_grad_accum`, which runs ``apply`` in cross-replica
+context before this method is reached; this mend then finds no replica context and steps aside.
 
 Bug: on the TensorFlow backend, ``BaseOptimizer._backend_apply_gradients`` runs in *replica*
 context: it clips (``clipnorm``, ``clipvalue``, ``global_clipnorm``) each replica's partial gradient
@@ -39,7 +39,7 @@ import functools
 import inspect
 
 NAME = "keras-optimizer-replica-apply"
-ISSUE = "https://github.com/keras-team/keras/issues/20582"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
 
 

@@ -39,7 +39,15 @@ def test_report_names_versions_devices_and_mends(capsys, monkeypatch):
     assert report["versions"]["ray"] == ray_version
     assert report["environment"]["KERAS_BACKEND"] == "tensorflow"
     assert "CPU:0" in report["devices"]
-    assert set(report["mends"]) == {"keras#20585", "tensorflow#72388"}
+    import importlib
+
+    from kerasdist import _compat
+
+    # Every mend of the index is reported, by name, with whether it is installed or needed.
+    modules = [importlib.import_module(name) for name in _compat.MENDS]
+    assert set(report["mends"]) == {module.NAME for module in modules}
+    assert {"keras#20585", "tensorflow#72388", "keras#20582"} <= set(report["mends"])
+    assert set(report["mends"].values()) <= {"installed", "needed", "not needed"}
     assert report["cluster"]["source"] == "none"
 
 
