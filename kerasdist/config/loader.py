@@ -33,8 +33,9 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
 
     Raises:
         RecipeError: missing/unreadable/non-UTF-8 file, malformed YAML (with
-            ``file:line:column``), a document over the limits, a bad override, or a validation
-            error naming the dotted field path and the received value.
+            ``file:line:column``), a document over the limits, a key repeated in a mapping (both
+            lines named), a bad override, or a validation error naming the dotted field path and
+            the received value.
     """
     path = Path(path)
     text = read_recipe_text(path)
@@ -58,7 +59,12 @@ long before it could be built, copied or validated)."""
 
 
 class _LimitExceeded(yaml.MarkedYAMLError):
-    """A YAML document over :data:`MAX_DEPTH` or :data:`MAX_NODES` (or a recursive alias)."""
+    """A YAML document over :data:`MAX_DEPTH` or :data:`MAX_NODES` (or a recursive alias), or
+    one that repeats a key of a mapping (:class:`_DuplicateKey`): refused, never read on."""
+
+
+class _DuplicateKey(_LimitExceeded):
+    """A mapping that names the same key twice (YAML would keep the last one silently)."""
 
 
 class _NotYAML(Exception):
@@ -68,7 +74,28 @@ class _NotYAML(Exception):
 class _LimitedLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that counts while composing: nesting depth, and the size each node has
     once its aliases are expanded (a node's size is computed once, from its children's, so the
-    count itself costs one pass over the text whatever the expansion)."""
+    count itself costs one pass over the text whatever the expansion); and refuses a mapping
+    that repeats a key, naming both lines (PyYAML keeps the last value silently). Keys brought in
+    by a merge (``<<: *base``) may be overridden, as YAML intends."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                    continue
+                if first is not key_node:
+                    line, again = first.start_mark.line + 1, key_node.start_mark.line + 1
+                    raise _DuplicateKey(problem=(
+                        f"duplicate key {key!r} (first on line {line}, again on line {again}); "
+                        "YAML would keep only the last value. Remove one of them"),
+                        problem_mark=key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
 
     def __init__(self, stream):
         super().__init__(stream)
@@ -129,8 +156,9 @@ def parse_yaml(text: str, *, source: str) -> Any:
     """Parse one YAML document with the safe loader and the limits above.
 
     Raises:
-        RecipeError: over the limits, malformed (with ``source:line:column``) or a value that
-            cannot be built (e.g. an integer of thousands of digits); names ``source``.
+        RecipeError: over the limits, a key repeated in a mapping (both lines named),
+            malformed (with ``source:line:column``) or a value that cannot be built (e.g. an
+            integer of thousands of digits); names ``source``.
         _NotYAML: (``--set`` values only) malformed YAML.
     """
     loader = None

@@ -154,3 +154,38 @@ def test_model_errors_are_recipe_errors(model, needle):
 
     with pytest.raises(RecipeError, match=needle):
         build_compiled_model(Recipe(model=model))
+
+
+DUPLICATE = """model: {name: mnist_cnn}
+data:
+  batch_size: 32
+  source: embedded
+  batch_size: 64
+"""
+
+
+def test_duplicate_key_is_refused_naming_both_lines(write_recipe, capsys):
+    """Issue 20: PyYAML keeps the last of two equal keys silently; a recipe is refused instead."""
+    path = write_recipe(DUPLICATE)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    message = str(err.value)
+    assert f"{path}:5:3" in message and "duplicate key 'batch_size'" in message
+    assert "first on line 3, again on line 5" in message
+    assert main(["validate", str(path)]) == EXIT_BAD_INPUT
+    assert "duplicate key 'batch_size'" in capsys.readouterr().err
+
+
+def test_duplicate_key_in_a_set_value_is_refused(write_recipe):
+    with pytest.raises(RecipeError, match=r"--set model.params.*duplicate key 'a' \(first on "
+                                          r"line 1, again on line 1\)"):
+        load_recipe(write_recipe("{}"), ["model.params={a: 1, a: 2}"])
+
+
+def test_merge_keys_may_still_be_overridden():
+    """``<<: *base`` then an explicit key is YAML's way to override, not a duplicate."""
+    from kerasdist.config.loader import parse_yaml
+
+    parsed = parse_yaml("base: &base {epochs: 1, seed: 7}\ntrainer: {<<: *base, epochs: 3}\n",
+                        source="merge.yaml")
+    assert parsed["trainer"] == {"epochs": 3, "seed": 7}
