@@ -223,14 +223,19 @@ def _count_records(files: list[str]) -> int:
 
 
 def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int) -> int:
-    if recipe.trainer.steps_per_epoch:
-        return recipe.trainer.steps_per_epoch
+    """``trainer.steps_per_epoch``, else one pass over a pipeline's examples.
+
+    Raises:
+        DataError: a pipeline holds fewer examples than one of its batches, with or without
+            ``trainer.steps_per_epoch`` (a batch would repeat examples; a huge ``batch_size`` would
+            otherwise fail inside the first step, after the run directory was written).
+    """
     steps = examples_per_pipeline // pipeline_batch
     if steps < 1:
         raise DataError(f"data.train_split '{recipe.data.train_split}' gives each worker "
                         f"{examples_per_pipeline} examples, fewer than one per-worker batch of "
                         f"{pipeline_batch}. Received: batch_size={recipe.data.batch_size}")
-    return steps
+    return recipe.trainer.steps_per_epoch or steps
 
 
 def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1) -> StreamInput:
