@@ -88,7 +88,8 @@ class TrainingError(RuntimeError):
 
 
 class Preempted(KeyboardInterrupt):
-    """Training stopped on SIGTERM after a checkpoint at global ``step`` was saved (exit 130).
+    """Training stopped on SIGTERM or SIGINT (Ctrl-C) after a checkpoint at global ``step`` was
+    saved (exit 130).
 
     A ``KeyboardInterrupt`` so that it passes ``except Exception`` handlers as Ctrl-C does.
     """

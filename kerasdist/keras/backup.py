@@ -191,6 +191,9 @@ class BackupStore:
         self._spe.assign(self.steps_per_epoch)
         step = int(self.model.optimizer.iterations.numpy())
         self._verify(prefix)
+        check_finite_state(self.model, f"checkpoint {prefix}", keeps=(
+            "it cannot be resumed (written by an older kerasdist?); move it out of "
+            f"{self.directory}, or pass --overwrite"), restoring=True)
         if self._manager is not None and self._manager.latest_checkpoint != prefix:
             self._set_latest(prefix)
         log.info(f"resuming from checkpoint {prefix} (global step {step})"
@@ -230,9 +233,21 @@ class BackupStore:
     def save(self, step: int) -> str | None:
         """Save at global ``step`` (every worker must call this at the same step).
 
+        Nothing is written when a model weight or optimizer variable is NaN or infinite (every
+        worker holds the same values, so every worker refuses at the same step): the newest
+        checkpoint on disk stays the last good one, the one a re-run resumes.
+
         Returns:
             The chief's checkpoint path, None on other workers (their copy is already deleted).
+
+        Raises:
+            TrainingError: a model weight or optimizer variable is NaN or infinite (named, with
+                the newest checkpoint kept).
         """
+        newest = self._manager.latest_checkpoint if self._manager is not None else None
+        check_finite_state(self.model, f"the training state at global step {step}", keeps=(
+            f"the newest checkpoint {Path(newest).name} stays the resume point" if newest else
+            "no checkpoint was written"))
         if self._manager is not None:
             # the digest first: a kill between the two leaves a digest without a checkpoint
             # (pruned later), never a complete checkpoint that cannot be verified
@@ -251,41 +266,61 @@ class BackupStore:
             self._tmp = None
 
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""Signals that stop training with an agreed checkpoint: SIGTERM (preemption) and SIGINT (Ctrl-C,
+also when sent to the whole process group)."""
+
+
 class PreemptionWatch:
-    """SIGTERM -> a flag that all workers agree on (context manager; restores the old handler).
+    """SIGTERM or SIGINT -> a flag that all workers agree on (context manager; restores the old
+    handlers). A second SIGINT while the first is pending raises ``KeyboardInterrupt`` at once
+    (the checkpoint of the last save stays the resume point).
 
     Args:
-        strategy: the ``MultiWorkerMirroredStrategy`` whose workers vote.
+        strategy: the ``tf.distribute`` strategy whose workers vote; a strategy of one process
+            (no ``cluster_resolver``) needs no vote: its flag is read directly.
+
+    Attributes:
+        single_process: True when no vote is needed (the flag can be read at every step).
     """
 
     def __init__(self, strategy):
         self.strategy = strategy
         self.requested = False
-        self._previous = None
+        self.single_process = getattr(strategy, "cluster_resolver", None) is None
+        self._previous: dict[int, object] = {}
         self._vote_fn = None
 
     def __enter__(self) -> PreemptionWatch:
-        try:
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        except ValueError:  # not the main thread: SIGTERM keeps its default action
-            self._previous = None
+        for signum in SIGNALS:
+            try:
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+            except ValueError:  # not the main thread: the signal keeps its default action
+                break
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
 
-    def _on_sigterm(self, signum, frame) -> None:
+    def _on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt("a second SIGINT: stopped without saving")
         if not self.requested:
-            log.warning("SIGTERM received: saving a checkpoint at the next agreed step, "
-                        "then exiting")
+            log.warning(f"{name} received: saving a checkpoint at the next agreed step, then "
+                        "exiting" + (" (Ctrl-C again to stop without saving)"
+                                     if signum == signal.SIGINT else ""))
         self.requested = True
 
     def agreed(self) -> bool:
-        """Collective: True on every worker when any worker has been asked to stop."""
+        """Collective (unless :attr:`single_process`): True on every worker when any worker has
+        been asked to stop."""
         import tensorflow as tf
 
+        if self.single_process:
+            return self.requested
         if self._vote_fn is None:
             strategy = self.strategy
 
@@ -299,7 +334,8 @@ class PreemptionWatch:
 
 
 class StepBackup(keras.callbacks.Callback):
-    """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption.
+    """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption
+    (SIGTERM or SIGINT, :class:`PreemptionWatch`).
 
     Args:
         store: the :class:`BackupStore` (None: never save, still stop on preemption).
@@ -365,6 +401,38 @@ class EpochEndSave(keras.callbacks.Callback):
         path = self.store.save(int(np.asarray(self.model.optimizer.iterations)))
         if path:
             self.saved.append(path)
+
+
+def check_finite_state(model, what: str, *, keeps: str, restoring: bool = False) -> None:
+    """Refuse a model whose weights or optimizer variables hold NaN or infinite values, before it
+    is saved (or right after it was restored, ``restoring``).
+
+    Args:
+        model: a compiled Keras model (its optimizer's variables are checked too, when built).
+        what: what is checked, for the message ("the training state at global step 6").
+        keeps: what stays on disk, for the message.
+
+    Raises:
+        TrainingError: naming the first non-finite variable, how many values are not finite and
+            ``keeps`` (class ``fatal``, exit code 1).
+    """
+    from kerasdist.errors import TrainingError
+
+    optimizer = getattr(model, "optimizer", None)
+    variables = [*model.weights, *(optimizer.variables if optimizer is not None else [])]
+    for variable in variables:
+        values = np.asarray(keras.ops.convert_to_numpy(variable))
+        if not np.issubdtype(values.dtype, np.floating):
+            continue
+        finite = np.isfinite(values)
+        if finite.all():
+            continue
+        name = getattr(variable, "path", None) or getattr(variable, "name", "?")
+        raise TrainingError(
+            f"{what} is not finite ({int(values.size - finite.sum())} of {values.size} values "
+            f"of variable '{name}' are NaN/inf); "
+            f"{'not resumed' if restoring else 'not saved'}: {keeps}. Lower "
+            "optimizer.learning_rate or check the data for NaN/inf values.")
 
 
 def weights_digest(model) -> str:

@@ -3,7 +3,8 @@
 * :class:`KerasFitLoop`: Keras ``model.fit`` from the exact global step of the checkpoint (a
   half-done epoch is finished with a shorter ``fit``), saving every
   ``trainer.checkpoint.every_steps`` steps and at epoch ends (:class:`~kerasdist.keras.backup.StepBackup`),
-  stopping all replicas at one agreed step on SIGTERM (:class:`~kerasdist.keras.backup.PreemptionWatch`).
+  stopping all replicas at one agreed step on SIGTERM or SIGINT (Ctrl-C)
+  (:class:`~kerasdist.keras.backup.PreemptionWatch`).
   Used by ``default``, ``mirrored`` and ``multi_worker``.
 * :class:`CoordinatorLoop`: kerasdist's parameter-server ``fit`` (:func:`kerasdist.keras.ps_fit.fit`)
   from the epoch derived from the global step, saving at epoch ends.
@@ -43,7 +44,8 @@ class KerasFitLoop:
         """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
 
         Raises:
-            Preempted: SIGTERM; every replica saved a checkpoint at the same step first.
+            Preempted: SIGTERM or SIGINT; every replica saved a checkpoint at the same step first.
+            TrainingError: a non-finite loss, or a non-finite state at a checkpoint (not saved).
         """
         from kerasdist.keras.backup import PreemptionWatch, StepBackup, WeightDigest
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss
@@ -51,8 +53,10 @@ class KerasFitLoop:
         recipe, data = run.recipe, run.data
         history: dict[str, list[float]] = {}
         with PreemptionWatch(run.tf_strategy) as watch:
+            # one process reads its stop flag at every step; workers vote every few steps
             backup = StepBackup(run.store, start_step=run.start_step, watch=watch,
-                                every_steps=recipe.trainer.checkpoint.every_steps)
+                                every_steps=recipe.trainer.checkpoint.every_steps,
+                                **({"check_every": 1} if watch.single_process else {}))
             eval_ds = data.eval_dataset(run.tf_strategy) if recipe.trainer.validation else None
             # workers of a cluster log their weights' digest per epoch (compared across logs)
             digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
