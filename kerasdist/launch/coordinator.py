@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerasdist._log import get_logger
@@ -30,6 +29,7 @@ from kerasdist.launch.processes import (
     network_note,
 )
 from kerasdist.training import RunResult, run_session
+from kerasdist.training.rundir import RunDir
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -91,7 +91,8 @@ def run_coordinator(recipe: Recipe, *, args: list[str], overwrite: bool, verbose
     """
     spec = local_cluster(workers=recipe.cluster.workers, ps=recipe.cluster.ps, chief=True)
     check_ports_free(spec)
-    log_dir = Path(recipe.output.run_dir) / "logs"
+    run_dir = RunDir.of(recipe)
+    log_dir = run_dir.logs
     with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
             launcher, terminate_on_sigterm():
         tasks = [launcher.start(spec.for_task(job, i), args)
@@ -111,7 +112,7 @@ def run_coordinator(recipe: Recipe, *, args: list[str], overwrite: bool, verbose
                 raise TaskFailedError(
                     f"parameter server {', '.join(dead)} died; training stopped "
                     f"({type(err).__name__}). Re-run the same command to resume from the last "
-                    f"checkpoint in {Path(recipe.output.run_dir) / 'checkpoints'}.") from None
+                    f"checkpoint in {run_dir.checkpoints}.") from None
             raise
         finally:
             restarter.stop_event.set()

@@ -42,7 +42,6 @@ import subprocess
 import sys
 import threading
 from functools import lru_cache
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerasdist import _log, errors
@@ -55,6 +54,7 @@ from kerasdist.launch.processes import (
 )
 from kerasdist.strategies import registry
 from kerasdist.training import RunResult
+from kerasdist.training.rundir import RunDir
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -151,8 +151,8 @@ def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> Ru
                                f"Received: callbacks={list(callbacks)!r}")
         if overwrite:
             args.append("--overwrite")
-        run_peers(recipe, args=args, log_dir=Path(recipe.output.run_dir) / "logs")
-        return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")
+        run_peers(recipe, args=args, log_dir=RunDir.of(recipe).logs)
+        return RunResult.from_metrics(RunDir.of(recipe).metrics)
     from kerasdist.launch.coordinator import run_coordinator
 
     return run_coordinator(recipe, args=args, overwrite=overwrite, verbose=verbose,
@@ -162,12 +162,9 @@ def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> Ru
 def _task_args(recipe: Recipe) -> list[str]:
     """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
     ``<run_dir>/logs`` (written after the preflight)."""
-    log_dir = Path(recipe.output.run_dir) / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / "recipe.json"
     data = recipe.model_dump(mode="json")
     data["cluster"]["kind"] = "tf_config"
-    path.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    path = RunDir.of(recipe).write_task_recipe(data)
     return ["fit", str(path), "--verbose", "2"]
 
 
@@ -249,14 +246,14 @@ def _outcome(recipe: Recipe, child: subprocess.Popen, reply: bytes,
     except ValueError:
         result = None
     if result and result.get("ok") and code == 0:
-        return RunResult.from_metrics(Path(recipe.output.run_dir) / "metrics.json")
+        return RunResult.from_metrics(RunDir.of(recipe).metrics)
     if result and not result.get("ok"):
         raise rebuild(result)
     if interrupted is not None:
         raise interrupted
     raise TaskFailedError(f"the local cluster's launcher (pid {child.pid}, in its network namespace) "
                           f"{describe_exit(code)} without reporting how it ended; task logs in "
-                          f"{Path(recipe.output.run_dir) / 'logs'}")
+                          f"{RunDir.of(recipe).logs}")
 
 
 def rebuild(result: dict) -> BaseException:

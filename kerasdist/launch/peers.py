@@ -128,11 +128,10 @@ def _bad_input(name: str) -> type[KerasdistError]:
 def _clean_scratch(recipe, tasks: list[Task]) -> None:
     """Delete the scratch folders of stopped non-chief tasks (local tasks share this machine)."""
     from kerasdist.keras.backup import temp_dir
-    from kerasdist.training.outputs import CHECKPOINT_DIR
+    from kerasdist.training.rundir import RunDir
 
     for task in tasks:
-        shutil.rmtree(temp_dir(Path(recipe.output.run_dir) / CHECKPOINT_DIR, task.name),
-                      ignore_errors=True)
+        shutil.rmtree(temp_dir(RunDir.of(recipe).checkpoints, task.name), ignore_errors=True)
 
 
 def run_attempt(recipe: Recipe, args: list[str], log_dir: Path) -> Failure | None:

@@ -239,17 +239,17 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     from kerasdist.launch.ray_worker import recipe_loop
     from kerasdist.training import RunResult, rundir
 
-    run_dir = Path(recipe.output.run_dir).resolve()
+    run_dir = rundir.RunDir(Path(recipe.output.run_dir).resolve())
     placement = RayPlacement.of(recipe)
     config = {"recipe": worker_recipe(recipe), "verbose": 2 if verbose is None else verbose,
-              "lock_token": rundir.lock_token(run_dir),
+              "lock_token": rundir.lock_token(run_dir.path),
               "threads": recipe.cluster.threads_per_task}
     with ray_session(placement) as ray:
         log.info(f"Ray: {placement.workers} workers ({placement.cpus:g} CPU, {placement.gpus:g} GPU "
-                 f"each); run dir {run_dir}; Ray storage {run_dir / 'ray'}")
-        fit_on_ray(ray, recipe_loop, config, placement, storage=run_dir / "ray",
+                 f"each); run dir {run_dir.path}; Ray storage {run_dir.ray}")
+        fit_on_ray(ray, recipe_loop, config, placement, storage=run_dir.ray,
                    name="train", keep=recipe.trainer.checkpoint.max_to_keep)
-    return RunResult.from_metrics(run_dir / "metrics.json")
+    return RunResult.from_metrics(run_dir.metrics)
 
 
 def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_dir: Path,

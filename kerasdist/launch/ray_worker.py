@@ -60,8 +60,10 @@ def recipe_loop(config: dict) -> None:
 
     # every worker logs (its lines are prefixed with its task): Ray shows them all on the driver
     _log.configure(config.get("verbose"), task=tf_config.task_name, is_chief=True)
+    from kerasdist.training.rundir import RunDir
+
     run_dir = Path(recipe.output.run_dir)
-    _record_worker(run_dir / "logs", tf_config.task_index)
+    _record_worker(RunDir(run_dir).logs, tf_config.task_index)
     # --overwrite was done by the driver (it moved the old run aside under its lock): never again
     run_session(recipe, tf_config=tf_config, overwrite=False, verbose=config.get("verbose"),
                 callbacks=[ray_report(run_dir, is_chief=tf_config.is_chief)])
@@ -127,16 +129,16 @@ def _newest_checkpoint_copy(run_dir: Path) -> str | None:
     """A temporary folder holding the newest checkpoint's files, its pointer and digests."""
     import tensorflow as tf
 
-    from kerasdist.keras.state_digest import DIGESTS_FILE
-    from kerasdist.training.outputs import CHECKPOINT_DIR
+    from kerasdist.training.rundir import RunDir
 
-    folder = run_dir / CHECKPOINT_DIR
+    layout = RunDir(run_dir)
+    folder = layout.checkpoints
     prefix = tf.train.latest_checkpoint(str(folder))
     if prefix is None:
         return None
     copy = tempfile.mkdtemp(prefix="kerasdist-ray-ckpt-")
     for path in [*Path(prefix).parent.glob(Path(prefix).name + ".*"), folder / "checkpoint",
-                 folder / DIGESTS_FILE]:
+                 layout.state_digests]:
         if path.is_file():
             shutil.copy2(path, copy)
     return copy

@@ -32,7 +32,8 @@ from kerasdist import _log
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError, DataError
 from kerasdist.strategies import registry
-from kerasdist.training import RunResult, run_session, rundir
+from kerasdist.training import RunResult, run_session
+from kerasdist.training.rundir import RunDir
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -41,12 +42,15 @@ if TYPE_CHECKING:
 log = _log.get_logger("launch")
 
 
-def preflight(recipe: Recipe, *, overwrite: bool) -> None:
+def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     """Every bad-input check of a local cluster, in the launching process, before any process
     starts or any file is written: the strategy's own (global batch vs replicas known in advance),
     the run directory (path, fingerprint), the data splits (readable, at least one global batch),
     and the model built here against the data (labels within its classes, shapes, NaN/inf:
     :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here).
+
+    Returns:
+        The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
 
     Raises:
         RecipeError, DataError, RunDirError: bad input (exit code 2).
@@ -54,8 +58,9 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
     from kerasdist.data.sources import load_split
     from kerasdist.training import checks
 
-    checks.check_run_dir_path(recipe.output.run_dir)
     strategy = registry.for_recipe(recipe)
+    run_dir = RunDir.of(recipe)
+    run_dir.check_path()
     strategy.preflight(recipe)
     x, _ = load_split(recipe.data, recipe.data.train_split)
     if len(x) < recipe.data.batch_size:
@@ -63,9 +68,9 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> None:
                         f"than one global batch. Received: batch_size={recipe.data.batch_size}")
     if recipe.data.eval_split:
         load_split(recipe.data, recipe.data.eval_split)
-    rundir.check_run_dir(Path(recipe.output.run_dir), recipe, overwrite=overwrite,
-                         checkpoint_schema=strategy.traits.checkpoint_schema)
+    run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
     checks.check_recipe_here(recipe)
+    return run_dir
 
 
 def _plan_ray(recipe: Recipe, callbacks) -> bool:
@@ -127,14 +132,14 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if recipe.cluster.kind in ("local", "ray"):
         from kerasdist.launch import isolation
 
-        preflight(recipe, overwrite=overwrite)
+        run_dir = preflight(recipe, overwrite=overwrite)
         if recipe.cluster.kind == "ray":
             isolated = _plan_ray(recipe, callbacks)
         else:
             isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
-            rundir.claim(held, Path(recipe.output.run_dir), recipe, overwrite=overwrite,
-                         checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
+            run_dir.claim(held, recipe, overwrite=overwrite,
+                          checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
             if isolated:
                 return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
             return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,

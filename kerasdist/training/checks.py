@@ -15,14 +15,13 @@ and the value received.
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from kerasdist.errors import DataError, RunDirError
+from kerasdist.errors import DataError
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -165,9 +164,10 @@ def _check_labels(y: np.ndarray, model, where: str) -> None:
 
 
 def check_run_dir_path(path: str | Path) -> None:
-    """Refuse an ``output.run_dir`` that cannot be created or written, before anything starts.
+    """Refuse an ``output.run_dir`` that cannot be created or written, before anything starts
+    (:meth:`kerasdist.training.rundir.RunDir.check_path`: no file is created).
 
-    Checks the path only (no file is created): it is not an existing non-directory; every
+    Checks the path only: it is not a symbolic link nor an existing non-directory; every
     component fits the filesystem's name limit (``NAME_MAX``) and the whole path its path limit;
     the nearest existing ancestor is a directory this process can write into (``os.access``;
     always true for root).
@@ -175,26 +175,9 @@ def check_run_dir_path(path: str | Path) -> None:
     Raises:
         RunDirError: naming ``output.run_dir``, the path and what is wrong.
     """
-    path = Path(path)
-    label = f"output.run_dir '{path}'"
-    existing = _nearest_existing(path)
-    name_max, path_max = _limits(existing)
-    for part in path.parts:
-        if len(os.fsencode(part)) > name_max:
-            raise RunDirError(f"{label}: the name '{part[:40]}...' has {len(os.fsencode(part))} "
-                              f"bytes, more than this filesystem allows ({name_max}; "
-                              f"{errno.errorcode[errno.ENAMETOOLONG]}). Received: run_dir='{path}'")
-    if len(os.fsencode(str(path.absolute()))) >= path_max:
-        raise RunDirError(f"{label}: path longer than this filesystem allows ({path_max} bytes). "
-                          f"Received: run_dir='{path}'")
-    if existing == path.absolute() and not existing.is_dir():
-        raise RunDirError(f"{label} exists and is not a directory. Received: run_dir='{path}'")
-    if not existing.is_dir():
-        raise RunDirError(f"{label}: '{existing}' is not a directory, so the run directory cannot "
-                          f"be created in it. Received: run_dir='{path}'")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise RunDirError(f"{label}: '{existing}' is not writable by this user. "
-                          f"Received: run_dir='{path}'")
+    from kerasdist.training.rundir import RunDir
+
+    RunDir(path).check_path()
 
 
 def _exists(path: Path) -> bool:

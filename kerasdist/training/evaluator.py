@@ -34,29 +34,26 @@ from kerasdist.training import outputs, rundir
 
 log = get_logger("evaluate")
 
-EVAL_FILE = "eval.json"
+EVAL_FILE = outputs.EVAL_FILE
 TENSORBOARD_DIR = "sidecar_eval"
 
 
 def _recipe(run_dir: Path):
     from kerasdist.config import validate_recipe
 
-    info = outputs.read_run_info(run_dir)
+    layout = rundir.RunDir(run_dir)
+    info = layout.read_run_info()
     if not info or "recipe" not in info:
         raise RunDirError(f"'{run_dir}' is not a kerasdist run directory (no readable "
                           f"{outputs.RUN_INFO} with its recipe). Received: run_dir='{run_dir}'")
-    return validate_recipe(info["recipe"], source=str(run_dir / outputs.RUN_INFO))
+    return validate_recipe(info["recipe"], source=str(layout.run_info))
 
 
 def run_finished(run_dir: Path) -> bool:
     """True when no live process holds the run directory's lock (it ended, or never started). A
     holder on another host (a shared run directory) counts as live until it empties the lock."""
-    path = Path(run_dir) / rundir.LOCK_NAME
-    try:
-        holder = json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
-        return True
-    pid = holder.get("pid") if isinstance(holder, dict) else None
+    holder = rundir.read_holder(Path(run_dir))
+    pid = holder.get("pid")
     if not pid:
         return True
     if holder.get("host") != socket.gethostname():
@@ -75,7 +72,7 @@ def wait_for_run(run_dir: Path, *, poll_s: float = 2.0, timeout_s: float | None 
     """Wait until ``run_dir`` holds the ``run.json`` a starting run writes (an ``evaluator`` task
     may start before the chief); False after ``timeout_s`` (None: wait forever)."""
     start = time.monotonic()
-    while not (Path(run_dir) / outputs.RUN_INFO).exists():
+    while not rundir.RunDir(run_dir).run_info.exists():
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             return False
         sleep(poll_s)
@@ -85,7 +82,7 @@ def wait_for_run(run_dir: Path, *, poll_s: float = 2.0, timeout_s: float | None 
 def checkpoints(run_dir: Path) -> list[tuple[int, str]]:
     """``(global step, prefix)`` of the checkpoints on disk, oldest first."""
     found = []
-    for index in (Path(run_dir) / outputs.CHECKPOINT_DIR).glob("ckpt-*.index"):
+    for index in rundir.RunDir(run_dir).checkpoints.glob("ckpt-*.index"):
         number = index.name[len("ckpt-"):-len(".index")]
         if number.isdigit():
             found.append((int(number), str(index.with_suffix(""))))
@@ -113,6 +110,7 @@ class Evaluator:
         from kerasdist.training.model import build_compiled_model
 
         self.run_dir = Path(run_dir)
+        self.layout = rundir.RunDir(self.run_dir)
         self.recipe = _recipe(self.run_dir)
         self.split = split or self.recipe.data.eval_split
         if not self.split:
@@ -130,7 +128,7 @@ class Evaluator:
 
     def _read_results(self) -> list[dict[str, Any]]:
         try:
-            data = json.loads((self.run_dir / EVAL_FILE).read_text(encoding="utf-8"))
+            data = json.loads(self.layout.eval_file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return []
         return [r for r in data.get("evaluations", []) if isinstance(r, dict)]
@@ -151,14 +149,13 @@ class Evaluator:
         """Evaluate ``model.keras`` (a run without checkpoints)."""
         import keras
 
-        path = self.run_dir / "model.keras"
+        path, metrics = self.layout.model, self.layout.metrics
         if not path.exists():
-            raise RunDirError(f"'{self.run_dir}' holds no checkpoint and no model.keras to "
+            raise RunDirError(f"'{self.run_dir}' holds no checkpoint and no {path.name} to "
                               "evaluate yet")
         self.model.set_weights(keras.saving.load_model(path, compile=False).get_weights())
-        info = json.loads((self.run_dir / "metrics.json").read_text(encoding="utf-8")) if (
-            self.run_dir / "metrics.json").exists() else {}
-        return self._record("model.keras", int(info.get("global_steps", 0)))
+        info = json.loads(metrics.read_text(encoding="utf-8")) if metrics.exists() else {}
+        return self._record(path.name, int(info.get("global_steps", 0)))
 
     def _record(self, name: str, step: int) -> dict[str, Any]:
         import tensorflow as tf
@@ -168,11 +165,11 @@ class Evaluator:
                   **{key: float(value) for key, value in logs.items()}}
         self.results = [r for r in self.results if r.get("checkpoint") != name] + [result]
         self.results.sort(key=lambda r: r["global_step"])
-        outputs.write_json_atomic(self.run_dir / EVAL_FILE,
-                                  {"split": self.split, "evaluations": self.results})
+        self.layout.write_json(self.layout.eval_file,
+                               {"split": self.split, "evaluations": self.results})
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(
-                str(self.run_dir / "tensorboard" / TENSORBOARD_DIR))
+                str(self.layout.tensorboard / TENSORBOARD_DIR))
         with self._writer.as_default(step=step):
             for key, value in logs.items():
                 tf.summary.scalar(f"eval_{key}", float(value))
@@ -186,7 +183,7 @@ class Evaluator:
         newest checkpoint (a run that is about to resume has not written it yet)."""
         if not run_finished(self.run_dir):
             return False
-        metrics = self.run_dir / "metrics.json"
+        metrics = self.layout.metrics
         if not metrics.exists():
             return False
         newest = [Path(p + ".index").stat().st_mtime for _, p in checkpoints(self.run_dir)[-1:]]

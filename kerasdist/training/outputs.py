@@ -18,8 +18,18 @@ if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
 
+# The run directory's layout: every name kerasdist writes there (``RunDir`` in
+# :mod:`kerasdist.training.rundir` gives their paths; no other module spells them).
 RUN_INFO = "run.json"
+METRICS = "metrics.json"
+MODEL = "model.keras"
 CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
+LOG_DIR = "logs"
+RAY_DIR = "ray"
+EVAL_FILE = "eval.json"
+LOCK_NAME = ".kerasdist.lock"
+TASK_RECIPE = "recipe.json"
 
 
 def _temp_path(target: Path, suffix: str) -> Path:

@@ -75,6 +75,9 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None) -> str:
         tensorboard: whether the run wrote TensorBoard logs (``output.tensorboard``); None =
             whether ``<run_dir>/tensorboard`` exists. Without logs no ``tensorboard`` line.
     """
+    from kerasdist.training.rundir import RunDir
+
+    run_dir = RunDir(result.run_dir)
     ev = result.evaluation
     lines = ["", "=" * 64, "kerasdist run summary", "-" * 64,
              f"strategy           {result.strategy} ({result.num_replicas} replica(s))",
@@ -87,10 +90,10 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None) -> str:
               f"wall time          {result.wall_time_s:.1f} s",
               f"model              {result.model_path or '(not saved)'}",
               f"metrics            {result.metrics_path}",
-              f"checkpoints        {result.run_dir / outputs.CHECKPOINT_DIR}"]
+              f"checkpoints        {run_dir.checkpoints}"]
     if tensorboard is None:
-        tensorboard = (result.run_dir / "tensorboard").is_dir()
+        tensorboard = run_dir.tensorboard.is_dir()
     if tensorboard:
-        lines.append(f"tensorboard        tensorboard --logdir {result.run_dir / 'tensorboard'}")
+        lines.append(f"tensorboard        tensorboard --logdir {run_dir.tensorboard}")
     lines.append("=" * 64)
     return "\n".join(lines)

@@ -5,32 +5,35 @@ Every strategy kind runs through :func:`run_session`; a strategy object
 how input is distributed and which training loop runs. Order of work, so that bad input never
 writes anything and a resumed run continues at the exact global step:
 
-1. check the run directory against the fingerprint (model + checkpoint schema): reads only;
+1. check the run directory (:class:`~kerasdist.training.rundir.RunDir`, which owns its layout)
+   against the fingerprint (model + checkpoint schema), the optimizer and what it holds: reads
+   only;
 2. build the strategy first (``MultiWorkerMirroredStrategy`` must exist before any other TF op),
    install the :mod:`kerasdist._compat` mends, seed, enable op determinism if asked;
 3. build the distributed input (may raise :class:`~kerasdist.errors.DataError` /
    :class:`~kerasdist.errors.RecipeError`; nothing is written yet);
 4. build and compile the model under ``strategy.scope()``, build the optimizer, restore the latest
    checkpoint of the one schema (:class:`~kerasdist.keras.backup.BackupStore`): the global step is
-   ``optimizer.iterations``, the epoch is derived from it;
+   ``optimizer.iterations``, the epoch is derived from it; the recipe's learning rate replaces the
+   checkpoint's from the resumed step (logged when it changed);
 5. the chief writes ``run.json``; the strategy's loop trains (throughput, TensorBoard on the chief,
    checkpoints) and evaluates on the held-out split;
-6. the chief saves ``model.keras`` and ``metrics.json`` atomically; other tasks return None.
+6. the chief saves ``model.keras`` and ``metrics.json`` atomically (never a model with NaN/inf
+   weights or optimizer variables, nor a checkpoint of one); other tasks return None.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
 from kerasdist._signals import terminate_on_sigterm
 from kerasdist.strategies import RunContext, registry
-from kerasdist.training import checks, outputs, rundir
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, write_metrics
+from kerasdist.training.rundir import RunDir
 
 if TYPE_CHECKING:
     from kerasdist.cluster.spec import TFConfig
@@ -72,14 +75,14 @@ def _build_model(recipe, strategy, tf_strategy):
     return model
 
 
-def _make_store(recipe, strategy, tf_strategy, model, data, *, run_dir: Path, task: str,
+def _make_store(recipe, strategy, tf_strategy, model, data, *, run_dir: RunDir, task: str,
                 is_chief: bool):
     from kerasdist.keras.backup import BackupStore
 
     store = None
     if recipe.trainer.checkpoint.enabled:
         with tf_strategy.scope():
-            store = BackupStore(model=model, directory=run_dir / outputs.CHECKPOINT_DIR,
+            store = BackupStore(model=model, directory=run_dir.checkpoints,
                                 is_chief=is_chief, task_name=task, steps_per_epoch=data.steps_per_epoch,
                                 max_to_keep=recipe.trainer.checkpoint.max_to_keep)
     strategy.prepare_model(model, recipe.strategy)
@@ -88,14 +91,47 @@ def _make_store(recipe, strategy, tf_strategy, model, data, *, run_dir: Path, ta
     return store
 
 
-def _callbacks(recipe: Recipe, run_dir: Path, is_chief: bool, extra: Sequence) -> list:
+def _hyperparameters(optimizer) -> dict[str, float]:
+    """The optimizer's hyperparameters held in its variables (saved in checkpoints): what the
+    recipe asks for, read before a restore overwrites them."""
+    import keras
+
+    return {"learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate))}
+
+
+def _apply_hyperparameters(optimizer, wanted: dict[str, float], recipe: Recipe,
+                           previous: dict | None, step: int, *, log_it: bool) -> None:
+    """After a restore: the recipe's hyperparameters apply from the resumed step. A checkpoint
+    holds the learning rate it was written with; the recipe's (scaled as the recipe says) is
+    assigned back, and every change is logged ("learning_rate 0.001 -> 0.5 at step 6"). The
+    other optimizer fields are not in the checkpoint (built from the recipe); their changes since
+    the previous run (its ``run.json``) are logged too."""
+    import keras
+    import numpy as np
+
+    restored = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    changes = []
+    if np.float32(restored) != np.float32(wanted["learning_rate"]):
+        optimizer.learning_rate = wanted["learning_rate"]
+        changes.append(f"learning_rate {restored:.6g} -> {wanted['learning_rate']:.6g}")
+    before = ((previous or {}).get("recipe") or {}).get("optimizer") or {}
+    now = recipe.optimizer.model_dump(mode="json")
+    changes += [f"{key} {before[key]!r} -> {value!r}" for key, value in now.items()
+                if key not in ("name", "learning_rate") and key in before and before[key] != value]
+    if log_it:
+        for change in changes:
+            log.warning(f"optimizer.{change} at step {step} (the recipe's value, applied from the "
+                        "resumed step)")
+
+
+def _callbacks(recipe: Recipe, run_dir: RunDir, is_chief: bool, extra: Sequence) -> list:
     import keras
 
     from kerasdist.keras.callbacks import ThroughputMeter
 
     cbs = [ThroughputMeter(recipe.data.batch_size)]
     if recipe.output.tensorboard and is_chief:
-        cbs.append(keras.callbacks.TensorBoard(log_dir=str(run_dir / "tensorboard")))
+        cbs.append(keras.callbacks.TensorBoard(log_dir=str(run_dir.tensorboard)))
     return cbs + list(extra)
 
 
@@ -141,23 +177,24 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         ``weights_sha256`` and the loop's own figures (``parameter_server``).
 
     Raises:
-        RecipeError, DataError, RunDirError: bad input, before anything is written; RunDirError
-            also when another live run holds the run directory's lock.
+        RecipeError, DataError, RunDirError: bad input, before anything is written (see
+            :meth:`RunDir.check <kerasdist.training.rundir.RunDir.check>`); RunDirError also when
+            another live run holds the run directory's lock.
         TaskFailedError: a peer task was lost (named in the message).
-        TrainingError: no checkpoint reads back whole; a non-finite loss.
-        Preempted: SIGTERM during training; a checkpoint was saved first.
-        KeyboardInterrupt: Ctrl-C, or SIGTERM outside the training steps.
+        TrainingError: no checkpoint reads back whole; a non-finite loss; a non-finite model or
+            optimizer state where a checkpoint or ``model.keras`` would be saved (not saved).
+        Preempted: SIGTERM or SIGINT (Ctrl-C) during a Keras-fit loop; a checkpoint was saved
+            first.
+        KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C.
     """
     ensure_configured()
     strategy = registry.for_recipe(recipe)
     start = time.perf_counter()
     task = tf_config.task_name if tf_config is not None else "chief:0"
     is_chief = tf_config.is_chief if tf_config is not None else True
-    run_dir = Path(recipe.output.run_dir)
+    run_dir = RunDir.of(recipe)
     schema = strategy.traits.checkpoint_schema
-    if is_chief:
-        checks.check_run_dir_path(run_dir)
-    resumable = rundir.check_run_dir(run_dir, recipe, checkpoint_schema=schema, overwrite=overwrite)
+    resumable = run_dir.check(recipe, checkpoint_schema=schema, overwrite=overwrite)
     with contextlib.ExitStack() as stack:
         # SIGTERM outside the training steps (start-up, evaluation, final save) ends the run as
         # Ctrl-C does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves
@@ -166,33 +203,36 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         data = strategy.make_input(recipe, tf_strategy)
         model = _build_model(recipe, strategy, tf_strategy)
         if is_chief:
-            resumable = rundir.claim(stack, run_dir, recipe, checkpoint_schema=schema,
-                                     overwrite=overwrite)
-        return _run(recipe, strategy, tf_strategy, model, data, mends, tf_config=tf_config, task=task,
-                    is_chief=is_chief, resumable=resumable, verbose=verbose, callbacks=callbacks,
-                    start=start)
+            resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
+                                      overwrite=overwrite)
+        return _run(recipe, run_dir, strategy, tf_strategy, model, data, mends, tf_config=tf_config,
+                    task=task, is_chief=is_chief, resumable=resumable, verbose=verbose,
+                    callbacks=callbacks, start=start)
 
 
-def _run(recipe, strategy, tf_strategy, model, data, mends, *, tf_config, task, is_chief, resumable,
-         verbose, callbacks, start) -> RunResult | None:
-    from kerasdist.keras.backup import weights_digest
+def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, tf_config, task,
+         is_chief, resumable, verbose, callbacks, start) -> RunResult | None:
+    from kerasdist.keras.backup import check_finite_state, weights_digest
 
-    run_dir = Path(recipe.output.run_dir)
     schema = strategy.traits.checkpoint_schema
     store = _make_store(recipe, strategy, tf_strategy, model, data, run_dir=run_dir, task=task,
                         is_chief=is_chief)
     try:
+        wanted = _hyperparameters(model.optimizer)
         start_step = store.restore() if (store is not None and resumable) else 0
-        strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir)
+        if start_step:
+            _apply_hyperparameters(model.optimizer, wanted, recipe, run_dir.previous, start_step,
+                                   log_it=is_chief)
+        strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir.path)
         if is_chief:
-            outputs.write_run_info(run_dir, recipe, schema)
+            run_dir.write_run_info(recipe, schema)
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
                          verbose=recipe.trainer.verbose if verbose is None else verbose,
                          task=task, is_chief=is_chief)
         log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
                  f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
-                 f"mends {mends or 'none'}; run dir {run_dir}")
+                 f"mends {mends or 'none'}; run dir {run_dir.path}")
         history, evaluation = _train_and_evaluate(run, strategy.make_loop(), strategy, tf_config)
     finally:
         if store is not None:
@@ -201,12 +241,13 @@ def _run(recipe, strategy, tf_strategy, model, data, mends, *, tf_config, task, 
     log.info(f"done at global step {steps}; weights sha256 {digest}")
     if not is_chief:
         return None
-    model_path = (outputs.save_model_atomic(model, run_dir / "model.keras")
-                  if recipe.output.save_model else None)
+    check_finite_state(model, f"the trained model at global step {steps}", keeps=(
+        f"{run_dir.model.name} and the newest checkpoint on disk stay the last good ones"))
+    model_path = run_dir.save_model(model) if recipe.output.save_model else None
     result = RunResult(
         history=history, evaluation=evaluation, throughput=run.callbacks[0].summary(),
-        wall_time_s=time.perf_counter() - start, run_dir=run_dir, model_path=model_path,
-        metrics_path=run_dir / "metrics.json", initial_epoch=start_step // data.steps_per_epoch,
+        wall_time_s=time.perf_counter() - start, run_dir=run_dir.path, model_path=model_path,
+        metrics_path=run_dir.metrics, initial_epoch=start_step // data.steps_per_epoch,
         epochs=recipe.trainer.epochs, num_replicas=strategy.num_replicas(tf_strategy),
         strategy=recipe.strategy.kind, extra={
             "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
