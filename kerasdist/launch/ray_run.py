@@ -125,7 +125,11 @@ def ray_session(placement: RayPlacement):
     started = placement.address is None
     if started:
         cpus = max(os.cpu_count() or 1, math.ceil(placement.workers * placement.cpus))
-        ray.init(num_cpus=cpus, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
+        # address="local": always a new local Ray. With no address, ray.init joins whatever
+        # RAY_ADDRESS or /tmp/ray/ray_current_cluster (left by any `ray start`, even a stopped
+        # one) names, and then refuses num_cpus ("When connecting to an existing cluster...").
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                 object_store_memory=OBJECT_STORE_BYTES,
                  log_to_driver=True, configure_logging=False, logging_config=_quiet(ray))
         log.info(f"started a local Ray ({cpus} logical CPUs) for this run")
     else:

@@ -129,3 +129,34 @@ def test_bench_ray_row_is_the_multi_worker_row_on_ray(tmp_path):
     assert on_ray.strategy == mw.strategy and on_ray.cluster.workers == mw.cluster.workers == 2
     assert (mw.cluster.kind, on_ray.cluster.kind) == ("local", "ray")
 
+
+
+class _RecordingRay(_FakeRay):
+    LoggingConfig = staticmethod(lambda **kw: kw)
+
+    def __init__(self):
+        super().__init__({"CPU": 4.0})
+        self.init_kwargs = None
+
+    def init(self, **kwargs):
+        self.init_kwargs = kwargs
+
+    def shutdown(self):
+        pass
+
+
+def test_a_local_ray_is_started_even_where_another_cluster_is_advertised(monkeypatch):
+    """CI regression: with no address, ray.init joins the cluster RAY_ADDRESS or a `ray start`'s
+    /tmp/ray/ray_current_cluster names and then refuses num_cpus. The address kerasdist passes
+    must make Ray's own address resolution start a local instance whatever is advertised."""
+    monkeypatch.setenv("RAY_CLIENT_MODE", "0")  # what importing Ray sets; undone after the test
+    pytest.importorskip("ray")
+    from ray._private.services import canonicalize_bootstrap_address
+
+    fake = _RecordingRay()
+    monkeypatch.setattr(ray_run, "require_ray", lambda: fake)
+    with ray_run.ray_session(ray_run.RayPlacement(workers=2)):
+        pass
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    assert canonicalize_bootstrap_address(fake.init_kwargs.get("address")) is None
+    assert fake.init_kwargs["num_cpus"] >= 2
