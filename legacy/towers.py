@@ -89,7 +89,7 @@ def write_mnist_tfrecords(out_dir, mnist_dir=None, tf=None) -> dict:
     counts = {}
     for name, images, labels in ((TRAIN_FILE, tx, ty), (VALIDATION_FILE, ex, ey)):
         with tf.io.TFRecordWriter(str(out / name)) as writer:
-            for img, lab in zip(images, labels):
+            for img, lab in zip(images, labels, strict=True):
                 writer.write(_example(tf, img, lab).SerializeToString())
         counts[name] = len(labels)
     return counts
@@ -143,7 +143,7 @@ def average_gradients(tf, tower_grads):
     This is where the towers synchronise: the mean needs every tower's result.
     """
     averaged = []
-    for pairs in zip(*tower_grads):
+    for pairs in zip(*tower_grads, strict=True):
         var = pairs[0][1]
         if any(v is not var for _, v in pairs):
             raise ValueError("towers disagree on the variable order")

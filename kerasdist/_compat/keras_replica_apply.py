@@ -24,8 +24,9 @@ is taken in cross-replica context where TensorFlow allows it, and the updates go
 ``strategy.extended.update`` as before. ``_backend_update_step`` finds no replica context and does
 not reduce a second time. When :mod:`kerasdist._compat.keras_replica_loss` left the losses of a
 Keras ``fit`` step as per-replica means, the reduced sum is divided by the replicas in sync (the
-mean gradient, which Keras otherwise gets by dividing every loss). One process, ``OneDeviceStrategy`` and parameter-server workers (one
-replica each) run Keras's unmodified code.
+mean gradient, which Keras otherwise gets by dividing every loss). One process,
+``OneDeviceStrategy`` and parameter-server workers (one replica each) run Keras's unmodified
+code.
 
 Probe: :func:`bug_present` reads the installed method's source (no TF op): the mend is needed
 while clipping happens in ``_backend_apply_gradients`` before ``_backend_update_step`` reduces;
@@ -114,7 +115,8 @@ def _mended(original):
             return original(self, grads, trainable_variables)
         trainable_variables = list(trainable_variables)
         reduced = self._all_reduce_sum_gradients(
-            list(zip(grads, [getattr(v, "value", v) for v in trainable_variables])))
+            list(zip(grads, [getattr(v, "value", v) for v in trainable_variables],
+                     strict=True)))
         reduced = [g for g, _ in reduced]
         from kerasdist._compat import keras_replica_loss
 

@@ -25,7 +25,7 @@ def _weights_match(model_weights: list, result: dict, what: str) -> list[str]:
     final = result["weights"]
     if len(model_weights) != len(final):
         return [f"{what}: {len(model_weights)} weights, the trained model has {len(final)}"]
-    bad = [i for i, (a, b) in enumerate(zip(model_weights, final))
+    bad = [i for i, (a, b) in enumerate(zip(model_weights, final, strict=True))
            if not np.allclose(a, b, rtol=1e-6, atol=1e-7)]
     return [f"{what}: weights {bad} differ from the trained model's"] if bad else []
 

@@ -37,9 +37,10 @@ def _rng(seed: int):
 def make(kind: str, seed: int = 0) -> dict:
     """``{"x": ..., "y": ..., "sample_weight": ...}`` for a data kind (NumPy; float32/int64).
 
-    Kinds: ``dense`` (x float32 ``[N, 8]``, y int64 class in ``[0, 3)``), ``binary`` (y float32 0/1 ``[N, 1]``),
-    ``regression`` (y float32 ``[N, 1]``), ``tokens`` (x int64 ``[N, 6]`` in ``[1, 20)``),
-    ``strings`` (x string ``[N, 1]`` of three words), ``words`` (x string ``[N, 1]``, one word), ``ints`` (x int64 ``[N, 1]`` category ids),
+    Kinds: ``dense`` (x float32 ``[N, 8]``, y int64 class in ``[0, 3)``), ``binary`` (y float32
+    0/1 ``[N, 1]``), ``regression`` (y float32 ``[N, 1]``), ``tokens`` (x int64 ``[N, 6]`` in
+    ``[1, 20)``), ``strings`` (x string ``[N, 1]`` of three words), ``words`` (x string
+    ``[N, 1]``, one word), ``ints`` (x int64 ``[N, 1]`` category ids),
     ``multi`` (x ``{"a": [N, 8], "b": [N, 4]}``, y ``{"cls": class, "reg": [N, 1]}``).
     ``sample_weight`` is float32 ``[N]`` in ``[0.5, 1.5)``.
     """

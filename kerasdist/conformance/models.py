@@ -162,7 +162,7 @@ def _custom_step_class():
                 y_pred = self(x, training=True)
                 loss = self.compute_loss(y=y, y_pred=y_pred)
             grads = tape.gradient(loss, self.trainable_variables)
-            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
             for metric in self.metrics:
                 if metric.name == "loss":
                     metric.update_state(loss)

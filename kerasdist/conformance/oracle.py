@@ -60,7 +60,7 @@ def compare_lists(name: str, got: list, want: list, tol) -> list[str]:
     """Problems where two lists of arrays differ beyond ``tol``."""
     if len(got) != len(want):
         return [f"{name}: {len(got)} arrays vs {len(want)}"]
-    return [f"{name}[{i}] {_max_diff(g, w)}" for i, (g, w) in enumerate(zip(got, want))
+    return [f"{name}[{i}] {_max_diff(g, w)}" for i, (g, w) in enumerate(zip(got, want, strict=True))
             if not _close(g, w, tol)]
 
 
@@ -78,7 +78,8 @@ def _identical(results: dict) -> list[str]:
     for other in tasks[1:]:
         for key in ("weights", "optimizer"):
             a, b = results[tasks[0]][key], results[other][key]
-            diff = [i for i, (x, y) in enumerate(zip(a, b)) if not np.array_equal(x, y, equal_nan=True)]
+            diff = [i for i, (x, y) in enumerate(zip(a, b, strict=False))
+                    if not np.array_equal(x, y, equal_nan=True)]
             if diff or len(a) != len(b):
                 problems.append(f"{key} {diff} differ between {tasks[0]} and {other}")
     return problems

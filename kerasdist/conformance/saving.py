@@ -38,8 +38,8 @@ def _same_as_predict(outputs, result: dict, what: str) -> list[str]:
     expected = result["predict"][0]
     got = np.asarray(outputs)
     if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
-        return [f"{what} outputs differ from the trained model's predict "
-                f"(max abs diff {np.max(np.abs(got - expected)) if got.shape == expected.shape else 'shape'})"]
+        diff = np.max(np.abs(got - expected)) if got.shape == expected.shape else "shape"
+        return [f"{what} outputs differ from the trained model's predict (max abs diff {diff})"]
     return []
 
 

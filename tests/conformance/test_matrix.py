@@ -74,5 +74,6 @@ def test_reference_is_deterministic(matrix, tmp_path):
     first = matrix["reference"]["adam"]
     again = runner.run_case(case, None, workdir=tmp_path,
                             initial=first["initial_weights"])
-    for a, b in zip(first["weights"] + first["optimizer"], again["weights"] + again["optimizer"]):
+    for a, b in zip(first["weights"] + first["optimizer"], again["weights"] + again["optimizer"],
+                    strict=True):
         assert (a == b).all()

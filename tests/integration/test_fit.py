@@ -11,8 +11,8 @@ import keras
 import numpy as np
 import pytest
 
-from kerasdist.config import validate_recipe
 from kerasdist import fit
+from kerasdist.config import validate_recipe
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).parents[2]
@@ -107,7 +107,7 @@ def test_save_model_atomic_never_truncates_a_good_model(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_user_written_keras_code_under_mirrored_strategy():
-    """The README's 'your own Keras code' example: plain model.fit inside strategy.scope()."""
+    """docs/python-api.md's 'your own Keras code' example: plain model.fit inside strategy.scope()."""
     import tensorflow as tf
 
     from kerasdist.config import DataConfig

@@ -18,8 +18,8 @@ import mwms_support as mw
 import pytest
 
 from kerasdist import _compat
-from kerasdist.launch.processes import LocalLauncher
 from kerasdist.cluster.spec import local_cluster
+from kerasdist.launch.processes import LocalLauncher
 
 pytestmark = pytest.mark.multiprocess
 

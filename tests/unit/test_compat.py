@@ -215,8 +215,9 @@ def test_upstream_tensorboard_and_csvlogger_still_not_chief_aware():
 def test_chief_logs_mend_sends_a_non_chief_csv_to_a_private_folder(tmp_path):
     import types
 
-    from kerasdist._compat import keras_chief_callbacks, keras_chief_logs
     from keras.callbacks import CSVLogger
+
+    from kerasdist._compat import keras_chief_callbacks, keras_chief_logs
 
     keras_chief_logs.install()
     path = tmp_path / "log.csv"

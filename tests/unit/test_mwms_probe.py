@@ -7,9 +7,9 @@ import threading
 
 import portpicker
 
+from kerasdist.cluster.probe import EMPTY_SETTINGS_FRAME, probe, unresponsive_peers
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.strategies.multi_worker import lost_tasks
-from kerasdist.cluster.probe import EMPTY_SETTINGS_FRAME, probe, unresponsive_peers
 
 
 def _server(*, answer: bool):

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from kerasdist import keras as dispatch
+from kerasdist._compat import keras_ps_atomic_assign
 from kerasdist.cluster.inprocess import start_inprocess_cluster
 from kerasdist.config import ParameterServerStrategyConfig
 from kerasdist.data import make_dataset_fn
 from kerasdist.errors import ClusterError
-from kerasdist.strategies import parameter_server
-from kerasdist import keras as dispatch
-from kerasdist._compat import keras_ps_atomic_assign
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop
+from kerasdist.strategies import parameter_server
 
 
 def _context(worker: int, workers: int = 2):

@@ -8,13 +8,13 @@ import tensorflow as tf
 
 from kerasdist.config import validate_recipe
 from kerasdist.data.sources import write_tfrecord
-from kerasdist.errors import RecipeError
 from kerasdist.data.streams import (
     _eval_fn,
     _file_train_fn,
     _memory_train_fn,
     resolve_shard_policy,
 )
+from kerasdist.errors import RecipeError
 
 
 def _ctx(pipeline_id: int, pipelines: int = 2):
