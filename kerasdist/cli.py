@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from kerasdist import _log, cli_ops
+from kerasdist.cluster.export import DEFAULT_IMAGE
 from kerasdist.errors import (
     BAD_INPUT,
     EXIT_BAD_INPUT,
@@ -219,7 +220,9 @@ def _add_export_parser(sub) -> None:
     targets = export.add_subparsers(dest="target", metavar="TARGET", required=True)
     tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest")
     _add_recipe_args(tfjob)
-    tfjob.add_argument("--image", default="kerasdist:latest", help="container image with kerasdist")
+    tfjob.add_argument("--image", default=DEFAULT_IMAGE,
+                       help="container image with kerasdist, built from the repository's "
+                            f"Dockerfile (default: {DEFAULT_IMAGE})")
     tfjob.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
     tfjob.add_argument("--name", default=None, help="TFJob name (default: from the recipe file)")
     tfjob.add_argument("--namespace", default=None, help="Kubernetes namespace")

@@ -28,9 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kerasdist._version import __version__
 from kerasdist.errors import RecipeError
 
 API_VERSION = "kubeflow.org/v1"
+DEFAULT_IMAGE = f"kerasdist:{__version__}"
+"""The image ``export tfjob`` names unless ``--image`` is given: the tag the README's
+``docker build -t kerasdist:<version> .`` of the repository's ``Dockerfile`` gives."""
+IMAGE_UID = 1000
+"""The non-root uid (and gid) of the ``Dockerfile``'s ``kerasdist`` user; every pod runs as it,
+with ``fsGroup`` set to it so a mounted run-directory volume is writable."""
 RUNS_MOUNT = "/kerasdist-runs"
 CONTAINER_NAME = "tensorflow"  # the name the TFJob operator expects for the training container
 
@@ -82,7 +89,9 @@ def _pod_template(*, image: str, command: list[str], resources: PodResources,
     container: dict[str, Any] = {"name": CONTAINER_NAME, "image": image, "command": command,
                                  "resources": resources.as_dict(),
                                  "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}]}
-    spec: dict[str, Any] = {"containers": [container]}
+    spec: dict[str, Any] = {"containers": [container],
+                            "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_UID,
+                                                "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID}}
     if pvc:
         container["volumeMounts"] = [{"name": "runs", "mountPath": RUNS_MOUNT}]
         spec["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": pvc}}]
@@ -98,7 +107,8 @@ def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = N
     Args:
         recipe: the validated recipe (strategy ``multi_worker`` or ``parameter_server``).
         recipe_path: the recipe's path *inside the image* (the pods run ``kerasdist fit`` on it).
-        image: container image with kerasdist installed.
+        image: container image with kerasdist installed (:data:`DEFAULT_IMAGE` on the CLI); its
+            user must be uid :data:`IMAGE_UID` (pods run as it, not as root).
         name: TFJob name; default from the recipe file name.
         namespace: Kubernetes namespace; omitted when None.
         resources: per-pod CPU, memory and GPUs.
