@@ -305,5 +305,33 @@ def dump_recipe(recipe: Recipe) -> str:
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON Schema of the recipe, for editors (e.g. the YAML language server)."""
-    return Recipe.model_json_schema()
+    """JSON Schema (draft 2020-12) of the recipe, for editors (e.g. the YAML language server).
+
+    ``strategy`` is validated by its ``kind`` (each kind has its own config class), so pydantic's
+    schema of the field knows only ``kind``; here it becomes a ``oneOf`` of every registered
+    kind's own schema, each with ``kind`` fixed, so editors accept e.g. ``strategy.logical_cpus``
+    under ``kind: mirrored`` and flag it under ``kind: default``.
+
+    Returns:
+        The schema as a JSON-ready dict.
+    """
+    from kerasdist.config.strategy_configs import strategy_config_classes
+
+    schema = Recipe.model_json_schema(ref_template="#/$defs/{model}")
+    defs = schema.setdefault("$defs", {})
+    strategy = schema["properties"]["strategy"]
+    default_kind = (strategy.get("default") or {}).get("kind")
+    variants = []
+    for kind, cls in strategy_config_classes().items():
+        sub = cls.model_json_schema(ref_template="#/$defs/{model}")
+        defs.update(sub.pop("$defs", {}))
+        sub.setdefault("properties", {})["kind"] = {"const": kind, "title": "Kind",
+                                                    "type": "string"}
+        if kind != default_kind:  # `kind` may be left out only for the default kind
+            sub["required"] = sorted({*sub.get("required", ()), "kind"})
+        variants.append(sub)
+    schema["properties"]["strategy"] = {
+        "oneOf": variants, "default": strategy.get("default"),
+        "description": "The tf.distribute strategy, chosen by `kind`; the other fields depend "
+                       "on it."}
+    return schema

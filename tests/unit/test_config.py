@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -157,3 +158,23 @@ def test_dump_round_trips_and_schema_lists_sections():
     assert set(schema["properties"]) == {"model", "data", "optimizer", "strategy", "cluster",
                                          "trainer", "output"}
     json.dumps(schema)
+
+
+def test_json_schema_accepts_every_shipped_recipe_and_each_kinds_own_strategy_fields():
+    """Editors validate recipes with `kerasdist schema`: before, `strategy` listed only `kind`
+    (with no other key allowed), so every shipped recipe with a strategy field was flagged."""
+    jsonschema = pytest.importorskip("jsonschema")
+    import yaml
+
+    validator = jsonschema.Draft202012Validator(json_schema())
+    for path in sorted(Path(__file__).resolve().parents[2].glob("recipes/*.yaml")):
+        errors = [e.message for e in validator.iter_errors(yaml.safe_load(path.read_text()))]
+        assert not errors, f"{path.name}: {errors}"
+
+    def ok(strategy):
+        return validator.is_valid({"strategy": strategy})
+
+    assert ok({"kind": "mirrored", "logical_cpus": 2}) and ok({}) and ok({"device": "/cpu:0"})
+    assert not ok({"kind": "default", "logical_cpus": 2})  # a field of another kind
+    assert not ok({"logical_cpus": 2})                       # kind left out: the default kind
+    assert not ok({"kind": "mirrored", "typo": 1}) and not ok({"kind": "nope"})
