@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 INSIDE_ENV = "KERASDIST_PROFILE_INSIDE"
 
-# Run B of docs/benchmarks.md (2026-11-21, round-robin, 3 repeats, median examples/s, batch 128).
+# Run B of docs/benchmarks-log.md (2026-11-21, round-robin, 3 repeats, median examples/s, batch 128).
 ROW_SHAPE = {"plain_keras": "one", "raw_step": "one", "default": "one",
              "tf_keras_multi_worker": "peers", "multi_worker": "peers",
              "multi_worker_bf16": "peers16",

@@ -50,7 +50,7 @@ SEED_VARIABLES = (800, 32, 51_200, 64, 3_211_264, 1024, 10_240, 10)
 @dataclass(frozen=True)
 class Calibration:
     """Measured constants (seconds, bytes). Defaults: the best of three ``tools/profile_rows.py``
-    runs on 2026-11-23 (2-core VM loaded by other jobs, load average 5-15; docs/benchmarks.md)."""
+    runs on 2026-11-23 (2-core VM loaded by other jobs, load average 5-15; docs/benchmarks-log.md)."""
 
     fixed_s: float = 0.0109          # t_comp intercept, s per step (1 thread)
     per_example_s: float = 0.000446  # t_comp slope, s per example (1 thread)
@@ -200,7 +200,7 @@ def tables(cal: Calibration) -> str:
     return "\n".join(out)
 
 
-# Points measured on this machine (docs/benchmarks.md): examples/s, medians.
+# Points measured on this machine (docs/benchmarks-log.md): examples/s, medians.
 MEASURED_HERE = {
     ("multi_worker", 1, 128, False): (1157.8, "run A sweep, 2026-11-21"),
     ("multi_worker", 2, 128, False): (618.3, "run B, 2026-11-21 (run A: 586.5)"),

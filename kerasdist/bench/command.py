@@ -50,7 +50,7 @@ def _isolated(argv: list[str]) -> list[str]:
     kerasdist's launcher (tf_keras baselines, legacy/) must not expose their servers either.
 
     Raises:
-        ClusterError: namespaces are unavailable here (exit 2; see README "Security").
+        ClusterError: namespaces are unavailable here (exit 2; see docs/guarantees.md "Security").
     """
     from kerasdist.launch.isolation import isolated_argv
 

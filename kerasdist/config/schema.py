@@ -213,7 +213,7 @@ class OutputConfig(_Frozen):
 
 # -------------------------------------------------------------------------------------- recipe
 class Recipe(_Frozen):
-    """A whole training recipe. See the README's recipe reference for every field."""
+    """A whole training recipe. Every field: docs/recipes.md (generated from this schema)."""
 
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()

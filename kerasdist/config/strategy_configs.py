@@ -2,7 +2,7 @@
 
 Each config class declares its :class:`StrategyTraits` (topology, cluster kinds, ps tasks,
 ``data.auto_shard`` values, checkpoint schema); :mod:`kerasdist.strategies` registers the strategy
-object that runs it. Fields are documented per class; see the README's recipe reference.
+object that runs it. Fields are documented per class; docs/recipes.md is generated from them.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
     steps_per_execution: int = Field(
         4, ge=1, description="Training steps run by one scheduled function (one coordinator "
         "round trip). Default 4: faster than 1 in every side-by-side pair measured (docs/"
-        "benchmarks.md, 2026-11-23). A lost worker re-runs at most this many steps "
+        "benchmarks-log.md, 2026-11-23). A lost worker re-runs at most this many steps "
         "(at-least-once).")
 
 

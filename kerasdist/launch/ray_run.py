@@ -19,7 +19,7 @@ Where Ray runs:
   TensorFlow's, accept unauthenticated clients), and shut down at the end;
 * ``auto`` or ``HOST:PORT``: the existing cluster there is joined and left running. Its network is
   the operator's: TensorFlow's task servers in the workers listen on the nodes' addresses for the
-  run (README, "Security"). ``output.run_dir`` must then be on storage every node reaches.
+  run (docs/guarantees.md, "Security"). ``output.run_dir`` must then be on storage every node reaches.
 
 Parameter-server training is refused on Ray (see ``ParameterServerStrategyConfig``'s traits).
 Source: https://docs.ray.io/en/latest/train/api/doc/ray.train.tensorflow.TensorflowTrainer.html
