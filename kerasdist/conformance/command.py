@@ -37,6 +37,9 @@ def add_parser(sub) -> None:
                         help="limit for each strategy's processes, in seconds (default 1500)")
     parser.add_argument("--allow-network-exposure", action="store_true",
                         help="run the multi-process columns without a private network namespace")
+    parser.add_argument("--sequential", action="store_true",
+                        help="run the strategies one after another (default: all at once after "
+                             "the strategy-free reference)")
 
 
 def _parse(args) -> tuple[list[str], list[str]]:
@@ -80,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
         matrix = run_matrix(strategies=strategies, case_names=cases, folder=folder.resolve(),
                             timeout_s=args.timeout_s,
                             allow_exposure=args.allow_network_exposure,
+                            parallel=not args.sequential,
                             progress=lambda line: print(f"kerasdist conformance: {line}",
                                                         flush=True))
         command = "kerasdist conformance" + (

@@ -12,8 +12,10 @@ run's trained weights here, without a strategy, and judges every cell
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -79,9 +81,34 @@ def _command(strategy: str, plan_path: Path, log_dir: Path, *, allow_exposure: b
     return launch + [str(TASK_SCRIPT), str(plan_path)]
 
 
-def run_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: float,
-                 allow_exposure: bool = False) -> tuple[float, str]:
-    """Start the strategy's processes once; they run every case. Returns (seconds, output tail)."""
+@dataclass
+class StrategyRun:
+    """A strategy's processes, started by :func:`start_strategy` and running every case.
+
+    Attributes:
+        strategy: the strategy name.
+        proc: the top process (the task script, or ``kerasdist launch``), in a session of its own.
+        log: file holding its stdout and stderr.
+        started: ``time.perf_counter()`` at start (s).
+        deadline: ``time.perf_counter()`` value after which it is stopped (s).
+    """
+
+    strategy: str
+    proc: subprocess.Popen
+    log: Path
+    started: float
+    deadline: float
+
+
+def start_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: float,
+                   allow_exposure: bool = False) -> StrategyRun:
+    """Start the strategy's processes once, in the background; they run every case.
+
+    Several strategies may run at once (they share nothing but the reference's initial weights,
+    which must exist: run :func:`run_reference` first). On a 2-core machine the four together
+    take about as long as the slowest two in turn: the processes spend most of their time in
+    single-threaded Python (tracing, Keras's loops).
+    """
     out = folder / "results" / strategy
     plan = {"strategy": strategy, "cases": [c.name for c in cases], "out": str(out),
             "workdir": str(folder / "work" / strategy), "initial": str(folder / "initial")}
@@ -89,14 +116,52 @@ def run_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: f
     plan_path.write_text(json.dumps(plan))
     command = _command(strategy, plan_path, folder / "logs" / strategy,
                        allow_exposure=allow_exposure)
-    start = time.perf_counter()
+    log = folder / f"output-{strategy}.log"
+    with open(log, "wb") as sink:  # a file, not a pipe: nobody must drain it while others run
+        proc = subprocess.Popen(command, env={**os.environ, **QUIET}, stdout=sink,
+                                stderr=subprocess.STDOUT, cwd=str(folder),
+                                start_new_session=True)
+    now = time.perf_counter()
+    return StrategyRun(strategy, proc, log, now, now + timeout_s)
+
+
+def finish_strategy(run: StrategyRun) -> tuple[float, str]:
+    """Wait for a started strategy (stopping it at its deadline). Returns (seconds, output tail).
+
+    A run past its deadline gets SIGTERM (``kerasdist launch`` stops its tasks), then SIGKILL
+    for its whole process group 30 s later; its output then begins with "timed out".
+    """
     try:
-        proc = subprocess.run(command, env={**os.environ, **QUIET}, capture_output=True,
-                              text=True, timeout=timeout_s, cwd=str(folder))
-        output = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as err:
-        output = f"timed out after {timeout_s} s\n{err.stdout or ''}{err.stderr or ''}"
-    return time.perf_counter() - start, output[-20000:]
+        run.proc.wait(timeout=max(0.0, run.deadline - time.perf_counter()))
+        prefix = ""
+    except subprocess.TimeoutExpired:
+        stop_strategy(run)
+        prefix = f"timed out after {run.deadline - run.started:.0f} s\n"
+    seconds = time.perf_counter() - run.started
+    output = run.log.read_bytes()[-20000:].decode("utf-8", "replace")
+    return seconds, prefix + output
+
+
+def stop_strategy(run: StrategyRun) -> None:
+    """Stop a strategy's processes if they still run (SIGTERM, then SIGKILL after 30 s)."""
+    if run.proc.poll() is not None:
+        return
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.proc.pid, sig)
+        try:
+            run.proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: float,
+                 allow_exposure: bool = False) -> tuple[float, str]:
+    """Start the strategy's processes once and wait; they run every case. Returns (seconds,
+    output tail)."""
+    return finish_strategy(start_strategy(strategy, cases, folder, timeout_s=timeout_s,
+                                          allow_exposure=allow_exposure))
 
 
 def _tasks(folder: Path, case: str) -> dict:
@@ -141,8 +206,22 @@ def judge_case(case: Case, strategy: str, folder: Path, reference: dict,
 
 
 def run_matrix(*, strategies=STRATEGIES, case_names=(), folder: Path, timeout_s: float = 1500,
-               allow_exposure: bool = False, progress=print) -> Matrix:
-    """Run the matrix (module docs) in ``folder`` (created; results, logs, callback outputs)."""
+               allow_exposure: bool = False, parallel: bool = True, progress=print) -> Matrix:
+    """Run the matrix (module docs) in ``folder`` (created; results, logs, callback outputs).
+
+    Args:
+        strategies: strategy names, a subset of :data:`STRATEGIES`.
+        case_names: case names; empty = every case.
+        folder: working folder.
+        timeout_s: per strategy, from its start (s).
+        allow_exposure: run clusters without a private network namespace.
+        parallel: start every strategy's processes at once after the reference (default);
+            False runs them one after another (less memory, easier to read logs).
+        progress: called with one line per finished stage.
+
+    Returns:
+        The :class:`Matrix` of verdicts.
+    """
     cases = select(list(case_names))
     folder.mkdir(parents=True, exist_ok=True)
     matrix = Matrix(cases, list(strategies))
@@ -152,16 +231,33 @@ def run_matrix(*, strategies=STRATEGIES, case_names=(), folder: Path, timeout_s:
         "evaluation"].get("loss") for c in cases}
     matrix.seconds["reference"] = time.perf_counter() - start
     progress(f"reference: {len(cases)} cases in {matrix.seconds['reference']:.0f} s")
-    for strategy in strategies:
-        seconds, output = run_strategy(strategy, cases, folder, timeout_s=timeout_s,
-                                       allow_exposure=allow_exposure)
-        matrix.seconds[strategy] = seconds
-        matrix.logs[strategy] = output
-        start = time.perf_counter()
-        for case in cases:
-            verdict = judge_case(case, strategy, folder, reference, initial_loss)
-            matrix.cells.setdefault(case.name, {})[strategy] = verdict
-        passed = sum(matrix.cells[c.name][strategy].status == "pass" for c in cases)
-        progress(f"{strategy}: {passed}/{len(cases)} pass, run {seconds:.0f} s, judged in "
-                 f"{time.perf_counter() - start:.0f} s")
+    started = []
+    try:
+        for strategy in strategies:  # all at once when parallel; else each after the last
+            started.append(start_strategy(strategy, cases, folder, timeout_s=timeout_s,
+                                          allow_exposure=allow_exposure))
+            if not parallel:
+                _judge_strategy(matrix, started[-1], folder, reference, initial_loss, progress)
+        if parallel:
+            for run in started:
+                _judge_strategy(matrix, run, folder, reference, initial_loss, progress)
+    finally:
+        for run in started:
+            stop_strategy(run)
     return matrix
+
+
+def _judge_strategy(matrix: Matrix, run: StrategyRun, folder: Path, reference: dict,
+                    initial_loss: dict, progress) -> None:
+    """Wait for one strategy's run and judge its cells into ``matrix``."""
+    strategy, cases = run.strategy, matrix.cases
+    seconds, output = finish_strategy(run)
+    matrix.seconds[strategy] = seconds
+    matrix.logs[strategy] = output
+    start = time.perf_counter()
+    for case in cases:
+        matrix.cells.setdefault(case.name, {})[strategy] = judge_case(
+            case, strategy, folder, reference, initial_loss)
+    passed = sum(matrix.cells[c.name][strategy].status == "pass" for c in cases)
+    progress(f"{strategy}: {passed}/{len(cases)} pass, run {seconds:.0f} s, judged in "
+             f"{time.perf_counter() - start:.0f} s")

@@ -1,8 +1,9 @@
 """The conformance matrix (``kerasdist conformance``) as tests: one test per (strategy, case) cell.
 
-The strategy-free reference runs once, in this process, for the module; each strategy's processes
-start **once** (one process for default/mirrored, a local 2-worker cluster for multi_worker, 1 ps +
-2 workers + coordinator for parameter_server) and run every case; each test then judges one cell
+The strategy-free reference runs once, in this process, for the module; then every strategy's
+processes start **once**, all four at the same time (one process for default/mirrored, a local
+2-worker cluster for multi_worker, 1 ps + 2 workers + coordinator for parameter_server) and run
+every case; each test then judges one cell
 with :func:`kerasdist.conformance.oracle.judge` (the oracle is documented there and in
 docs/conformance.md). A cell passes, or is refused up front with ``UnsupportedFeatureError``
 naming the feature and the strategy; anything else fails the test with the oracle's findings.
@@ -27,27 +28,34 @@ from kerasdist.conformance.cases import all_cases
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 CASES = all_cases()
-STRATEGY_TIMEOUT_S = 900
+STRATEGY_TIMEOUT_S = 1200  # from the start of all four at once
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    """The folder, the reference results and each strategy's run (started on first use)."""
+    """The folder, the reference results and every strategy's processes, all started at once
+    after the reference (as ``kerasdist conformance`` does); each is waited for on first use and
+    any still running at the end is stopped."""
     from kerasdist.launch import isolation
 
     folder = tmp_path_factory.mktemp("conformance")
     reference = driver.run_reference(CASES, folder)
     initial_loss = {c.name: driver.same_weights(c, reference[c.name]["initial_weights"])[0][
         "evaluation"].get("loss") for c in CASES}
-    return {"folder": folder, "reference": reference, "initial_loss": initial_loss, "runs": {},
-            "exposure": isolation.unavailable_reason() is not None}
+    exposure = isolation.unavailable_reason() is not None
+    started = {s: driver.start_strategy(s, CASES, folder, timeout_s=STRATEGY_TIMEOUT_S,
+                                        allow_exposure=exposure) for s in driver.STRATEGIES}
+    try:
+        yield {"folder": folder, "reference": reference, "initial_loss": initial_loss,
+               "started": started, "runs": {}}
+    finally:
+        for run in started.values():
+            driver.stop_strategy(run)
 
 
 def _run(matrix, strategy):
     if strategy not in matrix["runs"]:
-        seconds, output = driver.run_strategy(strategy, CASES, matrix["folder"],
-                                              timeout_s=STRATEGY_TIMEOUT_S,
-                                              allow_exposure=matrix["exposure"])
+        _, output = driver.finish_strategy(matrix["started"][strategy])
         matrix["runs"][strategy] = output
     return matrix["runs"][strategy]
 
