@@ -50,13 +50,17 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_ray_recipe_reaches_97_percent_with_identical_weights_and_leaves_no_ray(tmp_path):
+def test_ray_recipe_trains_in_sync_to_95_percent_and_leaves_no_ray(tmp_path):
+    """The Ray recipe trains exactly as mnist_cnn_mwms.yaml (same model, data, batch, optimizer,
+    bf16 all-reduce; Ray only places the workers), so it is held to test_mwms_train's gate at the
+    same 126 steps: 0.9725-0.9805 over 5 seeds (sd 0.003; docs/recipe-accuracy.md)."""
     before = _ray_processes()
-    code, out = _finish(_fit(tmp_path / "run", "trainer.epochs=3"), timeout=560)
+    code, out = _finish(_fit(tmp_path / "run", "trainer.epochs=2", "trainer.steps_per_epoch=63"),
+                        timeout=560)
     assert code == 0, out[-4000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["evaluation"]["accuracy"] >= 0.97, metrics["evaluation"]
-    assert metrics["global_steps"] == 3 * metrics["steps_per_epoch"]
+    assert metrics["evaluation"]["accuracy"] >= 0.95, metrics["evaluation"]
+    assert metrics["global_steps"] == 2 * 63
     # every worker logs its final weights' digest: both equal the chief's metrics.json figure
     digests = re.findall(r"done at global step \d+; weights sha256 ([0-9a-f]{64})", out)
     assert len(digests) == 2 and set(digests) == {metrics["weights_sha256"]}, out[-3000:]
