@@ -67,13 +67,15 @@ def _tasks(launcher_pid: int) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _inner_launchers(launcher_pid: int) -> set[str]:
-    """Network namespaces of the launcher's namespace child (once it runs the isolation module)."""
-    found = set()
+def _inner_launchers(launcher_pid: int) -> dict[int, str]:
+    """``{pid: network namespace}`` of the launcher's namespace child (it runs the isolation
+    module as ``unshare --net python -m kerasdist.launch.isolation``: until unshare(2) returns,
+    that process is still in this namespace, so callers keep the newest reading per pid)."""
+    found = {}
     try:
         for child in psutil.Process(launcher_pid).children():
             if "kerasdist.launch.isolation" in " ".join(child.cmdline()):
-                found.add(_netns(child.pid))
+                found[child.pid] = _netns(child.pid)
     except (psutil.Error, OSError):
         pass
     return found
@@ -106,11 +108,11 @@ def test_local_cluster_is_unreachable_from_the_network(tmp_path, kind, expected)
               else _ps_recipe(tmp_path, "run"))
     process = mw.launch(recipe)
     checked: dict[str, int] = {}
-    launchers: set[str] = set()  # network namespaces of the launcher's child (the coordinator)
+    launchers: dict[int, str] = {}  # newest network namespace of the launcher's child, per pid
     try:
         deadline = time.monotonic() + 240
         while set(checked) != expected and process.poll() is None and time.monotonic() < deadline:
-            launchers |= _inner_launchers(process.pid)
+            launchers.update(_inner_launchers(process.pid))
             for name, (pid, port) in _tasks(process.pid).items():
                 if name in checked or not listens(pid, port):
                     continue
@@ -126,7 +128,8 @@ def test_local_cluster_is_unreachable_from_the_network(tmp_path, kind, expected)
     assert set(checked) == expected, f"tasks checked while listening: {checked}\n{out[-4000:]}"
     assert process.returncode == 0, out[-4000:]
     # The local launcher (for parameter_server also the coordinator) ran in the tasks' namespace.
-    assert launchers and _netns("self") not in launchers
+    # (read while the tasks listened, i.e. after the launcher's unshare(2) had returned)
+    assert launchers and _netns("self") not in launchers.values()
     assert "private network namespace, loopback only" in out
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["strategy"] == kind and metrics["num_replicas"] == 2
