@@ -289,8 +289,10 @@ def run_towers(devices: int = 2, steps: int = 300, batch_size: int = 50,
     text = texts["towers:0"]
     acc = _parse_or_fail(_ACCURACY, text, "held-out accuracy", "towers:0", logs, pids)
     placed = re.findall(r"(tower_\d+) on (\S+?)[,\n]", text)
+    losses = [(int(step), value) for step, value in re.findall(r"step (\d+), loss = (\S+) ", text)]
     return dict(accuracy=float(acc), wall_s=wall, train_s=_train_seconds(texts, ["towers:0"]),
-                towers=dict(placed), logs=logs, pids=pids, run_dir=str(run_dir), steps=steps)
+                towers=dict(placed), losses=losses, logs=logs, pids=pids, run_dir=str(run_dir),
+                steps=steps)
 
 
 def compare(workers: int = 2, train_steps: int = 2000, timeout_s: float = 300,
