@@ -14,7 +14,8 @@ either, and a ``MirroredStrategy`` step run later in the same process can hang: 
 that use these fixtures last (kerasdist's own ``tests/conftest.py`` sorts them to the end).
 
 * ``inprocess_ps_cluster``: an :class:`~kerasdist.cluster.inprocess.InProcessCluster` with 2
-  workers and 1 ps, worker servers configured against the 2-core deadlock.
+  workers and 2 ps (so that sharded variables really span ps tasks), worker servers
+  configured against the 2-core deadlock.
 * ``ps_strategy``: a ``tf.distribute.ParameterServerStrategy`` on that cluster (variables of
   different tests accumulate on the ps for the session; build fresh models per test).
   TensorFlow's ``ParameterServerStrategy.__init__`` sets the environment variables
@@ -30,7 +31,7 @@ from __future__ import annotations
 import pytest
 
 NUM_WORKERS = 2
-NUM_PS = 1
+NUM_PS = 2
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,9 @@ module                                  upstream issue / scope
                                         the loss divided by the replicas)
 ``keras_20582_grad_accum``              https://github.com/keras-team/keras/issues/20582
                                         (``gradient_accumulation_steps`` under any strategy)
+``keras_sharded_variables``             no issue; reproduction in the module (a variable split
+                                        over ps tasks by a partitioner fails in
+                                        ``tape.gradient``)
 ``keras_chief_callbacks``               ModelCheckpoint/BackupAndRestore written by every worker;
                                         installed by ``kerasdist.enable()`` only
 ``keras_chief_logs``                    TensorBoard/CSVLogger written by every worker;
@@ -57,6 +60,7 @@ MENDS = (
     "kerasdist._compat.keras_replica_apply",
     "kerasdist._compat.keras_replica_loss",
     "kerasdist._compat.keras_20582_grad_accum",
+    "kerasdist._compat.keras_sharded_variables",
 )
 
 

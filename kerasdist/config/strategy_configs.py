@@ -137,12 +137,15 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
         topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True, refusals=(_PS_ON_RAY,),
         auto_shard=("auto", "off", "data"))
     kind: Literal["parameter_server"] = "parameter_server"
-    variable_partitioning: Literal["none", "min_size", "max_shards"] = Field(
-        "none", description="Shard large variables over the ps tasks "
-        "(tf.distribute.experimental.partitioners)."
+    variable_partitioning: Literal["none", "min_size", "fixed", "max_shards"] = Field(
+        "none", description="Shard variables along axis 0 over the ps tasks "
+        "(tf.distribute.experimental.partitioners): min_size = MinSizePartitioner (shards of at "
+        "least min_shard_bytes, at most max_shards); fixed = FixedShardsPartitioner(max_shards) "
+        "for every variable; max_shards = the earlier name of fixed."
     )
     min_shard_bytes: int = Field(256 << 10, gt=0, description="min_size: smallest shard, bytes.")
-    max_shards: int | None = Field(None, ge=1, description="max_shards: default = number of ps.")
+    max_shards: int | None = Field(None, ge=1, description="min_size: most shards; fixed: the "
+                                   "shard count. Default: the number of ps tasks.")
     steps_per_execution: int = Field(
         4, ge=1, description="Training steps run by one scheduled function (one coordinator "
         "round trip). Default 4: faster than 1 in every side-by-side pair measured (docs/"

@@ -29,9 +29,13 @@ def make_partitioner(config, num_ps: int):
     * ``min_size``: ``tf.distribute.experimental.partitioners.MinSizePartitioner``: a variable is
       split along axis 0 into as many shards as keep each shard at least ``min_shard_bytes``
       bytes, at most ``max_shards`` (default ``num_ps``) shards.
-    * ``max_shards``: ``FixedShardsPartitioner(max_shards or num_ps)``: every variable of rank
-      >= 1 is split along axis 0 into ``min(max_shards, shape[0])`` shards, whatever its size.
-      Chosen over ``MaxSizePartitioner`` because the recipe names a shard count, not a shard size.
+    * ``fixed`` (also ``max_shards``, its earlier name): ``FixedShardsPartitioner(max_shards or
+      num_ps)``: every variable of rank >= 1 is split along axis 0 into
+      ``min(max_shards, shape[0])`` shards, whatever its size. Chosen over
+      ``MaxSizePartitioner`` because the recipe names a shard count, not a shard size.
+
+    Shards of one variable sit on consecutive ps tasks (TF places them round-robin); Keras 3
+    trains them through :mod:`kerasdist._compat.keras_sharded_variables`.
 
     Args:
         config: a ``ParameterServerStrategyConfig``.
@@ -49,7 +53,7 @@ def make_partitioner(config, num_ps: int):
     if config.variable_partitioning == "min_size":
         return partitioners.MinSizePartitioner(min_shard_bytes=config.min_shard_bytes,
                                                max_shards=shards)
-    if config.variable_partitioning == "max_shards":
+    if config.variable_partitioning in ("fixed", "max_shards"):
         return partitioners.FixedShardsPartitioner(num_shards=shards)
     return None
 

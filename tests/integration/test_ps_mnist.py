@@ -10,6 +10,7 @@ import pytest
 from kerasdist.config import DataConfig, validate_recipe
 from kerasdist.data import load_split, make_dataset_fn
 from kerasdist.models import mnist_cnn
+from kerasdist.testing import NUM_PS, NUM_WORKERS
 from kerasdist.training import run_session
 
 pytest_plugins = ["kerasdist.testing"]
@@ -63,7 +64,7 @@ def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_c
     metrics = json.loads((run_dir / "metrics.json").read_text())
     figures = metrics["parameter_server"]
     assert figures["global_step"] == sum(figures["steps_per_worker"]) == 2 * 8
-    assert figures["num_workers"] == 2 and figures["num_ps"] == 1
+    assert figures["num_workers"] == NUM_WORKERS and figures["num_ps"] == NUM_PS == 2
     assert figures["staleness_max"] >= figures["staleness_mean"] >= 0
     assert metrics["throughput"]["examples_per_sec"] > 0
     # Whole-epoch timing (for comparison with tf_keras PS): one entry per epoch, epoch 2 rated.

@@ -1,6 +1,6 @@
 """ParameterServerStrategy ``fit``/``evaluate``/``predict`` give what strategy-free Keras gives.
 
-Each test compares a model under ``ParameterServerStrategy`` (in-process cluster: 1 ps, 2 workers,
+Each test compares a model under ``ParameterServerStrategy`` (in-process cluster: 2 ps, 2 workers,
 ``kerasdist.enable()``) with a strategy-free copy holding the same weights, on the same data.
 Tolerances: predictions ``rtol=1e-6, atol=1e-6`` (the same float32 ops on the same batches);
 metrics and losses ``rtol=1e-5, atol=1e-6`` (sums accumulated in another order across workers).

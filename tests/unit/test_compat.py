@@ -7,6 +7,7 @@ this mend" — then delete the mend module and its entry in ``kerasdist._compat.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -231,3 +232,29 @@ def test_chief_logs_mend_sends_a_non_chief_csv_to_a_private_folder(tmp_path):
         logger.on_train_end()
         assert (written != str(path)) == private
     assert path.read_text().count("\n") == 2  # header + one epoch, from the chief only
+
+
+def test_upstream_keras_variable_still_has_one_handle_for_sharded_values():
+    from kerasdist._compat import keras_sharded_variables
+
+    assert keras_sharded_variables.bug_present(), (
+        "upstream fixed Keras's Variable.handle for ShardedVariable values: remove "
+        "kerasdist/_compat/keras_sharded_variables.py (tests/integration/test_ps_sharded.py "
+        "shows whether it still trains)")
+
+
+def test_sharded_variable_mend_is_inert_and_reversible(pristine):
+    import keras
+    from tensorflow.python.eager import backprop
+
+    from kerasdist._compat import keras_sharded_variables as mend
+
+    upstream = backprop._handle_or_self
+    assert mend.install() and mend.installed()
+    variable = keras.Variable(np.ones((3, 2), np.float32))
+    assert mend.sharded_value(variable) is None and type(variable) is keras.Variable
+    with tf.GradientTape() as tape:  # an unsharded variable still differentiates as before
+        loss = tf.reduce_sum(variable * 2.0)
+    np.testing.assert_array_equal(tape.gradient(loss, variable), np.full((3, 2), 2.0))
+    mend.uninstall()
+    assert not mend.installed() and backprop._handle_or_self is upstream

@@ -33,7 +33,8 @@ def _batches(ds) -> list[list[int]]:
     ("none", (1024, 1024), None),
     ("min_size", (1024, 1024), [3, 1]),  # 4 MiB, >= 256 KiB a shard: capped at 3 shards
     ("min_size", (16, 16), [1, 1]),  # 1 KiB: one shard
-    ("max_shards", (16, 16), [3, 1]),  # fixed: 3 shards whatever the size
+    ("fixed", (16, 16), [3, 1]),  # 3 shards whatever the size
+    ("max_shards", (16, 16), [3, 1]),  # the earlier name of fixed
     ("max_shards", (2, 16), [2, 1]),  # never more shards than rows
 ])
 def test_partitioner_choice(kind, shape, expected):

@@ -1,0 +1,295 @@
+"""Mend: Keras 3 variables cannot be sharded by a ``ParameterServerStrategy`` partitioner.
+
+Upstream: no Keras issue found; written reproduction (kerasdist, Keras 3.15 / TF 2.21, CPU): an
+in-process cluster with 2 workers and 2 ps, ``tf.distribute.ParameterServerStrategy(resolver,
+variable_partitioner=FixedShardsPartitioner(2))``, a ``Sequential`` of two ``Dense`` layers built
+and compiled in its scope, then one scheduled ``train_step`` (``model.fit`` under kerasdist, or
+TensorFlow's parameter-server tutorial's own loop):
+``AttributeError: 'ShardedVariable' object has no attribute 'handle'``, raised by Keras's
+TensorFlow ``Variable.handle`` inside ``tape.gradient``.
+
+Cause: under a partitioner, the ``tf.Variable`` that Keras creates inside its own ``Variable``
+becomes a ``tf.distribute.experimental.ShardedVariable`` (a container of 2 or more resource
+variables, one per ps task, split along axis 0). Keras's ``Variable`` declares itself a resource
+variable, so ``GradientTape.gradient`` asks it for one ``handle``; a sharded container has one per
+shard. tf_keras never met this because its layers listed the shards themselves as weights.
+
+Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
+
+* ``tape.gradient`` differentiates such a variable through its shards and returns one gradient of
+  the variable's full shape: the shards' dense gradients concatenated along axis 0, or, when every
+  shard's gradient is an ``IndexedSlices`` (embedding lookups), one ``IndexedSlices`` whose indices
+  are shifted by each shard's row offset; a shard that the loss does not reach counts as zeros.
+  Keras's optimizers then update the variable as usual; ``ShardedVariable.assign_sub`` /
+  ``scatter_sub`` split the update back over the shards, on their ps tasks (the strategy's
+  ``extended.update`` runs the optimizer's update function on the container, which TF's
+  colocation cannot take).
+* optimizer slots (momentum, Adam's moments) of a sharded variable are created without
+  colocation, so the partitioner splits them exactly as the variable (same shape and dtype),
+  shard i on the ps task of the variable's shard i.
+* a Keras variable that receives a ``ShardedVariable`` takes a subclass whose ``numpy()`` /
+  ``np.asarray`` (``model.save``, ``get_weights``) read and concatenate the shards (a
+  ``ShardedVariable`` has neither), and which checkpoints as TensorFlow checkpoints a
+  ``ShardedVariable``: one full-shape tensor written in slices, one per shard, under the same
+  checkpoint key as an unsharded variable, so it restores onto any number of shards (a
+  checkpoint written with N ps restores onto M ps, or onto one unsharded variable). Keras's own
+  ``_serialize_to_tensors`` cannot be used: TensorFlow's ``TrackableSaveable.restore`` keeps one
+  tensor per attribute name, the last slice.
+* ``keras.ops.take(variable, indices, axis=0)`` (what ``Embedding`` calls) on such a variable
+  becomes ``tf.nn.embedding_lookup`` on the shards: each ps gathers its own rows, instead of every
+  step reading the whole table to the worker.
+
+Probe: :func:`bug_present` reads Keras's ``Variable.handle`` source (no TF op): the mend is needed
+while it returns ``self.value.handle`` unconditionally; ``tests/unit/test_compat.py`` fails when
+that changes.
+
+Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/partitioners and
+``tf.distribute.experimental.ShardedVariable`` (TF API docs).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+NAME = "keras-sharded-variables"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+_MARK = "_kerasdist_mend"
+_ORIGINALS: dict = {}  # (owner, attribute) -> the upstream function, for uninstall()
+
+
+def bug_present() -> bool:
+    """Whether Keras's TensorFlow ``Variable.handle`` is still ``self.value.handle`` as is."""
+    from keras.src.backend.tensorflow.core import Variable
+
+    source = "".join(inspect.getsource(Variable.handle.fget).split())
+    return "returnself.value.handle" in source and "Sharded" not in source
+
+
+def _patched():
+    """``(owner, attribute)`` of every function this mend replaces."""
+    from keras.src.backend.tensorflow import numpy as tf_numpy
+    from keras.src.backend.tensorflow.core import Variable
+    from keras.src.backend.tensorflow.optimizer import TFOptimizer
+    from tensorflow.python.distribute.parameter_server_strategy import ParameterServerStrategyExtended
+    from tensorflow.python.eager import backprop
+
+    return ((backprop, "_handle_or_self"), (tf_numpy, "take"),
+            (TFOptimizer, "add_variable_from_reference"),
+            (ParameterServerStrategyExtended, "_update"), (Variable, "_initialize"))
+
+
+def installed() -> bool:
+    return all(getattr(getattr(owner, name), _MARK, False) for owner, name in _patched())
+
+
+def sharded_value(variable):
+    """The ``ShardedVariable`` a Keras variable holds, or None (also for non-Keras objects)."""
+    from keras.src.backend.common.variables import Variable
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    if isinstance(variable, Variable):
+        value = getattr(variable, "_value", None)
+        if isinstance(value, ShardedVariable):
+            return value
+    return None
+
+
+def _combine(sharded, grads):
+    """One gradient of ``sharded``'s full shape from its shards' gradients (None: unconnected)."""
+    import tensorflow as tf
+
+    if all(g is None for g in grads):
+        return None
+    shards = sharded.variables
+    if all(isinstance(g, tf.IndexedSlices) for g in grads):
+        offsets = [offset[0] for offset in sharded._var_offsets]
+        indices = [tf.cast(g.indices, tf.int64) + offset
+                   for g, offset in zip(grads, offsets, strict=True)]
+        return tf.IndexedSlices(tf.concat([g.values for g in grads], axis=0),
+                                tf.concat(indices, axis=0),
+                                tf.constant(sharded.shape.as_list(), tf.int64))
+    dense = [tf.zeros(v.shape, v.dtype) if g is None else tf.convert_to_tensor(g)
+             for g, v in zip(grads, shards, strict=True)]
+    return tf.concat(dense, axis=0)
+
+
+def _gradient_source_class():
+    from tensorflow.python.framework import composite_tensor, composite_tensor_gradient
+
+    class _Gradient(composite_tensor_gradient.CompositeTensorGradient):
+        def get_gradient_components(self, value):
+            return [shard.handle for shard in value.sharded.variables]
+
+        def replace_gradient_components(self, value, component_grads):
+            return _combine(value.sharded, list(component_grads))
+
+    class ShardedGradientSource(composite_tensor.CompositeTensor):
+        """What ``tape.gradient`` differentiates in place of a sharded Keras variable."""
+
+        __composite_gradient__ = _Gradient()
+
+        def __init__(self, sharded):
+            self.sharded = sharded
+
+        @property
+        def _type_spec(self):  # never packed or unpacked: only the gradient protocol is used
+            return self.sharded._type_spec
+
+    return ShardedGradientSource
+
+
+def install() -> bool:
+    """Patch, process-wide: ``tape.gradient``'s source unwrapping (TF ``backprop``), the TF
+    backend's ``take``, ``TFOptimizer.add_variable_from_reference``, the parameter-server
+    strategy's ``extended.update`` (``_update``) and Keras's TF ``Variable._initialize``; each
+    patch changes nothing for a variable that is not sharded. Idempotent.
+
+    Returns:
+        Whether the mend is in effect (False when :func:`bug_present` is False).
+    """
+    if not bug_present():
+        return False
+    if installed():
+        return True
+    makers = (_handle_or_self, _take, _add_variable_from_reference, _update, _initialize)
+    for make, (owner, attribute) in zip(makers, _patched(), strict=True):
+        original = getattr(owner, attribute)
+        function = functools.wraps(original)(make(original))
+        setattr(function, _MARK, True)
+        _ORIGINALS[(owner, attribute)] = original
+        setattr(owner, attribute, function)
+    return True
+
+
+def _handle_or_self(original):
+    source_class = _gradient_source_class()
+
+    def handle_or_self(x):
+        sharded = sharded_value(x)
+        return original(x) if sharded is None else source_class(sharded)
+
+    return handle_or_self
+
+
+def _take(original):
+    import tensorflow as tf
+
+    def take(x, indices, axis=None):
+        sharded = sharded_value(x)
+        if sharded is None or axis != 0 or isinstance(indices, (tf.SparseTensor, tf.RaggedTensor)):
+            return original(x, indices, axis=axis)
+        indices = tf.convert_to_tensor(indices)
+        if not indices.dtype.is_integer:
+            indices = tf.cast(indices, "int32")
+        indices = tf.where(indices < 0, indices + tf.cast(sharded.shape[0], indices.dtype),
+                           indices)
+        return tf.nn.embedding_lookup(sharded, indices)  # each ps gathers its own rows
+
+    return take
+
+
+def _add_variable_from_reference(original):
+    from keras.src.optimizers.base_optimizer import BaseOptimizer
+
+    def add_variable_from_reference(self, reference_variable, name=None, initializer="zeros"):
+        sharded = sharded_value(reference_variable)
+        if sharded is None:
+            return original(self, reference_variable, name=name, initializer=initializer)
+        # No colocation (TF cannot colocate with a container): the partitioner splits the slot
+        # exactly as the variable (same shape and dtype); its shards go to the same ps tasks.
+        with _same_ps_tasks(self._distribution_strategy, sharded):
+            return BaseOptimizer.add_variable_from_reference(
+                self, reference_variable, name=name, initializer=initializer)
+
+    return add_variable_from_reference
+
+
+def _update(original):
+    import tensorflow as tf
+    from tensorflow.python.distribute import distribute_lib
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    def update(self, var, fn, args, kwargs, group):
+        if not isinstance(var, ShardedVariable):
+            return original(self, var, fn, args, kwargs, group)
+        # Each shard's update runs on its own ps: ShardedVariable's assign/scatter ops slice
+        # the full-shape update and write every shard where it lives.
+        with distribute_lib.UpdateContext(var.variables[0].device):
+            result = fn(var, *self._select_single_value(args),
+                        **self._select_single_value(kwargs))
+            return result if group else tf.nest.map_structure(self._local_results, result)
+
+    return update
+
+
+def _initialize(original):
+    def initialize(self, value):
+        original(self, value)
+        if sharded_value(self) is not None and not getattr(self, _MARK, False):
+            self.__class__ = _sharded_class(type(self))
+
+    return initialize
+
+
+def uninstall() -> None:
+    """Put every upstream function back (tests only). Variables that already took the sharded
+    subclass keep it."""
+    for (owner, attribute), original in _ORIGINALS.items():
+        setattr(owner, attribute, original)
+    _ORIGINALS.clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_class(base):
+    """The subclass of ``base`` (``keras.Variable``) a variable takes once it holds a
+    ``ShardedVariable``."""
+    import numpy as np
+    import tensorflow as tf
+
+    class ShardedKerasVariable(base):
+        """A Keras TensorFlow ``Variable`` whose value is split over ps tasks (kerasdist mend)."""
+
+        _kerasdist_mend = True
+
+        def numpy(self):
+            return tf.convert_to_tensor(self._value).numpy()
+
+        def __array__(self, dtype=None, copy=None):
+            return np.asarray(self.numpy(), dtype=dtype)  # always a fresh array
+
+        # Defining this (and not ``_serialize_to_tensors``) on the class makes TensorFlow's
+        # checkpointing use the ShardedVariable's own slice saveables.
+        def _gather_saveables_for_checkpoint(self):
+            return self._value._gather_saveables_for_checkpoint()
+
+    return ShardedKerasVariable
+
+
+class _same_ps_tasks:
+    """Within the block, a ``ParameterServerStrategy`` places new variables' shards round-robin
+    from the ps task that holds ``sharded``'s first shard, so a slot's shard i sits beside the
+    variable's shard i (TF places shards of one variable on consecutive ps tasks). Restores the
+    strategy's placement counter on exit; a no-op for other strategies."""
+
+    def __init__(self, strategy, sharded):
+        self.extended = getattr(strategy, "extended", None)
+        self.sharded = sharded
+        self.saved = None
+
+    def __enter__(self):
+        import tensorflow as tf
+
+        count = getattr(self.extended, "_variable_count", None)
+        if count is None:
+            return self
+        device = tf.DeviceSpec.from_string(self.sharded.variables[0].device or "")
+        if device.job == "ps" and device.task is not None:
+            self.saved = count
+            self.extended._variable_count = device.task
+        return self
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            self.extended._variable_count = self.saved
+        return False
