@@ -105,9 +105,16 @@ class CoordinatorLoop:
                           initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
                           validation_data=eval_fn, validation_steps=recipe.trainer.validation_steps,
                           callbacks=callbacks, verbose=run.verbose)
+        from kerasdist._log import get_logger
+        from kerasdist.keras.ps_placement import describe, ps_placement
+
         spec = ps_fit.cluster_spec(run.tf_strategy)
+        placement = ps_placement(run.model, spec.num_tasks("ps"))
         run.extra["parameter_server"] = {**hist.ps_stats, "num_ps": spec.num_tasks("ps"),
-                                         "num_workers": spec.num_tasks("worker")}
+                                         "num_workers": spec.num_tasks("worker"),
+                                         "ps_placement": placement}
+        for line in describe(placement):
+            get_logger("training").info(line)
         return {key: [float(v) for v in values] for key, values in hist.history.items()}
 
     def evaluate(self, run: RunContext) -> dict[str, float]:

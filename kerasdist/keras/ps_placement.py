@@ -1,0 +1,78 @@
+"""Where a parameter-server model's variables live: each ps task's variables and shards.
+
+A ``ParameterServerStrategy`` places every variable on one ps task (round robin), or, with a
+``variable_partitioner``, splits it along axis 0 into shards on consecutive ps tasks
+(:mod:`kerasdist._compat.keras_sharded_variables` makes Keras 3 train them). This module reads
+the placement back from the variables' devices, for ``metrics.json`` and the console, so a user
+can see that each of N ps holds about 1/N of a large table.
+"""
+
+from __future__ import annotations
+
+
+def _shards(variable):
+    """``[(shard_index, num_shards, tf.Variable)]`` of a Keras or TF variable."""
+    value = getattr(variable, "_value", None)
+    value = variable if value is None else value
+    inner = getattr(value, "variables", None)
+    shards = [value] if inner is None else list(inner)
+    return [(index, len(shards), shard) for index, shard in enumerate(shards)]
+
+
+def ps_placement(model, num_ps: int) -> list[dict]:
+    """Each ps task's share of ``model.weights`` and ``model.optimizer.variables``.
+
+    Args:
+        model: a Keras model built (and its optimizer built) under a ``ParameterServerStrategy``.
+        num_ps: the number of ps tasks in the cluster.
+
+    Returns:
+        One dict per ps task, in task order: ``{"task": i, "bytes": int, "variables": int,
+        "shards": [{"path": str, "shard": k, "of": n, "shape": [rows, ...]}, ...]}``; ``shards``
+        lists only the pieces of variables split in 2 or more (a whole variable counts in
+        ``variables`` and ``bytes``). Variables placed on no ps task (the coordinator's own)
+        are left out.
+    """
+    import tensorflow as tf
+
+    tasks = [{"task": i, "bytes": 0, "variables": 0, "shards": []} for i in range(num_ps)]
+    optimizer_variables = list(getattr(getattr(model, "optimizer", None), "variables", []) or [])
+    seen = set()
+    for variable in [*model.weights, *optimizer_variables]:
+        if id(variable) in seen:
+            continue
+        seen.add(id(variable))
+        for index, count, shard in _shards(variable):
+            device = tf.DeviceSpec.from_string(getattr(shard, "device", "") or "")
+            if device.job != "ps" or device.task is None or device.task >= num_ps:
+                continue
+            entry = tasks[device.task]
+            entry["variables"] += 1
+            entry["bytes"] += int(shard.shape.num_elements() or 0) * shard.dtype.size
+            if count > 1:
+                entry["shards"].append({"path": getattr(variable, "path", shard.name),
+                                        "shard": index, "of": count,
+                                        "shape": shard.shape.as_list()})
+    return tasks
+
+
+def describe(placement: list[dict]) -> list[str]:
+    """One console line per ps task, e.g. ``ps 0: 9 variable(s), 12.3 MiB, 4 shard(s) of split
+    variables (largest sequential/dense/kernel 1/2 [1568, 128])``."""
+    lines = []
+    for entry in placement:
+        line = (f"ps {entry['task']}: {entry['variables']} variable(s), "
+                f"{entry['bytes'] / 2**20:.1f} MiB")
+        if entry["shards"]:
+            big = max(entry["shards"], key=lambda s: _elements(s["shape"]))
+            line += (f", {len(entry['shards'])} shard(s) of split variables (largest "
+                     f"{big['path']} {big['shard'] + 1}/{big['of']} {big['shape']})")
+        lines.append(line)
+    return lines
+
+
+def _elements(shape) -> int:
+    total = 1
+    for size in shape:
+        total *= int(size)
+    return total
