@@ -31,7 +31,8 @@ module                                  upstream issue / scope
 ======================================  ===================================================
 
 The modules in :data:`MENDS` are installed by :func:`apply` (process-wide; each changes behaviour
-only under a distribution strategy: multi-worker mode, or 2+ replicas in sync); the others are
+only under a distribution strategy: multi-worker mode, 2+ replicas in sync, or variables sharded
+by a parameter-server partitioner); the others are
 used where needed, never by :func:`apply`. Most were found by the conformance matrix
 (``kerasdist conformance``, ``docs/conformance.md``).
 
@@ -46,7 +47,8 @@ Example::
     import kerasdist
     kerasdist._compat.apply()
     # on Keras 3.15 / TF 2.21: ['keras#20585', 'tensorflow#72388', 'keras-bn-replica-stats',
-    #  'keras-optimizer-replica-apply', 'keras-replica-loss', 'keras#20582']
+    #  'keras-optimizer-replica-apply', 'keras-replica-loss', 'keras#20582',
+    #  'keras-sharded-variables']
 """
 
 from __future__ import annotations
