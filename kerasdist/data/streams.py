@@ -17,6 +17,12 @@ https://www.tensorflow.org/tutorials/distribute/input#sharding):
 * ``off``: every pipeline reads every example, shuffled with its own seed (``shuffle_seed + i``).
 * ``auto`` (default): ``file`` for a ``tfrecord`` source that can be sharded by file, else ``data``.
 
+Parameter server (``build_data(..., asynchronous=True)``): the same streams, one per worker; a
+step is one worker's batch of ``batch_size`` examples, scheduled on whichever worker is free, so
+which worker ran which step is not recorded. A run resumed at global step ``s`` starts every
+worker's stream at batch ``ceil(s / workers)`` (its fair share): the global step is exact, the
+batches seen around the restart are the fair-share ones.
+
 Resuming at an exact step. The training input is one endless stream per pipeline whose order is a
 pure function of the recipe: pass ``p`` over the shard is the permutation drawn with the stateless
 seed ``(shuffle_seed + pipeline, p)`` (``tf.random.experimental.stateless_shuffle``; in-memory
@@ -128,25 +134,41 @@ class StreamInput:
         return strategy.distribute_datasets_from_function(self.eval_fn)
 
 
-def _pass_seed(seed: int, pass_index):
+def _pass_seed(seed, pass_index):
     """int64 seed pair of pass ``pass_index`` of a stream seeded with ``seed`` (stateless)."""
     import tensorflow as tf
 
-    return tf.stack([tf.constant(seed, tf.int64), tf.cast(pass_index, tf.int64)])
+    return tf.stack([tf.cast(seed, tf.int64), tf.cast(pass_index, tf.int64)])
 
 
-def _index_stream(indices: np.ndarray, *, seed: int, buffer: int):
-    """Endless dataset of example indices, pass ``p`` shuffled with seeds derived from ``(seed, p)``
-    so that the stream never depends on iterator history. ``buffer`` is a shuffle-buffer size
-    (``data.shuffle_buffer``) as in ``tf.data.Dataset.shuffle``: 0 keeps the order; a buffer at
-    least as large as the shard is a full permutation (drawn statelessly); a smaller one shuffles
-    within a sliding buffer of that many examples."""
+def _shard_ids(num_examples: int, pipelines: int, pipeline_id, *, shard: bool):
+    """``(ids, count)``: int64 example indices ``pipeline_id, pipeline_id + pipelines, ...``
+    (all of them when not ``shard``) and their number. ``pipeline_id`` may be a symbolic tensor
+    (parameter-server workers build their datasets inside a ``tf.function``); ``count`` is then
+    the largest shard's size."""
     import tensorflow as tf
 
-    ids = tf.constant(indices, tf.int64)
+    if not shard:
+        return tf.range(num_examples, dtype=tf.int64), num_examples
+    if isinstance(pipeline_id, int):
+        count = len(range(pipeline_id, num_examples, pipelines))
+    else:
+        count = -(-num_examples // pipelines)
+    return tf.range(tf.cast(pipeline_id, tf.int64), num_examples, pipelines,
+                    dtype=tf.int64), count
+
+
+def _index_stream(ids, count: int, *, seed, buffer: int):
+    """Endless dataset of example indices ``ids`` (int64 tensor of ``count`` elements), pass
+    ``p`` shuffled with seeds derived from ``(seed, p)`` so that the stream never depends on
+    iterator history (``seed`` an int or int64 scalar tensor). ``buffer`` is a shuffle-buffer
+    size (``data.shuffle_buffer``) as in ``tf.data.Dataset.shuffle``: 0 keeps the order; a buffer
+    at least as large as the shard is a full permutation (drawn statelessly); a smaller one
+    shuffles within a sliding buffer of that many examples."""
+    import tensorflow as tf
 
     def one_pass(pass_index):
-        if buffer >= len(indices):
+        if buffer >= count:
             order = tf.random.experimental.stateless_shuffle(ids, seed=_pass_seed(seed, pass_index))
             return tf.data.Dataset.from_tensor_slices(order)
         ds = tf.data.Dataset.from_tensor_slices(ids)
@@ -162,8 +184,8 @@ def _memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
 
     def train_fn(ctx, skip_batches: int):
         pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
-        indices = np.arange(pipeline_id, len(x), pipelines) if shard else np.arange(len(x))
-        ds = _index_stream(indices, seed=data_config.shuffle_seed + pipeline_id,
+        ids, count = _shard_ids(len(x), pipelines, pipeline_id, shard=shard)
+        ds = _index_stream(ids, count, seed=data_config.shuffle_seed + pipeline_id,
                            buffer=data_config.shuffle_buffer)
         ds = ds.batch(ctx.get_per_replica_batch_size(data_config.batch_size), drop_remainder=True)
         if skip_batches:
@@ -180,7 +202,8 @@ def _file_train_fn(files: list[str], data_config, *, normalize: bool):
     import tensorflow as tf
 
     def train_fn(ctx, skip_batches: int):
-        mine = tf.constant(files[ctx.input_pipeline_id::ctx.num_input_pipelines])
+        mine = tf.gather(tf.constant(files), tf.range(ctx.input_pipeline_id, len(files),
+                                                      ctx.num_input_pipelines))
         seed = data_config.shuffle_seed + ctx.input_pipeline_id
 
         def one_pass(pass_index):
@@ -238,13 +261,18 @@ def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int)
     return recipe.trainer.steps_per_epoch or steps
 
 
-def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1) -> StreamInput:
+def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
+               asynchronous: bool = False) -> StreamInput:
     """Load the recipe's splits and build the sharded, resumable inputs.
 
     Args:
         recipe: the validated recipe (``data`` and ``trainer.steps_per_epoch`` are read).
         replicas: replicas in sync (the global batch must divide by it).
         pipelines: input pipelines, one per worker process (1 for one-process strategies).
+        asynchronous: parameter server: every step is one worker's whole batch of
+            ``data.batch_size`` examples (``replicas`` 1), so a pipeline's batch is the global
+            batch, and one pass (the default ``steps_per_epoch``) is the pipelines' passes
+            summed: ``pipelines * (examples per pipeline // batch_size)`` steps.
 
     Must run after a multi-worker strategy exists (tfrecord sources run TF ops).
 
@@ -254,7 +282,7 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1) -> StreamIn
     config = recipe.data
     check_batch_divisible(config.batch_size, replicas)
     policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
-    pipeline_batch = config.batch_size // pipelines
+    pipeline_batch = config.batch_size if asynchronous else config.batch_size // pipelines
     if policy == "file":
         files = _tfrecord_files(config, config.train_split)
         counts = [_count_records(files[i::pipelines]) for i in range(pipelines)]
@@ -269,6 +297,8 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1) -> StreamIn
         eval_fn, num_eval = _eval_fn(ex, ey, config, shard=policy != "off"), len(ex)
     steps = _steps_per_epoch(recipe, examples_per_pipeline=per_pipeline,
                              pipeline_batch=pipeline_batch)
+    if asynchronous and not recipe.trainer.steps_per_epoch:
+        steps *= pipelines  # scheduled steps per epoch are summed over the workers
     log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
              f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
              f"'{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")

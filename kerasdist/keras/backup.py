@@ -383,24 +383,43 @@ class StepBackup(keras.callbacks.Callback):
 
 
 class EpochEndSave(keras.callbacks.Callback):
-    """Save the :class:`BackupStore` at every epoch end, numbered by ``optimizer.iterations``.
+    """Save the :class:`BackupStore` at every epoch end, numbered by ``optimizer.iterations``;
+    under parameter server also every ``every_steps`` steps.
+
+    Parameter-server steps run asynchronously on the workers, so a callback cannot save between
+    them by itself: kerasdist's coordinator loop (:func:`kerasdist.keras.ps_loop.train_epoch`)
+    finds this callback, and once the steps it has scheduled pass a multiple of ``every_steps``
+    it joins the coordinator (every scheduled step applied, none in flight) and calls
+    :meth:`save_step`. With ``steps_per_execution`` k > 1 the save happens at the first call
+    boundary at or after the multiple, so a lost ps or coordinator costs at most
+    ``every_steps + k - 1`` steps.
 
     Args:
         store: the :class:`BackupStore`.
+        every_steps: save period in global steps under parameter server; None = epoch ends only.
 
     Attributes:
         saved: the checkpoint paths written (chief only).
     """
 
-    def __init__(self, store):
+    def __init__(self, store, *, every_steps: int | None = None):
         super().__init__()
         self.store = store
+        self.every_steps = every_steps
         self.saved: list[str] = []
+        self._saved_step: int | None = None
 
-    def on_epoch_end(self, epoch, logs=None):
-        path = self.store.save(int(np.asarray(self.model.optimizer.iterations)))
+    def save_step(self, step: int) -> None:
+        """Save at global step ``step`` (read by the caller after a join); once per step."""
+        if step == self._saved_step:
+            return
+        path = self.store.save(step)
+        self._saved_step = step
         if path:
             self.saved.append(path)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.save_step(int(np.asarray(self.model.optimizer.iterations)))
 
 
 def check_finite_state(model, what: str, *, keeps: str, restoring: bool = False) -> None:

@@ -224,7 +224,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
 
     Returns:
         The ``keras.callbacks.History``; ``history.ps_stats`` holds the run's
-        parameter-server figures (``PSStats.summary``).
+        parameter-server figures (``PSStats.summary``), ``history.ps_totals`` the
+        :class:`~kerasdist.keras.ps_loop.PSStats` they come from.
 
     Raises:
         ValueError: not a ParameterServerStrategy model, unsupported arguments, a missing
@@ -275,6 +276,7 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
     history = next((cb for cb in callbacks.callbacks if isinstance(cb, keras.callbacks.History)),
                    None) or keras.callbacks.History()
     history.ps_stats = total.summary(ps_loop.global_step(model))
+    history.ps_totals = total  # the PSStats themselves, to merge over several fit calls
     return history
 
 

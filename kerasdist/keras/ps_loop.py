@@ -190,7 +190,12 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
 
     Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` with its
     logs when it has completed; stops scheduling once ``model.stop_training`` is set. The
-    counters are reset first and read after ``join``.
+    counters are reset first and read after ``join``. When ``callbacks`` hold a step saver
+    (a callback with ``every_steps`` and ``save_step(step)``: kerasdist's
+    :class:`~kerasdist.keras.backup.EpochEndSave`), each time the scheduled steps pass a
+    multiple of ``every_steps`` (global steps) before the epoch's end, the loop joins the
+    coordinator, completes every pending call and calls ``save_step`` with the global step
+    read from the ps.
     """
     import tensorflow as tf
 
@@ -199,6 +204,8 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     pending: collections.deque = collections.deque()
     last_logs, begin, started = {}, 0, False
     run.counters.assign(tf.zeros_like(run.counters))
+    saver = _step_saver(callbacks)
+    first_step = global_step(model) if saver is not None else 0
     epoch_started = time.perf_counter()
 
     def complete():
@@ -218,6 +225,13 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
             started = True
         elif len(pending) > run.max_pending:
             complete()
+        if saver is not None and begin < steps and \
+                (first_step + begin) // saver.every_steps > (first_step + begin - size) // \
+                saver.every_steps:
+            run.coordinator.join()  # every scheduled step applied, none in flight
+            while pending:
+                complete()
+            saver.save_step(global_step(model))
     run.coordinator.join()
     while pending:
         complete()
@@ -226,6 +240,15 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     stats.epoch_seconds.append(time.perf_counter() - epoch_started)
     stats.epoch_examples.append(stats.examples)
     return last_logs, stats
+
+
+def _step_saver(callbacks):
+    """The callback that saves every ``every_steps`` steps (:class:`kerasdist.keras.backup.
+    EpochEndSave` with ``every_steps``), or None."""
+    for callback in getattr(callbacks, "callbacks", callbacks) or []:
+        if getattr(callback, "every_steps", None) and hasattr(callback, "save_step"):
+            return callback
+    return None
 
 
 def _evaluation_call(run: PSRun, iterator, done: int, callbacks, exhausted: set, last: list):

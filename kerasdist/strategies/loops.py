@@ -7,7 +7,8 @@
   (:class:`~kerasdist.keras.backup.PreemptionWatch`).
   Used by ``default``, ``mirrored`` and ``multi_worker``.
 * :class:`CoordinatorLoop`: kerasdist's parameter-server ``fit`` (:func:`kerasdist.keras.ps_fit.fit`)
-  from the epoch derived from the global step, saving at epoch ends.
+  from the checkpoint's global step on the same resumable streams, saving every
+  ``trainer.checkpoint.every_steps`` steps (after a join) and at epoch ends.
 
 Both read and write the same checkpoint schema (:mod:`kerasdist.keras.backup`).
 """
@@ -26,19 +27,25 @@ def _merge(history: dict, more: dict) -> None:
         history.setdefault(key, []).extend(float(v) for v in values)
 
 
+def fit_phases(start_step: int, steps_per_epoch: int, epochs: int):
+    """``(first_epoch, last_epoch, steps_per_epoch, stream_step)`` of each ``fit`` call that
+    trains from global step ``start_step`` to ``epochs * steps_per_epoch``: a half-done epoch is
+    finished by a shorter first call."""
+    epoch, done = divmod(start_step, steps_per_epoch)
+    phases = []
+    if done:
+        phases.append((epoch, epoch + 1, steps_per_epoch - done, start_step))
+        epoch += 1
+    if epoch < epochs:
+        phases.append((epoch, epochs, steps_per_epoch, epoch * steps_per_epoch))
+    return phases
+
+
 class KerasFitLoop:
     """Keras ``model.fit`` on the strategy's resumable stream input (see module docs)."""
 
     def _phases(self, start_step: int, steps_per_epoch: int, epochs: int):
-        """``(first_epoch, last_epoch, steps_per_epoch, stream_step)`` of each ``fit`` call."""
-        epoch, done = divmod(start_step, steps_per_epoch)
-        phases = []
-        if done:
-            phases.append((epoch, epoch + 1, steps_per_epoch - done, start_step))
-            epoch += 1
-        if epoch < epochs:
-            phases.append((epoch, epochs, steps_per_epoch, epoch * steps_per_epoch))
-        return phases
+        return fit_phases(start_step, steps_per_epoch, epochs)
 
     def train(self, run: RunContext) -> dict[str, list[float]]:
         """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
@@ -86,36 +93,60 @@ class KerasFitLoop:
         return {key: float(value) for key, value in logs.items()}
 
 
+def _skipping(train_fn, skip_batches: int):
+    """``dataset_fn(input_context)`` of a stream (:class:`kerasdist.data.streams.StreamInput`
+    ``train_fn``) started ``skip_batches`` batches in."""
+    return lambda ctx: train_fn(ctx, skip_batches)
+
+
 class CoordinatorLoop:
     """kerasdist's parameter-server loop, run by the coordinator (see module docs)."""
 
     def train(self, run: RunContext) -> dict[str, list[float]]:
-        """Fit from the epoch derived from the global step; adds ``parameter_server`` figures
-        (:class:`~kerasdist.keras.ps_loop.PSStats`) to ``run.extra``."""
+        """Fit from the checkpoint's global step to ``epochs * steps_per_epoch`` (a half-done
+        epoch is finished by a shorter first ``fit``), saving every
+        ``trainer.checkpoint.every_steps`` steps (the coordinator joins, then saves) and at epoch
+        ends; adds ``parameter_server`` figures (:class:`~kerasdist.keras.ps_loop.PSStats`, the
+        ps placement) to ``run.extra``."""
+        import math
+
         from kerasdist.keras import ps_fit
         from kerasdist.keras.backup import EpochEndSave
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss
+        from kerasdist.keras.ps_loop import PSStats, global_step
 
         recipe, data = run.recipe, run.data
-        initial_epoch = run.start_step // data.steps_per_epoch
-        callbacks = ([StopOnNonFiniteLoss()] + ([EpochEndSave(run.store)] if run.store is not None
-                                                else []) + run.callbacks)
+        spec = ps_fit.cluster_spec(run.tf_strategy)
+        workers = spec.num_tasks("worker")
+        saver = ([EpochEndSave(run.store, every_steps=recipe.trainer.checkpoint.every_steps)]
+                 if run.store is not None else [])
+        callbacks = [StopOnNonFiniteLoss(), *saver, *run.callbacks]
         eval_fn = data.eval_fn if recipe.trainer.validation else None
-        hist = ps_fit.fit(run.model, data.train_fn, epochs=recipe.trainer.epochs,
-                          initial_epoch=initial_epoch, steps_per_epoch=data.steps_per_epoch,
-                          validation_data=eval_fn, validation_steps=recipe.trainer.validation_steps,
-                          callbacks=callbacks, verbose=run.verbose)
-        from kerasdist._log import get_logger
+        history: dict[str, list[float]] = {}
+        total = None
+        for first, last, steps, stream_step in fit_phases(run.start_step, data.steps_per_epoch,
+                                                          recipe.trainer.epochs):
+            skip = math.ceil(stream_step / workers)  # each worker's fair share of the steps
+            hist = ps_fit.fit(run.model, _skipping(data.train_fn, skip), epochs=last,
+                              initial_epoch=first, steps_per_epoch=steps,
+                              validation_data=eval_fn,
+                              validation_steps=recipe.trainer.validation_steps,
+                              callbacks=callbacks, verbose=run.verbose)
+            _merge(history, hist.history)
+            total = total or PSStats(workers)
+            total.merge(hist.ps_totals)
+            if run.model.stop_training:
+                break
         from kerasdist.keras.ps_placement import describe, ps_placement
 
-        spec = ps_fit.cluster_spec(run.tf_strategy)
         placement = ps_placement(run.model, spec.num_tasks("ps"))
-        run.extra["parameter_server"] = {**hist.ps_stats, "num_ps": spec.num_tasks("ps"),
-                                         "num_workers": spec.num_tasks("worker"),
-                                         "ps_placement": placement}
+        total = total or PSStats(workers)
+        run.extra["parameter_server"] = {**total.summary(global_step(run.model)),
+                                         "num_ps": spec.num_tasks("ps"),
+                                         "num_workers": workers, "ps_placement": placement}
         for line in describe(placement):
-            get_logger("training").info(line)
-        return {key: [float(v) for v in values] for key, values in hist.history.items()}
+            log.info(line)
+        return history
 
     def evaluate(self, run: RunContext) -> dict[str, float]:
         """Held-out evaluation scheduled on the workers (each batch exactly once)."""

@@ -14,9 +14,6 @@ https://www.tensorflow.org/tutorials/distribute/parameter_server_training
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from kerasdist.config.schema import ParameterServerStrategyConfig
 from kerasdist.errors import ClusterError
 from kerasdist.strategies.base import Strategy
@@ -88,25 +85,6 @@ def build(config, *, cluster_resolver=None, **_):
         resolver, variable_partitioner=make_partitioner(config, num_ps))
 
 
-@dataclass(frozen=True)
-class PerWorkerInput:
-    """Recipe input for the coordinator loop: dataset functions run on every worker.
-
-    Attributes:
-        train_fn: ``dataset_fn(input_context)``, repeated forever, sharded by worker unless
-            ``data.auto_shard: off`` (then each worker shuffles everything with its own seed).
-        eval_fn: the same for the evaluation split (not repeated; every batch once), or None.
-        steps_per_epoch: scheduled steps per epoch summed over workers: the recipe's, or one pass
-            over the training split (``num_train // batch_size``).
-        shard_policy: ``'data'`` or ``'off'``.
-    """
-
-    train_fn: Callable
-    eval_fn: Callable | None
-    steps_per_epoch: int
-    shard_policy: str
-
-
 class ParameterServerStrategy(Strategy):
     """``strategy.kind: parameter_server``: ps and worker tasks serve; the chief runs kerasdist's
     coordinator loop (:class:`kerasdist.strategies.loops.CoordinatorLoop`)."""
@@ -117,16 +95,19 @@ class ParameterServerStrategy(Strategy):
     def build(self, config, *, cluster_resolver=None):
         return build(config, cluster_resolver=cluster_resolver)
 
-    def make_input(self, recipe, tf_strategy) -> PerWorkerInput:
-        from kerasdist.data import build_datasets
+    def num_input_pipelines(self, tf_strategy) -> int:
+        """One input pipeline per worker task."""
+        return self.num_replicas(tf_strategy)
+
+    def make_input(self, recipe, tf_strategy):
+        """The resumable streams every strategy uses (:func:`kerasdist.data.streams.build_data`),
+        one per worker, each step one worker's whole batch (``asynchronous=True``)."""
+        from kerasdist.data.streams import build_data
         from kerasdist.keras.accumulation import refuse
 
         refuse(recipe, self.kind)  # trainer.gradient_accumulation_steps > 1
-        policy = "off" if recipe.data.auto_shard == "off" else "data"
-        datasets = build_datasets(recipe.data, repeat_train=True, shard=policy == "data")
-        return PerWorkerInput(train_fn=datasets.train_fn, eval_fn=datasets.eval_fn,
-                              steps_per_epoch=recipe.trainer.steps_per_epoch or datasets.steps_per_epoch,
-                              shard_policy=policy)
+        return build_data(recipe, replicas=1, pipelines=self.num_input_pipelines(tf_strategy),
+                          asynchronous=True)
 
     def compile_kwargs(self, config) -> dict:
         return {"steps_per_execution": config.steps_per_execution}

@@ -43,7 +43,7 @@ def test_seed_cnn_learns_held_out_mnist_under_ps_fit(ps_strategy, kerasdist_enab
     assert stats["staleness_max"] >= stats["staleness_mean"] >= 0
 
 
-def _linear_recipe(run_dir, epochs: int):
+def _linear_recipe(run_dir, epochs: int, every_steps: int | None = None):
     return validate_recipe({
         "model": {"name": "linear"},
         "data": {"source": "synthetic_linear", "train_split": "train", "eval_split": "test",
@@ -51,7 +51,7 @@ def _linear_recipe(run_dir, epochs: int):
         "optimizer": {"name": "sgd", "learning_rate": 0.2},
         "strategy": {"kind": "parameter_server", "steps_per_execution": 2},
         "cluster": {"kind": "local", "workers": 2, "ps": 1},
-        "trainer": {"epochs": epochs, "verbose": 0},
+        "trainer": {"epochs": epochs, "verbose": 0, "checkpoint": {"every_steps": every_steps}},
         "output": {"run_dir": str(run_dir)},
     })
 
@@ -89,3 +89,38 @@ def test_fit_recipe_writes_outputs_and_resumes_without_going_back(inprocess_ps_c
     assert second.extra["restored_state_sha256"] == saved["ckpt-16"]
     assert second.history["ps_global_step"] == [24]  # continues from the checkpoint's 16
     assert second.extra["parameter_server"]["steps"] == 8
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.usefixtures("ps_strategy")
+def test_step_checkpoints_and_a_mid_epoch_resume_at_the_exact_step(inprocess_ps_cluster, tmp_path):
+    """``trainer.checkpoint.every_steps`` under parameter server: the coordinator joins and saves
+    at the first call boundary at or after each multiple (2 steps per call here), and a run whose
+    coordinator died after a mid-epoch checkpoint resumes at that checkpoint's global step,
+    finishes the half-done epoch with the remaining steps and ends at exactly the requested one.
+    """
+    from kerasdist.keras import state_digest
+
+    run_dir, tf_config = tmp_path / "run", inprocess_ps_cluster.tf_config
+    run_session(_linear_recipe(run_dir, epochs=1, every_steps=3), tf_config=tf_config)
+    checkpoints = run_dir / "checkpoints"
+    saved = state_digest.read(checkpoints)
+    assert sorted(int(name.split("-")[1]) for name in saved) == [4, 6, 8]
+    # The coordinator "died" after ckpt-6, before its epoch ended: no ckpt-8, no outputs.
+    for path in checkpoints.glob("ckpt-8.*"):
+        path.unlink()
+    (run_dir / "metrics.json").unlink()
+    (run_dir / "model.keras").unlink()
+    (checkpoints / "checkpoint").write_text(
+        'model_checkpoint_path: "ckpt-6"\nall_model_checkpoint_paths: "ckpt-4"\n'
+        'all_model_checkpoint_paths: "ckpt-6"\n')
+
+    second = run_session(_linear_recipe(run_dir, epochs=2, every_steps=3), tf_config=tf_config)
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["start_step"] == 6 and metrics["restore_verified"] is True
+    assert metrics["restored_state_sha256"] == saved["ckpt-6"]
+    assert second.initial_epoch == 0
+    figures = metrics["parameter_server"]
+    assert figures["global_step"] == 16 and figures["steps"] == 10  # 2 to finish epoch 1, then 8
+    assert metrics["history"]["ps_global_step"] == [8, 16]
+    assert {"ckpt-16"} <= set(state_digest.read(checkpoints))

@@ -9,9 +9,12 @@ What each fault may cost (asserted below):
   steps per lost worker), while the steps the loop scheduled and saw complete are exactly the
   requested ones (the workers' own per-worker counters are at-least-once too: their sum lies in
   the same range); the restarted worker rejoins and runs steps again;
-* the coordinator or the ps killed: the steps since the last checkpoint (epoch end); the re-run
-  restores that checkpoint's weights and optimizer state bit for bit (its state digest equals the
-  one recorded when it was saved) and ends at exactly the requested global step.
+* the coordinator or the ps killed: the steps since the last checkpoint (every
+  ``trainer.checkpoint.every_steps`` steps, at the first call boundary at or after each multiple,
+  and at epoch ends: at most ``every_steps + steps_per_execution - 1`` steps); the re-run restores
+  that checkpoint's weights and optimizer state bit for bit (its state digest equals the one
+  recorded when it was saved), resumes at its exact global step and ends at exactly the
+  requested one.
 """
 
 from __future__ import annotations
@@ -36,18 +39,21 @@ EPOCHS, STEPS = 4, 30
 SPE = ParameterServerStrategyConfig().steps_per_execution  # the default: steps per call
 
 
-def _command(run_dir: Path) -> list[str]:
+def _command(run_dir: Path, every_steps: int | None = None) -> list[str]:
     sets = [f"trainer.epochs={EPOCHS}", f"trainer.steps_per_epoch={STEPS}",
             "data.eval_split=test[9000:9512]", "cluster.max_restarts=1",
             f"strategy.steps_per_execution={SPE}",
             "output.tensorboard=false", f"output.run_dir={run_dir}"]
+    if every_steps:
+        sets.append(f"trainer.checkpoint.every_steps={every_steps}")
     return [sys.executable, "-m", "kerasdist", "fit", str(REPO / "recipes" / "mnist_cnn_ps.yaml"),
             *[a for s in sets for a in ("--set", s)], "--verbose", "2"]
 
 
-def _start(run_dir: Path, log: Path) -> subprocess.Popen:
+def _start(run_dir: Path, log: Path, every_steps: int | None = None) -> subprocess.Popen:
     handle = open(log, "ab")
-    return subprocess.Popen(_command(run_dir), stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+    return subprocess.Popen(_command(run_dir, every_steps), stdout=handle,
+                            stderr=subprocess.STDOUT, cwd=REPO)
 
 
 def _task(coordinator: subprocess.Popen, name: str) -> psutil.Process:
@@ -134,20 +140,26 @@ def test_killed_worker_is_restarted_and_training_completes(tmp_path):
     assert worker_log.count("task worker:1 serving on port") == 2  # the first and restarted one
 
 
+EVERY = 7  # trainer.checkpoint.every_steps in the ps/coordinator failure test
+
+
 @pytest.mark.timeout(480)
 def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
+    """With ``every_steps`` 7 (4 steps per scheduled call) the coordinator saves mid-epoch at the
+    first call boundary at or after each multiple of 7: a lost ps or coordinator costs at most
+    7 + 4 - 1 = 10 steps, and the re-run resumes at the checkpoint's exact global step."""
     run_dir, log = tmp_path / "run", tmp_path / "out.log"
     # 1. The coordinator is SIGKILLed: its tasks die with it.
-    proc = _start(run_dir, log)
+    proc = _start(run_dir, log, EVERY)
     _wait_for_checkpoint(run_dir, STEPS, proc)
     tasks = [_task(proc, name) for name in ("ps:0", "worker:0", "worker:1")]
     proc.kill()
     proc.wait(30)
     gone, alive = psutil.wait_procs(tasks, timeout=15)
     assert not alive, f"tasks outlived their coordinator: {alive}"
-    # 2. Re-run: resumes; then the ps is killed: bounded failure naming ps:0.
-    proc = _start(run_dir, log)
-    _wait_for_checkpoint(run_dir, 2 * STEPS, proc)
+    # 2. Re-run: resumes; then the ps is killed mid-epoch: bounded failure naming ps:0.
+    proc = _start(run_dir, log, EVERY)
+    _wait_for_checkpoint(run_dir, 2 * STEPS + 1, proc)
     killed_at = time.monotonic()
     _task(proc, "ps:0").send_signal(signal.SIGKILL)
     code = _finish(proc, 180)
@@ -161,15 +173,16 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     saved = state_digest.read(run_dir / "checkpoints")  # recorded when each was saved
     latest = _latest_checkpoint(run_dir)
     assert f"ckpt-{latest}" in saved, saved
-    proc = _start(run_dir, log)
+    proc = _start(run_dir, log, EVERY)
     assert _finish(proc, 240) == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert text.count("kerasdist: resuming from checkpoint") == 2
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["initial_epoch"] >= 2
     # the resume restored the last complete checkpoint, bit for bit: weights and optimizer state
-    # (slots, iterations) hash to the digest recorded when it was saved
-    assert metrics["start_step"] == latest and latest % STEPS == 0
+    # (slots, iterations) hash to the digest recorded when it was saved; at its exact global
+    # step, mid-epoch or not (a half-done epoch is finished with the remaining steps)
+    assert metrics["start_step"] == latest > 2 * STEPS
     assert metrics["restore_verified"] is True
     assert metrics["restored_state_sha256"] == saved[f"ckpt-{latest}"]
     # no worker was lost, so no step ran twice: the global step continues from the checkpoint's
@@ -178,3 +191,8 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
         float(e * STEPS) for e in range(metrics["initial_epoch"] + 1, EPOCHS + 1)]
     assert metrics["parameter_server"]["global_step"] == EPOCHS * STEPS
     assert metrics["global_steps"] == EPOCHS * STEPS
+    # what a fault costs: the kept checkpoints (max_to_keep 3) are at most EVERY + SPE - 1
+    # steps apart, mid-epoch ones included
+    kept = sorted(int(name.split("-")[1]) for name in state_digest.read(run_dir / "checkpoints"))
+    assert kept[-1] == EPOCHS * STEPS and any(step % STEPS for step in kept), kept
+    assert all(0 < b - a <= EVERY + SPE - 1 for a, b in zip(kept, kept[1:], strict=False)), kept
