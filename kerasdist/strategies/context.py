@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kerasdist.data.streams import StreamInput
 
 
 @dataclass
@@ -14,7 +17,8 @@ class RunContext:
         recipe: the validated recipe.
         model: the compiled Keras model, built under ``tf_strategy.scope()``.
         tf_strategy: the ``tf.distribute.Strategy``.
-        data: the strategy's input object (:meth:`Strategy.make_input`); has ``steps_per_epoch``.
+        data: the recipe's input (:meth:`Strategy.make_input`): the resumable streams of
+            :class:`kerasdist.data.streams.StreamInput`, for every strategy.
         store: the checkpoint store (:class:`kerasdist.keras.backup.BackupStore`) or None.
         start_step: global step (``optimizer.iterations``) restored from the checkpoint.
         callbacks: Keras callbacks: kerasdist's own (throughput, TensorBoard) then the user's.
@@ -27,7 +31,7 @@ class RunContext:
     recipe: Any
     model: Any
     tf_strategy: Any
-    data: Any
+    data: StreamInput
     store: Any
     start_step: int
     callbacks: list
