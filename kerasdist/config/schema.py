@@ -167,8 +167,10 @@ class CheckpointConfig(_Frozen):
     enabled: bool = True
     max_to_keep: int = Field(3, ge=1)
     every_steps: int | None = Field(None, gt=0, description="Also save every N optimizer steps "
-                                    "(multi_worker: the backup a restarted cluster resumes from); "
-                                    "None = at epoch ends only.")
+                                    "(multi_worker: the backup a restarted cluster resumes from; "
+                                    "parameter_server: the coordinator joins the workers, then "
+                                    "saves, at the first scheduled call's end at or after each "
+                                    "multiple); None = at epoch ends only.")
 
 
 class TrainerConfig(_Frozen):
