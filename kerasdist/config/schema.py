@@ -56,7 +56,8 @@ class ModelConfig(_Frozen):
 
 
 # ---------------------------------------------------------------------------------------- data
-DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_linear"]
+DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_linear",
+                     "synthetic_clicks"]
 AutoShard = Literal["auto", "off", "data", "file"]
 
 
@@ -79,8 +80,11 @@ class DataConfig(_Frozen):
     shuffle_seed: int = 42
     normalize: bool = Field(True, description="Scale uint8 images to float32 in [0, 1].")
     prefetch: int = Field(-1, ge=-1, description="Batches to prefetch; -1 = tf.data.AUTOTUNE.")
-    num_examples: int = Field(1000, gt=0, description="synthetic_linear: examples generated.")
+    num_examples: int = Field(1000, gt=0, description="synthetic_linear, synthetic_clicks: "
+                              "examples generated per split.")
     noise_std: float = Field(0.33, ge=0, description="synthetic_linear: std of N(0, s^2).")
+    num_users: int = Field(4_096, gt=0, description="synthetic_clicks: user ids are < this.")
+    num_items: int = Field(1_048_576, gt=0, description="synthetic_clicks: item ids are < this.")
     auto_shard: AutoShard = Field(
         "auto",
         description="Multi-worker sharding: auto = by data for in-memory sources, by file for "

@@ -28,7 +28,8 @@ def ps_placement(model, num_ps: int) -> list[dict]:
 
     Returns:
         One dict per ps task, in task order: ``{"task": i, "bytes": int, "variables": int,
-        "shards": [{"path": str, "shard": k, "of": n, "shape": [rows, ...]}, ...]}``; ``shards``
+        "shards": [{"path": str, "shard": k, "of": n, "shape": [rows, ...]}, ...]}``, plus
+        ``"peak_rss_bytes"`` where the task's process could be read (:func:`ps_peak_rss`); ``shards``
         lists only the pieces of variables split in 2 or more (a whole variable counts in
         ``variables`` and ``bytes``). Variables placed on no ps task (the coordinator's own)
         are left out.
@@ -36,6 +37,15 @@ def ps_placement(model, num_ps: int) -> list[dict]:
     import tensorflow as tf
 
     tasks = [{"task": i, "bytes": 0, "variables": 0, "shards": []} for i in range(num_ps)]
+    from kerasdist.keras.ps_fit import cluster_spec
+
+    try:
+        addresses = list(cluster_spec(model.distribute_strategy).as_dict().get("ps", []))
+    except (AttributeError, ValueError):  # no cluster (not a parameter-server model)
+        addresses = []
+    for index, peak in (ps_peak_rss(addresses) if addresses else {}).items():
+        if index < num_ps:
+            tasks[index]["peak_rss_bytes"] = peak
     optimizer_variables = list(getattr(getattr(model, "optimizer", None), "variables", []) or [])
     seen = set()
     for variable in [*model.weights, *optimizer_variables]:
@@ -56,6 +66,31 @@ def ps_placement(model, num_ps: int) -> list[dict]:
     return tasks
 
 
+def ps_peak_rss(ps_addresses: list[str]) -> dict[int, int]:
+    """``{ps task index: peak resident set size in bytes}`` of the ps tasks of this cluster that
+    run on this machine as processes readable by this user (local clusters): found by their
+    ``TF_CONFIG`` (task type ``ps``, the same ps addresses), read from ``/proc/<pid>/status``
+    (``VmHWM``, Linux). Tasks elsewhere are left out; empty off Linux."""
+    import json
+
+    import psutil
+
+    found: dict[int, int] = {}
+    for process in psutil.process_iter(["pid"]):
+        try:
+            config = json.loads(process.environ().get("TF_CONFIG", "") or "{}")
+            task = config.get("task", {})
+            if task.get("type") != "ps" or config.get("cluster", {}).get("ps") != ps_addresses:
+                continue
+            with open(f"/proc/{process.pid}/status", encoding="ascii") as status:
+                for line in status:
+                    if line.startswith("VmHWM:"):
+                        found[int(task.get("index", 0))] = int(line.split()[1]) * 1024
+        except (psutil.Error, OSError, ValueError, AttributeError):
+            continue
+    return found
+
+
 def describe(placement: list[dict]) -> list[str]:
     """One console line per ps task, e.g. ``ps 0: 9 variable(s), 12.3 MiB, 4 shard(s) of split
     variables (largest sequential/dense/kernel 1/2 [1568, 128])``."""
@@ -63,6 +98,8 @@ def describe(placement: list[dict]) -> list[str]:
     for entry in placement:
         line = (f"ps {entry['task']}: {entry['variables']} variable(s), "
                 f"{entry['bytes'] / 2**20:.1f} MiB")
+        if entry.get("peak_rss_bytes"):
+            line += f" (process peak RSS {entry['peak_rss_bytes'] / 2**20:.0f} MiB)"
         if entry["shards"]:
             big = max(entry["shards"], key=lambda s: _elements(s["shape"]))
             line += (f", {len(entry['shards'])} shard(s) of split variables (largest "

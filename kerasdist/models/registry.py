@@ -81,6 +81,10 @@ def _load_builtin() -> None:
         register("mnist_cnn", loss="sparse_categorical_crossentropy_from_logits",
                  metrics=("accuracy",))(seed.mnist_cnn)
         register("linear", loss="mse", metrics=(), task="regression")(seed.linear)
+        from kerasdist.models import recommender
+
+        register("click_model", loss="binary_crossentropy",
+                 metrics=("accuracy",))(recommender.click_model)
 
 
 def resolve(name: str, loss: str | None = None, metrics: list[str] | None = None) -> ModelSpec:
