@@ -20,10 +20,12 @@ Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
   the variable's full shape: the shards' dense gradients concatenated along axis 0, or, when every
   shard's gradient is an ``IndexedSlices`` (embedding lookups), one ``IndexedSlices`` whose indices
   are shifted by each shard's row offset; a shard that the loss does not reach counts as zeros.
-  Keras's optimizers then update the variable as usual; ``ShardedVariable.assign_sub`` /
-  ``scatter_sub`` split the update back over the shards, on their ps tasks (the strategy's
-  ``extended.update`` runs the optimizer's update function on the container, which TF's
-  colocation cannot take).
+  Keras's optimizers then update each shard on its own ps: the optimizer's own ``update_step``
+  runs once per shard, under that ps's device, on the shard, its slots' shards and its slice of
+  the gradient (Keras's updates are dense and elementwise; run on the container, they would read
+  and write every shard of the variable and its slots from the worker each step). Other uses of
+  the strategy's ``extended.update`` on the container (AdamW's weight decay) run the function on
+  the container, which TF's colocation cannot take.
 * optimizer slots (momentum, Adam's moments) of a sharded variable are created without
   colocation, so the partitioner splits them exactly as the variable (same shape and dtype),
   shard i on the ps task of the variable's shard i.
@@ -76,7 +78,8 @@ def _patched():
 
     return ((backprop, "_handle_or_self"), (tf_numpy, "take"),
             (TFOptimizer, "add_variable_from_reference"),
-            (ParameterServerStrategyExtended, "_update"), (Variable, "_initialize"))
+            (ParameterServerStrategyExtended, "_update"), (Variable, "_initialize"),
+            (TFOptimizer, "_distributed_tf_update_step"))
 
 
 def installed() -> bool:
@@ -152,7 +155,8 @@ def install() -> bool:
         return False
     if installed():
         return True
-    makers = (_handle_or_self, _take, _add_variable_from_reference, _update, _initialize)
+    makers = (_handle_or_self, _take, _add_variable_from_reference, _update, _initialize,
+              _update_step_by_shard)
     for make, (owner, attribute) in zip(makers, _patched(), strict=True):
         original = getattr(owner, attribute)
         function = functools.wraps(original)(make(original))
@@ -221,6 +225,73 @@ def _update(original):
             return result if group else tf.nest.map_structure(self._local_results, result)
 
     return update
+
+
+def _update_step_by_shard(original):
+    """Keras's optimizers update densely (``ops.subtract(gradient, m)`` densifies an
+    ``IndexedSlices``). On a sharded variable that math would run on the worker, reading every
+    shard of the variable and of its slots and writing them back each step; here each shard is
+    updated on its own ps instead, with the optimizer's own ``update_step`` applied to the shard,
+    its slots' shards and its slice of the gradient. Every built-in Keras optimizer's update is
+    elementwise in the variable, so this equals the whole-variable update."""
+    def step(self, distribution, grads_and_vars, learning_rate):
+        from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+        rest = []
+        for grad, var in grads_and_vars:
+            if isinstance(var, ShardedVariable) and grad is not None:
+                _update_shards(self, grad, var, learning_rate)
+            else:
+                rest.append((grad, var))
+        return original(self, distribution, rest, learning_rate)
+
+    return step
+
+
+def _update_shards(optimizer, grad, sharded, learning_rate):
+    import tensorflow as tf
+
+    index = optimizer._get_variable_index(sharded)
+    count = len(optimizer._trainable_variables)
+    # The optimizer's per-variable slot lists (``_momentums``, ``momentums``, ...): lists whose
+    # entry for this variable is another variable sharded like it.
+    slot_lists = {name: value for name, value in vars(optimizer).items()
+                  if isinstance(value, list) and len(value) == count
+                  and sharded_value(value[index]) is not None
+                  and sharded_value(value[index]) is not sharded}
+    keys = optimizer._trainable_variables_indices
+    try:
+        for number, (offset, shard) in enumerate(zip(sharded._var_offsets, sharded.variables,
+                                                     strict=True)):
+            for name, slot_list in slot_lists.items():
+                # a plain copy set past Keras's attribute tracking: the tracked lists are never
+                # modified (a replaced item would make them unsaveable)
+                view = list(slot_list)
+                view[index] = sharded_value(slot_list[index]).variables[number]
+                object.__setattr__(optimizer, name, view)
+            keys[optimizer._var_key(shard)] = index
+            with tf.device(shard.device):
+                optimizer.update_step(_gradient_slice(grad, offset[0], shard), shard,
+                                      learning_rate)
+            del keys[optimizer._var_key(shard)]
+    finally:
+        for name, slot_list in slot_lists.items():
+            object.__setattr__(optimizer, name, slot_list)
+
+
+def _gradient_slice(grad, start, shard):
+    """The part of a full-shape gradient that falls on ``shard`` (rows ``start`` onwards)."""
+    import tensorflow as tf
+
+    rows = shard.shape[0]
+    if isinstance(grad, tf.IndexedSlices):
+        indices = tf.cast(grad.indices, tf.int64) - start
+        mine = tf.logical_and(indices >= 0, indices < rows)
+        return tf.IndexedSlices(tf.boolean_mask(grad.values, mine),
+                                tf.boolean_mask(indices, mine),
+                                tf.constant(shard.shape.as_list(), tf.int64))
+    begin = [start] + [0] * (len(shard.shape) - 1)
+    return tf.slice(tf.convert_to_tensor(grad), begin, shard.shape.as_list())
 
 
 def _initialize(original):
