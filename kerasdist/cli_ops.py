@@ -37,6 +37,8 @@ def add_parsers(sub, add_role_args) -> None:
                         help="intra-op threads per task (0: TensorFlow's default)")
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
+    launch.add_argument("--allow-oversubscription", action="store_true",
+                        help="start more than 4 tasks per CPU core (at least 8 in all)")
     launch.add_argument("--allow-network-exposure", action="store_true",
                         help="run without a private network namespace: the task servers are "
                              "then reachable, unauthenticated, from other machines")
@@ -109,6 +111,13 @@ def _cmd_launch(args) -> int:
     if args.ray:
         return _launch_on_ray(args)
 
+    from kerasdist.launch.processes import check_task_count
+
+    check_task_count(args.workers + args.ps + (1 if args.chief or args.ps else 0),
+                     allowed=args.allow_oversubscription,
+                     what=f"--workers {args.workers} --ps {args.ps}"
+                          + (" --chief" if args.chief else ""),
+                     flag="--allow-oversubscription")
     cluster = ScriptCluster(script=args.script, args=tuple(args.script_args),
                             workers=args.workers, ps=args.ps, chief=args.chief,
                             max_restarts=args.max_restarts, log_dir=Path(args.log_dir),
@@ -121,6 +130,7 @@ def _cmd_launch(args) -> int:
             ["launch", "--workers", str(args.workers), "--ps", str(args.ps), "--max-restarts",
              str(args.max_restarts), "--log-dir", str(Path(args.log_dir).resolve()),
              "--threads-per-task", str(args.threads_per_task), *(["--chief"] * args.chief),
+             *(["--allow-oversubscription"] * args.allow_oversubscription),
              str(Path(args.script).resolve()), *args.script_args])
     launch(cluster)
     return EXIT_OK

@@ -142,6 +142,9 @@ class ClusterConfig(_Frozen):
     threads_per_task: int = Field(0, ge=0, description="intra-op threads per task; 0 = TF default.")
     port_base: int = Field(8888, ge=1024, le=65535, description="slurm: first port of the tasks "
                            "on each node (SlurmClusterResolver's port_base).")
+    allow_oversubscription: bool = Field(
+        False, description="local: start more than 4 tasks per CPU core (at least 8 in all); "
+        "refused otherwise before anything starts.")
     allow_network_exposure: bool = Field(
         False, description="local: start the tasks even where kerasdist cannot isolate them in a "
         "private network namespace. TensorFlow binds every task server to all interfaces with no "

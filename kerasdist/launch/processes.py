@@ -45,6 +45,40 @@ class Task:
         return self.process.poll()
 
 
+TASKS_PER_CORE = 4
+"""Most local tasks per CPU core (at least :data:`MIN_TASK_LIMIT` in all) a local cluster starts
+unless told to go past: every task is a full TensorFlow process (~0.8 GiB resident here), and
+``cluster.workers: 1000`` once started 250 processes before anything stopped it."""
+MIN_TASK_LIMIT = 8
+
+
+def check_task_count(tasks: int, *, allowed: bool, what: str, flag: str,
+                     cores: int | None = None) -> None:
+    """Refuse a local cluster of more than ``max(MIN_TASK_LIMIT, TASKS_PER_CORE * cores)`` tasks
+    before anything starts, unless ``allowed``.
+
+    Args:
+        tasks: processes the cluster would start (workers, ps, coordinator or chief).
+        allowed: the user asked to go past the bound (``flag``).
+        what: the fields or flags that set the count, with their values, for the message.
+        flag: how to allow it (``cluster.allow_oversubscription: true`` or a CLI flag).
+        cores: CPU cores of this machine (default ``os.cpu_count()``).
+
+    Raises:
+        ClusterError: over the bound (exit code 2), naming the count, the bound and ``flag``.
+    """
+    from kerasdist.errors import ClusterError
+
+    cores = cores or os.cpu_count() or 1
+    limit = max(MIN_TASK_LIMIT, TASKS_PER_CORE * cores)
+    if tasks > limit and not allowed:
+        raise ClusterError(
+            f"a local cluster of {tasks} tasks on this machine's {cores} CPU core(s) is over the "
+            f"bound of {limit} ({TASKS_PER_CORE} per core, at least {MIN_TASK_LIMIT}); each task "
+            f"is a TensorFlow process. Received: {what}. Use fewer tasks, or pass {flag} to "
+            "start them anyway")
+
+
 def die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     if sys.platform.startswith("linux"):

@@ -44,7 +44,9 @@ log = _log.get_logger("launch")
 
 def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     """Every bad-input check of a local cluster, in the launching process, before any process
-    starts or any file is written: the strategy's own (global batch vs replicas known in advance),
+    starts or any file is written: the number of tasks against this machine's cores
+    (:func:`kerasdist.launch.processes.check_task_count`), the strategy's own (global batch vs
+    replicas known in advance),
     the run directory (path, fingerprint), the data splits (readable, at least one global batch),
     and the model built here against the data (labels within its classes, shapes, NaN/inf:
     :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here).
@@ -53,12 +55,20 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
         The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
 
     Raises:
-        RecipeError, DataError, RunDirError: bad input (exit code 2).
+        RecipeError, DataError, RunDirError, ClusterError: bad input (exit code 2).
     """
     from kerasdist.data.sources import load_split
+    from kerasdist.launch.processes import check_task_count
     from kerasdist.training import checks
 
     strategy = registry.for_recipe(recipe)
+    cluster = recipe.cluster
+    if cluster.kind == "local":
+        coordinator = 1 if strategy.traits.needs_ps else 0
+        check_task_count(cluster.workers + cluster.ps + coordinator,
+                         allowed=cluster.allow_oversubscription,
+                         what=f"cluster.workers={cluster.workers}, cluster.ps={cluster.ps}",
+                         flag="--set cluster.allow_oversubscription=true")
     run_dir = RunDir.of(recipe)
     run_dir.check_path()
     strategy.preflight(recipe)

@@ -181,3 +181,38 @@ def test_validate_check_data_reports_bad_labels(write_recipe, tmp_path, capsys):
     np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x, y_test=y)
     assert main(["validate", str(path), "--check-data"]) == 0
     assert "model, data and run dir checked" in capsys.readouterr().out
+
+
+def test_a_local_cluster_far_past_the_cores_is_refused_before_anything_starts(
+        write_recipe, tmp_path, capsys):
+    """``cluster.workers: 1000`` once started 250 processes before anything stopped it."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    path = write_recipe(LINEAR.format(run_dir=run_dir)
+                        + "strategy: {kind: multi_worker}\ncluster: {kind: local, workers: 1000}")
+    before = len(psutil.Process().children(recursive=True))
+    assert main(["fit", str(path)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "cluster.workers=1000" in err and "1000 tasks" in err
+    assert "cluster.allow_oversubscription=true" in err
+    assert not run_dir.exists() and len(psutil.Process().children(recursive=True)) == before
+
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert main(["launch", "--workers", "500", "--ps", "2", "--log-dir", str(tmp_path / "logs"),
+                 str(script)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "--workers 500 --ps 2" in err and "--allow-oversubscription" in err
+    assert not (tmp_path / "logs").exists()
+
+
+def test_task_bound_scales_with_cores_and_can_be_passed():
+    from kerasdist.errors import ClusterError
+    from kerasdist.launch.processes import check_task_count
+
+    check_task_count(8, allowed=False, what="x", flag="f", cores=1)  # at least 8 in all
+    check_task_count(16, allowed=False, what="x", flag="f", cores=4)  # 4 per core
+    with pytest.raises(ClusterError, match="17 tasks .* 4 CPU core"):
+        check_task_count(17, allowed=False, what="x", flag="f", cores=4)
+    check_task_count(17, allowed=True, what="x", flag="f", cores=4)
