@@ -216,3 +216,23 @@ def test_task_bound_scales_with_cores_and_can_be_passed():
     with pytest.raises(ClusterError, match="17 tasks .* 4 CPU core"):
         check_task_count(17, allowed=False, what="x", flag="f", cores=4)
     check_task_count(17, allowed=True, what="x", flag="f", cores=4)
+
+
+def test_validate_checks_tf_config_for_a_tf_config_cluster(write_recipe, capsys, monkeypatch):
+    path = write_recipe("strategy: {kind: parameter_server}\ncluster: {kind: tf_config}")
+    monkeypatch.setenv("TF_CONFIG", '{"cluster": {"worker": ["h1:1"]}, "task": {"type": "worker"')
+    assert main(["validate", str(path)]) == EXIT_BAD_INPUT
+    assert "TF_CONFIG is not valid JSON" in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["h1:1"], "chief": ["h0:1"]},
+                                                "task": {"type": "chief", "index": 0}}))
+    assert main(["validate", str(path)]) == EXIT_BAD_INPUT  # parameter server without a ps
+    assert "ps" in capsys.readouterr().err
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["h1:1", "h2:1"], "ps": ["h3:1"], "chief": ["h0:1"]},
+        "task": {"type": "worker", "index": 1}}))
+    assert main(["validate", str(path)]) == 0
+    assert "TF_CONFIG checked: this task is worker:1 of a cluster of chief x1, worker x2, ps x1" \
+        in capsys.readouterr().out
+    monkeypatch.delenv("TF_CONFIG")
+    assert main(["validate", str(path)]) == 0
+    assert "TF_CONFIG is not set here" in capsys.readouterr().out
