@@ -11,7 +11,9 @@ configured (so ``TF_CPP_MIN_LOG_LEVEL`` cannot silence it)::
 The last one is an ``E`` (error) line that is not an error on a CPU-only machine.
 :func:`filter_native_stderr` routes file descriptor 2 through a pipe read by a thread that drops
 exactly these known lines (listed in :data:`NOISE`) and passes everything else through unchanged,
-so real errors still show. ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
+so real errors still show; and the flood of "Failed to remove function remotely" messages a
+parameter-server coordinator writes when it releases its functions after its tasks stopped
+(:class:`NoiseDropper`). ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
 stderr alone.
 """
 
@@ -38,9 +40,40 @@ and GPU-library warnings (TensorFlow 2.21), and Ray 2.60's warning that a namesp
 loopback has no route to the internet."""
 
 
+TEARDOWN = re.compile(r"^E\d{4} [\d:. ]+\d+ context\.cc:\d+\] Failed to remove function "
+                      r"remotely due to ")
+"""The first line of the message TensorFlow's eager context writes, once per traced function and
+remote task, when a parameter-server coordinator's functions are released after its ps and
+worker tasks have stopped (a preempted run: hundreds of lines). Dropped together with its
+continuation lines (:data:`TEARDOWN_CONTINUED`)."""
+TEARDOWN_CONTINUED = (
+    re.compile(r"^Additional GRPC error information from remote target /job:"),
+    re.compile(r"^:UNKNOWN:Error received from peer "),
+    re.compile(r"^This could happen if the remote target has been disconnected from the client"),
+)
+
+
 def is_noise(line: str) -> bool:
     """True for a line of :data:`NOISE`."""
     return any(pattern.search(line) for pattern in NOISE)
+
+
+class NoiseDropper:
+    """Line-by-line filter: drops :data:`NOISE` lines, and each :data:`TEARDOWN` message with the
+    continuation lines right after it; passes everything else (the same continuation lines after
+    any other line included)."""
+
+    def __init__(self):
+        self.in_teardown = False
+
+    def keep(self, line: str) -> bool:
+        if TEARDOWN.search(line):
+            self.in_teardown = True
+            return False
+        if self.in_teardown and any(p.search(line) for p in TEARDOWN_CONTINUED):
+            return False
+        self.in_teardown = False
+        return not is_noise(line)
 
 
 class _Filter:
@@ -55,8 +88,9 @@ class _Filter:
         self.thread.start()
 
     def _pump(self) -> None:
+        dropper = NoiseDropper()
         for raw in self.reader:
-            if not is_noise(raw.decode("utf-8", "replace")):
+            if dropper.keep(raw.decode("utf-8", "replace")):
                 os.write(self.saved, raw)
 
     def close(self) -> None:

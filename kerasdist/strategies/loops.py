@@ -93,6 +93,21 @@ class KerasFitLoop:
         return {key: float(value) for key, value in logs.items()}
 
 
+def _stop_when_asked(watch):
+    """A Keras callback: once SIGTERM or SIGINT was received (``watch``, a
+    :class:`~kerasdist.keras.backup.PreemptionWatch`), set ``model.stop_training``; the
+    parameter-server loop then stops scheduling, joins and ends the epoch (whose end saves a
+    checkpoint)."""
+    import keras
+
+    class StopWhenAsked(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if watch.requested:
+                self.model.stop_training = True
+
+    return StopWhenAsked()
+
+
 def _skipping(train_fn, skip_batches: int):
     """``dataset_fn(input_context)`` of a stream (:class:`kerasdist.data.streams.StreamInput`
     ``train_fn``) started ``skip_batches`` batches in."""
@@ -107,11 +122,16 @@ class CoordinatorLoop:
         epoch is finished by a shorter first ``fit``), saving every
         ``trainer.checkpoint.every_steps`` steps (the coordinator joins, then saves) and at epoch
         ends; adds ``parameter_server`` figures (:class:`~kerasdist.keras.ps_loop.PSStats`, the
-        ps placement) to ``run.extra``."""
+        ps placement) to ``run.extra``.
+
+        Raises:
+            Preempted: SIGTERM or SIGINT; the coordinator stopped scheduling, joined the workers
+                and saved a checkpoint at the global step reached (exit code 130).
+        """
         import math
 
         from kerasdist.keras import ps_fit
-        from kerasdist.keras.backup import EpochEndSave
+        from kerasdist.keras.backup import EpochEndSave, PreemptionWatch
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss
         from kerasdist.keras.ps_loop import PSStats, global_step
 
@@ -120,23 +140,30 @@ class CoordinatorLoop:
         workers = spec.num_tasks("worker")
         saver = ([EpochEndSave(run.store, every_steps=recipe.trainer.checkpoint.every_steps)]
                  if run.store is not None else [])
-        callbacks = [StopOnNonFiniteLoss(), *saver, *run.callbacks]
         eval_fn = data.eval_fn if recipe.trainer.validation else None
         history: dict[str, list[float]] = {}
         total = None
-        for first, last, steps, stream_step in fit_phases(run.start_step, data.steps_per_epoch,
-                                                          recipe.trainer.epochs):
-            skip = math.ceil(stream_step / workers)  # each worker's fair share of the steps
-            hist = ps_fit.fit(run.model, _skipping(data.train_fn, skip), epochs=last,
-                              initial_epoch=first, steps_per_epoch=steps,
-                              validation_data=eval_fn,
-                              validation_steps=recipe.trainer.validation_steps,
-                              callbacks=callbacks, verbose=run.verbose)
-            _merge(history, hist.history)
-            total = total or PSStats(workers)
-            total.merge(hist.ps_totals)
-            if run.model.stop_training:
-                break
+        # The coordinator alone decides (no vote): SIGTERM or SIGINT stops the scheduling, the
+        # loop joins the workers, the epoch-end save writes the checkpoint at the step reached.
+        with PreemptionWatch(run.tf_strategy) as watch:
+            callbacks = [StopOnNonFiniteLoss(), _stop_when_asked(watch), *saver, *run.callbacks]
+            for first, last, steps, stream_step in fit_phases(
+                    run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
+                skip = math.ceil(stream_step / workers)  # each worker's fair share of the steps
+                hist = ps_fit.fit(run.model, _skipping(data.train_fn, skip), epochs=last,
+                                  initial_epoch=first, steps_per_epoch=steps,
+                                  validation_data=None if watch.requested else eval_fn,
+                                  validation_steps=recipe.trainer.validation_steps,
+                                  callbacks=callbacks, verbose=run.verbose)
+                _merge(history, hist.history)
+                total = total or PSStats(workers)
+                total.merge(hist.ps_totals)
+                if run.model.stop_training:
+                    break
+        if watch.requested:
+            step = global_step(run.model)
+            log.info(f"preempted: checkpoint at global step {step} saved; stopping")
+            raise Preempted(step)
         from kerasdist.keras.ps_placement import describe, ps_placement
 
         placement = ps_placement(run.model, spec.num_tasks("ps"))

@@ -196,3 +196,35 @@ def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     kept = sorted(int(name.split("-")[1]) for name in state_digest.read(run_dir / "checkpoints"))
     assert kept[-1] == EPOCHS * STEPS and any(step % STEPS for step in kept), kept
     assert all(0 < b - a <= EVERY + SPE - 1 for a, b in zip(kept, kept[1:], strict=False)), kept
+
+
+@pytest.mark.timeout(400)
+def test_sigint_saves_at_the_step_reached_exits_130_and_the_rerun_finishes(tmp_path):
+    """Ctrl-C (SIGINT) on a parameter-server run, as on the other strategies: the coordinator
+    stops scheduling, joins the workers, saves a checkpoint at the global step reached and exits
+    130, without the flood of gRPC teardown messages; the re-run resumes there, verified, and
+    ends at exactly the requested step."""
+    run_dir, log = tmp_path / "run", tmp_path / "out.log"
+    proc = _start_quiet(run_dir, log)
+    _wait_for_checkpoint(run_dir, STEPS, proc)
+    time.sleep(1.0)  # a little into the next epoch
+    proc.send_signal(signal.SIGINT)
+    assert _finish(proc, 120) == 130, log.read_text()[-3000:]
+    text = log.read_text()
+    saved = _latest_checkpoint(run_dir)
+    assert f"preempted: checkpoint saved at global step {saved}" in text, text[-3000:]
+    assert saved > STEPS and "Failed to remove function remotely" not in text
+    digests = state_digest.read(run_dir / "checkpoints")
+    proc = _start_quiet(run_dir, log)
+    assert _finish(proc, 300) == 0, log.read_text()[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["start_step"] == saved and metrics["restore_verified"] is True
+    assert metrics["restored_state_sha256"] == digests[f"ckpt-{saved}"]
+    assert metrics["parameter_server"]["global_step"] == EPOCHS * STEPS
+
+
+def _start_quiet(run_dir: Path, log: Path) -> subprocess.Popen:
+    """Like :func:`_start` without ``--verbose 2`` (which leaves native stderr unfiltered)."""
+    handle = open(log, "ab")
+    command = [a for a in _command(run_dir) if a not in ("--verbose", "2")]
+    return subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)

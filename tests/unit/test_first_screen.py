@@ -67,3 +67,23 @@ def test_fit_first_screen_has_no_native_noise(tmp_path):
     assert not [line for line in done.stderr.splitlines() if any(
         line.startswith(p) for p in ("E0000", "I0000", "WARNING: All log messages"))], done.stderr
     assert "kerasdist run summary" in done.stdout
+
+
+def test_a_stopped_parameter_server_clusters_teardown_flood_is_dropped_real_errors_kept():
+    from kerasdist._native_log import NoiseDropper
+
+    flood = [
+        "E0000 00:00:1795596407.367828   23371 context.cc:911] Failed to remove function remotely "
+        "due to failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:34133: "
+        "Failed to connect to remote host: Connection refused",
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
+        "calling /tensorflow.eager.EagerService/Enqueue:",
+        ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"failed to connect"}',
+        "This could happen if the remote target has been disconnected from the client.",
+    ]
+    # a real error's own continuation lines follow its own first line, and are kept
+    real = [REAL, "Additional GRPC error information from remote target /job:ps/replica:0/task:0 "
+            "while calling /tensorflow.eager.EagerService/RunComponentFunction:"]
+    dropper = NoiseDropper()
+    kept = [line for line in flood * 3 + [REAL] + flood + real if dropper.keep(line)]
+    assert kept == [REAL, *real]
