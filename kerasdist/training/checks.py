@@ -47,7 +47,8 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
     Raises:
         DataError: labels outside ``[0, classes)`` for a sparse-categorical loss (including NaN
             labels that became ``int64`` minimum), examples whose shape does not fit the model's
-            input, or NaN/inf values; the message names the split, the field and the value.
+            input, integer ids the model cannot look up, or NaN/inf values; the message names
+            the split, the field and the value.
         RecipeError: unknown builder (from the registry).
     """
     splits = dict(splits or {})
@@ -62,6 +63,7 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
         _check_finite(x, f"{where}: examples")
         _check_finite(y, f"{where}: labels")
         _check_shape(x, model, where)
+        _check_ids(x, model, where)
         if sparse:
             _check_labels(y, model, where)
 
@@ -131,6 +133,31 @@ def _check_shape(x: np.ndarray, model, where: str) -> None:
         raise DataError(f"{where}: examples of shape {example} (fed as {fed}) do not fit the "
                         f"input {expected} of model '{model_name}'. Received: example shape "
                         f"{example}")
+
+
+def _check_ids(x: np.ndarray, model, where: str) -> None:
+    """Integer examples (ids for ``Embedding`` tables) must be in range for the model: the model
+    runs once on the rows holding each column's smallest and largest id (a handful of rows; an
+    id outside a table fails that lookup). Out-of-range ids would otherwise fail only inside the
+    first training step, after the run directory was written."""
+    x = np.asarray(x)
+    if not np.issubdtype(x.dtype, np.integer) or x.dtype == np.uint8 or not len(x):
+        return
+    flat = x.reshape(len(x), -1)
+    rows = sorted({int(i) for i in (*flat.argmax(axis=0), *flat.argmin(axis=0))})
+    try:
+        model(x[rows], training=False)
+    except Exception as err:  # noqa: BLE001 - TF raises InvalidArgumentError, Keras others
+        import re
+
+        text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # Keras colours its messages
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        lookup = [line for line in lines if "is not in [" in line]  # TF's gather message
+        detail = (lookup or lines or [type(err).__name__])[0][:300]
+        raise DataError(f"{where}: integer examples do not fit model "
+                        f"'{getattr(model, 'name', 'model')}' (an id outside an Embedding "
+                        f"table?): {detail}. Received: largest id per column "
+                        f"{[int(v) for v in flat.max(axis=0)]}") from None
 
 
 def _num_classes(model) -> int | None:

@@ -236,3 +236,19 @@ def test_validate_checks_tf_config_for_a_tf_config_cluster(write_recipe, capsys,
     monkeypatch.delenv("TF_CONFIG")
     assert main(["validate", str(path)]) == 0
     assert "TF_CONFIG is not set here" in capsys.readouterr().out
+
+
+def test_item_ids_past_the_embedding_table_are_refused_before_anything_is_written(
+        tmp_path, capsys):
+    """recipes/embedding_ps.yaml with data.num_items larger than the model's item table."""
+    from pathlib import Path
+
+    run_dir = tmp_path / "run"
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "embedding_ps.yaml"
+    sets = ["model.params.num_items=1000", "data.num_items=2000", "data.num_examples=5000",
+            "data.shuffle_buffer=5000", "data.eval_split=test[:1000]", "cluster={kind: this_process}",
+            "strategy={kind: default}", f"output.run_dir={run_dir}"]
+    assert main(["fit", str(recipe), *[a for s in sets for a in ("--set", s)]]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "data.train_split 'train'" in err and "Embedding" in err and "is not in [0, 1000)" in err
+    assert not run_dir.exists()
