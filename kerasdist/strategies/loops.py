@@ -44,9 +44,6 @@ def fit_phases(start_step: int, steps_per_epoch: int, epochs: int):
 class KerasFitLoop:
     """Keras ``model.fit`` on the strategy's resumable stream input (see module docs)."""
 
-    def _phases(self, start_step: int, steps_per_epoch: int, epochs: int):
-        return fit_phases(start_step, steps_per_epoch, epochs)
-
     def train(self, run: RunContext) -> dict[str, list[float]]:
         """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
 
@@ -69,7 +66,7 @@ class KerasFitLoop:
             digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
                 else []
             callbacks = [StopOnNonFiniteLoss(), backup, *digest, *run.callbacks]
-            for first, last, steps, stream_step in self._phases(
+            for first, last, steps, stream_step in fit_phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
                     break
