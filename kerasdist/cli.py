@@ -85,8 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "multi_worker_bf16 (16-bit all-reduce), legacy, ray (multi_worker on "
                             "a local Ray; needs .[ray]) (default: default, mirrored, "
                             "multi_worker, parameter_server)")
-    bench.add_argument("--baselines", default="plain_keras,raw_step,tf_keras",
-                       help="comma list of: plain_keras, raw_step, tf_keras (needs .[bench])")
+    bench.add_argument("--baselines", default="plain_keras,raw_step,tf_keras,keras_enable",
+                       help="comma list of: plain_keras, raw_step, tf_keras (needs .[bench]), "
+                            "keras_enable (each strategy with only kerasdist.enable() and the "
+                            "user's own model.fit: the strategy row's ratio to it is kerasdist's "
+                            "lifecycle cost)")
     bench.add_argument("--repeats", type=int, default=1, help="runs per row (median and spread)")
     bench.add_argument("--workers", type=int, default=2, help="workers of cluster strategies")
     bench.add_argument("--sweep-workers", default="",

@@ -70,18 +70,30 @@ def _run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) 
 
 def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s,
                   kinds=CLUSTER_STRATEGIES) -> list[Measurement]:
-    if name == "tf_keras":
-        if importlib.util.find_spec("tf_keras") is None:
+    """Run one repeat of baseline ``name``; one Measurement per row it makes.
+
+    ``tf_keras`` makes a row per cluster kind in ``kinds`` (``tf_keras_<kind>``); ``keras_enable``
+    a row per strategy kind in ``kinds`` (``keras_enable_<kind>``: a user's own ``fit`` with only
+    ``kerasdist.enable()``, :mod:`kerasdist.bench.enable_job`); the others one row each.
+    """
+    if name in ("tf_keras", "keras_enable"):
+        if name == "tf_keras" and importlib.util.find_spec("tf_keras") is None:
             return []
+        from kerasdist.bench.enable_job import KINDS
+
         rows = []
         for kind in kinds:
+            if name == "keras_enable" and kind not in KINDS:
+                continue
             recipe_path = _write_recipe(strategy_recipe(raw, kind, workers=workers,
                                                         run_dir=out / "runs" / tag),
                                         out / "recipes" / f"{tag}-{kind}.json")
-            rows.append(_run_json_job(
-                f"{tag}-{kind}", _isolated([python(), "-m", "kerasdist.bench.tfkeras_cluster",
-                                            kind, str(recipe_path), str(workers)]), out,
-                timeout_s=timeout_s))
+            if kind in CLUSTER_STRATEGIES:
+                argv = _isolated([python(), "-m", "kerasdist.bench.baseline_cluster", name, kind,
+                                  str(recipe_path), str(workers)])
+            else:
+                argv = [python(), "-m", "kerasdist.bench.enable_job", kind, str(recipe_path)]
+            rows.append(_run_json_job(f"{tag}-{kind}", argv, out, timeout_s=timeout_s))
         return rows
     recipe_path = _write_recipe(strategy_recipe(raw, "default", workers=1,
                                                 run_dir=out / "runs" / tag),
@@ -162,10 +174,11 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     # machine (other load, thermal or host noise) lands on all rows alike instead of on one.
     for rep in range(repeats):
         for name in baselines:
+            per_kind = CLUSTER_STRATEGIES if name == "tf_keras" else strategies
             for m in _run_baseline(raw, name, workers=workers, out=out, tag=f"{name}-r{rep}",
-                                   timeout_s=timeout_s):
-                row = m.name.rsplit("-r", 1)[0] if name != "tf_keras" else \
-                    "tf_keras_" + m.name.split("-", 2)[-1]
+                                   timeout_s=timeout_s, kinds=per_kind):
+                row = (m.name.rsplit("-r", 1)[0] if name not in ("tf_keras", "keras_enable")
+                       else f"{name}_" + m.name.split("-", 2)[-1])
                 rows.setdefault(row, []).append(m)
                 kinds[row] = "baseline"
         for name in strategies:
@@ -236,7 +249,7 @@ def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[s
             continue
         s["ratio_examples_per_sec"] = {}
         for base in baselines:
-            if base.startswith("tf_keras_") and base != f"tf_keras_{name}":
+            if any(base.startswith(p) and base != p + name for p in ("tf_keras_", "keras_enable_")):
                 continue
             mine, theirs = s["examples_per_sec_median"], summaries[base]["examples_per_sec_median"]
             if _epoch_level_only(rows[base]):
@@ -244,6 +257,10 @@ def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[s
                 mine = s["examples_per_sec_epoch_level_median"]
                 s.setdefault("ratio_basis", {})[base] = "whole epochs 2..n"
             s["ratio_examples_per_sec"][base] = mine / theirs if mine and theirs else None
+            if base == f"keras_enable_{name}" and mine and theirs:
+                # kerasdist's own lifecycle cost: the recipe row against the same strategy
+                # with only kerasdist.enable() (positive = the recipe row is slower).
+                s["lifecycle_overhead"] = 1.0 - mine / theirs
         mine = s["time_to_target_s_median"]
         theirs = summaries.get("plain_keras", {}).get("time_to_target_s_median")
         s["ratio_time_to_target_vs_plain_keras"] = mine / theirs if mine and theirs else None

@@ -23,7 +23,7 @@ from kerasdist.errors import RecipeError
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "multi_worker_bf16", "parameter_server",
               "legacy", "ray")
-BASELINES = ("plain_keras", "raw_step", "tf_keras")
+BASELINES = ("plain_keras", "raw_step", "tf_keras", "keras_enable")
 CLUSTER_STRATEGIES = ("multi_worker", "parameter_server")
 ROW_OPTIONS = {"mirrored": {"logical_cpus": 2}, "multi_worker_bf16": {"gradient_compression": "bf16"}}
 """Strategy settings of a bench row beyond its kind (mirrored: 2 logical CPUs on a CPU host;

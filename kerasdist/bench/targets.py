@@ -1,7 +1,8 @@
-"""Issue 12's speed targets judged on a bench result: MET, MISSED or n/a for each.
+"""The speed targets (issues 12 and 21) judged on a bench result: MET, MISSED or n/a for each.
 
 Every target reads the medians the bench computed (round-robin repeats); a target whose rows are
-absent from the result is ``n/a (rows missing)``, never MET. Ratios are those of
+absent from the result is ``n/a (rows missing)``, and one judged on fewer than
+:data:`MIN_REPEATS` repeats is ``n/a (fewer than 3 repeats)``: never MET. Ratios are those of
 :func:`kerasdist.bench.command._assemble` (kerasdist's parameter-server row against tf_keras's PS
 uses the whole-epoch figure, the only one tf_keras allows).
 """
@@ -12,6 +13,9 @@ import re
 from typing import Any
 
 MET, MISSED, ROWS_MISSING = "MET", "MISSED", "n/a (rows missing)"
+MIN_REPEATS = 3  # issue 21: a verdict needs at least 3 round-robin repeats of its rows
+TOO_FEW_REPEATS = f"n/a (fewer than {MIN_REPEATS} repeats)"
+LIFECYCLE_OVERHEAD_MAX = 0.03  # issue 21: the recipe lifecycle costs at most 3 % per strategy
 NOT_MEASURED = "n/a (time to 0.98 not measured: bench --target-accuracy differs)"
 TIME_TO_ACCURACY = 0.98  # the held-out accuracy of the time-to-target targets
 
@@ -87,14 +91,49 @@ def _coordinator(result: dict) -> dict:
                     threshold=1.0, ok=all(r >= 1.0 for r in ratios.values()), detail=detail)
 
 
+def _lifecycle(result: dict) -> list[dict]:
+    """One target per strategy row that has its ``keras_enable_<row>`` row: the recipe row's
+    examples/s at least (1 - 3 %) of the same strategy with only ``kerasdist.enable()``."""
+    verdicts = []
+    for name, row in result.get("rows", {}).items():
+        base = f"keras_enable_{name}"
+        if row.get("kind") != "strategy" or base not in result["rows"]:
+            continue
+        text = (f"{name}: kerasdist's lifecycle cost <= {LIFECYCLE_OVERHEAD_MAX:.0%} "
+                f"(recipe row vs {base})")
+        ratio = _ratio(result, name, base)
+        verdicts.append(_verdict(
+            f"lifecycle_overhead_{name}", text, value=None if ratio is None else 1 - ratio,
+            threshold=LIFECYCLE_OVERHEAD_MAX,
+            ok=None if ratio is None else 1 - ratio <= LIFECYCLE_OVERHEAD_MAX,
+            detail="" if ratio is None else f"{(1 - ratio):+.1%} ({ratio:.3f}x {base})"))
+    return verdicts
+
+
+def _enough_repeats(verdict: dict, repeats: int) -> dict:
+    if verdict["verdict"] in (MET, MISSED) and repeats < MIN_REPEATS:
+        verdict = {**verdict, "verdict": TOO_FEW_REPEATS,
+                   "detail": f"{verdict['detail']}; {repeats} repeat(s)"}
+    return verdict
+
+
 def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Judge every target of issue 12 on ``result`` (bench.json content).
+    """Judge every target of issues 12 and 21 on ``result`` (bench.json content).
 
     Returns:
         One dict per target: ``name``, ``target`` (text), ``verdict`` (``MET``, ``MISSED``,
-        ``n/a (rows missing)`` or :data:`NOT_MEASURED`), ``value`` (the smallest ratio
-        judged, or None), ``threshold`` and ``detail``.
+        ``n/a (rows missing)``, :data:`TOO_FEW_REPEATS` or :data:`NOT_MEASURED`), ``value``
+        (the ratio judged, or the lifecycle overhead as a fraction, or None), ``threshold`` and
+        ``detail``.
     """
+    repeats = int(result.get("settings", {}).get("repeats") or 0)
+    scaling = (result.get("coordinator_scaling") or {}).get("settings", {})
+    return [_enough_repeats(v, int(scaling.get("repeats") or 0)
+                            if v["name"] == "coordinator_kerasdist_vs_tf_keras" else repeats)
+            for v in _targets(result)]
+
+
+def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         _ratio_target(result, "parameter_server_vs_tf_keras_ps", "parameter_server",
                       "tf_keras_parameter_server", 1.05,
@@ -105,7 +144,8 @@ def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
         _multi_worker_best(result),
         _ratio_target(result, "parameter_server_vs_plain_keras", "parameter_server",
                       "plain_keras", 0.85, "parameter_server >= 0.85x plain Keras"),
-        _ratio_target(result, "default_vs_plain_keras", "default", "plain_keras", 0.97,
-                      "default >= 0.97x plain Keras"),
+        _ratio_target(result, "default_vs_plain_keras", "default", "plain_keras", 1.2,
+                      "default >= 1.2x plain Keras"),
+        *_lifecycle(result),
         _coordinator(result),
     ]

@@ -1,7 +1,14 @@
-"""Start a local cluster for the tf_keras baseline and run its job; the whole tree is one process
+"""Start a local cluster for a cluster baseline row and run its job; the whole tree is one process
 group, so ``kerasdist bench`` measures the memory of every task.
 
-Run: ``python -m kerasdist.bench.tfkeras_cluster {parameter_server,multi_worker} RECIPE WORKERS OUT``
+Jobs: ``tf_keras`` (:mod:`kerasdist.bench.tfkeras_job`, Keras 2's own distributed ``fit``, run with
+``TF_USE_LEGACY_KERAS=1``) and ``keras_enable`` (:mod:`kerasdist.bench.enable_job`, a user's Keras 3
+``fit`` with only ``kerasdist.enable()``). Under ``parameter_server`` the ps and worker tasks are
+kerasdist's own task servers (``kerasdist fit RECIPE`` with ``cluster.kind=tf_config``) and the
+job is the coordinator; under ``multi_worker`` every worker runs the job.
+
+Run: ``python -m kerasdist.bench.baseline_cluster {tf_keras,keras_enable}
+{parameter_server,multi_worker} RECIPE WORKERS OUT``
 """
 
 from __future__ import annotations
@@ -15,14 +22,17 @@ from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import ClusterError
 from kerasdist.launch.processes import LocalLauncher, describe_exit
 
-JOB = [sys.executable, "-m", "kerasdist.bench.tfkeras_job"]
+JOBS = {"tf_keras": [sys.executable, "-m", "kerasdist.bench.tfkeras_job"],
+        "keras_enable": [sys.executable, "-m", "kerasdist.bench.enable_job"]}
 
 
 def main(argv=None) -> int:
-    kind, recipe_path, workers, out_path = sys.argv[1:] if argv is None else argv
+    job, kind, recipe_path, workers, out_path = sys.argv[1:] if argv is None else argv
     workers = int(workers)
     log_dir = Path(out_path).with_suffix(".logs")
-    os.environ["TF_USE_LEGACY_KERAS"] = "1"  # this wrapper's own env, inherited by its tasks only
+    if job == "tf_keras":  # this wrapper's own env, inherited by its tasks only
+        os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    program = JOBS[job]
     if _is_coordinator(kind):
         spec = local_cluster(workers=workers, ps=1, chief=True)
         roles = [("ps", 0)] + [("worker", i) for i in range(workers)]
@@ -31,12 +41,12 @@ def main(argv=None) -> int:
                                       ["fit", recipe_path, "--set", "cluster.kind=tf_config"])
                        for job, i in roles]
             launcher.wait_listening(servers, timeout_s=120)
-            chief = launcher.start(spec, [kind, recipe_path, out_path], program=JOB)
+            chief = launcher.start(spec, [kind, recipe_path, out_path], program=program)
             return _wait(launcher, [chief])
     spec = local_cluster(workers=workers)
     with LocalLauncher(log_dir=log_dir) as launcher:
         tasks = [launcher.start(spec.for_task("worker", i), [kind, recipe_path, out_path],
-                                program=JOB) for i in range(workers)]
+                                program=program) for i in range(workers)]
         return _wait(launcher, tasks)
 
 
@@ -45,7 +55,7 @@ def _wait(launcher: LocalLauncher, tasks) -> int:
         failed = launcher.failed()
         if failed:
             task = failed[0]
-            raise ClusterError(f"tf_keras task {task.name} {describe_exit(task.returncode())}:\n"
+            raise ClusterError(f"baseline task {task.name} {describe_exit(task.returncode())}:\n"
                                f"{launcher.tail(task)}")
         time.sleep(0.2)
     return 0
