@@ -33,18 +33,26 @@ def main(argv=None) -> int:
     if job == "tf_keras":  # this wrapper's own env, inherited by its tasks only
         os.environ["TF_USE_LEGACY_KERAS"] = "1"
     program = JOBS[job]
+    # keras_enable runs with the threads kerasdist's own row gets ('auto' resolved for this
+    # cluster), so the two rows differ only in the lifecycle; tf_keras with TF's default.
+    threads = 0
+    if job == "keras_enable":
+        from kerasdist.config import load_recipe
+
+        threads = load_recipe(recipe_path).intra_op_threads()
     if _is_coordinator(kind):
         spec = local_cluster(workers=workers, ps=1, chief=True)
         roles = [("ps", 0)] + [("worker", i) for i in range(workers)]
-        with LocalLauncher(log_dir=log_dir) as launcher:
-            servers = [launcher.start(spec.for_task(job, i),
-                                      ["fit", recipe_path, "--set", "cluster.kind=tf_config"])
-                       for job, i in roles]
+        with LocalLauncher(log_dir=log_dir, threads_per_task=threads) as launcher:
+            servers = [launcher.start(spec.for_task(role, i),
+                                      ["fit", recipe_path, "--set", "cluster.kind=tf_config",
+                                       "--set", f"cluster.threads_per_task={threads}"])
+                       for role, i in roles]
             launcher.wait_listening(servers, timeout_s=120)
             chief = launcher.start(spec, [kind, recipe_path, out_path], program=program)
             return _wait(launcher, [chief])
     spec = local_cluster(workers=workers)
-    with LocalLauncher(log_dir=log_dir) as launcher:
+    with LocalLauncher(log_dir=log_dir, threads_per_task=threads) as launcher:
         tasks = [launcher.start(spec.for_task("worker", i), [kind, recipe_path, out_path],
                                 program=program) for i in range(workers)]
         return _wait(launcher, tasks)

@@ -93,7 +93,7 @@ def run_coordinator(recipe: Recipe, *, args: list[str], overwrite: bool, verbose
     check_ports_free(spec)
     run_dir = RunDir.of(recipe)
     log_dir = run_dir.logs
-    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
+    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.intra_op_threads()) as \
             launcher, terminate_on_sigterm():
         tasks = [launcher.start(spec.for_task(job, i), args)
                  for job in ("ps", "worker") for i in range(spec.num(job))]

@@ -163,7 +163,7 @@ def _task_args(recipe: Recipe) -> list[str]:
     """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
     ``<run_dir>/logs`` (written after the preflight)."""
     data = recipe.model_dump(mode="json")
-    data["cluster"]["kind"] = "tf_config"
+    data["cluster"].update(kind="tf_config", threads_per_task=recipe.intra_op_threads())
     path = RunDir.of(recipe).write_task_recipe(data)
     return ["fit", str(path), "--verbose", "2"]
 

@@ -143,7 +143,7 @@ def run_attempt(recipe: Recipe, args: list[str], log_dir: Path) -> Failure | Non
     """
     spec = local_cluster(workers=recipe.cluster.workers)
     check_ports_free(spec)
-    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.cluster.threads_per_task) as \
+    with LocalLauncher(log_dir=log_dir, threads_per_task=recipe.intra_op_threads()) as \
             launcher, terminate_on_sigterm():
         tasks = [launcher.start(spec.for_task("worker", i), args) for i in range(spec.num("worker"))]
         log.info(f"local cluster: {len(tasks)} workers started (worker:0 is the chief; "

@@ -221,7 +221,8 @@ def worker_recipe(recipe: Recipe) -> dict:
     """The recipe each Ray worker runs: this one as a ``tf_config`` task (its role comes from the
     TF_CONFIG Ray writes)."""
     data = recipe.model_dump(mode="json")
-    data["cluster"].update(kind="tf_config", address=None)
+    data["cluster"].update(kind="tf_config", address=None,
+                           threads_per_task=recipe.intra_op_threads())
     return data
 
 
@@ -247,7 +248,7 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     placement = RayPlacement.of(recipe)
     config = {"recipe": worker_recipe(recipe), "verbose": 2 if verbose is None else verbose,
               "lock_token": rundir.lock_token(run_dir.path),
-              "threads": recipe.cluster.threads_per_task}
+              "threads": recipe.intra_op_threads()}
     with ray_session(placement) as ray:
         log.info(f"Ray: {placement.workers} workers ({placement.cpus:g} CPU, {placement.gpus:g} GPU "
                  f"each); run dir {run_dir.path}; Ray storage {run_dir.ray}")

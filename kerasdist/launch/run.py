@@ -167,7 +167,7 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
         from kerasdist.cluster.server import serve
 
-        serve(tf_config, intra_op_threads=recipe.cluster.threads_per_task)
+        serve(tf_config, intra_op_threads=recipe.intra_op_threads())
         return None
     if topology == "coordinator" and tf_config.task_type != "chief":
         raise ClusterError(f"strategy '{recipe.strategy.kind}': task type "

@@ -51,8 +51,8 @@ def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | Non
 
     from kerasdist import _compat
 
-    if recipe.cluster.threads_per_task:
-        tf.config.threading.set_intra_op_parallelism_threads(recipe.cluster.threads_per_task)
+    if recipe.intra_op_threads():
+        tf.config.threading.set_intra_op_parallelism_threads(recipe.intra_op_threads())
     resolver = tf_config.cluster_resolver() if tf_config is not None else None
     tf_strategy = strategy.build(recipe.strategy, cluster_resolver=resolver)
     mends = _compat.apply()

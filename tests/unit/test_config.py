@@ -178,3 +178,44 @@ def test_json_schema_accepts_every_shipped_recipe_and_each_kinds_own_strategy_fi
     assert not ok({"kind": "default", "logical_cpus": 2})  # a field of another kind
     assert not ok({"logical_cpus": 2})                       # kind left out: the default kind
     assert not ok({"kind": "mirrored", "typo": 1}) and not ok({"kind": "nope"})
+
+
+def _cluster(strategy: str, **cluster) -> Recipe:
+    return validate_recipe({"strategy": {"kind": strategy}, "cluster": cluster})
+
+
+def test_threads_per_task_auto_divides_the_cores_among_the_tasks_of_a_local_cluster():
+    # 2 workers on 2 cores: 1 each; PS adds the ps tasks and the coordinator.
+    assert _cluster("multi_worker", kind="local", workers=2).intra_op_threads(cores=2) == 1
+    assert _cluster("multi_worker", kind="local", workers=2).intra_op_threads(cores=16) == 8
+    ps = _cluster("parameter_server", kind="local", workers=2, ps=1)
+    assert ps.intra_op_threads(cores=16) == 16 // 4 and ps.intra_op_threads(cores=2) == 1
+    # One task, or tasks on other machines: TensorFlow's default (0).
+    assert _cluster("multi_worker", kind="local", workers=1).intra_op_threads(cores=2) == 0
+    assert _cluster("multi_worker", kind="tf_config").intra_op_threads(cores=2) == 0
+    assert _cluster("default").intra_op_threads(cores=2) == 0
+    assert _cluster("multi_worker", kind="ray", workers=2).intra_op_threads(cores=4) == 2
+    assert _cluster("multi_worker", kind="ray", workers=2,
+                    address="10.0.0.1:6379").intra_op_threads(cores=4) == 0
+    # An explicit number is kept as given.
+    assert _cluster("multi_worker", kind="local", workers=2,
+                    threads_per_task=3).intra_op_threads(cores=2) == 3
+
+
+@pytest.mark.parametrize("value", [-1, "many", 1.5])
+def test_threads_per_task_refuses_other_values(value):
+    with pytest.raises(RecipeError, match="cluster.threads_per_task"):
+        _cluster("multi_worker", kind="local", workers=2, threads_per_task=value)
+
+
+def test_local_tasks_receive_the_resolved_threads(tmp_path):
+    from kerasdist.launch.isolation import _task_args
+
+    recipe = validate_recipe({"strategy": {"kind": "multi_worker"},
+                              "cluster": {"kind": "local", "workers": 2},
+                              "output": {"run_dir": str(tmp_path / "run")}})
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    args = _task_args(recipe)
+    task = json.loads(Path(args[1]).read_text())
+    assert task["cluster"]["kind"] == "tf_config"
+    assert task["cluster"]["threads_per_task"] == recipe.intra_op_threads() >= 1
