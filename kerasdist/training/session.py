@@ -51,8 +51,17 @@ def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | Non
 
     from kerasdist import _compat
 
-    if recipe.intra_op_threads():
-        tf.config.threading.set_intra_op_parallelism_threads(recipe.intra_op_threads())
+    threads = recipe.intra_op_threads()
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        except RuntimeError:
+            # TensorFlow already runs in this process (an in-process cluster, a notebook): 'auto'
+            # is a speed hint and keeps the pool it has; a number the user set is refused.
+            if recipe.cluster.threads_per_task != "auto":
+                raise
+            log.debug(f"cluster.threads_per_task 'auto' ({threads}) not applied: TensorFlow is "
+                      "already initialised in this process")
     resolver = tf_config.cluster_resolver() if tf_config is not None else None
     tf_strategy = strategy.build(recipe.strategy, cluster_resolver=resolver)
     mends = _compat.apply()
