@@ -91,6 +91,32 @@ def no_leaked_environment():
         pytest.fail(f"test leaked environment variables: {sorted(changed)}")
 
 
+@pytest.fixture(autouse=True)
+def default_sigint_for_children():
+    """Every test starts with SIGINT at Python's default handler and unblocked, and the state is
+    put back after it.
+
+    A child process inherits an ignored or blocked SIGINT, and Python started with SIGINT ignored
+    installs no KeyboardInterrupt handler: the Ctrl-C tests (tests/legacy/test_legacy.py's CLI
+    test, tests/multiprocess/test_ps_faults.py's SIGINT test) then wait for a process that never
+    sees the signal. Both passed alone and failed in the full suite (CI of 080cedf, 2026-11-25),
+    so a test before them leaves SIGINT changed in this process; this fixture takes that state
+    away from the tests after it (which test leaves it is not found yet)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # Installed again every time: native code (gRPC, Ray) can change the OS-level disposition
+    # behind Python's back, where signal.getsignal still shows the old handler.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 _COLLECTIVE_KEY_BLOCK = 10_000
 _KEY_BLOCKS = itertools.count(1)
 
