@@ -9,14 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from kerasdist.errors import EXIT_BAD_INPUT, EXIT_OK
-
-IN_NETNS_ENV = "KERASDIST_LAUNCH_ISOLATED"
-"""Set in the namespace child of ``kerasdist launch`` (so it does not isolate itself again)."""
 
 
 def add_parsers(sub, add_role_args) -> None:
@@ -24,7 +19,9 @@ def add_parsers(sub, add_role_args) -> None:
     launch = sub.add_parser(
         "launch", help="run your own Keras script as a local cluster (each task gets TF_CONFIG; "
                        "kerasdist.enable() is applied first)")
-    launch.add_argument("--workers", type=int, default=2, help="worker tasks (default 2)")
+    launch.add_argument("--workers", default="2", help="worker tasks: N, or MIN:MAX to go on "
+                        "with as few as MIN when a lost worker cannot be restarted within "
+                        "--max-restarts (default 2)")
     launch.add_argument("--ps", type=int, default=0, help="parameter-server tasks; > 0 runs the "
                         "script once as the coordinator (chief) and servers on the ps/workers")
     launch.add_argument("--chief", action="store_true",
@@ -104,36 +101,31 @@ def _this_task(args) -> int:
 
 
 def _cmd_launch(args) -> int:
+    """Build the launch spec (:class:`~kerasdist.launch.script.ScriptCluster`) from the flags and
+    hand it to :func:`kerasdist.launch.script.launch`."""
+    from kerasdist.launch.isolation import isolated_here
+    from kerasdist.launch.processes import check_task_count
     from kerasdist.launch.script import ScriptCluster, dry_run, launch
+    from kerasdist.launch.supervisor import parse_worker_range
 
     if args.this_task:
         return _this_task(args)
     if args.ray:
         return _launch_on_ray(args)
-
-    from kerasdist.launch.processes import check_task_count
-
-    check_task_count(args.workers + args.ps + (1 if args.chief or args.ps else 0),
+    low, high = parse_worker_range(args.workers)
+    check_task_count(high + args.ps + (1 if args.chief or args.ps else 0),
                      allowed=args.allow_oversubscription,
                      what=f"--workers {args.workers} --ps {args.ps}"
                           + (" --chief" if args.chief else ""),
                      flag="--allow-oversubscription")
     cluster = ScriptCluster(script=args.script, args=tuple(args.script_args),
-                            workers=args.workers, ps=args.ps, chief=args.chief,
-                            max_restarts=args.max_restarts, log_dir=Path(args.log_dir),
-                            threads_per_task=args.threads_per_task)
+                            workers=high, min_workers=low if low < high else None, ps=args.ps,
+                            chief=args.chief, max_restarts=args.max_restarts,
+                            log_dir=Path(args.log_dir), threads_per_task=args.threads_per_task)
     if args.dry_run:
         print(dry_run(cluster))
         return EXIT_OK
-    if not args.allow_network_exposure and not os.environ.get(IN_NETNS_ENV):
-        return _relaunch_isolated(
-            ["launch", "--workers", str(args.workers), "--ps", str(args.ps), "--max-restarts",
-             str(args.max_restarts), "--log-dir", str(Path(args.log_dir).resolve()),
-             "--threads-per-task", str(args.threads_per_task), *(["--chief"] * args.chief),
-             *(["--allow-oversubscription"] * args.allow_oversubscription),
-             str(Path(args.script).resolve()), *args.script_args])
-    launch(cluster)
-    return EXIT_OK
+    return launch(cluster, isolate=not args.allow_network_exposure and not isolated_here())
 
 
 def _launch_on_ray(args) -> int:
@@ -147,6 +139,13 @@ def _launch_on_ray(args) -> int:
             raise ClusterError(f"{flag} cannot be used with --ray: Ray Train runs one group of "
                                f"identical workers (worker 0 is the chief). Received: {flag}="
                                f"{value}")
+    from kerasdist.launch.isolation import isolated_here, run_command_isolated
+    from kerasdist.launch.supervisor import parse_worker_range
+
+    if ":" in str(args.workers):
+        raise ClusterError(f"--workers MIN:MAX cannot be used with --ray (Ray Train restarts a "
+                           f"fixed group). Received: --workers {args.workers}")
+    args.workers = parse_worker_range(args.workers)[1]
     if args.workers < 1 or args.cpus_per_worker <= 0 or args.gpus_per_worker < 0:
         raise ClusterError(f"--ray needs --workers >= 1, --cpus-per-worker > 0 and "
                            f"--gpus-per-worker >= 0. Received: workers={args.workers}, "
@@ -159,9 +158,8 @@ def _launch_on_ray(args) -> int:
     placement = ray_run.RayPlacement(workers=args.workers, cpus=args.cpus_per_worker,
                                      gpus=args.gpus_per_worker, address=args.ray_address,
                                      max_failures=args.max_restarts)
-    if (args.ray_address is None and not args.allow_network_exposure
-            and not os.environ.get(IN_NETNS_ENV)):
-        return _relaunch_isolated(
+    if args.ray_address is None and not args.allow_network_exposure and not isolated_here():
+        return run_command_isolated(
             ["launch", "--ray", "--workers", str(args.workers), "--max-restarts",
              str(args.max_restarts), "--log-dir", str(Path(args.log_dir).resolve()),
              "--threads-per-task", str(args.threads_per_task), "--cpus-per-worker",
@@ -170,39 +168,6 @@ def _launch_on_ray(args) -> int:
     ray_run.launch_script(args.script, list(args.script_args), placement,
                           log_dir=Path(args.log_dir), threads=args.threads_per_task)
     return EXIT_OK
-
-
-def _relaunch_isolated(command: list[str]) -> int:
-    """Run this same ``kerasdist launch`` command in a private network namespace; wait for it,
-    forwarding SIGTERM/Ctrl-C; return its exit code.
-
-    Raises:
-        ClusterError: namespaces are unavailable (exit 2): ``--allow-network-exposure`` says so.
-    """
-    from kerasdist._signals import Terminated, terminate_on_sigterm
-    from kerasdist.errors import ClusterError
-    from kerasdist.launch.isolation import isolated_argv
-    from kerasdist.launch.processes import die_with_parent
-
-    try:
-        argv = isolated_argv([sys.executable, "-m", "kerasdist", *command])
-    except ClusterError as err:
-        raise ClusterError(f"{err}. Pass --allow-network-exposure to run the tasks reachable "
-                           "from the network (TensorFlow's servers have no authentication)") \
-            from None
-    child = subprocess.Popen(argv, env={**os.environ, IN_NETNS_ENV: "1"},
-                             preexec_fn=die_with_parent)
-    with terminate_on_sigterm():
-        try:
-            return child.wait()
-        except KeyboardInterrupt as err:
-            child.send_signal(15 if isinstance(err, Terminated) else 2)
-            try:
-                child.wait(timeout=60)
-            finally:
-                if child.poll() is None:
-                    child.kill()
-            raise
 
 
 def _cmd_evaluate(args) -> int:

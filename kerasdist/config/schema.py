@@ -138,6 +138,14 @@ class ClusterConfig(_Frozen):
     max_restarts: int = Field(0, ge=0, description="local, ray (multi_worker): cluster restarts "
                               "after a task dies (resuming from the last backup at its exact "
                               "step; on Ray: FailureConfig.max_failures).")
+    min_workers: int | None = Field(
+        None, ge=1, description="local: elastic worker count. When a worker is lost and no "
+        "restart is left, the run continues on the workers that are left, down to this many, from "
+        "the last backup at its exact step with the same global batch (per-replica batch "
+        "re-derived; a count data.batch_size does not divide is refused); a later restart tries "
+        "cluster.workers again. parameter_server: training stops (at the step reached) when fewer "
+        "workers than this are alive. None = not elastic (multi_worker: the run fails when the "
+        "restarts are spent; parameter_server: it goes on while one worker lives).")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
     threads_per_task: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="intra-op threads per task; 0 = TF default (every core). 'auto': on "
@@ -164,6 +172,16 @@ class ClusterConfig(_Frozen):
                                    description="ray: logical CPUs each worker reserves.")
     gpus_per_worker: float = Field(0.0, ge=0, allow_inf_nan=False,
                                    description="ray: GPUs each worker reserves (0 = none).")
+
+    @model_validator(mode="after")
+    def _min_workers_within_workers(self) -> ClusterConfig:
+        if self.min_workers is not None and self.kind != "local":
+            raise ValueError("cluster.min_workers is for cluster.kind 'local' only. Received: "
+                             f"kind='{self.kind}', min_workers={self.min_workers}")
+        if self.min_workers is not None and self.min_workers > self.workers:
+            raise ValueError(f"cluster.min_workers must be <= cluster.workers. Received: "
+                             f"min_workers={self.min_workers}, workers={self.workers}")
+        return self
 
     @model_validator(mode="after")
     def _ray_fields_only_on_ray(self) -> ClusterConfig:

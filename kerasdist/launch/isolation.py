@@ -142,30 +142,17 @@ def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> Ru
 
         return train_on_ray(recipe, overwrite=overwrite, verbose=verbose)
     topology = registry.for_recipe(recipe).traits.topology
-    args = _task_args(recipe)
     if topology == "peers":
         from kerasdist.launch.peers import run_peers
 
         if callbacks:
             raise ClusterError("extra Python callbacks cannot be sent to local worker processes. "
                                f"Received: callbacks={list(callbacks)!r}")
-        if overwrite:
-            args.append("--overwrite")
-        run_peers(recipe, args=args, log_dir=RunDir.of(recipe).logs)
+        run_peers(recipe, overwrite=overwrite)
         return RunResult.from_metrics(RunDir.of(recipe).metrics)
     from kerasdist.launch.coordinator import run_coordinator
 
-    return run_coordinator(recipe, args=args, overwrite=overwrite, verbose=verbose,
-                           callbacks=callbacks)
-
-
-def _task_args(recipe: Recipe) -> list[str]:
-    """Arguments of ``python -m kerasdist`` for a task: the resolved recipe as a JSON file in
-    ``<run_dir>/logs`` (written after the preflight)."""
-    data = recipe.model_dump(mode="json")
-    data["cluster"].update(kind="tf_config", threads_per_task=recipe.intra_op_threads())
-    path = RunDir.of(recipe).write_task_recipe(data)
-    return ["fit", str(path), "--verbose", "2"]
+    return run_coordinator(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
 
 
 # ----------------------------------------------------------------------------- the launching side
@@ -295,6 +282,44 @@ def isolated_argv(argv: list[str]) -> list[str]:
     if reason is not None:
         raise ClusterError(f"cannot isolate a local cluster in a private network namespace: {reason}")
     return [*unshare_argv(), sys.executable, "-m", "kerasdist.launch.isolation", "--exec", *argv]
+
+
+IN_NETNS_ENV = "KERASDIST_LAUNCH_ISOLATED"
+"""Set in a namespace child of :func:`run_command_isolated` (so it does not isolate itself again)."""
+
+
+def run_command_isolated(command: list[str]) -> int:
+    """Run ``python -m kerasdist COMMAND`` (``kerasdist launch ...``) in a private network
+    namespace; wait for it, forwarding SIGTERM/Ctrl-C; return its exit code.
+
+    Raises:
+        ClusterError: namespaces are unavailable (exit 2): ``--allow-network-exposure`` says so.
+        KeyboardInterrupt: SIGTERM/Ctrl-C, after the child stopped (or was killed 60 s later).
+    """
+    try:
+        argv = isolated_argv([sys.executable, "-m", "kerasdist", *command])
+    except ClusterError as err:
+        raise ClusterError(f"{err}. Pass --allow-network-exposure to run the tasks reachable "
+                           "from the network (TensorFlow's servers have no authentication)") \
+            from None
+    child = subprocess.Popen(argv, env={**os.environ, IN_NETNS_ENV: "1"},
+                             preexec_fn=die_with_parent)
+    with terminate_on_sigterm():
+        try:
+            return child.wait()
+        except KeyboardInterrupt as err:
+            child.send_signal(signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+            try:
+                child.wait(timeout=60)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+            raise
+
+
+def isolated_here() -> bool:
+    """Whether this process is the namespace child of :func:`run_command_isolated`."""
+    return bool(os.environ.get(IN_NETNS_ENV))
 
 
 # ------------------------------------------------------------------------------ the namespace side

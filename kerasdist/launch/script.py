@@ -17,7 +17,13 @@ recipes use (:class:`~kerasdist.launch.processes.LocalLauncher`, status files, f
 * a lost task (killed, or its script failed because a peer was lost) restarts the cluster up to
   ``--max-restarts`` times (the script resumes from its own ``BackupAndRestore``/checkpoints); a
   script error (class ``fatal``) is not restarted. Under parameter server a dead *worker* server
-  is restarted alone and the coordinator carries on (``ClusterCoordinator`` re-runs its steps).
+  is restarted alone and the coordinator carries on (``ClusterCoordinator`` re-runs its steps);
+* ``--workers MIN:MAX``: with no restart left, a lost worker does not end the run: the cluster
+  restarts on the workers that are left (down to MIN; the script's ``TF_CONFIG`` has fewer
+  workers, its own backup resumes it), and the next restart tries MAX again. Under parameter
+  server, the coordinator goes on while MIN worker servers live.
+
+One :class:`~kerasdist.launch.supervisor.Supervisor` runs it, the same one recipes use.
 
 The cluster runs in a private network namespace (:mod:`kerasdist.launch.isolation`): its servers
 are unreachable from other machines, and so is the network from the script (prepare datasets
@@ -27,18 +33,13 @@ first). ``--allow-network-exposure`` runs without it.
 from __future__ import annotations
 
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from kerasdist._log import get_logger
-from kerasdist._native_log import is_noise
-from kerasdist._signals import terminate_on_sigterm
-from kerasdist.cluster.spec import TFConfig, check_ports_free, local_cluster
-from kerasdist.errors import RETRYABLE, ClusterError
-from kerasdist.launch.peers import Failure, describe_failure
-from kerasdist.launch.processes import LocalLauncher, Task
+from kerasdist.cluster.spec import TFConfig, local_cluster
+from kerasdist.errors import ClusterError
+from kerasdist.launch.supervisor import LaunchSpec, Supervisor, TaskPlan
 
 log = get_logger("launch")
 
@@ -48,7 +49,8 @@ STOP_GRACE_S = 30.0
 
 @dataclass(frozen=True)
 class ScriptCluster:
-    """What ``kerasdist launch`` runs. ``workers`` >= 1; ``ps`` >= 0 (0: multi-worker)."""
+    """What ``kerasdist launch`` runs (the launch spec the CLI builds). ``workers`` >= 1 (at
+    most; ``min_workers``, default ``workers``, at least); ``ps`` >= 0 (0: multi-worker)."""
 
     script: str
     args: tuple[str, ...] = ()
@@ -59,6 +61,7 @@ class ScriptCluster:
     log_dir: Path = Path("kerasdist-logs")
     threads_per_task: int = 0
     start_timeout_s: float = 120.0
+    min_workers: int | None = None
 
     def __post_init__(self):
         if not Path(self.script).is_file():
@@ -67,14 +70,17 @@ class ScriptCluster:
             if getattr(self, name) < low:
                 raise ClusterError(f"--{name.replace('_', '-')} must be >= {low}. "
                                    f"Received: {name}={getattr(self, name)}")
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
+            raise ClusterError(f"--workers MIN:MAX needs 1 <= MIN <= MAX. Received: "
+                               f"--workers {self.min_workers}:{self.workers}")
 
     @property
     def parameter_server(self) -> bool:
         return self.ps > 0
 
-    def spec(self) -> TFConfig:
+    def spec(self, workers: int | None = None) -> TFConfig:
         """The local cluster (free localhost ports; a chief whenever there are ps tasks)."""
-        return local_cluster(workers=self.workers, ps=self.ps,
+        return local_cluster(workers=workers or self.workers, ps=self.ps,
                              chief=self.chief or self.parameter_server)
 
     def commands(self, spec: TFConfig) -> list[tuple[TFConfig, list[str]]]:
@@ -86,6 +92,29 @@ class ScriptCluster:
                                                                   ("worker", script)]
         return [(spec.for_task(job, i), argv) for job, argv in jobs for i in range(spec.num(job))]
 
+    def launch_spec(self) -> LaunchSpec:
+        """The supervisor's :class:`LaunchSpec`: the tasks of an attempt with N workers (ps and
+        worker *servers* under parameter server, the script as chief; else script members)."""
+        def plan(workers: int, attempt: int) -> list[TaskPlan]:
+            return [TaskPlan(task, tuple(argv), server=self.parameter_server
+                             and task.task_type in ("ps", "worker"))
+                    for task, argv in self.commands(self.spec(workers))]
+
+        return LaunchSpec(plan=plan, workers=self.workers, min_workers=self.min_workers,
+                          max_restarts=self.max_restarts, log_dir=self.log_dir,
+                          threads_per_task=self.threads_per_task,
+                          start_timeout_s=self.start_timeout_s, stop_grace_s=STOP_GRACE_S,
+                          survivor_grace_s=2.0, echo=True, what="kerasdist launch")
+
+    def cli_args(self) -> list[str]:
+        """This cluster as ``kerasdist launch`` arguments (for the namespace child)."""
+        workers = (f"{self.min_workers}:{self.workers}" if self.min_workers is not None
+                   else str(self.workers))
+        return ["launch", "--workers", workers, "--ps", str(self.ps), "--max-restarts",
+                str(self.max_restarts), "--log-dir", str(Path(self.log_dir).resolve()),
+                "--threads-per-task", str(self.threads_per_task), *(["--chief"] * self.chief),
+                "--allow-oversubscription", str(Path(self.script).resolve()), *self.args]
+
 
 def dry_run(cluster: ScriptCluster) -> str:
     """Each task's ``TF_CONFIG`` and command, one block per task (nothing is started)."""
@@ -94,137 +123,25 @@ def dry_run(cluster: ScriptCluster) -> str:
                      for task, argv in cluster.commands(spec))
 
 
-class _Echo:
-    """Echo new lines of the tasks' log files to stdout, prefixed with the task name."""
-
-    def __init__(self, verbose: bool = False):
-        self.verbose = verbose  # keep TensorFlow's start-up noise (kerasdist._native_log)
-        self._offsets: dict[Path, int] = {}
-        self._names: dict[Path, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kerasdist-echo", daemon=True)
-
-    def add(self, task: Task) -> None:
-        self._names[task.log_path] = task.name
-        self._offsets.setdefault(task.log_path, task.log_path.stat().st_size
-                                 if task.log_path.exists() else 0)
-
-    def __enter__(self) -> _Echo:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.flush()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.flush()
-
-    def flush(self) -> None:
-        for path, offset in list(self._offsets.items()):
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read()
-            except OSError:
-                continue
-            complete = data.rfind(b"\n") + 1
-            if complete:
-                self._offsets[path] = offset + complete
-                prefix = f"[{self._names[path]}] "
-                text = data[:complete].decode("utf-8", "replace")
-                sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()
-                                         if self.verbose or not is_noise(line)))
-                sys.stdout.flush()
-
-
-def _attempt(cluster: ScriptCluster, restarts_left: list[int]) -> Failure | None:
-    spec = cluster.spec()
-    check_ports_free(spec)
-    with LocalLauncher(log_dir=cluster.log_dir, threads_per_task=cluster.threads_per_task) as \
-            launcher, terminate_on_sigterm(), _Echo() as echo:
-        def start(task_spec: TFConfig, argv: list[str]) -> Task:
-            task = launcher.start_process(task_spec.task_name, argv, tf_config=task_spec,
-                                          env={"TF_CONFIG": task_spec.to_json()})
-            echo.add(task)
-            return task
-
-        commands = cluster.commands(spec)
-        servers = [start(s, a) for s, a in commands if cluster.parameter_server and
-                   s.task_type in ("ps", "worker")]
-        if servers:
-            launcher.wait_listening(servers, timeout_s=cluster.start_timeout_s)
-        scripts = [start(s, a) for s, a in commands if not (cluster.parameter_server and
-                                                           s.task_type in ("ps", "worker"))]
-        log.info(f"launch: {len(servers)} server(s), {len(scripts)} script task(s); "
-                 f"logs in {cluster.log_dir}")
-        try:
-            by_name = {task_spec.task_name: (task_spec, argv) for task_spec, argv in commands}
-            first = _watch(launcher, scripts, servers, by_name, restarts_left, start)
-        except KeyboardInterrupt:
-            log.warning(f"interrupted: stopping every task (up to {STOP_GRACE_S:.0f} s)")
-            launcher.stop_all(grace_s=STOP_GRACE_S)
-            raise
-        if first is None:
-            return None
-        time.sleep(2.0)  # let the other tasks fail on their own, so their logs say why
-        launcher.stop_all()
-        return describe_failure(launcher, first)
-
-
-def _watch(launcher, scripts, servers, commands, restarts_left, start) -> Task | None:
-    """Wait until every script task exits 0 (None) or one task fails (returned). Under parameter
-    server a dead worker server is restarted while restarts are left."""
-    while True:
-        if all(t.returncode() == 0 for t in scripts):
-            return None
-        for task in [*scripts, *servers]:
-            code = task.returncode()
-            if code is None or (code == 0 and task in scripts):
-                continue
-            if task in servers and task.name.startswith("worker:") and restarts_left[0] > 0:
-                restarts_left[0] -= 1
-                log.warning(f"task {task.name} ended ({code}); restarting it "
-                            f"({restarts_left[0]} restart(s) left)")
-                servers[servers.index(task)] = start(*commands[task.name])
-                continue
-            return task
-        time.sleep(0.2)
-
-
-def launch(cluster: ScriptCluster) -> None:
-    """Run the script cluster until it succeeds, fails in a way a restart cannot mend, or the
-    restarts are spent.
+def launch(cluster: ScriptCluster, *, isolate: bool = False) -> int:
+    """Run the script cluster until it succeeds, fails in a way a restart cannot mend, or neither
+    a restart nor ``min_workers`` is left; with ``isolate``, in a private network namespace
+    (:func:`kerasdist.launch.isolation.run_command_isolated`). Returns the exit code (0).
 
     Raises:
-        TaskFailedError: a task was lost and no restart is left (names it, how it ended).
+        TaskFailedError: a task was lost and the run cannot go on (names it, how it ended).
         TrainingError: the script failed by itself (class ``fatal``): its own message.
-        ClusterError: bad input (no script, a taken port) before anything started (exit 2).
+        ClusterError: bad input (no script, a taken port) before anything started (exit 2), or
+            no namespace can be made here.
         KeyboardInterrupt: Ctrl-C or SIGTERM; every task was stopped.
     """
-    from kerasdist.errors import TaskFailedError, TrainingError
+    if isolate:
+        from kerasdist.launch.isolation import run_command_isolated
 
-    restarts_left = [cluster.max_restarts]
-    attempt = 0
-    while True:
-        attempt += 1
-        failure = _attempt(cluster, restarts_left)
-        if failure is None:
-            log.info("every script task exited 0")
-            return
-        first_line = failure.report.splitlines()[0]
-        if failure.failure_class not in RETRYABLE:
-            raise TrainingError(f"{failure.report.rstrip()}\nnot restarted (a "
-                                f"{failure.failure_class} error fails the same way again): "
-                                f"{failure.error}: {failure.message}")
-        if restarts_left[0] <= 0:
-            raise TaskFailedError(f"kerasdist launch failed after {attempt} attempt(s): "
-                                  f"{failure.report}")
-        restarts_left[0] -= 1
-        log.warning(f"attempt {attempt} failed: {first_line}; restarting the cluster "
-                    f"({restarts_left[0]} restart(s) left)")
+        return run_command_isolated(cluster.cli_args())
+    Supervisor(cluster.launch_spec()).run()
+    log.info("every script task exited 0")
+    return 0
 
 
 __all__ = ["ScriptCluster", "dry_run", "launch"]

@@ -209,13 +209,14 @@ def test_threads_per_task_refuses_other_values(value):
 
 
 def test_local_tasks_receive_the_resolved_threads(tmp_path):
-    from kerasdist.launch.isolation import _task_args
+    from kerasdist.launch.peers import task_recipe
 
     recipe = validate_recipe({"strategy": {"kind": "multi_worker"},
                               "cluster": {"kind": "local", "workers": 2},
                               "output": {"run_dir": str(tmp_path / "run")}})
     (tmp_path / "run" / "logs").mkdir(parents=True)
-    args = _task_args(recipe)
+    args = task_recipe(recipe, 2)
     task = json.loads(Path(args[1]).read_text())
     assert task["cluster"]["kind"] == "tf_config"
     assert task["cluster"]["threads_per_task"] == recipe.intra_op_threads() >= 1
+    assert task["cluster"]["workers"] == 2

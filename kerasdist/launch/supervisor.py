@@ -1,0 +1,590 @@
+"""One supervisor for every local cluster kerasdist starts: recipes, ``kerasdist launch``, the
+parameter-server worker restarts.
+
+Modelled on torchelastic's agent (``torch.distributed.elastic.agent.server.SimpleElasticAgent``,
+https://pytorch.org/docs/stable/elastic/agent.html): one monitor loop over worker states, one
+restart budget, one failure channel -- each task's status file (:mod:`kerasdist.launch.status`),
+never its log. What to run comes in as a :class:`LaunchSpec`, built by the caller (the recipe
+launcher, the CLI's ``launch``); the supervisor decides nothing about strategies.
+
+An **attempt** starts the tasks of :attr:`LaunchSpec.plan` for its number of workers (servers
+first, then waits until they listen, then the members) and watches them:
+
+* every *member* exits 0 (a worker of a multi-worker run, a script task): the attempt succeeds;
+* a member fails, or a server other than a worker (a ps task) dies: the attempt fails. The others
+  get :attr:`LaunchSpec.survivor_grace_s` to fail on their own (so their status files say which
+  peer they lost), then every task is stopped and each gets one line saying how it ended;
+* a *server* worker (parameter server) dies: it is restarted alone on its address while the budget
+  lasts (``ClusterCoordinator`` re-runs its steps); beyond it, training goes on without it, down to
+  :attr:`LaunchSpec.min_workers` live workers;
+* SIGINT or SIGTERM to the supervisor: every task gets SIGTERM (they save a checkpoint at an agreed
+  step and exit 130), one line per task, then ``KeyboardInterrupt`` (the CLI exits 130).
+
+After a failed attempt: a failure the same input repeats (class ``fatal``, ``bad_input``) ends the
+run at once with the task's own message; a lost task restarts the cluster at its full size ("grows
+back") while the budget (``max_restarts``, shared with the worker restarts above) lasts. With
+``min_workers`` below ``workers``, a worker that cannot be restarted -- lost again in the attempt
+right after its restart, or lost with the budget spent -- no longer ends the run: it **continues on
+the workers that are left** (fewer tasks, same global batch: :attr:`LaunchSpec.check_workers`
+refuses a count it does not divide), resuming from the last backup at its exact step. Shrinking
+costs no restart; each grow-back does, so the run ends.
+"""
+
+from __future__ import annotations
+
+import _thread
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from kerasdist import errors
+from kerasdist._log import get_logger
+from kerasdist._native_log import is_noise
+from kerasdist._signals import terminate_on_sigterm
+from kerasdist.cluster.spec import TFConfig, check_ports_free
+from kerasdist.errors import (
+    BAD_INPUT,
+    EXIT_INTERRUPTED,
+    RETRYABLE,
+    ClusterError,
+    KerasdistError,
+    TaskFailedError,
+    TrainingError,
+)
+from kerasdist.launch import status
+from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, network_note
+
+log = get_logger("launch")
+
+STOP_GRACE_S = 60.0
+"""Seconds the tasks get to save a checkpoint and exit after SIGTERM, before SIGKILL."""
+SURVIVOR_GRACE_S = 10.0
+"""Seconds the other tasks get to fail on their own after one failed (so they say why)."""
+
+
+class TaskState(str, Enum):
+    """Where one task of an attempt stands (torchelastic's ``WorkerState``, per task)."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    RESTARTED = "restarted"  # a server worker that died and was started again
+    LEFT_OUT = "left_out"  # a server worker that died beyond the budget: training goes on without it
+    STOPPED = "stopped"  # stopped by the supervisor (end of an attempt, an interrupt)
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task of an attempt.
+
+    Attributes:
+        tf_config: its role; ``TF_CONFIG`` is set to it in the task's environment only.
+        argv: the whole command (``[sys.executable, "-m", ...]``).
+        server: True for a task that runs until stopped (ps and worker servers of a parameter-
+            server cluster); False for a *member*, which must exit 0 for the attempt to succeed.
+    """
+
+    tf_config: TFConfig
+    argv: tuple[str, ...]
+    server: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.tf_config.task_name
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What the supervisor runs; built by the caller (recipe launcher, CLI), never by it.
+
+    Attributes:
+        plan: ``plan(workers, attempt)`` -> the tasks of an attempt with that many workers
+            (attempt numbers start at 1; a restart may change arguments, e.g. drop ``--overwrite``).
+        workers: worker tasks of a full-size attempt (>= 1).
+        min_workers: fewest workers the run goes on with (default ``workers``: not elastic).
+        max_restarts: the restart budget: cluster restarts plus server-worker restarts (>= 0).
+        log_dir: task logs and status files (``<type>-<index>.log`` / ``.status.json``).
+        threads_per_task: ``TF_NUM_INTRAOP_THREADS`` of each task (0: TensorFlow's default).
+        start_timeout_s: seconds the servers get to listen on their ports.
+        stop_grace_s: seconds between SIGTERM and SIGKILL when the run is interrupted.
+        survivor_grace_s: seconds the other tasks get to fail on their own after one failed.
+        check_workers: ``check_workers(n)`` raises if the run cannot go on with ``n`` workers
+            (e.g. the global batch does not divide); called before every attempt.
+        after_stop: called with the attempt's tasks once they are all stopped (clean-up).
+        echo: copy every task's new log lines to stdout, prefixed ``[worker:1]``.
+        what: the run, in words, for messages (``"multi-worker training"``).
+        interrupt_body: a task that ends the run while ``body`` runs (a ps task died, fewer than
+            ``min_workers`` workers are left) interrupts the main thread (SIGINT: the body saves
+            and stops), and :meth:`Supervisor.run` raises :class:`TaskFailedError` naming it.
+    """
+
+    plan: Callable[[int, int], list[TaskPlan]]
+    workers: int
+    log_dir: Path
+    min_workers: int | None = None
+    max_restarts: int = 0
+    threads_per_task: int = 0
+    start_timeout_s: float = 120.0
+    stop_grace_s: float = STOP_GRACE_S
+    survivor_grace_s: float = SURVIVOR_GRACE_S
+    check_workers: Callable[[int], None] | None = None
+    after_stop: Callable[[list[Task]], None] | None = None
+    echo: bool = False
+    what: str = "the local cluster"
+    interrupt_body: bool = True
+
+    def __post_init__(self):
+        low = self.min_workers if self.min_workers is not None else self.workers
+        if not 1 <= low <= self.workers:
+            raise ClusterError(f"the fewest workers must be between 1 and the workers. Received: "
+                               f"min_workers={self.min_workers}, workers={self.workers}")
+        if self.max_restarts < 0:
+            raise ClusterError(f"max_restarts must be >= 0. Received: {self.max_restarts}")
+
+    @property
+    def fewest(self) -> int:
+        return self.workers if self.min_workers is None else self.min_workers
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How one attempt failed: the report (first failed task, what the others did, log tail),
+    the failure class of the task that caused it, its error class name and message, and the
+    worker tasks it lost (a killed task, the peers the others reported lost)."""
+
+    report: str
+    failure_class: str
+    message: str = ""
+    error: str = ""
+    lost: tuple[str, ...] = ()
+
+    @property
+    def retryable(self) -> bool:
+        return self.failure_class in RETRYABLE
+
+    @property
+    def first_line(self) -> str:
+        return self.report.splitlines()[0]
+
+
+@dataclass
+class AttemptRecord:
+    """One attempt, as recorded in ``metrics.json`` (``supervisor.attempts``)."""
+
+    workers: int
+    ended: str = "running"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"workers": self.workers, "ended": self.ended}
+
+
+def why(task: Task) -> str:
+    """How one task ended, in words, with the peers it reported lost in its status file."""
+    code = task.returncode()
+    if code == EXIT_INTERRUPTED:
+        return f"task {task.name} was preempted (SIGTERM; a checkpoint was saved)"
+    text = f"task {task.name} {describe_exit(code)}"
+    lost = (status.read(task.status_path) or {}).get("lost_tasks")
+    return f"{text} (it lost task {', '.join(lost)})" if lost else text
+
+
+def stop_line(task: Task, state: TaskState) -> str:
+    """One line for a task of a stopping cluster: its name, how it ended, what it reported."""
+    code = task.returncode()
+    reported = status.read(task.status_path) or {}
+    if code == 0:
+        how = "exited 0"
+    elif code == EXIT_INTERRUPTED:
+        how = "saved a checkpoint and exited 130"
+    elif state is TaskState.STOPPED and code == -signal.SIGTERM:
+        how = "stopped by SIGTERM"
+    else:
+        how = describe_exit(code)
+    if reported.get("class"):
+        how += f" ({reported['class']}"
+        if reported.get("lost_tasks"):
+            how += f": it lost {', '.join(reported['lost_tasks'])}"
+        how += ")"
+    elif code not in (0, EXIT_INTERRUPTED, None) and state is not TaskState.STOPPED:
+        how += " (no status: lost)"
+    return f"  {task.name:<10} {how}"
+
+
+def _bad_input(name: str) -> type[KerasdistError]:
+    """The kerasdist error class a task reported by name (bad input), else ClusterError."""
+    found = getattr(errors, name, None)
+    return found if isinstance(found, type) and issubclass(found, KerasdistError) else ClusterError
+
+
+class Echo:
+    """Echo new lines of the tasks' log files to stdout, prefixed with the task name."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose  # keep TensorFlow's start-up noise (kerasdist._native_log)
+        self._offsets: dict[Path, int] = {}
+        self._names: dict[Path, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kerasdist-echo", daemon=True)
+
+    def add(self, task: Task) -> None:
+        self._names[task.log_path] = task.name
+        self._offsets.setdefault(task.log_path, task.log_path.stat().st_size
+                                 if task.log_path.exists() else 0)
+
+    def __enter__(self) -> Echo:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.flush()
+
+    def flush(self) -> None:
+        for path, offset in list(self._offsets.items()):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except OSError:
+                continue
+            complete = data.rfind(b"\n") + 1
+            if complete:
+                self._offsets[path] = offset + complete
+                prefix = f"[{self._names[path]}] "
+                text = data[:complete].decode("utf-8", "replace")
+                sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()
+                                         if self.verbose or not is_noise(line)))
+                sys.stdout.flush()
+
+
+class _Stopped(Exception):
+    """The monitor ended the body's run (a ps task died, too few workers left)."""
+
+
+class Supervisor:
+    """Run a :class:`LaunchSpec` to its end (see the module docs).
+
+    Attributes (read after :meth:`run`): ``attempts`` (one :class:`AttemptRecord` each),
+    ``restarted`` (server workers restarted alone, by name), ``restarts_left``.
+    """
+
+    def __init__(self, spec: LaunchSpec):
+        self.spec = spec
+        self.restarts_left = spec.max_restarts
+        self.attempts: list[AttemptRecord] = []
+        self.restarted: list[str] = []
+        self.ended_run: str | None = None  # why the monitor ended the body's run
+        self._states: dict[int, TaskState] = {}
+        self._members: list[Task] = []
+        self._servers: list[Task] = []
+        self._plans: dict[str, TaskPlan] = {}
+        self._launcher: LocalLauncher | None = None
+        self._echo: Echo | None = None
+
+    # -------------------------------------------------------------------------------- the run
+    def run(self, body: Callable[[TFConfig], Any] | None = None) -> Any:
+        """Run attempts until one succeeds, a failure is not retryable, or neither the budget
+        nor ``min_workers`` allows another. With ``body`` (the coordinator of a parameter-server
+        run), the attempt's members are replaced by ``body(tf_config)`` run here, once (the
+        :class:`TFConfig` of the attempt's first task: ``for_task`` gives the body's role): its
+        return value is returned, its exception raised.
+
+        Raises:
+            ClusterError (or the task's own bad-input class): a task refused its input, a port was
+                taken, a server did not start (names it; exit code 2).
+            TrainingError: a task failed deterministically (names it; its own message).
+            TaskFailedError: a task was lost and the run cannot go on (names it, how it ended).
+            KeyboardInterrupt: SIGINT/SIGTERM; every task was asked to save and stop first.
+        """
+        spec = self.spec
+        workers = spec.workers
+        previous_lost: set[str] = set()
+        while True:
+            if spec.check_workers is not None:
+                spec.check_workers(workers)
+            record = AttemptRecord(workers=workers)
+            self.attempts.append(record)
+            number = len(self.attempts)
+            if body is not None:
+                return self._attempt(number, workers, body, record)
+            failure = self._attempt(number, workers, None, record)
+            if failure is None:
+                record.ended = "succeeded"
+                return None
+            record.ended = failure.first_line
+            label = (f"attempt {number}/{spec.max_restarts + 1}" if number <= spec.max_restarts + 1
+                     else f"attempt {number}")
+            log.warning(f"{label} failed: {failure.report}")
+            if failure.failure_class == BAD_INPUT:  # e.g. a task's port taken: exit 2, like the task
+                raise _bad_input(failure.error)(f"{failure.first_line}: {failure.message}")
+            if not failure.retryable:
+                raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
+                                    f"error fails the same way again): {failure.message}")
+            left = workers - max(1, len(failure.lost))
+            can_shrink = spec.fewest <= left < workers
+            again = set(failure.lost) & previous_lost  # lost again right after its restart
+            previous_lost = set(failure.lost)
+            if can_shrink and again:
+                log.warning(f"{', '.join(sorted(again))} was lost again after its restart: "
+                            f"continuing on {left} workers (min_workers={spec.fewest}), resuming "
+                            "from the last backup at its exact step with the same global batch")
+                workers = left
+                continue
+            if self.restarts_left > 0:
+                self.restarts_left -= 1
+                workers = spec.workers  # a restart tries the full size again (grows back)
+                log.warning(f"restarting the cluster ({self.restarts_left} restart(s) left): "
+                            f"{workers} workers, resuming from the last backup")
+                continue
+            if can_shrink:
+                log.warning(f"no restart left for {', '.join(failure.lost) or 'the lost task'}: "
+                            f"continuing on {left} workers (min_workers={spec.fewest}), "
+                            "resuming from the last backup at its exact step with the same "
+                            "global batch")
+                workers = left
+                continue
+            raise TaskFailedError(f"{spec.what} failed after {number} attempt(s): {failure.report}")
+
+    # ---------------------------------------------------------------------------- one attempt
+    def _attempt(self, number: int, workers: int, body, record: AttemptRecord):
+        spec = self.spec
+        plans = spec.plan(workers, number)
+        if plans:
+            check_ports_free(plans[0].tf_config)
+        self._plans = {plan.name: plan for plan in plans}
+        self._states, self._members, self._servers = {}, [], []
+        with LocalLauncher(log_dir=spec.log_dir, threads_per_task=spec.threads_per_task) as \
+                launcher, terminate_on_sigterm(), Echo() if spec.echo else _nothing() as echo:
+            self._launcher, self._echo = launcher, echo
+            servers = [self._start(p) for p in plans if p.server]
+            if servers:
+                launcher.wait_listening(servers, timeout_s=spec.start_timeout_s)
+            members = [self._start(p) for p in plans if not p.server]
+            log.info(f"local cluster, attempt {number}: {len(servers)} server(s), "
+                     f"{len(members)} member task(s), {workers} worker(s) ({network_note()}); "
+                     f"logs in {spec.log_dir}")
+            try:
+                if body is not None:
+                    return self._run_body(body, plans[0].tf_config, record)
+                first = self._watch()
+            except KeyboardInterrupt:
+                log.warning(f"interrupted: every task saves a checkpoint and stops (up to "
+                            f"{spec.stop_grace_s:.0f} s)")
+                record.ended = "interrupted"
+                self._stop_all(spec.stop_grace_s)
+                raise
+            if first is None:
+                return None
+            self._wait_for_survivors(min(spec.survivor_grace_s, 60.0))
+            failure = self._describe(self._root_cause(first))
+            self._stop_all(5.0)
+            return failure
+
+    def _start(self, plan: TaskPlan) -> Task:
+        task = self._launcher.start_process(plan.name, list(plan.argv), tf_config=plan.tf_config,
+                                            env={"TF_CONFIG": plan.tf_config.to_json()})
+        self._states[id(task)] = TaskState.RUNNING
+        (self._servers if plan.server else self._members).append(task)
+        if self._echo is not None:
+            self._echo.add(task)
+        return task
+
+    def _live(self) -> list[Task]:
+        return [t for t in self._launcher.tasks if self._states.get(id(t)) is TaskState.RUNNING]
+
+    def _watch(self) -> Task | None:
+        """The monitor loop of an attempt without a body: None when every member exited 0, else
+        the first failed task (one killed by a signal first)."""
+        while True:
+            for task in self._live():
+                code = task.returncode()
+                if code == 0 and task in self._members:
+                    self._states[id(task)] = TaskState.SUCCEEDED
+            if self._members and all(self._states[id(t)] is TaskState.SUCCEEDED
+                                     for t in self._members):
+                return None
+            down = [t for t in self._live() if t.returncode() is not None]
+            down = [t for t in down if not self._server_worker_down(t)]
+            if down:
+                for task in down:
+                    self._states[id(task)] = TaskState.FAILED
+                return min(down, key=lambda t: (t.returncode() >= 0, self._launcher.tasks.index(t)))
+            time.sleep(0.2)
+
+    def _server_worker_down(self, task: Task) -> bool:
+        """A dead server worker: restarted alone while the budget lasts, else left out while at
+        least ``min_workers`` workers live. True when handled (the attempt goes on)."""
+        if task not in self._servers or task.tf_config.task_type != "worker":
+            return False
+        code = task.returncode()
+        if self.restarts_left > 0:
+            self.restarts_left -= 1
+            self._states[id(task)] = TaskState.RESTARTED
+            self.restarted.append(task.name)
+            log.warning(f"task {task.name} {describe_exit(code)}; restarting it "
+                        f"({len(self.restarted)}/{self.spec.max_restarts})")
+            self._start(self._plans[task.name])
+            return True
+        live = [t for t in self._live() if t is not task and t.tf_config.task_type == "worker"
+                and t in self._servers]
+        enough = (len(live) >= self.spec.fewest if self.spec.min_workers is not None
+                  else bool(live))
+        if enough:
+            self._states[id(task)] = TaskState.LEFT_OUT
+            log.warning(f"task {task.name} {describe_exit(code)}; no restarts left, training "
+                        f"continues on the remaining {len(live)} worker(s)")
+            return True
+        return False
+
+    def _run_body(self, body, cluster: TFConfig, record: AttemptRecord):
+        """Run ``body`` here while a monitor thread restarts server workers; a dead ps task or
+        too few workers end the body's run (SIGINT to this thread)."""
+        done = threading.Event()
+        monitor = threading.Thread(target=self._watch_servers, args=(done,), daemon=True,
+                                   name="kerasdist-supervisor")
+        monitor.start()
+        try:
+            result = body(cluster)
+        except BaseException as err:
+            done.set()
+            monitor.join(timeout=5)
+            ended = self.ended_run or self._dead_ps()
+            if ended:
+                record.ended = ended
+                self._stop_all(5.0)
+                raise TaskFailedError(f"{ended}; training stopped ({type(err).__name__})") from None
+            raise
+        finally:
+            done.set()
+        monitor.join(timeout=5)
+        record.ended = "succeeded"
+        return result
+
+    def _watch_servers(self, done: threading.Event) -> None:
+        while not done.wait(0.5):
+            for task in self._live():
+                if task.returncode() is None or self._server_worker_down(task):
+                    continue
+                self._states[id(task)] = TaskState.FAILED
+                kind = "parameter server" if task.tf_config.task_type == "ps" else "worker"
+                if kind == "worker":
+                    self.ended_run = (f"fewer than cluster.min_workers={self.spec.fewest} workers "
+                                      f"are left (task {task.name} {describe_exit(task.returncode())})")
+                else:
+                    self.ended_run = f"{kind} {task.name} died"
+                log.warning(f"{self.ended_run}: the run stops")
+                if self.spec.interrupt_body:
+                    _thread.interrupt_main(signal.SIGINT)
+                return
+
+    def _dead_ps(self, grace_s: float = 5.0) -> str | None:
+        """'parameter server ps:0 died' when a ps task has exited (waits up to ``grace_s``: the
+        coordinator can notice a lost ps before its process has been reaped)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [t.name for t in self._launcher.tasks
+                    if t.tf_config.task_type == "ps" and t.returncode() is not None]
+            if dead:
+                return f"parameter server {', '.join(dead)} died"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------------------------ stopping
+    def _wait_for_survivors(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(t.returncode() is None for t in self._live()):
+            time.sleep(0.2)
+
+    def _stop_all(self, grace_s: float) -> None:
+        """Stop every task, then one line per task saying how it ended."""
+        for task in self._live():
+            if task.returncode() is None:
+                self._states[id(task)] = TaskState.STOPPED
+        self._launcher.stop_all(grace_s=grace_s)
+        tasks = [t for t in self._launcher.tasks
+                 if self._states.get(id(t)) not in (TaskState.RESTARTED, TaskState.LEFT_OUT)]
+        log.warning("the cluster stopped:\n" + "\n".join(
+            stop_line(t, self._states.get(id(t), TaskState.STOPPED)) for t in tasks))
+        if self.spec.after_stop is not None:
+            self.spec.after_stop(list(self._launcher.tasks))
+
+    def _root_cause(self, first: Task) -> Task:
+        """The task whose failure caused the others': one that failed on its own (class ``fatal``
+        or ``bad_input``, e.g. the worker whose shard holds a bad label) before the peers that
+        merely lost it; else the first task that failed."""
+        own = [t for t in self._launcher.tasks if t.returncode() not in (None, 0)
+               and status.failure_class(t.status_path) not in RETRYABLE]
+        return own[0] if own else first
+
+    def _describe(self, first: Task) -> Failure:
+        others = [t for t in self._launcher.tasks if t is not first
+                  and t.returncode() not in (None, 0)
+                  and self._states.get(id(t)) not in (TaskState.RESTARTED, TaskState.LEFT_OUT)]
+        lines = [why(first)] + [f"then {why(t)}" for t in others]
+        report = "; ".join(lines) + f"; log {first.log_path}\n{self._launcher.tail(first)}"
+        reported = status.read(first.status_path) or {}
+        killed, reported_lost = set(), set()
+        for task in [first, *others]:
+            got = status.read(task.status_path)
+            if got is None and task.returncode() != EXIT_INTERRUPTED:
+                killed.add(task.name)  # no status written: killed (signal, OOM killer)
+            reported_lost.update((got or {}).get("lost_tasks") or [])
+        lost = {name for name in (killed or reported_lost)
+                if name.startswith(("worker:", "chief:"))}
+        return Failure(report=report, failure_class=status.failure_class(first.status_path),
+                       message=reported.get("message", ""), error=reported.get("error", ""),
+                       lost=tuple(sorted(lost)))
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+def clean_scratch(folders: Sequence[Path]) -> Callable[[list[Task]], None]:
+    """An ``after_stop`` that deletes each task's scratch folder under ``folders`` (name: the
+    task's name as :func:`kerasdist.keras.backup.temp_dir` writes it)."""
+    from kerasdist.keras.backup import temp_dir
+
+    def clean(tasks: list[Task]) -> None:
+        for folder in folders:
+            for task in tasks:
+                shutil.rmtree(temp_dir(folder, task.name), ignore_errors=True)
+
+    return clean
+
+
+def parse_worker_range(text: str) -> tuple[int, int]:
+    """``'3'`` -> (3, 3); ``'2:4'`` -> (2, 4): ``kerasdist launch --workers MIN:MAX``.
+
+    Raises:
+        ClusterError: not ``N`` or ``MIN:MAX`` with 1 <= MIN <= MAX (names the value).
+    """
+    low, sep, high = str(text).partition(":")
+    try:
+        values = (int(low), int(high) if sep else int(low))
+    except ValueError:
+        values = (0, -1)
+    if not 1 <= values[0] <= values[1]:
+        raise ClusterError(f"--workers must be N or MIN:MAX with 1 <= MIN <= MAX. Received: "
+                           f"--workers {text!r}")
+    return values
+
+
+__all__ = ["Echo", "Failure", "LaunchSpec", "Supervisor", "TaskPlan", "TaskState",
+           "clean_scratch", "parse_worker_range", "stop_line", "why"]

@@ -1,0 +1,237 @@
+"""The one supervisor (kerasdist.launch.supervisor) with plain Python tasks (no TensorFlow: each
+test takes seconds): success, one restart budget, grow-back, elastic shrink, refusals, server
+workers restarted alone, the body's run ended by a dead ps or too few workers, one line per task.
+
+The task program reads its role from ``TF_CONFIG`` and a rule per task from its argument:
+``always`` (SIGKILLs itself at every start: a worker that never comes back), ``once`` (only at its
+first start), ``fatal`` (reports a deterministic error in its status file, exits 1). Servers bind
+their port and wait; members sleep briefly and exit 0. Every start leaves a file
+``ran-<task>-<workers>-<ns>`` so the tests count what ran at which size.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kerasdist.cluster.spec import local_cluster
+from kerasdist.errors import TaskFailedError, TrainingError
+from kerasdist.launch.supervisor import (
+    LaunchSpec,
+    Supervisor,
+    TaskPlan,
+    parse_worker_range,
+)
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
+
+TASK = r"""
+import json, os, signal, socket, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+name = f"{cfg['task']['type']}:{cfg['task']['index']}"
+workers = len(cfg["cluster"]["worker"])
+rules, folder, serve = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3] == "serve"
+open(os.path.join(folder, f"ran-{name}-{workers}-{time.time_ns()}"), "w").close()
+rule = rules.get(f"{name}@{workers}") or rules.get(name)
+marker = os.path.join(folder, f"died-{name}-{workers}")
+if rule == "fatal":
+    with open(os.environ["KERASDIST_STATUS_FILE"], "w") as fh:
+        json.dump({"class": "fatal", "exit_code": 1, "error": "ValueError",
+                   "message": "label 12 is out of range [0, 10)"}, fh)
+    sys.exit(1)
+if rule == "always" or (rule == "once" and not os.path.exists(marker)):
+    open(marker, "w").close()
+    time.sleep(0.3)
+    os.kill(os.getpid(), signal.SIGKILL)
+if serve:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("localhost", int(cfg["cluster"][cfg["task"]["type"]][cfg["task"]["index"]].rsplit(":", 1)[1])))
+    sock.listen()
+    if rule and rule.startswith("late"):  # die once, after listening
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+time.sleep(0.5)
+"""
+
+
+def _spec(tmp_path: Path, rules: dict, *, workers: int, ps: int = 0, **kwargs) -> LaunchSpec:
+    program = tmp_path / "task.py"
+    program.write_text(TASK)
+    import json
+
+    def plan(n: int, attempt: int) -> list[TaskPlan]:
+        cluster = local_cluster(workers=n, ps=ps, chief=ps > 0)
+        mode = "serve" if ps else "member"
+        argv = (sys.executable, str(program), json.dumps(rules), str(tmp_path), mode)
+        return [TaskPlan(cluster.for_task(job, i), argv, server=ps > 0)
+                for job in (("ps", "worker") if ps else ("worker",)) for i in range(cluster.num(job))]
+
+    return LaunchSpec(plan=plan, workers=workers, log_dir=tmp_path / "logs", survivor_grace_s=1.0,
+                      stop_grace_s=5.0, **kwargs)
+
+
+def _ran(tmp_path: Path) -> list[str]:
+    return [p.name for p in tmp_path.glob("ran-*")]
+
+
+def test_every_member_exits_0_in_one_attempt(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {}, workers=2))
+    assert supervisor.run() is None
+    assert [a.as_dict() for a in supervisor.attempts] == [{"workers": 2, "ended": "succeeded"}]
+    assert len(_ran(tmp_path)) == 2
+
+
+def test_a_lost_worker_restarts_the_cluster_and_every_task_gets_one_line(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="kerasdist")
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "once"}, workers=3, max_restarts=1))
+    supervisor.run()
+    assert [a.workers for a in supervisor.attempts] == [3, 3]
+    assert supervisor.restarts_left == 0
+    assert "task worker:1 was killed by SIGKILL" in supervisor.attempts[0].ended
+    stopped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("the cluster stopped")]
+    assert len(stopped) == 1
+    lines = stopped[0].splitlines()[1:]
+    assert sorted(line.split()[0] for line in lines) == ["worker:0", "worker:1", "worker:2"]
+    assert any(line.split()[0] == "worker:1" and "SIGKILL" in line and "no status: lost" in line
+               for line in lines), lines
+
+
+def test_without_min_workers_a_worker_that_never_comes_back_fails_the_run(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:2": "always"}, workers=3, max_restarts=1))
+    with pytest.raises(TaskFailedError, match=r"failed after 2 attempt\(s\): task worker:2 was "
+                                              "killed by SIGKILL"):
+        supervisor.run()
+    assert [a.workers for a in supervisor.attempts] == [3, 3]
+
+
+def test_a_worker_that_never_comes_back_leaves_the_run_on_the_others(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:2": "always"}, workers=3, min_workers=2,
+                                  max_restarts=1))
+    supervisor.run()
+    # restarted once at full size; lost again right after its restart: on 2 workers from then on
+    assert [a.workers for a in supervisor.attempts] == [3, 3, 2]
+    assert supervisor.attempts[-1].ended == "succeeded"
+    ran = _ran(tmp_path)
+    assert sum(name.startswith("ran-worker:2-3-") for name in ran) == 2  # started twice, lost twice
+    assert sorted(name.rsplit("-", 1)[0] for name in ran if "-2-" in name) == [
+        "ran-worker:0-2", "ran-worker:1-2"]
+
+
+def test_with_no_budget_the_run_shrinks_at_once_and_never_below_min_workers(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:2": "always"}, workers=3, min_workers=2))
+    supervisor.run()
+    assert [a.workers for a in supervisor.attempts] == [3, 2]
+    (tmp_path / "b").mkdir()
+    both = Supervisor(_spec(tmp_path / "b", {"worker:2": "always", "worker:1@2": "always"},
+                            workers=3, min_workers=2))
+    with pytest.raises(TaskFailedError, match=r"failed after 2 attempt\(s\)"):
+        both.run()
+    assert [a.workers for a in both.attempts] == [3, 2]
+
+
+def test_the_next_restart_grows_the_cluster_back_to_full_size(tmp_path):
+    rules = {"worker:2": "always", "worker:1@2": "once"}
+    supervisor = Supervisor(_spec(tmp_path, rules, workers=3, min_workers=2, max_restarts=2))
+    supervisor.run()
+    # 3 (worker:2 lost) -> restart at 3 -> lost again: shrink to 2 -> worker:1 lost: the restart
+    # grows back to 3 -> worker:2 lost, no restart left: shrink to 2 -> done
+    assert [a.workers for a in supervisor.attempts] == [3, 3, 2, 3, 2]
+    assert supervisor.restarts_left == 0
+
+
+def test_a_worker_count_the_batch_does_not_divide_is_refused_before_it_starts(tmp_path):
+    def check(workers: int) -> None:
+        if 40 % workers:
+            raise TaskFailedError(f"cannot go on with {workers} workers: data.batch_size=40")
+
+    supervisor = Supervisor(_spec(tmp_path, {}, workers=3, check_workers=check))
+    with pytest.raises(TaskFailedError, match="cannot go on with 3 workers"):
+        supervisor.run()
+    assert not _ran(tmp_path)  # refused before anything started
+    ok = Supervisor(_spec(tmp_path, {"worker:3": "always"}, workers=4, min_workers=3,
+                          check_workers=check))
+    with pytest.raises(TaskFailedError, match="cannot go on with 3 workers: data.batch_size=40"):
+        ok.run()
+    assert [a.workers for a in ok.attempts] == [4]
+
+
+def test_a_deterministic_error_is_not_restarted_and_keeps_its_message(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "fatal"}, workers=2, min_workers=1,
+                                  max_restarts=3))
+    with pytest.raises(TrainingError, match=r"task worker:1 exited with code 1; log \S+worker-1.log; "
+                                            r"not restarted \(a fatal error .*label 12 is out of "
+                                            r"range"):
+        supervisor.run()
+    assert len(supervisor.attempts) == 1
+
+
+def test_a_server_worker_is_restarted_alone_while_the_body_runs(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "late"}, workers=2, ps=1, max_restarts=1))
+
+    def body(tf_config):
+        assert tf_config.for_task("chief", 0).task_name == "chief:0"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sum(
+                name.startswith("ran-worker:1-") for name in _ran(tmp_path)) < 2:
+            time.sleep(0.1)
+        return 42
+
+    assert supervisor.run(body) == 42
+    assert supervisor.restarted == ["worker:1"]
+    assert sum(name.startswith("ran-worker:1-") for name in _ran(tmp_path)) == 2
+    assert sum(name.startswith("ran-worker:0-") for name in _ran(tmp_path)) == 1
+
+
+def _wait_forever():
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise AssertionError("the body was not interrupted")
+
+
+def test_fewer_live_workers_than_min_workers_ends_the_body_s_run(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "late"}, workers=2, ps=1, min_workers=2))
+    with pytest.raises(TaskFailedError, match=r"fewer than cluster.min_workers=2 workers are left "
+                                              r"\(task worker:1 was killed by SIGKILL\)"):
+        supervisor.run(lambda tf_config: _wait_forever())
+    (tmp_path / "u").mkdir()
+    unbound = Supervisor(_spec(tmp_path / "u", {"worker:1": "late"}, workers=2, ps=1))
+
+    def body(tf_config):  # without min_workers it goes on with one worker
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(t.returncode() is not None for t in unbound._launcher.tasks):
+                time.sleep(1.5)
+                return "went on"
+            time.sleep(0.1)
+        return "no death seen"
+
+    assert unbound.run(body) == "went on"
+
+
+def test_a_dead_ps_ends_the_body_s_run_naming_it(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"ps:0": "late"}, workers=1, ps=1, max_restarts=2))
+    with pytest.raises(TaskFailedError, match="parameter server ps:0 died"):
+        supervisor.run(lambda tf_config: _wait_forever())
+    assert supervisor.restarted == []  # a ps is never restarted
+
+
+@pytest.mark.parametrize(("text", "expected"), [("3", (3, 3)), ("2:4", (2, 4)), ("1:1", (1, 1))])
+def test_worker_ranges(text, expected):
+    assert parse_worker_range(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "3:2", "a", "2:", ":3", "0:2"])
+def test_bad_worker_ranges_are_refused_naming_the_value(text):
+    from kerasdist.errors import ClusterError
+
+    with pytest.raises(ClusterError, match=f"Received: --workers '{text}'"):
+        parse_worker_range(text)
