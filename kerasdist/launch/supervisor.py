@@ -329,8 +329,9 @@ class Supervisor:
             if failure.failure_class == BAD_INPUT:  # e.g. a task's port taken: exit 2, like the task
                 raise _bad_input(failure.error)(f"{failure.first_line}: {failure.message}")
             if not failure.retryable:
+                error = f"{failure.error}: " if failure.error else ""
                 raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
-                                    f"error fails the same way again): {failure.message}")
+                                    f"error fails the same way again): {error}{failure.message}")
             left = workers - max(1, len(failure.lost))
             can_shrink = spec.fewest <= left < workers
             again = set(failure.lost) & previous_lost  # lost again right after its restart

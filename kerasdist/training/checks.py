@@ -15,7 +15,6 @@ and the value received.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -205,27 +204,4 @@ def check_run_dir_path(path: str | Path) -> None:
     from kerasdist.training.rundir import RunDir
 
     RunDir(path).check_path()
-
-
-def _exists(path: Path) -> bool:
-    try:
-        os.stat(path)
-    except (OSError, ValueError):  # missing, a name too long, a file used as a folder, NUL
-        return False
-    return True
-
-
-def _nearest_existing(path: Path) -> Path:
-    current = path.absolute()
-    while not _exists(current) and current != current.parent:
-        current = current.parent
-    return current
-
-
-def _limits(existing: Path) -> tuple[int, int]:
-    folder = existing if existing.is_dir() else existing.parent
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
-    except (OSError, ValueError, AttributeError):  # not POSIX, or not reported
-        return 255, 4096
 

@@ -236,7 +236,6 @@ class RunDir:
         Raises:
             RunDirError: naming ``output.run_dir``, the path and what is wrong (exit code 2).
         """
-        from kerasdist.training.checks import _limits, _nearest_existing
 
         path = self.path
         label = f"output.run_dir '{path}'"
@@ -485,6 +484,29 @@ class RunDir:
         self.logs.mkdir(parents=True, exist_ok=True)
         return outputs.write_text_atomic(self.task_recipe, json.dumps(data, indent=2))
 
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except (OSError, ValueError):  # missing, a name too long, a file used as a folder, NUL
+        return False
+    return True
+
+
+def _nearest_existing(path: Path) -> Path:
+    current = path.absolute()
+    while not _exists(current) and current != current.parent:
+        current = current.parent
+    return current
+
+
+def _limits(existing: Path) -> tuple[int, int]:
+    folder = existing if existing.is_dir() else existing.parent
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX"), os.pathconf(folder, "PC_PATH_MAX")
+    except (OSError, ValueError, AttributeError):  # not POSIX, or not reported
+        return 255, 4096
 
 
 def _entries(run_dir: Path) -> list[str]:

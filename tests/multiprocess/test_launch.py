@@ -145,7 +145,10 @@ def test_bad_arguments_exit_2_naming_them(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     zero = _launch("--workers", "0", str(script), cwd=tmp_path, timeout=60)
-    assert zero.returncode == 2 and "--workers must be >= 1. Received: workers=0" in zero.stderr
+    assert zero.returncode == 2 and "Received: --workers '0'" in zero.stderr
+    backwards = _launch("--workers", "3:2", str(script), cwd=tmp_path, timeout=60)
+    assert backwards.returncode == 2 and "1 <= MIN <= MAX. Received: --workers '3:2'" in \
+        backwards.stderr
 
 
 TINY_MWMS = textwrap.dedent("""
@@ -215,3 +218,32 @@ def test_a_lost_task_restarts_the_cluster_within_max_restarts(tmp_path):
     marker.unlink()
     spent = _launch("--workers", "2", str(script), str(marker), cwd=tmp_path, timeout=150)
     assert spent.returncode == 1 and "failed after 1 attempt(s)" in spent.stderr
+
+
+GONE_AT_THREE = textwrap.dedent("""
+    import json, os, signal, time
+    config = json.loads(os.environ["TF_CONFIG"])
+    task, workers = config["task"], len(config["cluster"]["worker"])
+    if task["index"] == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # its machine is gone: it never comes back
+    time.sleep(1)
+    print("finished", task["index"], "of", workers, flush=True)
+""")
+
+
+@pytest.mark.timeout(180)
+def test_workers_min_max_goes_on_with_the_workers_left(tmp_path):
+    script = tmp_path / "gone.py"
+    script.write_text(GONE_AT_THREE)
+    done = _launch("--workers", "2:3", "--max-restarts", "1", str(script), cwd=tmp_path,
+                   timeout=150)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    out = done.stdout + done.stderr
+    # restarted once at 3 workers, lost again: the last attempt runs on 2 workers
+    assert out.count("task worker:2 was killed by SIGKILL") == 2, out[-3000:]
+    assert "worker:2 was lost again after its restart: continuing on 2 workers" in out
+    assert "[worker:0] finished 0 of 2" in done.stdout and "[worker:1] finished 1 of 2" in done.stdout
+    stopped = out.split("the cluster stopped:")[1].splitlines()[1:4]
+    assert sorted(line.split()[0] for line in stopped) == ["worker:0", "worker:1", "worker:2"]
+    not_elastic = _launch("--workers", "3", str(script), cwd=tmp_path, timeout=150)
+    assert not_elastic.returncode == 1 and "failed after 1 attempt(s)" in not_elastic.stderr

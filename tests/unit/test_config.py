@@ -220,3 +220,42 @@ def test_local_tasks_receive_the_resolved_threads(tmp_path):
     assert task["cluster"]["kind"] == "tf_config"
     assert task["cluster"]["threads_per_task"] == recipe.intra_op_threads() >= 1
     assert task["cluster"]["workers"] == 2
+
+
+def test_min_workers_is_checked_against_workers_and_cluster_kind():
+    assert _cluster("multi_worker", kind="local", workers=3, min_workers=2).cluster.min_workers == 2
+    with pytest.raises(RecipeError, match=r"cluster.min_workers must be <= cluster.workers. "
+                                          r"Received: min_workers=4, workers=3"):
+        _cluster("multi_worker", kind="local", workers=3, min_workers=4)
+    with pytest.raises(RecipeError, match=r"for cluster.kind 'local' only. Received: "
+                                          r"kind='tf_config', min_workers=1"):
+        _cluster("multi_worker", kind="tf_config", workers=2, min_workers=1)
+    with pytest.raises(RecipeError, match="min_workers"):
+        _cluster("multi_worker", kind="local", workers=2, min_workers=0)
+
+
+def test_a_shrunk_cluster_keeps_the_global_batch_and_refuses_a_count_it_does_not_divide():
+    from kerasdist.errors import TaskFailedError
+    from kerasdist.launch.peers import check_workers
+
+    recipe = validate_recipe({"strategy": {"kind": "multi_worker"}, "data": {"batch_size": 48},
+                              "cluster": {"kind": "local", "workers": 4, "min_workers": 2}})
+    check = check_workers(recipe)
+    for workers in (4, 3, 2):
+        check(workers)  # 12, 16, 24 examples per replica
+    odd = validate_recipe({"strategy": {"kind": "multi_worker"}, "data": {"batch_size": 40},
+                           "cluster": {"kind": "local", "workers": 4, "min_workers": 2}})
+    with pytest.raises(TaskFailedError, match=r"cannot go on with 3 workers: data.batch_size=40 "
+                                              r"\(the global batch.*cluster.min_workers=2"):
+        check_workers(odd)(3)
+    accumulating = validate_recipe({
+        "strategy": {"kind": "multi_worker"}, "data": {"batch_size": 48},
+        "trainer": {"gradient_accumulation_steps": 4},
+        "cluster": {"kind": "local", "workers": 3, "min_workers": 2}})
+    check_workers(accumulating)(3)  # 16 per replica, 4 micro-batches of 4
+    check_workers(accumulating)(2)  # 24 per replica, 4 micro-batches of 6
+    with pytest.raises(TaskFailedError, match="of 5 micro-batches"):
+        check_workers(validate_recipe({
+            "strategy": {"kind": "multi_worker"}, "data": {"batch_size": 45},
+            "trainer": {"gradient_accumulation_steps": 5},
+            "cluster": {"kind": "local", "workers": 3, "min_workers": 2}}))(2)
