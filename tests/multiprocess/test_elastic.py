@@ -1,7 +1,7 @@
 """Elastic worker counts of multi-worker recipes (``cluster.min_workers``), with real workers.
 
 recipes/linear_mwms.yaml made small (mwms_support.linear_recipe): 2048 examples, backups every
-10 steps, 40 steps per epoch x 2. The recipe's accuracy target (W within 0.1 of 2, b within 0.1
+10 steps, 40 steps per epoch x 3. The recipe's accuracy target (W within 0.1 of 2, b within 0.1
 of 10) is checked on the saved model.
 """
 
@@ -17,7 +17,7 @@ import pytest
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 STEPS = 40
-TOTAL_STEPS = 2 * STEPS
+TOTAL_STEPS = 3 * STEPS
 
 
 def _meets_target(run_dir) -> None:
@@ -56,7 +56,7 @@ class _NeverBack(threading.Thread):
 def test_a_worker_that_never_comes_back_leaves_the_run_on_two_workers_at_the_exact_step(tmp_path):
     recipe = mw.linear_recipe(tmp_path, "elastic", data={"batch_size": 48},
                               cluster={"workers": 3, "min_workers": 2, "max_restarts": 1},
-                              trainer={"steps_per_epoch": STEPS})
+                              trainer={"steps_per_epoch": STEPS, "epochs": 3})
     run_dir = tmp_path / "elastic"
     process = mw.launch(recipe)
     killer = _NeverBack(process.pid, 2)
@@ -86,6 +86,7 @@ def test_a_worker_that_never_comes_back_leaves_the_run_on_two_workers_at_the_exa
 @pytest.mark.timeout(420)
 def test_a_run_started_on_two_workers_continues_on_four_at_the_exact_step(tmp_path):
     recipe = mw.linear_recipe(tmp_path, "grow", trainer={"steps_per_epoch": STEPS, "epochs": 3})
+    assert TOTAL_STEPS == 3 * STEPS
     run_dir = tmp_path / "grow"
     process = mw.launch(recipe)
     try:
