@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kerasdist.conformance.cases import Case, _optimizer, sgd_compile
+from kerasdist.conformance.case import Case, _optimizer, sgd_compile
 from kerasdist.conformance.data import EPOCHS
 
 

@@ -30,7 +30,7 @@ parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i
 
 ``class_weight`` becomes per-example weights on the workers' pipelines with Keras's own mappings
 (:func:`kerasdist.keras.ps_input.class_weighted`), refused as Keras 3 refuses it: together with
-``sample_weight``, or for a model with several outputs. :func:`predict` is
+``sample_weight``, or for a model with several outputs. ``predict`` is
 :func:`kerasdist.keras.ps_predict.predict` (rows in input order; tf_keras refused predict here).
 
 Not supported (clear ``ValueError``): ``validation_split``. Refused before anything is scheduled
@@ -48,10 +48,8 @@ from kerasdist._compat import keras_ps_atomic_assign
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop, ps_steps
 from kerasdist.keras.callbacks import MetricsProgbar
-from kerasdist.keras.ps_predict import predict
 
-__all__ = ["cluster_spec", "evaluate", "fit", "is_parameter_server", "predict",
-           "refuse_unsupported"]
+__all__ = ["cluster_spec", "evaluate", "fit", "is_parameter_server", "refuse_unsupported"]
 
 
 def is_parameter_server(strategy) -> bool:

@@ -1,0 +1,74 @@
+"""What a conformance case is (:class:`Case`) and the compile arguments most cases share; the
+case lists are in :mod:`kerasdist.conformance.cases` and :mod:`kerasdist.conformance.callback_cases`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kerasdist.conformance import models
+
+SCCE = "scce_logits"  # SparseCategoricalCrossentropy(from_logits=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row of the matrix.
+
+    Attributes:
+        name: unique id (``[a-z0-9_]``).
+        feature: what the row exercises, as shown in the matrix.
+        data: data kind (:func:`kerasdist.conformance.data.make`).
+        model: builder ``fn(data) -> keras.Model`` (uncompiled).
+        compile: ``fn() -> dict`` of ``model.compile`` keyword arguments (fresh objects each call);
+            ``loss="scce_logits"`` stands for sparse categorical cross-entropy on logits.
+        input: ``dataset``, ``numpy`` or ``dataset_fn`` (:mod:`kerasdist.conformance.data`).
+        weighted: feed ``sample_weight`` with the data.
+        pipeline: ``fn(data) -> fn(x) -> x`` adapted preprocessing mapped over ``x`` in the
+            ``tf.data`` pipeline (``dataset``/``dataset_fn`` inputs; predict gets a dataset too).
+        fit_kwargs: extra ``model.fit`` keyword arguments (e.g. ``class_weight``).
+        callbacks: ``fn(workdir: Path) -> list`` of Keras callbacks; ``workdir`` is one directory
+            shared by every task of a run (as users point callbacks at one shared path).
+        validation: pass the data as ``validation_data`` too.
+        eval_examples: evaluate on the first N examples only (None: all), e.g. a number that
+            leaves a partial last batch and shards of different sizes.
+        per_replica: why the trained weights of a multi-replica run are not comparable with the
+            strategy-free run (Keras's documented per-replica semantics); empty: they are.
+        precision: Keras dtype policy while the model is built and trained.
+        tolerance: ``(rtol, atol)`` for weights, optimizer state, history, evaluate and predict.
+        after: ``fn(model, workdir: Path, is_chief: bool) -> None`` run after predict (saving).
+        check: ``fn(workdir: Path, result: dict) -> list[str]`` run by the driver: problems found.
+    """
+
+    name: str
+    feature: str
+    data: str = "dense"
+    model: Callable = models.dense
+    compile: Callable[[], dict] = field(default=lambda: sgd_compile())
+    input: str = "dataset"
+    weighted: bool = False
+    pipeline: Callable | None = None
+    fit_kwargs: dict = field(default_factory=dict)
+    callbacks: Callable | None = None
+    validation: bool = False
+    eval_examples: int | None = None
+    per_replica: str = ""
+    precision: str = "float32"
+    tolerance: tuple[float, float] = (2e-4, 2e-5)
+    after: Callable | None = None
+    check: Callable | None = None
+
+
+def _optimizer(name="sgd", **kwargs):
+    import keras
+
+    cls = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
+           "adamw": keras.optimizers.AdamW}[name]
+    kwargs.setdefault("learning_rate", 0.05 if name == "sgd" else 0.01)
+    return cls(**kwargs)
+
+
+def sgd_compile(*, optimizer=None, metrics=("accuracy",), loss=SCCE, **extra) -> dict:
+    """``compile`` arguments: SGD(0.05) unless given, the case's loss and metrics."""
+    metrics = metrics if isinstance(metrics, dict) else list(metrics)
+    return {"optimizer": optimizer or _optimizer(), "loss": loss, "metrics": metrics, **extra}
