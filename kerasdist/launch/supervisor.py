@@ -35,7 +35,6 @@ from __future__ import annotations
 import _thread
 import shutil
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -45,7 +44,6 @@ from typing import Any, Callable, Sequence
 
 from kerasdist import errors
 from kerasdist._log import get_logger
-from kerasdist._native_log import is_noise
 from kerasdist._signals import terminate_on_sigterm
 from kerasdist.cluster.spec import TFConfig, check_ports_free
 from kerasdist.errors import (
@@ -58,6 +56,7 @@ from kerasdist.errors import (
     TrainingError,
 )
 from kerasdist.launch import status
+from kerasdist.launch.echo import Echo
 from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, network_note
 
 log = get_logger("launch")
@@ -222,56 +221,6 @@ def _bad_input(name: str) -> type[KerasdistError]:
     return found if isinstance(found, type) and issubclass(found, KerasdistError) else ClusterError
 
 
-class Echo:
-    """Echo new lines of the tasks' log files to stdout, prefixed with the task name."""
-
-    def __init__(self, verbose: bool = False):
-        self.verbose = verbose  # keep TensorFlow's start-up noise (kerasdist._native_log)
-        self._offsets: dict[Path, int] = {}
-        self._names: dict[Path, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kerasdist-echo", daemon=True)
-
-    def add(self, task: Task) -> None:
-        self._names[task.log_path] = task.name
-        self._offsets.setdefault(task.log_path, task.log_path.stat().st_size
-                                 if task.log_path.exists() else 0)
-
-    def __enter__(self) -> Echo:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.flush()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            self.flush()
-
-    def flush(self) -> None:
-        for path, offset in list(self._offsets.items()):
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read()
-            except OSError:
-                continue
-            complete = data.rfind(b"\n") + 1
-            if complete:
-                self._offsets[path] = offset + complete
-                prefix = f"[{self._names[path]}] "
-                text = data[:complete].decode("utf-8", "replace")
-                sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()
-                                         if self.verbose or not is_noise(line)))
-                sys.stdout.flush()
-
-
-class _Stopped(Exception):
-    """The monitor ended the body's run (a ps task died, too few workers left)."""
-
-
 class Supervisor:
     """Run a :class:`LaunchSpec` to its end (see the module docs).
 
@@ -332,8 +281,8 @@ class Supervisor:
                 error = f"{failure.error}: " if failure.error else ""
                 raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
                                     f"error fails the same way again): {error}{failure.message}")
-            left = workers - max(1, len(failure.lost))
-            can_shrink = spec.fewest <= left < workers
+            left = workers - len(failure.lost)  # a preemption loses no worker: never a shrink
+            can_shrink = bool(failure.lost) and spec.fewest <= left < workers
             again = set(failure.lost) & previous_lost  # lost again right after its restart
             previous_lost = set(failure.lost)
             if can_shrink and again:
@@ -587,5 +536,5 @@ def parse_worker_range(text: str) -> tuple[int, int]:
     return values
 
 
-__all__ = ["Echo", "Failure", "LaunchSpec", "Supervisor", "TaskPlan", "TaskState",
+__all__ = ["Failure", "LaunchSpec", "Supervisor", "TaskPlan", "TaskState",
            "clean_scratch", "parse_worker_range", "stop_line", "why"]

@@ -43,6 +43,11 @@ if rule == "fatal":
         json.dump({"class": "fatal", "exit_code": 1, "error": "ValueError",
                    "message": "label 12 is out of range [0, 10)"}, fh)
     sys.exit(1)
+if rule == "preempted":
+    with open(os.environ["KERASDIST_STATUS_FILE"], "w") as fh:
+        json.dump({"class": "preempted", "exit_code": 130, "error": "Preempted",
+                   "message": "preempted: checkpoint saved at global step 10"}, fh)
+    sys.exit(130)
 if rule == "always" or (rule == "once" and not os.path.exists(marker)):
     open(marker, "w").close()
     time.sleep(0.3)
@@ -135,6 +140,14 @@ def test_with_no_budget_the_run_shrinks_at_once_and_never_below_min_workers(tmp_
     with pytest.raises(TaskFailedError, match=r"failed after 2 attempt\(s\)"):
         both.run()
     assert [a.workers for a in both.attempts] == [3, 2]
+
+
+def test_a_preempted_worker_is_not_a_lost_one_and_never_shrinks_the_cluster(tmp_path):
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "preempted"}, workers=3, min_workers=2))
+    with pytest.raises(TaskFailedError, match=r"failed after 1 attempt\(s\): task worker:1 was "
+                                              r"preempted"):
+        supervisor.run()
+    assert [a.workers for a in supervisor.attempts] == [3]
 
 
 def test_the_next_restart_grows_the_cluster_back_to_full_size(tmp_path):

@@ -1,0 +1,60 @@
+"""Echo the log files of a local cluster's tasks to the console, each line prefixed with its task
+(``[worker:1] Epoch 1/4 ...``), as ``kerasdist launch`` shows them."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+from kerasdist._native_log import is_noise
+from kerasdist.launch.processes import Task
+
+
+class Echo:
+    """Echo new lines of the tasks' log files to stdout, prefixed with the task name."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose  # keep TensorFlow's start-up noise (kerasdist._native_log)
+        self._offsets: dict[Path, int] = {}
+        self._names: dict[Path, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kerasdist-echo", daemon=True)
+
+    def add(self, task: Task) -> None:
+        self._names[task.log_path] = task.name
+        self._offsets.setdefault(task.log_path, task.log_path.stat().st_size
+                                 if task.log_path.exists() else 0)
+
+    def __enter__(self) -> Echo:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self.flush()
+
+    def flush(self) -> None:
+        for path, offset in list(self._offsets.items()):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except OSError:
+                continue
+            complete = data.rfind(b"\n") + 1
+            if complete:
+                self._offsets[path] = offset + complete
+                prefix = f"[{self._names[path]}] "
+                text = data[:complete].decode("utf-8", "replace")
+                sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()
+                                         if self.verbose or not is_noise(line)))
+                sys.stdout.flush()
+
+
+__all__ = ["Echo"]
