@@ -1,5 +1,6 @@
-"""Process launching: run a recipe wherever its cluster says (:func:`run_recipe`), local clusters
-of peers or of a coordinator with ps/worker servers, restarts, task status files."""
+"""Process launching: run a recipe wherever its cluster says (:func:`run_recipe`); every local
+cluster (peers, a coordinator with ps/worker servers, ``kerasdist launch`` scripts) is run by one
+supervisor (:mod:`kerasdist.launch.supervisor`: restarts, elastic worker counts, status files)."""
 
 from kerasdist.launch.run import preflight, run_recipe
 
