@@ -104,9 +104,9 @@ def _cmd_launch(args) -> int:
     """Build the launch spec (:class:`~kerasdist.launch.script.ScriptCluster`) from the flags and
     hand it to :func:`kerasdist.launch.script.launch`."""
     from kerasdist.launch.isolation import isolated_here
+    from kerasdist.launch.plan import parse_worker_range
     from kerasdist.launch.processes import check_task_count
     from kerasdist.launch.script import ScriptCluster, dry_run, launch
-    from kerasdist.launch.supervisor import parse_worker_range
 
     if args.this_task:
         return _this_task(args)
@@ -140,7 +140,7 @@ def _launch_on_ray(args) -> int:
                                f"identical workers (worker 0 is the chief). Received: {flag}="
                                f"{value}")
     from kerasdist.launch.isolation import isolated_here, run_command_isolated
-    from kerasdist.launch.supervisor import parse_worker_range
+    from kerasdist.launch.plan import parse_worker_range
 
     if ":" in str(args.workers):
         raise ClusterError(f"--workers MIN:MAX cannot be used with --ray (Ray Train restarts a "

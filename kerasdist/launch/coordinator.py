@@ -25,7 +25,8 @@ from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
 from kerasdist.launch.peers import task_recipe
-from kerasdist.launch.supervisor import LaunchSpec, Supervisor, TaskPlan
+from kerasdist.launch.plan import LaunchSpec, TaskPlan
+from kerasdist.launch.supervisor import Supervisor
 from kerasdist.training import RunResult, run_session
 from kerasdist.training.rundir import RunDir
 

@@ -17,7 +17,7 @@ environment only) on fresh localhost ports:
   same global batch (each replica's share re-derived; a count the batch does not divide is refused),
   and the next restart tries the full size again;
 * the launcher itself gets SIGTERM or Ctrl-C: the workers save a checkpoint at an agreed step and
-  exit (up to :data:`~kerasdist.launch.supervisor.STOP_GRACE_S` s); then ``KeyboardInterrupt``
+  exit (up to :data:`~kerasdist.launch.plan.STOP_GRACE_S` s); then ``KeyboardInterrupt``
   (the CLI exits 130; re-running the command finishes the run).
 """
 
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
-from kerasdist.launch.supervisor import LaunchSpec, Supervisor, TaskPlan, clean_scratch
+from kerasdist.launch.plan import LaunchSpec, TaskPlan, clean_scratch
+from kerasdist.launch.supervisor import Supervisor
 from kerasdist.training.rundir import RunDir
 
 if TYPE_CHECKING:

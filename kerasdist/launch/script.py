@@ -39,7 +39,8 @@ from pathlib import Path
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import TFConfig, local_cluster
 from kerasdist.errors import ClusterError
-from kerasdist.launch.supervisor import LaunchSpec, Supervisor, TaskPlan
+from kerasdist.launch.plan import LaunchSpec, TaskPlan
+from kerasdist.launch.supervisor import Supervisor
 
 log = get_logger("launch")
 

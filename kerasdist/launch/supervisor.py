@@ -33,16 +33,12 @@ costs no restart; each grow-back does, so the run ends.
 from __future__ import annotations
 
 import _thread
-import shutil
+import contextlib
 import signal
 import threading
 import time
-from dataclasses import dataclass
-from enum import Enum
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from kerasdist import errors
 from kerasdist._log import get_logger
 from kerasdist._signals import terminate_on_sigterm
 from kerasdist.cluster.spec import TFConfig, check_ports_free
@@ -50,176 +46,24 @@ from kerasdist.errors import (
     BAD_INPUT,
     EXIT_INTERRUPTED,
     RETRYABLE,
-    ClusterError,
-    KerasdistError,
     TaskFailedError,
     TrainingError,
 )
 from kerasdist.launch import status
 from kerasdist.launch.echo import Echo
+from kerasdist.launch.plan import (
+    AttemptRecord,
+    Failure,
+    LaunchSpec,
+    TaskPlan,
+    TaskState,
+    bad_input_error,
+    stop_line,
+    why,
+)
 from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, network_note
 
 log = get_logger("launch")
-
-STOP_GRACE_S = 60.0
-"""Seconds the tasks get to save a checkpoint and exit after SIGTERM, before SIGKILL."""
-SURVIVOR_GRACE_S = 10.0
-"""Seconds the other tasks get to fail on their own after one failed (so they say why)."""
-
-
-class TaskState(str, Enum):
-    """Where one task of an attempt stands (torchelastic's ``WorkerState``, per task)."""
-
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    RESTARTED = "restarted"  # a server worker that died and was started again
-    LEFT_OUT = "left_out"  # a server worker that died beyond the budget: training goes on without it
-    STOPPED = "stopped"  # stopped by the supervisor (end of an attempt, an interrupt)
-
-
-@dataclass(frozen=True)
-class TaskPlan:
-    """One task of an attempt.
-
-    Attributes:
-        tf_config: its role; ``TF_CONFIG`` is set to it in the task's environment only.
-        argv: the whole command (``[sys.executable, "-m", ...]``).
-        server: True for a task that runs until stopped (ps and worker servers of a parameter-
-            server cluster); False for a *member*, which must exit 0 for the attempt to succeed.
-    """
-
-    tf_config: TFConfig
-    argv: tuple[str, ...]
-    server: bool = False
-
-    @property
-    def name(self) -> str:
-        return self.tf_config.task_name
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """What the supervisor runs; built by the caller (recipe launcher, CLI), never by it.
-
-    Attributes:
-        plan: ``plan(workers, attempt)`` -> the tasks of an attempt with that many workers
-            (attempt numbers start at 1; a restart may change arguments, e.g. drop ``--overwrite``).
-        workers: worker tasks of a full-size attempt (>= 1).
-        min_workers: fewest workers the run goes on with (default ``workers``: not elastic).
-        max_restarts: the restart budget: cluster restarts plus server-worker restarts (>= 0).
-        log_dir: task logs and status files (``<type>-<index>.log`` / ``.status.json``).
-        threads_per_task: ``TF_NUM_INTRAOP_THREADS`` of each task (0: TensorFlow's default).
-        start_timeout_s: seconds the servers get to listen on their ports.
-        stop_grace_s: seconds between SIGTERM and SIGKILL when the run is interrupted.
-        survivor_grace_s: seconds the other tasks get to fail on their own after one failed.
-        check_workers: ``check_workers(n)`` raises if the run cannot go on with ``n`` workers
-            (e.g. the global batch does not divide); called before every attempt.
-        after_stop: called with the attempt's tasks once they are all stopped (clean-up).
-        echo: copy every task's new log lines to stdout, prefixed ``[worker:1]``.
-        what: the run, in words, for messages (``"multi-worker training"``).
-        interrupt_body: a task that ends the run while ``body`` runs (a ps task died, fewer than
-            ``min_workers`` workers are left) interrupts the main thread (SIGINT: the body saves
-            and stops), and :meth:`Supervisor.run` raises :class:`TaskFailedError` naming it.
-    """
-
-    plan: Callable[[int, int], list[TaskPlan]]
-    workers: int
-    log_dir: Path
-    min_workers: int | None = None
-    max_restarts: int = 0
-    threads_per_task: int = 0
-    start_timeout_s: float = 120.0
-    stop_grace_s: float = STOP_GRACE_S
-    survivor_grace_s: float = SURVIVOR_GRACE_S
-    check_workers: Callable[[int], None] | None = None
-    after_stop: Callable[[list[Task]], None] | None = None
-    echo: bool = False
-    what: str = "the local cluster"
-    interrupt_body: bool = True
-
-    def __post_init__(self):
-        low = self.min_workers if self.min_workers is not None else self.workers
-        if not 1 <= low <= self.workers:
-            raise ClusterError(f"the fewest workers must be between 1 and the workers. Received: "
-                               f"min_workers={self.min_workers}, workers={self.workers}")
-        if self.max_restarts < 0:
-            raise ClusterError(f"max_restarts must be >= 0. Received: {self.max_restarts}")
-
-    @property
-    def fewest(self) -> int:
-        return self.workers if self.min_workers is None else self.min_workers
-
-
-@dataclass(frozen=True)
-class Failure:
-    """How one attempt failed: the report (first failed task, what the others did, log tail),
-    the failure class of the task that caused it, its error class name and message, and the
-    worker tasks it lost (a killed task, the peers the others reported lost)."""
-
-    report: str
-    failure_class: str
-    message: str = ""
-    error: str = ""
-    lost: tuple[str, ...] = ()
-
-    @property
-    def retryable(self) -> bool:
-        return self.failure_class in RETRYABLE
-
-    @property
-    def first_line(self) -> str:
-        return self.report.splitlines()[0]
-
-
-@dataclass
-class AttemptRecord:
-    """One attempt, as recorded in ``metrics.json`` (``supervisor.attempts``)."""
-
-    workers: int
-    ended: str = "running"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"workers": self.workers, "ended": self.ended}
-
-
-def why(task: Task) -> str:
-    """How one task ended, in words, with the peers it reported lost in its status file."""
-    code = task.returncode()
-    if code == EXIT_INTERRUPTED:
-        return f"task {task.name} was preempted (SIGTERM; a checkpoint was saved)"
-    text = f"task {task.name} {describe_exit(code)}"
-    lost = (status.read(task.status_path) or {}).get("lost_tasks")
-    return f"{text} (it lost task {', '.join(lost)})" if lost else text
-
-
-def stop_line(task: Task, state: TaskState) -> str:
-    """One line for a task of a stopping cluster: its name, how it ended, what it reported."""
-    code = task.returncode()
-    reported = status.read(task.status_path) or {}
-    if code == 0:
-        how = "exited 0"
-    elif code == EXIT_INTERRUPTED:
-        how = "saved a checkpoint and exited 130"
-    elif state is TaskState.STOPPED and code == -signal.SIGTERM:
-        how = "stopped by SIGTERM"
-    else:
-        how = describe_exit(code)
-    if reported.get("class"):
-        how += f" ({reported['class']}"
-        if reported.get("lost_tasks"):
-            how += f": it lost {', '.join(reported['lost_tasks'])}"
-        how += ")"
-    elif code not in (0, EXIT_INTERRUPTED, None) and state is not TaskState.STOPPED:
-        how += " (no status: lost)"
-    return f"  {task.name:<10} {how}"
-
-
-def _bad_input(name: str) -> type[KerasdistError]:
-    """The kerasdist error class a task reported by name (bad input), else ClusterError."""
-    found = getattr(errors, name, None)
-    return found if isinstance(found, type) and issubclass(found, KerasdistError) else ClusterError
-
 
 class Supervisor:
     """Run a :class:`LaunchSpec` to its end (see the module docs).
@@ -276,7 +120,7 @@ class Supervisor:
                      else f"attempt {number}")
             log.warning(f"{label} failed: {failure.report}")
             if failure.failure_class == BAD_INPUT:  # e.g. a task's port taken: exit 2, like the task
-                raise _bad_input(failure.error)(f"{failure.first_line}: {failure.message}")
+                raise bad_input_error(failure.error)(f"{failure.first_line}: {failure.message}")
             if not failure.retryable:
                 error = f"{failure.error}: " if failure.error else ""
                 raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
@@ -315,7 +159,7 @@ class Supervisor:
         self._plans = {plan.name: plan for plan in plans}
         self._states, self._members, self._servers = {}, [], []
         with LocalLauncher(log_dir=spec.log_dir, threads_per_task=spec.threads_per_task) as \
-                launcher, terminate_on_sigterm(), Echo() if spec.echo else _nothing() as echo:
+                launcher, terminate_on_sigterm(), Echo() if spec.echo else contextlib.nullcontext() as echo:
             self._launcher, self._echo = launcher, echo
             servers = [self._start(p) for p in plans if p.server]
             if servers:
@@ -498,43 +342,4 @@ class Supervisor:
                        lost=tuple(sorted(lost)))
 
 
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return None
-
-
-def clean_scratch(folders: Sequence[Path]) -> Callable[[list[Task]], None]:
-    """An ``after_stop`` that deletes each task's scratch folder under ``folders`` (name: the
-    task's name as :func:`kerasdist.keras.backup.temp_dir` writes it)."""
-    from kerasdist.keras.backup import temp_dir
-
-    def clean(tasks: list[Task]) -> None:
-        for folder in folders:
-            for task in tasks:
-                shutil.rmtree(temp_dir(folder, task.name), ignore_errors=True)
-
-    return clean
-
-
-def parse_worker_range(text: str) -> tuple[int, int]:
-    """``'3'`` -> (3, 3); ``'2:4'`` -> (2, 4): ``kerasdist launch --workers MIN:MAX``.
-
-    Raises:
-        ClusterError: not ``N`` or ``MIN:MAX`` with 1 <= MIN <= MAX (names the value).
-    """
-    low, sep, high = str(text).partition(":")
-    try:
-        values = (int(low), int(high) if sep else int(low))
-    except ValueError:
-        values = (0, -1)
-    if not 1 <= values[0] <= values[1]:
-        raise ClusterError(f"--workers must be N or MIN:MAX with 1 <= MIN <= MAX. Received: "
-                           f"--workers {text!r}")
-    return values
-
-
-__all__ = ["Failure", "LaunchSpec", "Supervisor", "TaskPlan", "TaskState",
-           "clean_scratch", "parse_worker_range", "stop_line", "why"]
+__all__ = ["Supervisor"]

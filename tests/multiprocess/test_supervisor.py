@@ -20,12 +20,8 @@ import pytest
 
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError, TrainingError
-from kerasdist.launch.supervisor import (
-    LaunchSpec,
-    Supervisor,
-    TaskPlan,
-    parse_worker_range,
-)
+from kerasdist.launch.plan import LaunchSpec, TaskPlan, parse_worker_range
+from kerasdist.launch.supervisor import Supervisor
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(120)]
 
