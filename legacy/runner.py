@@ -276,7 +276,7 @@ def run_async_cnn(workers: int = 2, steps: int = 600, batch_size: int = 64,
 
 
 def run_towers(devices: int = 2, steps: int = 300, batch_size: int = 50,
-               learning_rate: float = 0.01, timeout_s: float = 300, run_dir=None,
+               learning_rate: float = 0.005, timeout_s: float = 300, run_dir=None,
                threads: int = 2, seed: int = 1, echo=print) -> dict:
     """Seed 004 in one process with ``devices`` towers."""
     run_dir = make_run_dir("towers", run_dir)
