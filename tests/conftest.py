@@ -23,56 +23,130 @@ def pytest_configure(config):
 
 IN_PROCESS_CLUSTER_FIXTURES = {"inprocess_ps_cluster", "ps_strategy"}
 ISOLATED_ENV = "KERASDIST_ISOLATED_TEST"
+ISOLATED_REPORTS_ENV = "KERASDIST_ISOLATED_REPORTS"  # the child writes its test reports here
+_GROUP = pytest.StashKey[str]()
+_LIMIT = pytest.StashKey[float]()
+_GROUP_RESULTS: dict = {}  # group -> {nodeid: [report dict per phase]}, or {"": error text}
 
 
 def pytest_collection_modifyitems(session, config, items):
     """Mark the tests that connect this process to an in-process cluster to run in a process of
     their own: ``tf.config.experimental_connect_to_cluster`` cannot be undone and its servers can
     never be stopped (a MirroredStrategy step run afterwards in the same process hangs), so they
-    must never share a process with other tests, whatever the order."""
+    must never share a process with other tests, whatever the order.
+
+    They share it with the other such tests **of their module**: the in-process cluster fixtures
+    are session-scoped by design (``kerasdist.testing``), so one process per module runs them
+    together, as one ``pytest`` run of that file would, and each test's outcome is reported here
+    on its own. legacy/ (TF1 clusters of its own, in child processes) is grouped the same way.
+    A test marked ``isolated`` by hand (it needs to be the first TF code of its process) runs
+    alone."""
     if os.environ.get(ISOLATED_ENV):
         return
     for item in items:
-        if IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())) or \
+        if item.get_closest_marker("isolated") is not None:
+            item.stash[_GROUP] = item.nodeid
+        elif IN_PROCESS_CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())) or \
                 "tests/legacy/" in item.nodeid:  # legacy/ starts TF1 clusters of its own
             item.add_marker(pytest.mark.isolated)
+            item.stash[_GROUP] = item.nodeid.split("::")[0]
+        else:
+            continue
+        # Here the test only waits for its group's process, which applies the test's own
+        # timeout; that wait is bounded by the group's summed timeouts (_run_group), so
+        # pytest-timeout's timer must not cut it at the first test's limit.
+        item.stash[_LIMIT] = _item_limit(item)
+        item.add_marker(pytest.mark.timeout(0), append=False)
+
+
+def pytest_runtest_logreport(report):
+    """In an isolated child: append each phase's report to the file the parent reads."""
+    path = os.environ.get(ISOLATED_REPORTS_ENV)
+    if not path or not os.environ.get(ISOLATED_ENV):
+        return
+    import json
+
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):  # a skip: (path, line, reason)
+        longrepr = list(longrepr)
+    elif longrepr is not None:
+        longrepr = str(longrepr)
+    entry = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+             "duration": report.duration, "longrepr": longrepr,
+             "sections": [list(s) for s in report.sections]}
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(entry) + "\n")
+
+
+def _item_limit(item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return marker.args[0] if marker and marker.args else 300
+
+
+def _run_group(item, group: str) -> dict:
+    """Run every collected test of ``group`` in one fresh ``python -m pytest`` process (in a
+    private network namespace where the OS allows one, so the TF servers it starts are
+    unreachable from other machines); return {nodeid: [phase reports]}."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from kerasdist.launch import isolation
+
+    members = [i for i in item.session.items if i.stash.get(_GROUP, None) == group]
+    limit = sum(i.stash[_LIMIT] for i in members) + 120
+    with tempfile.TemporaryDirectory(prefix="kerasdist-isolated-") as tmp:
+        reports = os.path.join(tmp, "reports.jsonl")
+        argv = [sys.executable, "-m", "pytest", *[i.nodeid for i in members], "-q", "-p",
+                "no:cacheprovider", "-o", "addopts="]
+        if isolation.unavailable_reason() is None:  # its TF servers: unreachable from the network
+            argv = isolation.isolated_argv(argv)
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=limit,
+                                  env={**os.environ, ISOLATED_ENV: "1",
+                                       ISOLATED_REPORTS_ENV: reports},
+                                  cwd=str(item.config.rootpath))
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as err:
+            code, output = -1, f"isolated process timed out after {limit} s\n{err.stdout or ''}"
+        results: dict = {}
+        if os.path.exists(reports):
+            with open(reports, encoding="utf-8") as fh:
+                for line in fh:
+                    entry = json.loads(line)
+                    results.setdefault(entry["nodeid"], []).append(entry)
+    results[""] = f"[isolated process for {group}, exit {code}]\n{output[-8000:]}"
+    return results
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Run an ``isolated`` test as ``python -m pytest <nodeid>`` in a fresh process (in a private
-    network namespace where the OS allows one, so the TF servers it starts are unreachable from
-    other machines) and report its outcome here (its output is shown when it fails)."""
+    """Run an ``isolated`` test's group in a fresh process the first time one of its tests comes
+    up, then report each test's own outcome, phase by phase, from what that process wrote (its
+    output is shown for a test that has no report of its own)."""
     if os.environ.get(ISOLATED_ENV) or item.get_closest_marker("isolated") is None:
         return None
-    import subprocess
-    import sys
-    import time
-
     from _pytest.reports import TestReport
 
-    marker = item.get_closest_marker("timeout")
-    limit = (marker.args[0] if marker and marker.args else 300) + 120
+    group = item.stash.get(_GROUP, item.nodeid)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-    start = time.perf_counter()
-    from kerasdist.launch import isolation
-
-    argv = [sys.executable, "-m", "pytest", item.nodeid, "-q", "-p", "no:cacheprovider", "-o",
-            "addopts="]
-    if isolation.unavailable_reason() is None:  # its TF servers: unreachable from the network
-        argv = isolation.isolated_argv(argv)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True,
-                              env={**os.environ, ISOLATED_ENV: "1"}, timeout=limit,
-                              cwd=str(item.config.rootpath))
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as err:
-        code, output = -1, f"isolated test timed out after {limit} s\n{err.stdout or ''}"
-    outcome = "passed" if code == 0 else "failed"
-    report = TestReport(item.nodeid, item.location, {k: 1 for k in item.keywords}, outcome,
-                        None if code == 0 else f"[isolated process, exit {code}]\n{output[-8000:]}",
-                        "call", duration=time.perf_counter() - start)
-    item.ihook.pytest_runtest_logreport(report=report)
+    if group not in _GROUP_RESULTS:
+        _GROUP_RESULTS[group] = _run_group(item, group)
+    results = _GROUP_RESULTS[group]
+    keywords = {k: 1 for k in item.keywords}
+    phases = results.get(item.nodeid)
+    if not phases:
+        phases = [{"when": "call", "outcome": "failed", "duration": 0.0, "sections": [],
+                   "longrepr": f"no report from the isolated process\n{results['']}"}]
+    for phase in phases:
+        longrepr = phase["longrepr"]
+        if isinstance(longrepr, list):
+            longrepr = tuple(longrepr)
+        report = TestReport(item.nodeid, item.location, keywords, phase["outcome"], longrepr,
+                            phase["when"], [tuple(s) for s in phase["sections"]],
+                            duration=phase["duration"])
+        item.ihook.pytest_runtest_logreport(report=report)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
