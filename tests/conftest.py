@@ -147,6 +147,10 @@ def pytest_runtest_protocol(item, nextitem):
                             phase["when"], [tuple(s) for s in phase["sections"]],
                             duration=phase["duration"])
         item.ihook.pytest_runtest_logreport(report=report)
+    # What pytest's own protocol does after a test: tear down the fixtures and collectors of
+    # earlier tests that the next test does not share (else the next test's setup fails with
+    # "previous item was not torn down properly" when it lies in another folder, as under xdist).
+    item.session._setupstate.teardown_exact(nextitem)
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
