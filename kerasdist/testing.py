@@ -11,7 +11,8 @@ Use as a plugin, in a ``conftest.py`` or a test module::
 Fixtures (session-scoped: in-process servers cannot be stopped, so one cluster serves the whole
 pytest session; see :mod:`kerasdist.cluster.inprocess`). Connecting to a cluster cannot be undone
 either, and a ``MirroredStrategy`` step run later in the same process can hang: run the tests
-that use these fixtures last (kerasdist's own ``tests/conftest.py`` sorts them to the end).
+that use these fixtures last, or in a process of their own (kerasdist's own ``tests/conftest.py``
+runs each test file's such tests together in one child process).
 
 * ``inprocess_ps_cluster``: an :class:`~kerasdist.cluster.inprocess.InProcessCluster` with 2
   workers and 2 ps (so that sharded variables really span ps tasks), worker servers
