@@ -54,14 +54,15 @@ def run(kind: str, recipe) -> dict | None:
     kerasdist.enable()
     keras.utils.set_random_seed(recipe.trainer.seed)
     strategy, chief = _strategy(kind, recipe)
+    coordinated = get(kind).traits.topology == "coordinator"  # parameter server
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
-    if kind == "parameter_server":
+    if coordinated:
         replicas = 1  # asynchronous: each step is one worker's whole batch
     data = build_datasets(recipe.data, repeat_train=True)
     steps = recipe.trainer.steps_per_epoch or data.steps_per_epoch
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
         model = build_compiled_model(recipe, replicas, **get(kind).compile_kwargs(recipe.strategy))
-    if kind == "parameter_server":
+    if coordinated:
         train, held_out = data.train_fn, data.eval_fn
     elif strategy is not None:
         train = strategy.distribute_datasets_from_function(data.train_fn)
@@ -72,7 +73,7 @@ def run(kind: str, recipe) -> dict | None:
     start = time.perf_counter()
     hist = model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps,
                      validation_data=held_out,
-                     validation_steps=None if kind != "parameter_server" else
+                     validation_steps=None if not coordinated else
                      max(1, data.num_eval // recipe.data.batch_size),
                      callbacks=[meter], verbose=0)
     if not chief:

@@ -69,12 +69,15 @@ def run_reference(cases: list[Case], folder: Path) -> dict:
 
 
 def _command(strategy: str, plan_path: Path, log_dir: Path, *, allow_exposure: bool) -> list[str]:
+    from kerasdist.strategies import get
+
+    traits = get(strategy).traits
     direct = [sys.executable, str(TASK_SCRIPT), str(plan_path)]
-    if strategy in ("default", "mirrored"):
+    if traits.topology == "single":  # this process is the whole job
         return direct
     launch = [sys.executable, "-m", "kerasdist", "launch", "--workers", "2", "--threads-per-task",
               "1", "--log-dir", str(log_dir)]
-    if strategy == "parameter_server":
+    if traits.needs_ps:
         launch += ["--ps", "1"]
     if allow_exposure:
         launch.append("--allow-network-exposure")
