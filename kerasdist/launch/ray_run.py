@@ -242,12 +242,12 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
         KerasdistError: a worker's own error (same class); TaskFailedError: workers lost.
     """
     from kerasdist.launch.ray_worker import recipe_loop
-    from kerasdist.training import RunResult, rundir
+    from kerasdist.training import RunResult, rundir, rundir_lock
 
     run_dir = rundir.RunDir(Path(recipe.output.run_dir).resolve())
     placement = RayPlacement.of(recipe)
     config = {"recipe": worker_recipe(recipe), "verbose": 2 if verbose is None else verbose,
-              "lock_token": rundir.lock_token(run_dir.path),
+              "lock_token": rundir_lock.lock_token(run_dir.path),
               "threads": recipe.intra_op_threads()}
     with ray_session(placement) as ray:
         log.info(f"Ray: {placement.workers} workers ({placement.cpus:g} CPU, {placement.gpus:g} GPU "

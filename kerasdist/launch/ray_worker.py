@@ -50,7 +50,7 @@ def recipe_loop(config: dict) -> None:
     from kerasdist.cluster.spec import parse_tf_config
     from kerasdist.config.loader import validate_recipe
     from kerasdist.training import run_session
-    from kerasdist.training.rundir import LOCK_TOKEN_ENV
+    from kerasdist.training.rundir_lock import LOCK_TOKEN_ENV
 
     if config.get("lock_token"):
         os.environ[LOCK_TOKEN_ENV] = config["lock_token"]

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
-from kerasdist.training import outputs, rundir
+from kerasdist.training import outputs, rundir, rundir_lock
 
 log = get_logger("evaluate")
 
@@ -52,7 +52,7 @@ def _recipe(run_dir: Path):
 def run_finished(run_dir: Path) -> bool:
     """True when no live process holds the run directory's lock (it ended, or never started). A
     holder on another host (a shared run directory) counts as live until it empties the lock."""
-    holder = rundir.read_holder(Path(run_dir))
+    holder = rundir_lock.read_holder(Path(run_dir))
     pid = holder.get("pid")
     if not pid:
         return True

@@ -12,7 +12,7 @@ import pytest
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, DataError, RecipeError, RunDirError
 from kerasdist.launch import ray_run
-from kerasdist.training import rundir
+from kerasdist.training import rundir_lock
 
 RAY = {"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "ray", "workers": 2}}
 
@@ -95,27 +95,27 @@ def test_lock_token_lets_a_non_descendant_task_run_under_the_lock(tmp_path, monk
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from kerasdist.training.rundir import RunDirLock
+        from kerasdist.training.rundir_lock import RunDirLock
         with RunDirLock(Path({str(tmp_path)!r})) as lock:
             print(lock.token, flush=True)
             sys.stdin.read()
         """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         token = holder.stdout.readline().strip()
-        assert rundir.lock_token(tmp_path) == token and len(token) == 32
-        monkeypatch.delenv(rundir.LOCK_TOKEN_ENV, raising=False)
+        assert rundir_lock.lock_token(tmp_path) == token and len(token) == 32
+        monkeypatch.delenv(rundir_lock.LOCK_TOKEN_ENV, raising=False)
         with pytest.raises(RunDirError, match="is in use by another run"):
-            rundir.RunDirLock(tmp_path).__enter__()
-        monkeypatch.setenv(rundir.LOCK_TOKEN_ENV, "0" * 32)
+            rundir_lock.RunDirLock(tmp_path).__enter__()
+        monkeypatch.setenv(rundir_lock.LOCK_TOKEN_ENV, "0" * 32)
         with pytest.raises(RunDirError, match="is in use by another run"):
-            rundir.RunDirLock(tmp_path).__enter__()
-        monkeypatch.setenv(rundir.LOCK_TOKEN_ENV, token)
-        with rundir.RunDirLock(tmp_path) as lock:
+            rundir_lock.RunDirLock(tmp_path).__enter__()
+        monkeypatch.setenv(rundir_lock.LOCK_TOKEN_ENV, token)
+        with rundir_lock.RunDirLock(tmp_path) as lock:
             assert lock.inherited and lock.token == token
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
-    assert not (tmp_path / rundir.LOCK_NAME).exists()  # released by its holder, nothing left
+    assert not (tmp_path / rundir_lock.LOCK_NAME).exists()  # released by its holder, nothing left
 
 
 def test_bench_ray_row_is_the_multi_worker_row_on_ray(tmp_path):

@@ -209,7 +209,7 @@ def test_symlinked_lock_is_refused_and_its_target_left_alone(write_recipe, tmp_p
 
 def test_lock_is_never_followed_even_when_taken_directly(tmp_path):
     from kerasdist.errors import RunDirError
-    from kerasdist.training.rundir import RunDirLock
+    from kerasdist.training.rundir_lock import RunDirLock
 
     (tmp_path / LOCK_NAME).symlink_to(tmp_path / "elsewhere")
     with pytest.raises(RunDirError, match="is a symbolic link"):
