@@ -5,7 +5,8 @@ checkpoint/backup callbacks, gradient compression, throughput timing.
   ``ParameterServerStrategy`` (and Keras 3's multi-worker mends);
 * :mod:`kerasdist.keras.ps_fit`: ``fit``/``evaluate`` for parameter-server models;
 * :mod:`kerasdist.keras.backup`: :class:`BackupStore`, :class:`StepBackup`,
-  :class:`PreemptionWatch`, :class:`EpochEndSave` (chief-aware, step-exact);
+  :class:`EpochEndSave` (chief-aware, step-exact); :mod:`kerasdist.keras.preemption`:
+  :class:`PreemptionWatch` (SIGTERM/SIGINT -> a step every worker agrees on);
 * :mod:`kerasdist.keras.compression`: 16-bit gradient all-reduce;
 * :mod:`kerasdist.keras.callbacks` / :mod:`kerasdist.keras.timing`: the one throughput rule.
 

@@ -21,16 +21,14 @@ Here:
   cleanly when :class:`PreemptionWatch` reports that any worker received SIGTERM.
 * :class:`EpochEndSave` saves at each epoch end at the global step (parameter-server loop, whose
   steps are at-least-once, so the step is read from ``optimizer.iterations``).
-* :class:`PreemptionWatch` turns SIGTERM into a flag; every ``check_every`` steps all workers
-  all-reduce their flags (one tiny collective), so they all stop at the *same* step (a worker that
-  stopped alone would leave the others blocked in the next all-reduce).
+* :class:`~kerasdist.keras.preemption.PreemptionWatch` (its own module) turns SIGTERM or SIGINT
+  into a flag all workers agree on at the same step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import shutil
-import signal
 import tempfile
 import time
 from pathlib import Path
@@ -41,12 +39,9 @@ import numpy as np
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
 from kerasdist.keras import state_digest
+from kerasdist.keras.preemption import PREEMPTION_CHECK_STEPS, PreemptionWatch
 
 log = get_logger("backup")
-
-PREEMPTION_CHECK_STEPS = 10
-"""Steps between two preemption votes (one scalar all-reduce each)."""
-
 
 def temp_dir(directory: Path, task_name: str) -> Path:
     """A non-chief task's scratch folder for its throw-away saves: in the system temp folder, named
@@ -266,73 +261,6 @@ class BackupStore:
             self._tmp = None
 
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
-"""Signals that stop training with an agreed checkpoint: SIGTERM (preemption) and SIGINT (Ctrl-C,
-also when sent to the whole process group)."""
-
-
-class PreemptionWatch:
-    """SIGTERM or SIGINT -> a flag that all workers agree on (context manager; restores the old
-    handlers). A second SIGINT while the first is pending raises ``KeyboardInterrupt`` at once
-    (the checkpoint of the last save stays the resume point).
-
-    Args:
-        strategy: the ``tf.distribute`` strategy whose workers vote; a strategy of one process
-            (no ``cluster_resolver``) needs no vote: its flag is read directly.
-
-    Attributes:
-        single_process: True when no vote is needed (the flag can be read at every step).
-    """
-
-    def __init__(self, strategy):
-        self.strategy = strategy
-        self.requested = False
-        self.single_process = getattr(strategy, "cluster_resolver", None) is None
-        self._previous: dict[int, object] = {}
-        self._vote_fn = None
-
-    def __enter__(self) -> PreemptionWatch:
-        for signum in SIGNALS:
-            try:
-                self._previous[signum] = signal.signal(signum, self._on_signal)
-            except ValueError:  # not the main thread: the signal keeps its default action
-                break
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
-
-    def _on_signal(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt("a second SIGINT: stopped without saving")
-        if not self.requested:
-            log.warning(f"{name} received: saving a checkpoint at the next agreed step, then "
-                        "exiting" + (" (Ctrl-C again to stop without saving)"
-                                     if signum == signal.SIGINT else ""))
-        self.requested = True
-
-    def agreed(self) -> bool:
-        """Collective (unless :attr:`single_process`): True on every worker when any worker has
-        been asked to stop."""
-        import tensorflow as tf
-
-        if self.single_process:
-            return self.requested
-        if self._vote_fn is None:
-            strategy = self.strategy
-
-            @tf.function
-            def vote(flag):
-                votes = strategy.run(tf.identity, args=(flag,))
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, votes, axis=None)
-
-            self._vote_fn = vote
-        return float(self._vote_fn(tf.constant(1.0 if self.requested else 0.0))) > 0
-
-
 class StepBackup(keras.callbacks.Callback):
     """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption
     (SIGTERM or SIGINT, :class:`PreemptionWatch`).
@@ -452,31 +380,3 @@ def check_finite_state(model, what: str, *, keeps: str, restoring: bool = False)
             f"of variable '{name}' are NaN/inf); "
             f"{'not resumed' if restoring else 'not saved'}: {keeps}. Lower "
             "optimizer.learning_rate or check the data for NaN/inf values.")
-
-
-def weights_digest(model) -> str:
-    """SHA-256 of every model weight's bytes, in order (hex, 64 characters)."""
-    digest = hashlib.sha256()
-    for variable in model.weights:
-        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(variable)).tobytes())
-    return digest.hexdigest()
-
-
-class WeightDigest(keras.callbacks.Callback):
-    """Log ``kerasdist: epoch E step S weights sha256 HEX`` after every epoch, on every worker.
-
-    Comparing these lines across the workers' logs shows that they hold identical weights.
-
-    Args:
-        step_source: an object with a ``step`` attribute (the :class:`StepBackup`).
-    """
-
-    def __init__(self, step_source):
-        super().__init__()
-        self.step_source = step_source
-
-    def on_epoch_end(self, epoch, logs=None):
-        if getattr(self.step_source, "preempted", False):
-            return  # a cut-short epoch: its weights are in the checkpoint, not an epoch's end
-        log.info(f"epoch {epoch + 1} step {self.step_source.step} weights sha256 "
-            f"{weights_digest(self.model)}")

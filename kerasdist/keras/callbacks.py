@@ -1,10 +1,17 @@
-"""Keras callbacks kerasdist adds to every training loop: throughput timing."""
+"""Keras callbacks kerasdist adds to every training loop: throughput timing, and the digest of the
+weights every worker logs at each epoch end (:class:`WeightDigest`)."""
 
 from __future__ import annotations
 
-import keras
+import hashlib
 
+import keras
+import numpy as np
+
+from kerasdist._log import get_logger
 from kerasdist.keras.timing import StepClock
+
+log = get_logger("backup")
 
 
 class ThroughputMeter(keras.callbacks.Callback):
@@ -95,3 +102,31 @@ class MetricsProgbar(keras.callbacks.ProgbarLogger):
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, self._shown(logs))
+
+
+def weights_digest(model) -> str:
+    """SHA-256 of every model weight's bytes, in order (hex, 64 characters)."""
+    digest = hashlib.sha256()
+    for variable in model.weights:
+        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(variable)).tobytes())
+    return digest.hexdigest()
+
+
+class WeightDigest(keras.callbacks.Callback):
+    """Log ``kerasdist: epoch E step S weights sha256 HEX`` after every epoch, on every worker.
+
+    Comparing these lines across the workers' logs shows that they hold identical weights.
+
+    Args:
+        step_source: an object with a ``step`` attribute (the :class:`StepBackup`).
+    """
+
+    def __init__(self, step_source):
+        super().__init__()
+        self.step_source = step_source
+
+    def on_epoch_end(self, epoch, logs=None):
+        if getattr(self.step_source, "preempted", False):
+            return  # a cut-short epoch: its weights are in the checkpoint, not an epoch's end
+        log.info(f"epoch {epoch + 1} step {self.step_source.step} weights sha256 "
+            f"{weights_digest(self.model)}")

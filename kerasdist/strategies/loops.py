@@ -4,7 +4,7 @@
   half-done epoch is finished with a shorter ``fit``), saving every
   ``trainer.checkpoint.every_steps`` steps and at epoch ends (:class:`~kerasdist.keras.backup.StepBackup`),
   stopping all replicas at one agreed step on SIGTERM or SIGINT (Ctrl-C)
-  (:class:`~kerasdist.keras.backup.PreemptionWatch`).
+  (:class:`~kerasdist.keras.preemption.PreemptionWatch`).
   Used by ``default``, ``mirrored`` and ``multi_worker``.
 * :class:`CoordinatorLoop`: kerasdist's parameter-server ``fit`` (:func:`kerasdist.keras.ps_fit.fit`)
   from the checkpoint's global step on the same resumable streams, saving every
@@ -51,8 +51,9 @@ class KerasFitLoop:
             Preempted: SIGTERM or SIGINT; every replica saved a checkpoint at the same step first.
             TrainingError: a non-finite loss, or a non-finite state at a checkpoint (not saved).
         """
-        from kerasdist.keras.backup import PreemptionWatch, StepBackup, WeightDigest
-        from kerasdist.keras.callbacks import StopOnNonFiniteLoss
+        from kerasdist.keras.backup import StepBackup
+        from kerasdist.keras.callbacks import StopOnNonFiniteLoss, WeightDigest
+        from kerasdist.keras.preemption import PreemptionWatch
 
         recipe, data = run.recipe, run.data
         history: dict[str, list[float]] = {}
@@ -92,7 +93,7 @@ class KerasFitLoop:
 
 def _stop_when_asked(watch):
     """A Keras callback: once SIGTERM or SIGINT was received (``watch``, a
-    :class:`~kerasdist.keras.backup.PreemptionWatch`), set ``model.stop_training``; the
+    :class:`~kerasdist.keras.preemption.PreemptionWatch`), set ``model.stop_training``; the
     parameter-server loop then stops scheduling, joins and ends the epoch (whose end saves a
     checkpoint)."""
     import keras
@@ -128,8 +129,9 @@ class CoordinatorLoop:
         import math
 
         from kerasdist.keras import ps_fit
-        from kerasdist.keras.backup import EpochEndSave, PreemptionWatch
+        from kerasdist.keras.backup import EpochEndSave
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss
+        from kerasdist.keras.preemption import PreemptionWatch
         from kerasdist.keras.ps_loop import PSStats, global_step
 
         recipe, data = run.recipe, run.data

@@ -221,7 +221,8 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
 
 def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, tf_config, task,
          is_chief, resumable, verbose, callbacks, start) -> RunResult | None:
-    from kerasdist.keras.backup import check_finite_state, weights_digest
+    from kerasdist.keras.backup import check_finite_state
+    from kerasdist.keras.callbacks import weights_digest
 
     schema = strategy.traits.checkpoint_schema
     store = _make_store(recipe, strategy, tf_strategy, model, data, run_dir=run_dir, task=task,
