@@ -135,10 +135,15 @@ def pytest_runtest_protocol(item, nextitem):
         _GROUP_RESULTS[group] = _run_group(item, group)
     results = _GROUP_RESULTS[group]
     keywords = {k: 1 for k in item.keywords}
-    phases = results.get(item.nodeid)
-    if not phases:
-        phases = [{"when": "call", "outcome": "failed", "duration": 0.0, "sections": [],
-                   "longrepr": f"no report from the isolated process\n{results['']}"}]
+    phases = list(results.get(item.nodeid, []))
+    # pytest reports a teardown phase for every test it ran to the end; a test without one was cut
+    # short (the child died or timed out in it) and fails here, whatever its earlier phases said.
+    if not any(phase["when"] == "teardown" for phase in phases):
+        ran = {phase["when"] for phase in phases}
+        phases.append({"when": "call" if "call" not in ran else "teardown", "outcome": "failed",
+                       "duration": 0.0, "sections": [],
+                       "longrepr": "the isolated process ended before this test finished "
+                                   f"(phases reported: {sorted(ran) or 'none'})\n{results['']}"})
     for phase in phases:
         longrepr = phase["longrepr"]
         if isinstance(longrepr, list):
