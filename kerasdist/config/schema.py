@@ -143,9 +143,11 @@ class ClusterConfig(_Frozen):
         "restart is left, the run continues on the workers that are left, down to this many, from "
         "the last backup at its exact step with the same global batch (per-replica batch "
         "re-derived; a count data.batch_size does not divide is refused); a later restart tries "
-        "cluster.workers again. parameter_server: training stops (at the step reached) when fewer "
-        "workers than this are alive. None = not elastic (multi_worker: the run fails when the "
-        "restarts are spent; parameter_server: it goes on while one worker lives).")
+        "cluster.workers again. Multi-worker only: a parameter-server coordinator cannot go on "
+        "without one of its workers (TF's ClusterCoordinator waits for every worker to come "
+        "back), so there a value below cluster.workers is refused and a worker lost with no "
+        "restart left stops the run (exit 1; re-run with fewer cluster.workers to resume "
+        "without it). None = not elastic: the run fails when the restarts are spent.")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
     threads_per_task: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="intra-op threads per task; 0 = TF default (every core). 'auto': on "
@@ -270,6 +272,15 @@ class Recipe(_Frozen):
         if traits.needs_ps and cluster.kind == "local" and cluster.ps < 1:
             raise ValueError(f"cluster.ps must be >= 1 for strategy '{kind}'. "
                              f"Received: ps={cluster.ps}")
+        if traits.needs_ps and cluster.min_workers is not None and \
+                cluster.min_workers < cluster.workers:
+            raise ValueError(f"cluster.min_workers below cluster.workers is for multi-worker "
+                             f"clusters: under strategy '{kind}' the coordinator cannot go on "
+                             "without one of its workers (TF's ClusterCoordinator waits for "
+                             "every worker to come back), so a worker lost with no restart left "
+                             "stops the run; re-run with fewer cluster.workers to resume without "
+                             f"it. Received: min_workers={cluster.min_workers}, "
+                             f"workers={cluster.workers}")
         if not traits.needs_ps and cluster.ps:
             raise ValueError(f"strategy '{kind}' has no parameter servers; cluster.ps must be "
                              f"0. Received: ps={cluster.ps}")

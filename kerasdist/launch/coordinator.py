@@ -6,9 +6,12 @@ The :class:`~kerasdist.launch.supervisor.Supervisor` starts the servers and runs
 
 * a **worker** that dies is restarted on the same address (``cluster.max_restarts`` restarts in
   all); meanwhile the coordinator re-schedules its unfinished steps on the remaining workers
-  (steps are at-least-once) and the restarted worker rejoins. Beyond the budget training goes on
-  without it, while at least ``cluster.min_workers`` workers live (unset: at least one); below that
-  the coordinator saves at the step reached and the run stops (:class:`TaskFailedError`);
+  (steps are at-least-once) and the restarted worker rejoins. Beyond the budget the run stops
+  (:class:`TaskFailedError`, exit code 1, naming the worker): TF's ``ClusterCoordinator`` cannot
+  go on without one of its workers (it waits for every worker to come back; see
+  :mod:`kerasdist.launch.supervisor`), so ``cluster.min_workers`` is refused for parameter-server
+  recipes. Re-running resumes from the last checkpoint, with ``--set cluster.workers=<fewer>``
+  while the worker's host is gone;
 * a **ps** task that dies is not restarted (its variables are gone): the run stops with
   :class:`TaskFailedError` (exit code 1) naming it. Re-running the command resumes from the last
   checkpoint;
@@ -58,8 +61,8 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
 
     Raises:
         ClusterError: a port was taken, a task did not start (named in the message; exit 2).
-        TaskFailedError: a ps task died, or fewer than ``cluster.min_workers`` workers are left
-            (named in the message; the checkpoints in ``<run_dir>/checkpoints`` resume it).
+        TaskFailedError: a ps task died, or a worker died with no restart left (named in the
+            message; the checkpoints in ``<run_dir>/checkpoints`` resume it).
     """
     supervisor = Supervisor(launch_spec(recipe))
 
@@ -74,8 +77,10 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
     try:
         result = supervisor.run(session)
     except TaskFailedError as err:
-        raise TaskFailedError(f"{err}. Re-run the same command to resume from the last checkpoint "
-                              f"in {RunDir.of(recipe).checkpoints}.") from None
+        fewer = (f" (add --set cluster.workers={recipe.cluster.workers - 1} to go on without a "
+                 "worker whose host is gone)" if recipe.cluster.workers > 1 else "")
+        raise TaskFailedError(f"{err}. Re-run the same command{fewer} to resume from the last "
+                              f"checkpoint in {RunDir.of(recipe).checkpoints}.") from None
     if supervisor.restarted:
         from kerasdist.training.result import write_metrics
 

@@ -31,7 +31,6 @@ class TaskState(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     RESTARTED = "restarted"  # a server worker that died and was started again
-    LEFT_OUT = "left_out"  # a server worker that died beyond the budget: training goes on without it
     STOPPED = "stopped"  # stopped by the supervisor (end of an attempt, an interrupt)
 
 
@@ -75,9 +74,10 @@ class LaunchSpec:
         after_stop: called with the attempt's tasks once they are all stopped (clean-up).
         echo: copy every task's new log lines to stdout, prefixed ``[worker:1]``.
         what: the run, in words, for messages (``"multi-worker training"``).
-        interrupt_body: a task that ends the run while ``body`` runs (a ps task died, fewer than
-            ``min_workers`` workers are left) interrupts the main thread (SIGINT: the body saves
-            and stops), and :meth:`Supervisor.run` raises :class:`TaskFailedError` naming it.
+        interrupt_body: a task that ends the run while ``body`` runs (a ps task died, a worker
+            server died with no restart left) interrupts the main thread (SIGINT: the body saves
+            and stops if it still can), and :meth:`Supervisor.run` raises
+            :class:`TaskFailedError` naming it.
     """
 
     plan: Callable[[int, int], list[TaskPlan]]

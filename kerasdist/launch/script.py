@@ -17,11 +17,13 @@ recipes use (:class:`~kerasdist.launch.processes.LocalLauncher`, status files, f
 * a lost task (killed, or its script failed because a peer was lost) restarts the cluster up to
   ``--max-restarts`` times (the script resumes from its own ``BackupAndRestore``/checkpoints); a
   script error (class ``fatal``) is not restarted. Under parameter server a dead *worker* server
-  is restarted alone and the coordinator carries on (``ClusterCoordinator`` re-runs its steps);
+  is restarted alone and the coordinator carries on (``ClusterCoordinator`` re-runs its steps)
+  while the budget lasts; beyond it the attempt fails (the coordinator cannot go on without one
+  of its workers);
 * ``--workers MIN:MAX``: with no restart left, a lost worker does not end the run: the cluster
   restarts on the workers that are left (down to MIN; the script's ``TF_CONFIG`` has fewer
-  workers, its own backup resumes it), and the next restart tries MAX again. Under parameter
-  server, the coordinator goes on while MIN worker servers live.
+  workers, its own backup resumes it), and the next restart tries MAX again. The same holds for
+  the worker servers of a parameter-server script.
 
 One :class:`~kerasdist.launch.supervisor.Supervisor` runs it, the same one recipes use.
 

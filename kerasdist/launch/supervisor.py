@@ -15,8 +15,14 @@ first, then waits until they listen, then the members) and watches them:
   get :attr:`LaunchSpec.survivor_grace_s` to fail on their own (so their status files say which
   peer they lost), then every task is stopped and each gets one line saying how it ended;
 * a *server* worker (parameter server) dies: it is restarted alone on its address while the budget
-  lasts (``ClusterCoordinator`` re-runs its steps); beyond it, training goes on without it, down to
-  :attr:`LaunchSpec.min_workers` live workers;
+  lasts (``ClusterCoordinator`` re-runs its steps); beyond it, the attempt fails like any lost task.
+  A coordinator cannot go on without one of its workers: TF's ``ClusterCoordinator`` blocks in
+  ``update_server_def`` until every worker is back (``WorkerPreemptionHandler._preemption_handler``
+  in tensorflow/python/distribute/coordinator/cluster_coordinator.py: "waits until all workers are
+  back"; partial recovery is a TODO there), and a per-worker evaluation shard waits for it too. A
+  body's run is therefore ended (interrupted; after :data:`BODY_STOP_S` seconds its tasks are
+  stopped, so that its pending remote calls fail); a script coordinator's attempt fails, and the
+  run restarts or, with ``min_workers``, shrinks as below;
 * SIGINT or SIGTERM to the supervisor: every task gets SIGTERM (they save a checkpoint at an agreed
   step and exit 130), one line per task, then ``KeyboardInterrupt`` (the CLI exits 130).
 
@@ -64,6 +70,10 @@ from kerasdist.launch.plan import (
 from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, network_note
 
 log = get_logger("launch")
+
+BODY_STOP_S = 20.0
+"""Seconds a body (a parameter-server coordinator) gets to end its run after a task it cannot
+go on without was lost and it was interrupted; then every task is stopped."""
 
 class Supervisor:
     """Run a :class:`LaunchSpec` to its end (see the module docs).
@@ -217,29 +227,20 @@ class Supervisor:
             time.sleep(0.2)
 
     def _server_worker_down(self, task: Task) -> bool:
-        """A dead server worker: restarted alone while the budget lasts, else left out while at
-        least ``min_workers`` workers live. True when handled (the attempt goes on)."""
+        """A dead server worker: restarted alone while the budget lasts. True when handled (the
+        attempt goes on); beyond the budget False: the coordinator cannot go on without it (see
+        the module docs)."""
         if task not in self._servers or task.tf_config.task_type != "worker":
             return False
-        code = task.returncode()
-        if self.restarts_left > 0:
-            self.restarts_left -= 1
-            self._states[id(task)] = TaskState.RESTARTED
-            self.restarted.append(task.name)
-            log.warning(f"task {task.name} {describe_exit(code)}; restarting it "
-                        f"({len(self.restarted)}/{self.spec.max_restarts})")
-            self._start(self._plans[task.name])
-            return True
-        live = [t for t in self._live() if t is not task and t.tf_config.task_type == "worker"
-                and t in self._servers]
-        enough = (len(live) >= self.spec.fewest if self.spec.min_workers is not None
-                  else bool(live))
-        if enough:
-            self._states[id(task)] = TaskState.LEFT_OUT
-            log.warning(f"task {task.name} {describe_exit(code)}; no restarts left, training "
-                        f"continues on the remaining {len(live)} worker(s)")
-            return True
-        return False
+        if self.restarts_left <= 0:
+            return False
+        self.restarts_left -= 1
+        self._states[id(task)] = TaskState.RESTARTED
+        self.restarted.append(task.name)
+        log.warning(f"task {task.name} {describe_exit(task.returncode())}; restarting it "
+                    f"({len(self.restarted)}/{self.spec.max_restarts})")
+        self._start(self._plans[task.name])
+        return True
 
     def _run_body(self, body, cluster: TFConfig, record: AttemptRecord):
         """Run ``body`` here while a monitor thread restarts server workers; a dead ps task or
@@ -271,15 +272,23 @@ class Supervisor:
                 if task.returncode() is None or self._server_worker_down(task):
                     continue
                 self._states[id(task)] = TaskState.FAILED
-                kind = "parameter server" if task.tf_config.task_type == "ps" else "worker"
-                if kind == "worker":
-                    self.ended_run = (f"fewer than cluster.min_workers={self.spec.fewest} workers "
-                                      f"are left (task {task.name} {describe_exit(task.returncode())})")
+                if task.tf_config.task_type == "worker":
+                    self.ended_run = (f"task {task.name} {describe_exit(task.returncode())} and no "
+                                      "restart is left; the coordinator cannot go on without one "
+                                      "of its workers")
                 else:
-                    self.ended_run = f"{kind} {task.name} died"
+                    self.ended_run = f"parameter server {task.name} died"
                 log.warning(f"{self.ended_run}: the run stops")
                 if self.spec.interrupt_body:
                     _thread.interrupt_main(signal.SIGINT)
+                if not done.wait(BODY_STOP_S):
+                    # TF's coordinator waits for the lost task to come back: stopping every task
+                    # makes its pending remote calls fail, so the body's run ends
+                    log.warning(f"the coordinator did not stop within {BODY_STOP_S:.0f} s: "
+                                "stopping every task")
+                    for other in self._live():
+                        self._states[id(other)] = TaskState.STOPPED
+                    self._launcher.stop_all(grace_s=5.0)
                 return
 
     def _dead_ps(self, grace_s: float = 5.0) -> str | None:
@@ -308,7 +317,7 @@ class Supervisor:
                 self._states[id(task)] = TaskState.STOPPED
         self._launcher.stop_all(grace_s=grace_s)
         tasks = [t for t in self._launcher.tasks
-                 if self._states.get(id(t)) not in (TaskState.RESTARTED, TaskState.LEFT_OUT)]
+                 if self._states.get(id(t)) is not TaskState.RESTARTED]
         log.warning("the cluster stopped:\n" + "\n".join(
             stop_line(t, self._states.get(id(t), TaskState.STOPPED)) for t in tasks))
         if self.spec.after_stop is not None:
@@ -325,7 +334,7 @@ class Supervisor:
     def _describe(self, first: Task) -> Failure:
         others = [t for t in self._launcher.tasks if t is not first
                   and t.returncode() not in (None, 0)
-                  and self._states.get(id(t)) not in (TaskState.RESTARTED, TaskState.LEFT_OUT)]
+                  and self._states.get(id(t)) is not TaskState.RESTARTED]
         lines = [why(first)] + [f"then {why(t)}" for t in others]
         report = "; ".join(lines) + f"; log {first.log_path}\n{self._launcher.tail(first)}"
         reported = status.read(first.status_path) or {}

@@ -249,3 +249,49 @@ def test_workers_min_max_goes_on_with_the_workers_left(tmp_path):
     assert sorted(line.split()[0] for line in stopped) == ["worker:0", "worker:1", "worker:2"]
     not_elastic = _launch("--workers", "3", str(script), cwd=tmp_path, timeout=150)
     assert not_elastic.returncode == 1 and "failed after 1 attempt(s)" in not_elastic.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_parameter_server_workers_min_max_restarts_the_script_on_the_workers_left(tmp_path):
+    """A worker server of a parameter-server script lost with no restart left: its coordinator
+    cannot go on without it (TF's ClusterCoordinator waits for every worker), so the attempt fails
+    and, with --workers 2:3, the cluster restarts on 2 workers; the script (no backup of its own)
+    trains again from its start and finishes. Before, the supervisor left the worker out and the
+    coordinator waited for it for ever."""
+    out_dir = tmp_path / "out"
+    command = [sys.executable, "-m", "kerasdist", "launch", "--threads-per-task", "1",
+               "--log-dir", str(tmp_path / "logs"), "--ps", "1", "--workers", "2:3",
+               "--max-restarts", "0", str(SCRIPTS / "mnist_parameter_server.py"), str(DATA),
+               str(out_dir), "2"]
+    log = tmp_path / "out.log"
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, cwd=tmp_path)
+    killed = None
+    deadline = time.monotonic() + 240
+    while killed is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+        if "[chief:0] Epoch 1/2" not in log.read_text(errors="replace"):
+            continue
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                task = json.loads(child.environ().get("TF_CONFIG", "{}") or "{}").get("task")
+            except (psutil.Error, ValueError):
+                continue
+            if task == {"type": "worker", "index": 2}:
+                child.kill()
+                killed = child.pid
+    try:
+        code = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text(errors="replace")
+    assert killed is not None, text[-3000:]
+    assert code == 0, text[-3000:]
+    assert "attempt 1/1 failed: task worker:2 was killed by SIGKILL" in text, text[-3000:]
+    assert "no restart left for worker:2: continuing on 2 workers (min_workers=2)" in text
+    assert "local cluster, attempt 2: 3 server(s), 1 member task(s), 2 worker(s)" in text
+    (accuracy,) = re.findall(r"^\[chief:0\] coordinator held-out accuracy: ([\d.]+)$", text, re.M)
+    assert float(accuracy) >= 0.9, text[-3000:]  # 2 epochs; the 4-epoch gate above is 0.95
+    assert not _left_behind(str(tmp_path / "logs"))

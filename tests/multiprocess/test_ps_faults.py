@@ -39,20 +39,25 @@ EPOCHS, STEPS = 4, 30
 SPE = ParameterServerStrategyConfig().steps_per_execution  # the default: steps per call
 
 
-def _command(run_dir: Path, every_steps: int | None = None) -> list[str]:
-    sets = [f"trainer.epochs={EPOCHS}", f"trainer.steps_per_epoch={STEPS}",
-            "data.eval_split=test[9000:9512]", "cluster.max_restarts=1",
-            f"strategy.steps_per_execution={SPE}",
-            "output.tensorboard=false", f"output.run_dir={run_dir}"]
+def _command(run_dir: Path, every_steps: int | None = None, **sets: object) -> list[str]:
+    """``kerasdist fit recipes/mnist_cnn_ps.yaml`` made small; ``sets``: more ``--set`` keys,
+    ``__`` for ``.`` (``cluster__workers=3``)."""
+    values = {"trainer.epochs": EPOCHS, "trainer.steps_per_epoch": STEPS,
+              "data.eval_split": "test[9000:9512]", "cluster.max_restarts": 1,
+              "strategy.steps_per_execution": SPE, "output.tensorboard": "false",
+              "output.run_dir": run_dir}
     if every_steps:
-        sets.append(f"trainer.checkpoint.every_steps={every_steps}")
+        values["trainer.checkpoint.every_steps"] = every_steps
+    values.update({key.replace("__", "."): value for key, value in sets.items()})
+    sets = [f"{key}={value}" for key, value in values.items()]
     return [sys.executable, "-m", "kerasdist", "fit", str(REPO / "recipes" / "mnist_cnn_ps.yaml"),
             *[a for s in sets for a in ("--set", s)], "--verbose", "2"]
 
 
-def _start(run_dir: Path, log: Path, every_steps: int | None = None) -> subprocess.Popen:
+def _start(run_dir: Path, log: Path, every_steps: int | None = None,
+           **sets: object) -> subprocess.Popen:
     handle = open(log, "ab")
-    return subprocess.Popen(_command(run_dir, every_steps), stdout=handle,
+    return subprocess.Popen(_command(run_dir, every_steps, **sets), stdout=handle,
                             stderr=subprocess.STDOUT, cwd=REPO)
 
 
@@ -138,6 +143,37 @@ def test_killed_worker_is_restarted_and_training_completes(tmp_path):
     assert ps["steps_per_worker"][1] >= sum(after)
     worker_log = (run_dir / "logs" / "worker-1.log").read_text()
     assert worker_log.count("task worker:1 serving on port") == 2  # the first and restarted one
+
+
+@pytest.mark.timeout(400)
+def test_a_worker_lost_with_no_restart_left_stops_the_run_and_it_resumes_on_fewer_workers(tmp_path):
+    """TF's ClusterCoordinator cannot go on without one of its workers (it waits for every worker
+    to come back): with no restart left, the run stops in bounded time naming the worker (exit 1;
+    before, it hung for ever in the epoch's evaluation), and the re-run with one worker fewer
+    resumes from the last checkpoint, verified, and ends at exactly the requested step."""
+    run_dir, log = tmp_path / "run", tmp_path / "out.log"
+    proc = _start(run_dir, log, cluster__workers=3, cluster__max_restarts=0, data__batch_size=48)
+    _wait_for_checkpoint(run_dir, STEPS, proc)
+    _task(proc, "worker:2").send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = _finish(proc, 240)
+    elapsed = time.monotonic() - killed_at
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    assert ("failed: task worker:2 was killed by SIGKILL and no restart is left; the coordinator "
+            "cannot go on without one of its workers") in text, text[-3000:]
+    assert "add --set cluster.workers=2 to go on without a worker whose host is gone" in text
+    assert elapsed < 120  # BODY_STOP_S (20 s), then every task is stopped
+    saved = _latest_checkpoint(run_dir)
+    digests = state_digest.read(run_dir / "checkpoints")
+    assert saved >= STEPS and f"ckpt-{saved}" in digests
+    proc = _start(run_dir, log, cluster__workers=2, cluster__max_restarts=0, data__batch_size=48)
+    assert _finish(proc, 300) == 0, log.read_text()[-3000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["start_step"] == saved and metrics["restore_verified"] is True
+    assert metrics["restored_state_sha256"] == digests[f"ckpt-{saved}"]
+    assert metrics["parameter_server"]["num_workers"] == 2
+    assert metrics["parameter_server"]["global_step"] == metrics["global_steps"] == EPOCHS * STEPS
 
 
 EVERY = 7  # trainer.checkpoint.every_steps in the ps/coordinator failure test

@@ -1,6 +1,7 @@
 """The one supervisor (kerasdist.launch.supervisor) with plain Python tasks (no TensorFlow: each
 test takes seconds): success, one restart budget, grow-back, elastic shrink, refusals, server
-workers restarted alone, the body's run ended by a dead ps or too few workers, one line per task.
+workers restarted alone, the body's run ended by a dead ps or a worker lost with no restart
+left, one line per task.
 
 The task program reads its role from ``TF_CONFIG`` and a rule per task from its argument:
 ``always`` (SIGKILLs itself at every start: a worker that never comes back), ``once`` (only at its
@@ -206,24 +207,41 @@ def _wait_forever():
     raise AssertionError("the body was not interrupted")
 
 
-def test_fewer_live_workers_than_min_workers_ends_the_body_s_run(tmp_path):
-    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "late"}, workers=2, ps=1, min_workers=2))
-    with pytest.raises(TaskFailedError, match=r"fewer than cluster.min_workers=2 workers are left "
-                                              r"\(task worker:1 was killed by SIGKILL\)"):
+def test_a_server_worker_lost_with_no_restart_left_ends_the_body_s_run(tmp_path):
+    """A coordinator cannot go on without one of its workers (TF's ClusterCoordinator waits for it
+    to come back): beyond the budget a dead server worker ends the body's run by name."""
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "late"}, workers=2, ps=1))
+    with pytest.raises(TaskFailedError, match=r"task worker:1 was killed by SIGKILL and no "
+                                              r"restart is left; the coordinator cannot go on "
+                                              r"without one of its workers"):
         supervisor.run(lambda tf_config: _wait_forever())
-    (tmp_path / "u").mkdir()
-    unbound = Supervisor(_spec(tmp_path / "u", {"worker:1": "late"}, workers=2, ps=1))
+    assert supervisor.restarted == []
 
-    def body(tf_config):  # without min_workers it goes on with one worker
-        deadline = time.monotonic() + 30
+
+def test_a_body_that_ignores_the_interrupt_is_ended_by_stopping_its_tasks(tmp_path, monkeypatch):
+    """Like TF's coordinator waiting for a lost worker: the body survives the interrupt and only
+    returns (with an error) once its tasks are gone; the supervisor stops them after BODY_STOP_S."""
+    from kerasdist.launch import supervisor as module
+
+    monkeypatch.setattr(module, "BODY_STOP_S", 1.0)
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "late"}, workers=2, ps=1))
+
+    def wedged(tf_config):
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if any(t.returncode() is not None for t in unbound._launcher.tasks):
-                time.sleep(1.5)
-                return "went on"
-            time.sleep(0.1)
-        return "no death seen"
+            try:
+                if all(t.returncode() is not None for t in supervisor._launcher.tasks):
+                    raise ConnectionError("every task is gone")
+                time.sleep(0.05)
+            except KeyboardInterrupt:
+                continue  # ignored, as a blocked remote call would
+        raise AssertionError("the tasks were not stopped")
 
-    assert unbound.run(body) == "went on"
+    began = time.monotonic()
+    with pytest.raises(TaskFailedError, match=r"task worker:1 was killed by SIGKILL and no restart "
+                                              r"is left.*training stopped \(ConnectionError\)"):
+        supervisor.run(wedged)
+    assert time.monotonic() - began < 30
 
 
 def test_a_dead_ps_ends_the_body_s_run_naming_it(tmp_path):

@@ -232,6 +232,13 @@ def test_min_workers_is_checked_against_workers_and_cluster_kind():
         _cluster("multi_worker", kind="tf_config", workers=2, min_workers=1)
     with pytest.raises(RecipeError, match="min_workers"):
         _cluster("multi_worker", kind="local", workers=2, min_workers=0)
+    # a parameter-server coordinator cannot go on without one of its workers
+    with pytest.raises(RecipeError, match=r"cluster.min_workers below cluster.workers is for "
+                                          r"multi-worker clusters: under strategy "
+                                          r"'parameter_server'.*Received: min_workers=2, workers=3"):
+        _cluster("parameter_server", kind="local", workers=3, ps=1, min_workers=2)
+    assert _cluster("parameter_server", kind="local", workers=3, ps=1,
+                    min_workers=3).cluster.min_workers == 3  # not elastic: harmless
 
 
 def test_a_shrunk_cluster_keeps_the_global_batch_and_refuses_a_count_it_does_not_divide():
