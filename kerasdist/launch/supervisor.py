@@ -75,6 +75,7 @@ BODY_STOP_S = 20.0
 """Seconds a body (a parameter-server coordinator) gets to end its run after a task it cannot
 go on without was lost and it was interrupted; then every task is stopped."""
 
+
 class Supervisor:
     """Run a :class:`LaunchSpec` to its end (see the module docs).
 
@@ -243,8 +244,9 @@ class Supervisor:
         return True
 
     def _run_body(self, body, cluster: TFConfig, record: AttemptRecord):
-        """Run ``body`` here while a monitor thread restarts server workers; a dead ps task or
-        too few workers end the body's run (SIGINT to this thread)."""
+        """Run ``body`` here while a monitor thread restarts server workers; a dead ps task or a
+        worker lost with no restart left ends the body's run (SIGINT to this thread, then its
+        tasks are stopped after :data:`BODY_STOP_S`)."""
         done = threading.Event()
         monitor = threading.Thread(target=self._watch_servers, args=(done,), daemon=True,
                                    name="kerasdist-supervisor")
