@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import mwms_support as mw
 import psutil
 import pytest
 
@@ -271,16 +272,9 @@ def test_parameter_server_workers_min_max_restarts_the_script_on_the_workers_lef
     deadline = time.monotonic() + 240
     while killed is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.3)
-        if "[chief:0] Epoch 1/2" not in log.read_text(errors="replace"):
-            continue
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            try:
-                task = json.loads(child.environ().get("TF_CONFIG", "{}") or "{}").get("task")
-            except (psutil.Error, ValueError):
-                continue
-            if task == {"type": "worker", "index": 2}:
-                child.kill()
-                killed = child.pid
+        if "[chief:0] Epoch 1/2" in log.read_text(errors="replace"):
+            killed = mw.worker_process(proc.pid, 2)
+            killed.kill()
     try:
         code = proc.wait(timeout=300)
     finally:
