@@ -361,8 +361,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     _log.configure(getattr(args, "verbose", None))
+    from kerasdist import _exit
+
     try:
-        return COMMANDS[args.command](args)
+        with _exit.reporting_to(_failed):  # a run abandoned while blocked in TF (kerasdist._exit)
+            return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as err:
         return _failed(err)
 

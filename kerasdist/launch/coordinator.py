@@ -24,6 +24,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from kerasdist import _exit
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
@@ -53,7 +54,16 @@ def launch_spec(recipe: Recipe) -> LaunchSpec:
     return LaunchSpec(plan=plan, workers=cluster.workers, min_workers=cluster.min_workers,
                       max_restarts=cluster.max_restarts, log_dir=RunDir.of(recipe).logs,
                       threads_per_task=recipe.intra_op_threads(),
-                      start_timeout_s=cluster.start_timeout_s, what="parameter-server training")
+                      start_timeout_s=cluster.start_timeout_s, what="parameter-server training",
+                      abandon=lambda err: _exit.abandon(_resumable(err, recipe)))
+
+
+def _resumable(err: BaseException, recipe: Recipe) -> TaskFailedError:
+    """``err`` with how to resume: re-run (with one worker fewer while a host is gone)."""
+    fewer = (f" (add --set cluster.workers={recipe.cluster.workers - 1} to go on without a "
+             "worker whose host is gone)" if recipe.cluster.workers > 1 else "")
+    return TaskFailedError(f"{err}. Re-run the same command{fewer} to resume from the last "
+                           f"checkpoint in {RunDir.of(recipe).checkpoints}.")
 
 
 def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunResult:
@@ -77,10 +87,7 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
     try:
         result = supervisor.run(session)
     except TaskFailedError as err:
-        fewer = (f" (add --set cluster.workers={recipe.cluster.workers - 1} to go on without a "
-                 "worker whose host is gone)" if recipe.cluster.workers > 1 else "")
-        raise TaskFailedError(f"{err}. Re-run the same command{fewer} to resume from the last "
-                              f"checkpoint in {RunDir.of(recipe).checkpoints}.") from None
+        raise _resumable(err, recipe) from None
     if supervisor.restarted:
         from kerasdist.training.result import write_metrics
 

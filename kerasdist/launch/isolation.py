@@ -44,7 +44,7 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from kerasdist import _log, errors
+from kerasdist import _exit, _log, errors
 from kerasdist._signals import Terminated, terminate_on_sigterm
 from kerasdist.errors import ClusterError, Preempted, TaskFailedError, TrainingError
 from kerasdist.launch.processes import (
@@ -66,6 +66,9 @@ NO_NETNS_ENV = "KERASDIST_NO_NETNS"
 STOP_GRACE_S = 90.0
 """Seconds the namespace child gets after a forwarded SIGINT/SIGTERM (its tasks save and stop
 within the launcher's own grace, 60 s), before SIGKILL."""
+REPORTED_EXIT_S = 30.0
+"""Seconds the namespace child gets to exit once it has reported how the run ended (its result
+pipe closed), before it is killed with its tasks (:func:`run_isolated`)."""
 
 
 def unshare_argv() -> list[str]:
@@ -181,6 +184,7 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     reader = threading.Thread(target=_read_all, args=(read_fd, reply), daemon=True)
     reader.start()
     interrupted: BaseException | None = None
+    killed_after_report = False
     try:
         try:
             child.stdin.write(json.dumps(recipe.model_dump(mode="json")).encode())
@@ -189,7 +193,7 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
             pass
         with terminate_on_sigterm():
             try:
-                child.wait()
+                killed_after_report = _wait_for(child, reader)
             except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the child saves and stops
                 interrupted = err
                 _forward(child, signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
@@ -197,7 +201,30 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
         if child.poll() is None:  # a second interrupt, or an error here: leave nothing behind
             _kill(child)
     reader.join(timeout=10)
-    return _outcome(recipe, child, b"".join(reply), interrupted)
+    return _outcome(recipe, child, b"".join(reply), interrupted, killed_after_report)
+
+
+def _wait_for(child: subprocess.Popen, reader: threading.Thread) -> bool:
+    """Wait for the child; once it has reported how the run ended (its result pipe is closed), it
+    gets :data:`REPORTED_EXIT_S` seconds to exit, then it is killed with its tasks: the run's end
+    is known, and a process whose teardown blocks in TensorFlow (a runtime still waiting for a
+    lost task) must not hold the command for ever. True when it had to be killed so."""
+    while True:
+        try:
+            child.wait(timeout=0.5)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if not reader.is_alive():
+            try:
+                child.wait(timeout=REPORTED_EXIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning(f"the local cluster's launcher (pid {child.pid}) reported how the run "
+                            f"ended but had not exited {REPORTED_EXIT_S:.0f} s later: killing it "
+                            "and its tasks")
+                _kill(child)
+                return True
+            return False
 
 
 def _read_all(fd: int, into: list[bytes]) -> None:
@@ -226,13 +253,13 @@ def _kill(child: subprocess.Popen) -> None:
 
 
 def _outcome(recipe: Recipe, child: subprocess.Popen, reply: bytes,
-             interrupted: BaseException | None) -> RunResult:
+             interrupted: BaseException | None, killed_after_report: bool = False) -> RunResult:
     code = child.returncode
     try:
         result = json.loads(reply.decode("utf-8")) if reply else None
     except ValueError:
         result = None
-    if result and result.get("ok") and code == 0:
+    if result and result.get("ok") and (code == 0 or killed_after_report):
         return RunResult.from_metrics(RunDir.of(recipe).metrics)
     if result and not result.get("ok"):
         raise rebuild(result)
@@ -372,7 +399,7 @@ def main(argv=None) -> int:
         os.execvp(args.exec[0], args.exec)
     _log.configure(args.verbose)
     failure: BaseException | None = None
-    with terminate_on_sigterm():
+    with terminate_on_sigterm(), _exit.reporting_to(lambda err: _report(args.result_fd, err)):
         try:
             loopback_up()
             from kerasdist.config.loader import validate_recipe

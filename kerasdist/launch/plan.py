@@ -12,7 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kerasdist import errors
+from kerasdist import _exit, errors
 from kerasdist.cluster.spec import TFConfig
 from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, ClusterError, KerasdistError
 from kerasdist.launch import status
@@ -78,6 +78,10 @@ class LaunchSpec:
             server died with no restart left) interrupts the main thread (SIGINT: the body saves
             and stops if it still can), and :meth:`Supervisor.run` raises
             :class:`TaskFailedError` naming it.
+        abandon: called with that :class:`TaskFailedError` when the body stayed blocked
+            :data:`~kerasdist.launch.supervisor.BODY_ABANDON_S` s after every task was stopped
+            (TF's coordinator waiting for a lost worker); the default,
+            :func:`kerasdist._exit.abandon`, reports it and ends the process (exit code 1).
     """
 
     plan: Callable[[int, int], list[TaskPlan]]
@@ -94,6 +98,7 @@ class LaunchSpec:
     echo: bool = False
     what: str = "the local cluster"
     interrupt_body: bool = True
+    abandon: Callable[[BaseException], object] = _exit.abandon
 
     def __post_init__(self):
         low = self.min_workers if self.min_workers is not None else self.workers

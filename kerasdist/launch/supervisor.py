@@ -21,8 +21,11 @@ first, then waits until they listen, then the members) and watches them:
   in tensorflow/python/distribute/coordinator/cluster_coordinator.py: "waits until all workers are
   back"; partial recovery is a TODO there), and a per-worker evaluation shard waits for it too. A
   body's run is therefore ended (interrupted; after :data:`BODY_STOP_S` seconds its tasks are
-  stopped, so that its pending remote calls fail); a script coordinator's attempt fails, and the
-  run restarts or, with ``min_workers``, shrinks as below;
+  stopped, so that its pending remote calls fail; if the body is still blocked
+  :data:`BODY_ABANDON_S` seconds later -- TF's failure handler can hold every worker thread, so
+  that no call ever fails -- :attr:`LaunchSpec.abandon` reports the failure and ends the
+  process); a script coordinator's attempt fails, and the run restarts or, with ``min_workers``,
+  shrinks as below;
 * SIGINT or SIGTERM to the supervisor: every task gets SIGTERM (they save a checkpoint at an agreed
   step and exit 130), one line per task, then ``KeyboardInterrupt`` (the CLI exits 130).
 
@@ -74,6 +77,10 @@ log = get_logger("launch")
 BODY_STOP_S = 20.0
 """Seconds a body (a parameter-server coordinator) gets to end its run after a task it cannot
 go on without was lost and it was interrupted; then every task is stopped."""
+
+BODY_ABANDON_S = 20.0
+"""Seconds a body still gets after every task was stopped; then it is abandoned
+(:attr:`LaunchSpec.abandon`: by default the failure is reported and the process ends, exit 1)."""
 
 
 class Supervisor:
@@ -291,7 +298,20 @@ class Supervisor:
                     for other in self._live():
                         self._states[id(other)] = TaskState.STOPPED
                     self._launcher.stop_all(grace_s=5.0)
+                    if not done.wait(BODY_ABANDON_S):
+                        self._abandon_body()
                 return
+
+    def _abandon_body(self) -> None:
+        """The body stayed blocked after every task was stopped: hand the failure to
+        :attr:`LaunchSpec.abandon` (by default the process reports it and ends here)."""
+        err = TaskFailedError(f"{self.ended_run}; training stopped (the coordinator stayed "
+                              f"blocked in TensorFlow {BODY_ABANDON_S:.0f} s after every task "
+                              "was stopped)")
+        log.warning(f"the coordinator is still blocked {BODY_ABANDON_S:.0f} s after every task "
+                    "was stopped: ending the run without it")
+        self._stop_all(5.0)
+        self.spec.abandon(err)
 
     def _dead_ps(self, grace_s: float = 5.0) -> str | None:
         """'parameter server ps:0 died' when a ps task has exited (waits up to ``grace_s``: the

@@ -201,6 +201,55 @@ def test_child_errors_come_back_with_their_class():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("reported", ['{"ok": true}', '{"ok": false, "error": "TaskFailedError", '
+                                      '"module": "kerasdist.errors", "message": "worker:2 lost"}'])
+def test_a_child_that_reported_but_does_not_exit_is_killed_and_its_report_stands(
+        monkeypatch, tmp_path, reported):
+    """A namespace child whose teardown blocks after it reported (TF's runtime still waiting for a
+    lost task) is killed REPORTED_EXIT_S later, with its tasks; the report decides the outcome."""
+    import threading
+
+    import kerasdist
+    from kerasdist.errors import TaskFailedError
+    from kerasdist.launch import isolation
+    from kerasdist.launch.processes import die_with_parent
+    from kerasdist.training.rundir import RunDir
+
+    monkeypatch.setattr(isolation, "REPORTED_EXIT_S", 1.0)
+    recipe = kerasdist.load_recipe(_ps_recipe(tmp_path, "run"))
+    read_fd, write_fd = os.pipe()
+    code = (f"import os, subprocess, sys, time\n"
+            f"task = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+            f"print(task.pid, flush=True)\n"
+            f"os.write({write_fd}, {reported.encode()!r}); os.close({write_fd})\n"
+            f"time.sleep(300)  # a teardown that never ends\n")
+    child = subprocess.Popen([sys.executable, "-c", code], pass_fds=(write_fd,),
+                             stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+    os.close(write_fd)
+    task_pid = int(child.stdout.readline())
+    reply: list[bytes] = []
+    reader = threading.Thread(target=isolation._read_all, args=(read_fd, reply), daemon=True)
+    reader.start()
+    began = time.monotonic()
+    assert isolation._wait_for(child, reader) is True
+    assert time.monotonic() - began < 20 and child.returncode == -9
+    deadline = time.monotonic() + 10  # the task got the same SIGKILL (its process group)
+    while psutil.pid_exists(task_pid) and psutil.Process(task_pid).status() != "zombie":
+        assert time.monotonic() < deadline, "the child's task outlived it"
+        time.sleep(0.1)
+    reader.join(timeout=10)
+    if '"ok": true' in reported:  # the run's result is read from its metrics.json
+        monkeypatch.setattr(isolation.RunResult, "from_metrics", staticmethod(lambda path: path))
+        result = isolation._outcome(recipe, child, b"".join(reply), None, True)
+        assert result == RunDir.of(recipe).metrics
+        with pytest.raises(TaskFailedError, match="without reporting"):  # not killed so: no success
+            isolation._outcome(recipe, child, b"".join(reply), None, False)
+    else:
+        with pytest.raises(TaskFailedError, match="worker:2 lost"):
+            isolation._outcome(recipe, child, b"".join(reply), None, True)
+
+
+@pytest.mark.timeout(60)
 def test_isolated_argv_runs_a_program_with_loopback_only():
     """The helper other local-cluster starters (bench's tf_keras baseline, legacy/) can use."""
     from kerasdist.launch.isolation import isolated_argv, unavailable_reason

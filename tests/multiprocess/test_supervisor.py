@@ -244,6 +244,69 @@ def test_a_body_that_ignores_the_interrupt_is_ended_by_stopping_its_tasks(tmp_pa
     assert time.monotonic() - began < 30
 
 
+def test_a_body_still_blocked_after_its_tasks_stopped_is_abandoned_naming_the_worker(
+        tmp_path, monkeypatch):
+    """TF's failure handler can hold every worker thread of the coordinator, so that stopping the
+    tasks fails no call and the body never returns: BODY_ABANDON_S after the stop, the failure
+    goes to LaunchSpec.abandon (the CLI's default reports it and ends the process)."""
+    import threading
+
+    from kerasdist.launch import supervisor as module
+
+    monkeypatch.setattr(module, "BODY_STOP_S", 1.0)
+    monkeypatch.setattr(module, "BODY_ABANDON_S", 1.0)
+    abandoned: list[BaseException] = []
+    released = threading.Event()
+
+    def abandon(err):
+        abandoned.append(err)
+        released.set()
+
+    supervisor = Supervisor(_spec(tmp_path, {"worker:1": "late"}, workers=2, ps=1,
+                                  abandon=abandon))
+    stopped_at: list[float] = []
+
+    def blocked(tf_config):
+        while not released.is_set():
+            try:
+                if not stopped_at and all(t.returncode() is not None
+                                          for t in supervisor._launcher.tasks):
+                    stopped_at.append(time.monotonic())
+                released.wait(0.05)
+            except KeyboardInterrupt:
+                continue  # ignored, as a blocked remote call would
+        return "returned only once abandoned"
+
+    assert supervisor.run(blocked) == "returned only once abandoned"
+    assert len(abandoned) == 1 and isinstance(abandoned[0], TaskFailedError)
+    assert str(abandoned[0]).startswith("task worker:1 was killed by SIGKILL and no restart is "
+                                        "left; the coordinator cannot go on without one of its "
+                                        "workers; training stopped (the coordinator stayed "
+                                        "blocked in TensorFlow 1 s after every task was stopped)")
+    assert stopped_at, "the tasks were not stopped before the body was abandoned"
+
+
+def test_abandon_reports_to_the_innermost_reporter_and_exits_with_the_failure_s_code(tmp_path):
+    """kerasdist._exit.abandon in a real process: the innermost reporter gets the error, the
+    process ends at once (a blocked thread left where it is) with exit code 1."""
+    import subprocess
+
+    program = tmp_path / "abandon.py"
+    program.write_text(
+        "import threading, sys\n"
+        "from kerasdist import _exit\n"
+        "from kerasdist.errors import TaskFailedError\n"
+        "threading.Thread(target=threading.Event().wait).start()  # never ends on its own\n"
+        "with _exit.reporting_to(lambda e: print('outer', e)), "
+        "_exit.reporting_to(lambda e: print('inner', e)):\n"
+        "    _exit.abandon(TaskFailedError('worker:2 lost'))\n"
+        "print('not reached')\n")
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == "inner worker:2 lost\n"
+
+
 def test_a_dead_ps_ends_the_body_s_run_naming_it(tmp_path):
     supervisor = Supervisor(_spec(tmp_path, {"ps:0": "late"}, workers=1, ps=1, max_restarts=2))
     with pytest.raises(TaskFailedError, match="parameter server ps:0 died"):

@@ -1,0 +1,61 @@
+"""The last resort of a process whose main thread is blocked for good in native code.
+
+TensorFlow's ``ClusterCoordinator`` can block the thread that runs it with no way back: when a
+worker is lost, its failure handler waits in ``update_server_def`` for that worker to come back
+(partial recovery is a TODO in TF's ``cluster_coordinator.py``), and a main thread waiting on
+the coordinator (``join``, a remote value) is not woken by a Python signal, nor always by the
+death of every other task. The supervisor then calls :func:`abandon`: the failure is reported
+by whoever owns the process's exit (the CLI prints it, the network-namespace child writes its
+result pipe), and the process ends with the failure's exit code without unwinding the blocked
+thread.
+
+Nothing the user had is lost that way: TensorFlow's ``CheckpointManager`` names a checkpoint in
+its pointer file only after the checkpoint's files are complete, so an abandoned process leaves
+the last complete checkpoint as the resume point; ``model.keras`` and ``metrics.json`` are
+written at the end of a run, atomically (:mod:`kerasdist.training.outputs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Callable, Iterator, NoReturn
+
+from kerasdist import errors
+from kerasdist._log import get_logger
+
+log = get_logger("launch")
+
+_REPORTERS: list[Callable[[BaseException], object]] = []
+
+
+@contextlib.contextmanager
+def reporting_to(report: Callable[[BaseException], object]) -> Iterator[None]:
+    """Within the block, :func:`abandon` reports its error with ``report(err)`` (the innermost
+    block wins): the CLI's failure printer, the namespace child's result pipe."""
+    _REPORTERS.append(report)
+    try:
+        yield
+    finally:
+        _REPORTERS.remove(report)
+
+
+def abandon(err: BaseException) -> NoReturn:
+    """Report ``err`` and end this process now with its exit code (:func:`errors.exit_code`:
+    1 for :class:`~kerasdist.errors.TaskFailedError`), leaving any blocked thread where it is.
+
+    With no reporter registered (a library call outside the CLI), ``err`` is logged at ERROR
+    level before the exit.
+    """
+    if _REPORTERS:
+        try:
+            _REPORTERS[-1](err)
+        except Exception as report_error:  # the exit must still happen
+            log.error(f"could not report the failure ({report_error!r}): {err}")
+    else:
+        log.error(f"failed: {err}")
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(errors.exit_code(errors.classify(err)))
