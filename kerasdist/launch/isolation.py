@@ -30,7 +30,6 @@ cannot be sent into the child, so a local coordinator run refuses them, as local
 from __future__ import annotations
 
 import argparse
-import builtins
 import fcntl
 import json
 import os
@@ -46,7 +45,8 @@ from typing import TYPE_CHECKING
 
 from kerasdist import _exit, _log, errors
 from kerasdist._signals import Terminated, terminate_on_sigterm
-from kerasdist.errors import ClusterError, Preempted, TaskFailedError, TrainingError
+from kerasdist.errors import ClusterError, TaskFailedError
+from kerasdist.launch import status
 from kerasdist.launch.processes import (
     describe_exit,
     die_with_parent,
@@ -262,40 +262,12 @@ def _outcome(recipe: Recipe, child: subprocess.Popen, reply: bytes,
     if result and result.get("ok") and (code == 0 or killed_after_report):
         return RunResult.from_metrics(RunDir.of(recipe).metrics)
     if result and not result.get("ok"):
-        raise rebuild(result)
+        raise status.rebuild(result)
     if interrupted is not None:
         raise interrupted
     raise TaskFailedError(f"the local cluster's launcher (pid {child.pid}, in its network namespace) "
                           f"{describe_exit(code)} without reporting how it ended; task logs in "
                           f"{RunDir.of(recipe).logs}")
-
-
-def rebuild(result: dict) -> BaseException:
-    """The exception a namespace child reported (``error``, ``module``, ``message``, ``step``),
-    rebuilt with the same class where it is kerasdist's, TensorFlow's or a builtin; else a
-    :class:`TrainingError` naming the original class (the same failure class and exit code 1)."""
-    name, module, message = result["error"], result.get("module", ""), result.get("message", "")
-    if name == "Preempted":
-        return Preempted(int(result.get("step") or 0))
-    if name in ("KeyboardInterrupt", "Terminated"):
-        return KeyboardInterrupt(message)
-    found = None
-    if module.startswith("kerasdist"):
-        found = getattr(errors, name, None)
-    elif module == "builtins":
-        found = getattr(builtins, name, None)
-    elif module.startswith("tensorflow"):
-        import tensorflow as tf
-
-        op_error = getattr(tf.errors, name, None)
-        if isinstance(op_error, type) and issubclass(op_error, tf.errors.OpError):
-            return op_error(None, None, message)
-    if isinstance(found, type) and issubclass(found, Exception):
-        try:
-            return found(message)
-        except TypeError:
-            pass
-    return TrainingError(f"{name}: {message}")
 
 
 def isolated_argv(argv: list[str]) -> list[str]:
@@ -374,12 +346,7 @@ def loopback_up() -> None:
 
 
 def _report(fd: int, err: BaseException | None) -> None:
-    if err is None:
-        data = {"ok": True}
-    else:
-        data = {"ok": False, "error": type(err).__name__, "module": type(err).__module__,
-                "message": str(err), "step": getattr(err, "step", None),
-                "class": errors.classify(err)}
+    data = {"ok": True} if err is None else {"ok": False, **status.record(err)}
     with os.fdopen(fd, "w", encoding="utf-8") as pipe:
         pipe.write(json.dumps(data))
 

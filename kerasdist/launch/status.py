@@ -4,16 +4,21 @@ The launcher sets ``KERASDIST_STATUS_FILE`` in each child's environment only; th
 ``{"class": ..., "exit_code": ..., "message": ..., "lost_tasks": [...]}`` there when it fails
 (classes from :func:`kerasdist.errors.classify`). A task that leaves no status file was killed
 (signal, out-of-memory killer) and counts as a lost peer.
+
+A local cluster's namespace child (:mod:`kerasdist.launch.isolation`) reports its end the same
+way, over a pipe: :func:`record` on its side, :func:`rebuild` on its launcher's.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from kerasdist.errors import PEER_LOST, classify, exit_code
+from kerasdist import errors
+from kerasdist.errors import PEER_LOST, Preempted, TrainingError, classify, exit_code
 
 STATUS_ENV = "KERASDIST_STATUS_FILE"
 
@@ -57,3 +62,39 @@ def failure_class(path: Path | None) -> str:
     """The failure class a task reported; ``peer_lost`` when it reported none."""
     status = read(path)
     return status.get("class", PEER_LOST) if status else PEER_LOST
+
+
+def record(err: BaseException) -> dict[str, Any]:
+    """``err`` as JSON-ready data for :func:`rebuild`: its class name and module, message,
+    ``step`` (of :class:`~kerasdist.errors.Preempted`) and failure class."""
+    return {"error": type(err).__name__, "module": type(err).__module__, "message": str(err),
+            "step": getattr(err, "step", None), "class": classify(err)}
+
+
+def rebuild(result: dict) -> BaseException:
+    """The exception a process reported with :func:`record` (``error``, ``module``, ``message``,
+    ``step``), rebuilt with the same class where it is kerasdist's, TensorFlow's or a builtin;
+    else a :class:`TrainingError` naming the original class (the same failure class and exit
+    code 1)."""
+    name, module, message = result["error"], result.get("module", ""), result.get("message", "")
+    if name == "Preempted":
+        return Preempted(int(result.get("step") or 0))
+    if name in ("KeyboardInterrupt", "Terminated"):
+        return KeyboardInterrupt(message)
+    found = None
+    if module.startswith("kerasdist"):
+        found = getattr(errors, name, None)
+    elif module == "builtins":
+        found = getattr(builtins, name, None)
+    elif module.startswith("tensorflow"):
+        import tensorflow as tf
+
+        op_error = getattr(tf.errors, name, None)
+        if isinstance(op_error, type) and issubclass(op_error, tf.errors.OpError):
+            return op_error(None, None, message)
+    if isinstance(found, type) and issubclass(found, Exception):
+        try:
+            return found(message)
+        except TypeError:
+            pass
+    return TrainingError(f"{name}: {message}")

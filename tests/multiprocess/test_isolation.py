@@ -184,7 +184,7 @@ def test_child_errors_come_back_with_their_class():
         classify,
         exit_code,
     )
-    from kerasdist.launch.isolation import rebuild
+    from kerasdist.launch.status import rebuild
 
     def back(err):
         return rebuild({"error": type(err).__name__, "module": type(err).__module__,
