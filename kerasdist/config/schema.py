@@ -143,11 +143,13 @@ class ClusterConfig(_Frozen):
         "restart is left, the run continues on the workers that are left, down to this many, from "
         "the last backup at its exact step with the same global batch (per-replica batch "
         "re-derived; a count data.batch_size does not divide is refused); a later restart tries "
-        "cluster.workers again. Multi-worker only: a parameter-server coordinator cannot go on "
-        "without one of its workers (TF's ClusterCoordinator waits for every worker to come "
-        "back), so there a value below cluster.workers is refused and a worker lost with no "
-        "restart left stops the run (exit 1; re-run with fewer cluster.workers to resume "
-        "without it). None = not elastic: the run fails when the restarts are spent.")
+        "cluster.workers again. Under parameter_server a value below cluster.workers runs the "
+        "coordinator as a task of its own (chief:0, its progress in logs/chief-0.log): TF's "
+        "ClusterCoordinator cannot go on without one of its workers, so the attempt is stopped "
+        "and the next one, on the workers left, resumes from the last checkpoint (the "
+        "parameter-server global batch is one worker's batch: nothing to re-derive). None = not "
+        "elastic: the run fails when the restarts are spent (under parameter_server: exit 1; "
+        "re-run with fewer cluster.workers to resume without the lost worker).")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
     threads_per_task: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="intra-op threads per task; 0 = TF default (every core). 'auto': on "
@@ -272,15 +274,6 @@ class Recipe(_Frozen):
         if traits.needs_ps and cluster.kind == "local" and cluster.ps < 1:
             raise ValueError(f"cluster.ps must be >= 1 for strategy '{kind}'. "
                              f"Received: ps={cluster.ps}")
-        if traits.needs_ps and cluster.min_workers is not None and \
-                cluster.min_workers < cluster.workers:
-            raise ValueError(f"cluster.min_workers below cluster.workers is for multi-worker "
-                             f"clusters: under strategy '{kind}' the coordinator cannot go on "
-                             "without one of its workers (TF's ClusterCoordinator waits for "
-                             "every worker to come back), so a worker lost with no restart left "
-                             "stops the run; re-run with fewer cluster.workers to resume without "
-                             f"it. Received: min_workers={cluster.min_workers}, "
-                             f"workers={cluster.workers}")
         if not traits.needs_ps and cluster.ps:
             raise ValueError(f"strategy '{kind}' has no parameter servers; cluster.ps must be "
                              f"0. Received: ps={cluster.ps}")

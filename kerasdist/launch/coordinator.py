@@ -1,4 +1,5 @@
-"""Local coordinator clusters (parameter server): ps + worker servers, the coordinator here.
+"""Local coordinator clusters (parameter server): ps + worker servers, the coordinator here (or,
+when elastic, as task ``chief:0``).
 
 The :class:`~kerasdist.launch.supervisor.Supervisor` starts the servers and runs the session
 (:func:`kerasdist.training.run_session`) as its body. Fault handling (what TF's
@@ -9,9 +10,13 @@ The :class:`~kerasdist.launch.supervisor.Supervisor` starts the servers and runs
   (steps are at-least-once) and the restarted worker rejoins. Beyond the budget the run stops
   (:class:`TaskFailedError`, exit code 1, naming the worker): TF's ``ClusterCoordinator`` cannot
   go on without one of its workers (it waits for every worker to come back; see
-  :mod:`kerasdist.launch.supervisor`), so ``cluster.min_workers`` is refused for parameter-server
-  recipes. Re-running resumes from the last checkpoint, with ``--set cluster.workers=<fewer>``
-  while the worker's host is gone;
+  :mod:`kerasdist.launch.supervisor`). Re-running resumes from the last checkpoint, with
+  ``--set cluster.workers=<fewer>`` while the worker's host is gone;
+* with ``cluster.min_workers`` below ``cluster.workers`` (:func:`elastic`) the coordinator runs
+  as member task ``chief:0`` instead of here, and the supervisor treats the lost worker as it
+  does a multi-worker peer: the attempt fails (the coordinator is stopped with it) and the next
+  one runs on the workers left, down to ``min_workers``, its coordinator resuming from the last
+  checkpoint; the next restart tries ``cluster.workers`` again;
 * a **ps** task that dies is not restarted (its variables are gone): the run stops with
   :class:`TaskFailedError` (exit code 1) naming it. Re-running the command resumes from the last
   checkpoint;
@@ -28,7 +33,7 @@ from kerasdist import _exit
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
-from kerasdist.launch.peers import task_recipe
+from kerasdist.launch.peers import record_attempts, task_recipe
 from kerasdist.launch.plan import LaunchSpec, TaskPlan
 from kerasdist.launch.supervisor import Supervisor
 from kerasdist.training import RunResult, run_session
@@ -41,15 +46,30 @@ if TYPE_CHECKING:
 log = get_logger("launch")
 
 
-def launch_spec(recipe: Recipe) -> LaunchSpec:
-    """The :class:`LaunchSpec` of a local parameter-server cluster: its ps and worker servers."""
+def elastic(recipe: Recipe) -> bool:
+    """True when ``cluster.min_workers`` is below ``cluster.workers``: the coordinator then runs
+    as a task of its own (``chief:0``), so that the run can go on without a lost worker."""
     cluster = recipe.cluster
+    return cluster.min_workers is not None and cluster.min_workers < cluster.workers
+
+
+def launch_spec(recipe: Recipe, *, overwrite: bool = False) -> LaunchSpec:
+    """The :class:`LaunchSpec` of a local parameter-server cluster: its ps and worker servers,
+    plus, when :func:`elastic`, the coordinator as member task ``chief:0`` (``--overwrite`` on
+    the first attempt only: a later attempt resumes from the last checkpoint)."""
+    cluster = recipe.cluster
+    out_of_process = elastic(recipe)
 
     def plan(workers: int, attempt: int) -> list[TaskPlan]:
         spec = local_cluster(workers=workers, ps=cluster.ps, chief=True)
-        argv = (sys.executable, "-m", "kerasdist", *task_recipe(recipe, workers))
-        return [TaskPlan(spec.for_task(job, i), argv, server=True)
-                for job in ("ps", "worker") for i in range(spec.num(job))]
+        args = task_recipe(recipe, workers)
+        argv = (sys.executable, "-m", "kerasdist", *args)
+        tasks = [TaskPlan(spec.for_task(job, i), argv, server=True)
+                 for job in ("ps", "worker") for i in range(spec.num(job))]
+        if out_of_process:
+            chief = [*argv, "--overwrite"] if overwrite and attempt == 1 else argv
+            tasks.append(TaskPlan(spec.for_task("chief", 0), tuple(chief)))
+        return tasks
 
     return LaunchSpec(plan=plan, workers=cluster.workers, min_workers=cluster.min_workers,
                       max_restarts=cluster.max_restarts, log_dir=RunDir.of(recipe).logs,
@@ -74,6 +94,8 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
         TaskFailedError: a ps task died, or a worker died with no restart left (named in the
             message; the checkpoints in ``<run_dir>/checkpoints`` resume it).
     """
+    if elastic(recipe):
+        return _run_elastic(recipe, overwrite=overwrite)
     supervisor = Supervisor(launch_spec(recipe))
 
     def session(tf_config) -> RunResult:
@@ -94,3 +116,19 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
         result.extra.setdefault("parameter_server", {})["restarted_tasks"] = supervisor.restarted
         write_metrics(result, recipe)
     return result
+
+
+def _run_elastic(recipe: Recipe, *, overwrite: bool) -> RunResult:
+    """The coordinator as task ``chief:0`` of each attempt: a worker lost with no restart left
+    fails the attempt (the coordinator, blocked waiting for it, is stopped with the others), and
+    the next attempt runs on the workers left, its coordinator resuming from the last checkpoint
+    at its exact step. The result is read from the ``metrics.json`` the last coordinator wrote,
+    with the attempts under ``supervisor``."""
+    supervisor = Supervisor(launch_spec(recipe, overwrite=overwrite))
+    try:
+        supervisor.run()
+    except TaskFailedError as err:
+        raise _resumable(err, recipe) from None
+    record_attempts(RunDir.of(recipe), supervisor)
+    return RunResult.from_metrics(RunDir.of(recipe).metrics)
+

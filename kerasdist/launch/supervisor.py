@@ -24,8 +24,9 @@ first, then waits until they listen, then the members) and watches them:
   stopped, so that its pending remote calls fail; if the body is still blocked
   :data:`BODY_ABANDON_S` seconds later -- TF's failure handler can hold every worker thread, so
   that no call ever fails -- :attr:`LaunchSpec.abandon` reports the failure and ends the
-  process); a script coordinator's attempt fails, and the run restarts or, with ``min_workers``,
-  shrinks as below;
+  process); where the coordinator is a member task (a script's, or an elastic recipe's
+  ``chief:0``) the attempt fails, and the run restarts or, with ``min_workers``, shrinks as below
+  (a lost ``chief:0`` of a cluster with ps tasks loses no worker);
 * SIGINT or SIGTERM to the supervisor: every task gets SIGTERM (they save a checkpoint at an agreed
   step and exit 130), one line per task, then ``KeyboardInterrupt`` (the CLI exits 130).
 
@@ -366,8 +367,11 @@ class Supervisor:
             if got is None and task.returncode() != EXIT_INTERRUPTED:
                 killed.add(task.name)  # no status written: killed (signal, OOM killer)
             reported_lost.update((got or {}).get("lost_tasks") or [])
-        lost = {name for name in (killed or reported_lost)
-                if name.startswith(("worker:", "chief:"))}
+        # a chief is a replica of multi-worker training, but a coordinator where there are ps
+        # tasks: losing it loses no worker
+        replicas = ("worker:",) if any(name.startswith("ps:") for name in self._plans) \
+            else ("worker:", "chief:")
+        lost = {name for name in (killed or reported_lost) if name.startswith(replicas)}
         return Failure(report=report, failure_class=status.failure_class(first.status_path),
                        message=reported.get("message", ""), error=reported.get("error", ""),
                        lost=tuple(sorted(lost)))

@@ -178,6 +178,38 @@ def test_a_worker_lost_with_no_restart_left_stops_the_run_and_it_resumes_on_fewe
     assert metrics["parameter_server"]["global_step"] == metrics["global_steps"] == EPOCHS * STEPS
 
 
+ELASTIC_ACCURACY = 0.9  # held-out accuracy gate of the elastic run (measured: docs/recipe-accuracy.md)
+
+
+@pytest.mark.timeout(400)
+def test_an_elastic_run_goes_on_without_a_lost_worker_and_ends_at_the_exact_step(tmp_path):
+    """``cluster.min_workers`` 2 of 3 workers, no restart: the coordinator runs as task chief:0;
+    worker:2 killed for good fails the attempt (the coordinator, which TF keeps waiting for the
+    worker, is stopped with it), and the next attempt, on the 2 workers left, resumes from the
+    last checkpoint (verified) and ends at exactly the requested step, exit 0."""
+    run_dir, log = tmp_path / "run", tmp_path / "out.log"
+    proc = _start(run_dir, log, cluster__workers=3, cluster__min_workers=2,
+                  cluster__max_restarts=0, data__batch_size=48)
+    _wait_for_checkpoint(run_dir, STEPS, proc)
+    _task(proc, "worker:2").send_signal(signal.SIGKILL)
+    assert _finish(proc, 300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "no restart left for worker:2: continuing on 2 workers (min_workers=2)" in text
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    attempts = metrics["supervisor"]["attempts"]
+    assert [a["workers"] for a in attempts] == [3, 2], attempts
+    assert "task worker:2 was killed by SIGKILL" in attempts[0]["ended"]
+    assert attempts[1]["ended"] == "succeeded"
+    assert metrics["start_step"] >= STEPS  # ckpt-30, or a later save (the stop's own, if it could)
+    assert metrics["restore_verified"] is True
+    ps = metrics["parameter_server"]
+    assert ps["num_workers"] == 2
+    # the last attempt lost no worker: no step of it was repeated
+    assert ps["global_step"] == metrics["global_steps"] == EPOCHS * STEPS
+    assert metrics["evaluation"]["accuracy"] > ELASTIC_ACCURACY, metrics["evaluation"]
+    assert (run_dir / "logs" / "chief-0.log").exists()
+
+
 EVERY = 7  # trainer.checkpoint.every_steps in the ps/coordinator failure test
 
 

@@ -307,6 +307,31 @@ def test_abandon_reports_to_the_innermost_reporter_and_exits_with_the_failure_s_
     assert done.stdout == "inner worker:2 lost\n"
 
 
+def test_a_lost_coordinator_task_is_not_a_lost_worker(tmp_path):
+    """An elastic parameter-server recipe runs its coordinator as member chief:0 beside the ps and
+    worker servers: its loss must not shrink the cluster (it was counted as a lost worker, so
+    with min_workers 1 the run 'continued' on 1 worker); with no restart left the run fails
+    naming it."""
+    import json
+
+    program = tmp_path / "task.py"
+    program.write_text(TASK)
+
+    def plan(n: int, attempt: int) -> list[TaskPlan]:
+        cluster = local_cluster(workers=n, ps=1, chief=True)
+        argv = (sys.executable, str(program), json.dumps({"chief:0": "always"}), str(tmp_path))
+        return [TaskPlan(cluster.for_task(job, i), (*argv, "serve"), server=True)
+                for job in ("ps", "worker") for i in range(cluster.num(job))] + \
+            [TaskPlan(cluster.for_task("chief", 0), (*argv, "member"))]
+
+    supervisor = Supervisor(LaunchSpec(plan=plan, workers=2, min_workers=1, max_restarts=0,
+                                       log_dir=tmp_path / "logs", survivor_grace_s=1.0,
+                                       stop_grace_s=5.0))
+    with pytest.raises(TaskFailedError, match="task chief:0 was killed by SIGKILL"):
+        supervisor.run()
+    assert [a.workers for a in supervisor.attempts] == [2]
+
+
 def test_a_dead_ps_ends_the_body_s_run_naming_it(tmp_path):
     supervisor = Supervisor(_spec(tmp_path, {"ps:0": "late"}, workers=1, ps=1, max_restarts=2))
     with pytest.raises(TaskFailedError, match="parameter server ps:0 died"):

@@ -232,13 +232,38 @@ def test_min_workers_is_checked_against_workers_and_cluster_kind():
         _cluster("multi_worker", kind="tf_config", workers=2, min_workers=1)
     with pytest.raises(RecipeError, match="min_workers"):
         _cluster("multi_worker", kind="local", workers=2, min_workers=0)
-    # a parameter-server coordinator cannot go on without one of its workers
-    with pytest.raises(RecipeError, match=r"cluster.min_workers below cluster.workers is for "
-                                          r"multi-worker clusters: under strategy "
-                                          r"'parameter_server'.*Received: min_workers=2, workers=3"):
-        _cluster("parameter_server", kind="local", workers=3, ps=1, min_workers=2)
     assert _cluster("parameter_server", kind="local", workers=3, ps=1,
-                    min_workers=3).cluster.min_workers == 3  # not elastic: harmless
+                    min_workers=2).cluster.min_workers == 2  # the coordinator runs as chief:0
+    with pytest.raises(RecipeError, match=r"cluster.min_workers must be <= cluster.workers. "
+                                          r"Received: min_workers=4, workers=3"):
+        _cluster("parameter_server", kind="local", workers=3, ps=1, min_workers=4)
+
+
+def test_an_elastic_parameter_server_recipe_runs_its_coordinator_as_chief_0(tmp_path):
+    """cluster.min_workers below cluster.workers: every attempt's plan has ps, worker servers and
+    the coordinator as member task chief:0 (--overwrite on the first attempt only); without it
+    the plan is the servers alone (the coordinator runs in the launching process)."""
+    from kerasdist.launch.coordinator import elastic, launch_spec
+
+    def recipe_of(**cluster):
+        return validate_recipe({"strategy": {"kind": "parameter_server"},
+                                "cluster": {"kind": "local", "workers": 3, "ps": 1, **cluster},
+                                "output": {"run_dir": str(tmp_path / "run")}})
+
+    recipe = recipe_of(min_workers=2)
+    spec = launch_spec(recipe, overwrite=True)
+    assert elastic(recipe) and (spec.workers, spec.fewest) == (3, 2)
+    first, shrunk = spec.plan(3, 1), spec.plan(2, 2)
+    assert [(p.name, p.server) for p in first] == [("ps:0", True), ("worker:0", True),
+                                                   ("worker:1", True), ("worker:2", True),
+                                                   ("chief:0", False)]
+    assert first[-1].argv[-1] == "--overwrite" and "--overwrite" not in shrunk[-1].argv
+    assert [p.name for p in shrunk] == ["ps:0", "worker:0", "worker:1", "chief:0"]
+    assert len(shrunk[-1].tf_config.cluster["worker"]) == 2
+    fixed = recipe_of()
+    assert not elastic(fixed)
+    assert [p.name for p in launch_spec(fixed).plan(3, 1)] == ["ps:0", "worker:0", "worker:1",
+                                                               "worker:2"]
 
 
 def test_a_shrunk_cluster_keeps_the_global_batch_and_refuses_a_count_it_does_not_divide():
