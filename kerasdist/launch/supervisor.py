@@ -334,10 +334,13 @@ class Supervisor:
             time.sleep(0.2)
 
     def _stop_all(self, grace_s: float) -> None:
-        """Stop every task, then one line per task saying how it ended."""
+        """Stop every task, members first (a coordinator task saves through its ps servers), then
+        one line per task saying how it ended."""
         for task in self._live():
             if task.returncode() is None:
                 self._states[id(task)] = TaskState.STOPPED
+        for task in self._members:
+            self._launcher.stop(task, grace_s=grace_s)
         self._launcher.stop_all(grace_s=grace_s)
         tasks = [t for t in self._launcher.tasks
                  if self._states.get(id(t)) is not TaskState.RESTARTED]

@@ -332,6 +332,60 @@ def test_a_lost_coordinator_task_is_not_a_lost_worker(tmp_path):
     assert [a.workers for a in supervisor.attempts] == [2]
 
 
+STOP_PROBE = r"""
+import json, os, signal, socket, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+ps = cfg["cluster"]["ps"][0].rsplit(":", 1)
+def on_term(signum, frame):  # a coordinator saving its checkpoint: it needs its ps
+    try:
+        socket.create_connection((ps[0], int(ps[1])), timeout=2).close()
+        answer = "ps reachable"
+    except OSError:
+        answer = "ps gone"
+    open(os.path.join(sys.argv[1], "at-stop"), "w").write(answer)
+    sys.exit(130)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(sys.argv[1], "started"), "w").close()
+time.sleep(600)
+"""
+
+
+def test_an_interrupted_cluster_stops_its_coordinator_task_while_its_ps_still_serves(tmp_path):
+    """Ctrl-C/SIGTERM to a cluster whose coordinator is a member task (an elastic recipe's
+    chief:0): the coordinator is stopped first, so that its checkpoint save still reaches the ps;
+    the servers are stopped after it."""
+    import json
+    import threading
+
+    server, probe = tmp_path / "task.py", tmp_path / "probe.py"
+    server.write_text(TASK)
+    probe.write_text(STOP_PROBE)
+
+    def plan(n: int, attempt: int) -> list[TaskPlan]:
+        cluster = local_cluster(workers=n, ps=1, chief=True)
+        serve = (sys.executable, str(server), json.dumps({}), str(tmp_path), "serve")
+        return [TaskPlan(cluster.for_task(job, i), serve, server=True)
+                for job in ("ps", "worker") for i in range(cluster.num(job))] + \
+            [TaskPlan(cluster.for_task("chief", 0), (sys.executable, str(probe), str(tmp_path)))]
+
+    supervisor = Supervisor(LaunchSpec(plan=plan, workers=1, log_dir=tmp_path / "logs",
+                                       stop_grace_s=10.0))
+
+    def interrupt_once_started():
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        import _thread
+
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        supervisor.run()
+    assert (tmp_path / "at-stop").read_text() == "ps reachable"
+    assert all(t.returncode() is not None for t in supervisor._launcher.tasks)
+
+
 def test_a_dead_ps_ends_the_body_s_run_naming_it(tmp_path):
     supervisor = Supervisor(_spec(tmp_path, {"ps:0": "late"}, workers=1, ps=1, max_restarts=2))
     with pytest.raises(TaskFailedError, match="parameter server ps:0 died"):
