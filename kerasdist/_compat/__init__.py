@@ -63,6 +63,8 @@ MENDS = (
     "kerasdist._compat.keras_replica_loss",
     "kerasdist._compat.keras_20582_grad_accum",
     "kerasdist._compat.keras_sharded_variables",
+    "kerasdist._compat.keras_19246_steps_per_execution",
+    "kerasdist._compat.keras_metric_states",
 )
 
 

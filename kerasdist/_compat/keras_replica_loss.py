@@ -36,6 +36,7 @@ ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
 _STATE = threading.Lock(), {"depth": 0}
 _FUNCTIONS = ("scale_loss_for_distribution", "unscale_loss_for_distribution")
+_REDUCTIONS = ("sum", "sum_over_batch_size", "mean", "mean_with_sample_weight")
 
 
 def _loss_module():
@@ -93,6 +94,41 @@ def _identity_in_steps(original):
     return function
 
 
+def _exact_reduce(original):
+    """Keras's ``reduce_values``; in a replicated Keras step, each replica's share of the global loss.
+
+    A replica's loss becomes ``replicas * (its sum) / (the global divisor)``: the divisor (the
+    number of loss elements, or the sum of the sample weights for ``mean_with_sample_weight``) is
+    summed over the replicas with one all-reduce, and ``"sum"`` has divisor 1. The optimizer
+    divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`), so the
+    update is the strategy-free one for every reduction, also when the replicas' shares of a batch
+    differ in size (a partial last batch) or weight; with equal shares each replica's loss is its
+    own mean, as before.
+    """
+
+    @functools.wraps(original)
+    def reduce_values(values, sample_weight=None, reduction="sum_over_batch_size"):
+        import tensorflow as tf
+
+        context = tf.distribute.get_replica_context()
+        plain = (reduction is None or reduction == "none" or tuple(values.shape) in ((), (0,))
+                 or reduction not in _REDUCTIONS)
+        if plain or not unscaled_losses() or context is None:
+            return original(values, sample_weight, reduction)
+        total = tf.reduce_sum(values)
+        replicas = tf.cast(context.num_replicas_in_sync, total.dtype)
+        if reduction == "sum":
+            return total * replicas
+        if reduction == "mean_with_sample_weight" and sample_weight is not None:
+            divisor = tf.reduce_sum(tf.cast(sample_weight, total.dtype))
+        else:
+            divisor = tf.cast(tf.size(values), total.dtype)
+        return tf.math.divide_no_nan(total * replicas, context.all_reduce("SUM", divisor))
+
+    setattr(reduce_values, _MARK, NAME)
+    return reduce_values
+
+
 def _counted(step_function):
     @functools.wraps(step_function)
     def run(*args, **kwargs):
@@ -136,6 +172,7 @@ def install() -> bool:
     module, trainer = _loss_module(), _trainer_class()
     for name in _FUNCTIONS:
         setattr(module, name, _identity_in_steps(getattr(module, name)))
+    module.reduce_values = _exact_reduce(module.reduce_values)
     for maker, attribute in (("make_train_function", "train_function"),
                              ("make_test_function", "test_function")):
         setattr(trainer, maker, _wrap_maker(trainer.__dict__[maker], attribute))
@@ -149,5 +186,6 @@ def uninstall() -> None:
     module, trainer = _loss_module(), _trainer_class()
     for name in _FUNCTIONS:
         setattr(module, name, getattr(module, name).__wrapped__)
+    module.reduce_values = module.reduce_values.__wrapped__
     for maker in ("make_train_function", "make_test_function"):
         setattr(trainer, maker, trainer.__dict__[maker].__wrapped__)

@@ -1,0 +1,161 @@
+"""Mend for keras-team/keras#19246: ``steps_per_execution`` > 1 fails under 2+ replicas.
+
+Upstream: https://github.com/keras-team/keras/issues/19246 (open; Keras 3.15 / TF 2.21 still have
+it). Reproduction (kerasdist, 2026-11-26): a Dense model compiled with
+``steps_per_execution=4`` trains without a strategy and under ``MultiWorkerMirroredStrategy``
+with one worker, but under ``MirroredStrategy`` with 2 logical CPUs and under
+``MultiWorkerMirroredStrategy`` with 2 workers (plain Keras, no kerasdist) the first ``fit`` step
+fails with ``InvalidArgumentError: You must feed a value for placeholder tensor
+'while/body/.../while/cond/Placeholder'``.
+
+Cause: Keras's TF trainer runs the ``steps_per_execution`` steps of one call in a ``tf.while_loop``
+and wraps each step in a ``tf.cond`` (so that a last, partial group of steps stops when the
+iterator runs dry). A replicated step calls ``merge_call`` (the gradient all-reduce, the
+optimizer's apply) from its replicas, and TensorFlow's cross-replica merge does not work inside a
+conditional branch.
+
+Mend: for a strategy with 2+ replicas in sync only, the loop is rebuilt so that no step sits in a
+``tf.cond``: the loop's own condition asks whether the iterator has a next batch (``has_value``
+of ``get_next_as_optional``) and the body always runs one step on it; only the fetch of the
+following batch is conditional (not fetched after the last step of the group, so no batch is
+consumed and lost). The step itself (``strategy.run`` + Keras's ``reduce_per_replica``), the
+callbacks, the epoch iterator and the logs are Keras's own. With one replica (or no strategy)
+Keras's unmodified function runs.
+
+Probe: :func:`bug_present` reads the source of Keras's ``TensorFlowTrainer._make_function``
+(no TF op): the mend is needed while the step is called from a ``tf.cond`` branch there;
+``tests/unit/test_compat.py`` fails when that changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+NAME = "keras#19246"
+ISSUE = "https://github.com/keras-team/keras/issues/19246"
+_MARK = "_kerasdist_mend"
+
+
+def _trainer_module():
+    from keras.src.backend.tensorflow import trainer
+
+    return trainer
+
+
+def bug_present() -> bool:
+    """Whether Keras's multi-step loop still runs the step inside a ``tf.cond`` (source check)."""
+    source = inspect.getsource(_unwrapped(_trainer_module().TensorFlowTrainer._make_function))
+    return "def has_next" in source and "tf.cond(" in source
+
+
+def _unwrapped(function):
+    while getattr(function, _MARK, None) == NAME:
+        function = function.__wrapped__
+    return function
+
+
+def _replicas(model) -> int:
+    strategy = getattr(model, "distribute_strategy", None)
+    return int(getattr(strategy, "num_replicas_in_sync", 1) or 1)
+
+
+def _one_step(model, step_function):
+    """``strategy.run(step)`` + Keras's log reduction, traced once (as Keras's own one step)."""
+    import tensorflow as tf
+
+    reduce_per_replica = _trainer_module().reduce_per_replica
+
+    def one_step_on_data(data):
+        outputs = model.distribute_strategy.run(step_function, args=(data,))
+        return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
+
+    if model.run_eagerly:
+        return one_step_on_data
+    return tf.function(one_step_on_data, reduce_retracing=True, jit_compile=model.jit_compile)
+
+
+def _multi_step(model, one_step_on_data):
+    """Up to ``steps_per_execution`` steps in a loop whose condition, not a ``tf.cond``, stops it.
+
+    Returns a ``tf.experimental.Optional`` of the last step's logs (empty: no batch was left).
+    """
+    import tensorflow as tf
+
+    steps = model.steps_per_execution
+
+    def multi_step_on_iterator(iterator):
+        # The Optional's element spec is only known once the body is traced; the loop variable
+        # is a variant tensor either way, so the spec is filled in during that trace.
+        last = tf.experimental.Optional.empty(None)
+
+        def cond(step, outputs, following):
+            return tf.logical_and(tf.less(step, steps), following.has_value())
+
+        def body(step, outputs, following):
+            logs = tf.experimental.Optional.from_value(one_step_on_data(following.get_value()))
+            last._element_spec = logs.element_spec
+            after = tf.cond(tf.less(step + 1, steps), iterator.get_next_as_optional,
+                            lambda: following)
+            return step + 1, logs, after
+
+        _, outputs, _ = tf.while_loop(
+            cond, body, loop_vars=[tf.constant(0), last, iterator.get_next_as_optional()])
+        outputs._element_spec = last.element_spec
+        return outputs
+
+    if model.run_eagerly:
+        return multi_step_on_iterator
+    return tf.function(multi_step_on_iterator, reduce_retracing=True)
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def _make_function(self, step_function):
+        function = original(self, step_function)
+        if self.steps_per_execution == 1 or _replicas(self) < 2:
+            return function
+        import tensorflow as tf
+
+        one_step_on_data = _one_step(self, step_function)
+        autoconvert = getattr(self, "_autoconvert_optionals", None)
+        if autoconvert is not None:
+            one_step_on_data = autoconvert(one_step_on_data)
+        multi_step_on_iterator = _multi_step(self, one_step_on_data)
+
+        def run(iterator):
+            if isinstance(iterator, (tf.data.Iterator, tf.distribute.DistributedIterator)):
+                outputs = multi_step_on_iterator(iterator)
+                if not outputs.has_value():
+                    raise StopIteration
+                return outputs.get_value()
+            return function(iterator)  # a list of batches (Keras's PyDataset path)
+
+        return run
+
+    setattr(_make_function, _MARK, NAME)
+    return _make_function
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    trainer = _trainer_module().TensorFlowTrainer
+    return getattr(trainer.__dict__.get("_make_function"), _MARK, None) == NAME
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    trainer = _trainer_module().TensorFlowTrainer
+    trainer._make_function = _mended(trainer.__dict__["_make_function"])
+    return True
+
+
+def uninstall() -> None:
+    """Restore Keras's function (tests only)."""
+    if installed():
+        trainer = _trainer_module().TensorFlowTrainer
+        trainer._make_function = trainer.__dict__["_make_function"].__wrapped__

@@ -1,0 +1,151 @@
+"""Mend: metrics created outside ``strategy.scope()`` report each worker's own share.
+
+Upstream: no Keras issue found; reproduction (kerasdist, Keras 3.15 / TF 2.21, ``kerasdist launch
+--workers 2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of a script,
+then ``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``; ``evaluate`` on
+2,048 shuffled examples reports auc 0.5397 / precision 0.5125 / recall 0.5256 on worker 0 and
+0.5336 / 0.5168 / 0.5199 on worker 1, while a strategy-free ``evaluate`` of the same weights on
+the same examples gives 0.5365 / 0.5146 / 0.5228 (the loss, whose tracker Keras builds inside the
+scope, agrees). Cause: a Keras metric creates its state variables when it is constructed; built
+outside the scope they are plain per-process variables, not the ``ON_READ`` variables that a
+cross-worker read aggregates, so each worker's ``result()`` is computed from its half of the
+examples. Metrics built inside the scope (or given by name) are aggregated by TensorFlow already.
+
+Mend: when Keras reads the metric results at the end of an epoch or of ``evaluate``
+(``Trainer.get_metrics_result``) under a multi-worker ``MultiWorkerMirroredStrategy``, the state
+variables of the model's metrics that are not distributed variables are summed over the workers
+(``aggregation="sum"``; ``"mean"`` ones averaged; others left alone) with one all-reduce per
+dtype, ``result()`` is computed from those totals, and each worker's own states are put back. Every
+worker calls it at the same points of ``fit``/``evaluate``, so the collectives pair up. Without a
+multi-worker strategy the unmodified method runs.
+
+Probe: :func:`bug_present` reads the source of Keras's ``Trainer.get_metrics_result`` (no TF
+op): the mend is needed while it reads the metrics with no cross-worker step;
+``tests/unit/test_compat.py`` fails when that changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from kerasdist._compat._fakes import is_multi_worker
+
+NAME = "keras-metric-states"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+_MARK = "_kerasdist_mend"
+_REDUCE = {"sum": "SUM", "mean": "MEAN"}
+
+
+def _trainer_class():
+    from keras.src.trainers.trainer import Trainer
+
+    return Trainer
+
+
+def bug_present() -> bool:
+    """Whether Keras's ``get_metrics_result`` reads the metrics with no cross-worker step."""
+    source = inspect.getsource(_unwrapped(_trainer_class().get_metrics_result))
+    return "all_reduce" not in source and "strategy" not in source
+
+
+def _unwrapped(function):
+    while getattr(function, _MARK, None) == NAME:
+        function = function.__wrapped__
+    return function
+
+
+def _local_variables(model) -> list:
+    """The model's metric variables that TensorFlow does not aggregate across workers."""
+    import tensorflow as tf
+
+    found = []
+    for variable in model.metrics_variables:
+        backing = getattr(variable, "_value", variable)  # Keras's wrapper of the TF variable
+        if isinstance(backing, tf.distribute.DistributedValues):
+            continue
+        if getattr(variable, "aggregation", "sum") in _REDUCE:
+            found.append(variable)
+    return found
+
+
+def _all_reduce(strategy, variables) -> list:
+    """Each variable's value summed (or averaged) over the workers, one all-reduce per group."""
+    import tensorflow as tf
+
+    groups: dict[tuple, list[int]] = {}
+    for index, variable in enumerate(variables):
+        key = (_REDUCE[variable.aggregation], tf.as_dtype(variable.dtype).name)
+        groups.setdefault(key, []).append(index)
+    local_replicas = len(strategy.extended.worker_devices)
+    values = [tf.convert_to_tensor(v.numpy()) for v in variables]
+    reduced: list = [None] * len(variables)
+    for (op, _), indices in groups.items():
+        flat = tf.concat([tf.reshape(values[i], [-1]) for i in indices], axis=0)
+
+        def share(flat=flat, op=op):
+            context = tf.distribute.get_replica_context()
+            first = tf.equal(context.replica_id_in_sync_group % local_replicas, 0)
+            # Every worker's local state once: only its first local replica contributes.
+            mine = tf.where(first, flat, tf.zeros_like(flat))
+            total = context.all_reduce("SUM", mine)
+            if op == "MEAN":
+                total = total / tf.cast(strategy.num_replicas_in_sync // local_replicas, total.dtype)
+            return total
+
+        total = strategy.experimental_local_results(strategy.run(tf.function(share)))[0]
+        offset = 0
+        for i in indices:
+            size = int(tf.size(values[i]))
+            reduced[i] = tf.reshape(total[offset:offset + size], tf.shape(values[i]))
+            offset += size
+    return reduced
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def get_metrics_result(self):
+        import tensorflow as tf
+
+        strategy = getattr(self, "distribute_strategy", None)
+        in_replica = tf.distribute.has_strategy() and tf.distribute.get_replica_context() is not None
+        if not is_multi_worker(strategy) or not tf.executing_eagerly() or in_replica:
+            return original(self)  # inside a step: each replica's running value, as Keras does
+        variables = _local_variables(self)
+        if not variables:
+            return original(self)
+        own = [v.numpy() for v in variables]
+        for variable, total in zip(variables, _all_reduce(strategy, variables), strict=True):
+            variable.assign(total)
+        try:
+            return original(self)
+        finally:
+            for variable, value in zip(variables, own, strict=True):
+                variable.assign(value)
+
+    setattr(get_metrics_result, _MARK, NAME)
+    return get_metrics_result
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    trainer = _trainer_class()
+    return getattr(trainer.__dict__.get("get_metrics_result"), _MARK, None) == NAME
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    trainer = _trainer_class()
+    trainer.get_metrics_result = _mended(trainer.__dict__["get_metrics_result"])
+    return True
+
+
+def uninstall() -> None:
+    """Restore Keras's method (tests only)."""
+    if installed():
+        trainer = _trainer_class()
+        trainer.get_metrics_result = trainer.__dict__["get_metrics_result"].__wrapped__
