@@ -13,10 +13,19 @@ The same reduce fails under ``MirroredStrategy`` with 2+ replicas whenever the b
 string tensor (a ``StringLookup``/``TextVectorization`` model: "Value for attr 'T' of string is not
 in the list of allowed values"; found by ``kerasdist conformance``).
 
-Mend: under any distribution strategy, take this worker's first local replica value of each
-element (``strategy.experimental_local_results(v)[0]``, no communication; its shapes and dtypes
-are those of a per-replica batch, which is all the symbolic build needs) and hand that batch to
-the unmodified method. Without a strategy the unmodified path runs.
+Taking that first batch has a second cost, under every strategy: it creates an iterator of the
+dataset and draws a batch from it before training starts. A seeded ``shuffle`` (reshuffled each
+iteration, TF's default) then gives the first epoch its *second* permutation, so the global
+batches differ from a strategy-free ``fit`` of the same dataset (found 2026-11-26); with
+``repeat()`` + ``steps_per_epoch`` Keras keeps that iterator and training starts at the second
+batch.
+
+Mend: under any distribution strategy, hand the unmodified method the per-replica batch's
+``TypeSpec`` (shapes and dtypes are all the symbolic build reads), read from the epoch iterator's
+distributed dataset's ``element_spec``: no iterator is created, nothing is reduced, no batch is
+drawn. Where no distributed dataset is at hand, this worker's first local replica value of each
+element is used (``strategy.experimental_local_results(v)[0]``, no communication). Without a
+strategy the unmodified path runs.
 """
 
 from __future__ import annotations
@@ -47,12 +56,32 @@ def _local_batch(strategy, batch):
     return tf.nest.map_structure(first_local, batch)
 
 
+def _batch_spec(iterator):
+    """The per-replica batch's ``TypeSpec`` structure, read from the distributed dataset without
+    creating an iterator (None when the epoch iterator has no distributed dataset)."""
+    import tensorflow as tf
+
+    dataset = getattr(iterator, "_distributed_dataset", None)
+    spec = getattr(dataset, "element_spec", None)
+    if spec is None:
+        return None
+
+    def one_replica(value_spec):
+        per_replica = getattr(value_spec, "_value_specs", None)  # PerReplicaSpec
+        return per_replica[0] if per_replica else value_spec
+
+    return tf.nest.map_structure(one_replica, spec)
+
+
 def _mended(original):
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         strategy = self._distribute_strategy
         if iterator is None or strategy is None:
             return original(self, iterator=iterator, data_batch=data_batch)
+        spec = _batch_spec(iterator)
+        if spec is not None:  # shapes and dtypes are all the symbolic build reads
+            return original(self, iterator=None, data_batch=spec)
         for _, _, step_iterator in iterator:
             data_batch = _local_batch(strategy, next(step_iterator))
             break

@@ -112,6 +112,13 @@ def _is_remote(path) -> bool:
     return file_utils.is_remote_path(path)
 
 
+def _own_saves():
+    """The callbacks stage their own saves: ``Model.save`` runs Keras's code inside them."""
+    from kerasdist._compat.keras_chief_saves import passthrough
+
+    return passthrough()
+
+
 # --- BackupAndRestore -------------------------------------------------------------------------
 
 
@@ -138,7 +145,7 @@ def _backup_save(original):
                 _keep_previous(self, folder)
             staged = [os.path.join(folder, os.path.basename(path)) for path in targets]
             with _swapped(self, backup_dir=folder, _weights_path=staged[0],
-                          _training_metadata_path=staged[1], double_checkpoint=False):
+                          _training_metadata_path=staged[1], double_checkpoint=False), _own_saves():
                 original(self)
             if publish:  # weights first: a crash between the two replays an epoch, never skips
                 for source, target in zip(staged, targets, strict=True):
@@ -225,11 +232,11 @@ def _checkpoint_save(original):
     @functools.wraps(original)
     def _save_model(self, epoch, batch, logs):
         if role(self.model) != _OTHER:
-            with _swapped(self, _model=_StagedSaves(self._model)):
+            with _swapped(self, _model=_StagedSaves(self._model)), _own_saves():
                 return original(self, epoch, batch, logs)
         with _folder() as folder:  # the whole save, folder creation included, goes there
             private = os.path.join(folder, os.path.basename(self.filepath))
-            with _swapped(self, filepath=private):
+            with _swapped(self, filepath=private), _own_saves():
                 return original(self, epoch, batch, logs)
 
     setattr(_save_model, _MARK, NAME)

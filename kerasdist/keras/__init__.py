@@ -22,19 +22,26 @@ def enable() -> list[str]:
     :mod:`kerasdist._compat` mend the installed Keras/TF need, and make Keras's own
     ``ModelCheckpoint``/``BackupAndRestore`` chief-aware with atomic writes
     (:mod:`kerasdist._compat.keras_chief_callbacks`; TensorBoard and CSVLogger:
-    :mod:`kerasdist._compat.keras_chief_logs`). Idempotent and thread-safe.
+    :mod:`kerasdist._compat.keras_chief_logs`; ``Model.save``/``save_weights``/``export``:
+    :mod:`kerasdist._compat.keras_chief_saves`). Idempotent and thread-safe.
 
     Returns:
         The names of the mends in effect (e.g. ``['keras#20585', 'tensorflow#72388']``).
     """
     from kerasdist import _compat
-    from kerasdist._compat import keras_chief_callbacks, keras_chief_logs, keras_ps_dispatch
+    from kerasdist._compat import (
+        keras_chief_callbacks,
+        keras_chief_logs,
+        keras_chief_saves,
+        keras_ps_dispatch,
+    )
     from kerasdist.keras import ps_fit, ps_predict
 
     mends = _compat.apply()
     keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate, predict=ps_predict.predict)
     keras_chief_callbacks.install()
     keras_chief_logs.install()
+    keras_chief_saves.install()
     return mends
 
 

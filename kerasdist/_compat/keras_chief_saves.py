@@ -1,0 +1,193 @@
+"""Mend: ``Model.save`` / ``save_weights`` / ``export`` written by every worker corrupt the file.
+
+Upstream: no Keras issue found (Keras 3.15 has no chief/worker logic in saving); reproduction
+(kerasdist, 2026-11-26): a script that ends with ``model.save("out/model.keras")`` after ``fit``,
+unchanged from its one-process form, run by ``kerasdist launch --workers 2``: both workers write
+the same path at once and a later ``keras.models.load_model`` raises ``BadZipFile: Truncated file
+header``; ``save_weights`` gives the same race on the ``.weights.h5`` file, ``export`` on the
+SavedModel folder.
+
+Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``): under a strategy in
+multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`):
+
+* the chief (task ``chief``, else ``worker`` 0; :func:`keras_chief_callbacks.role`) writes the
+  user's path, atomically: Keras writes into a staging folder inside the target's folder, then the
+  finished file (or files, or SavedModel folder) replaces the target with ``os.replace``;
+* every other worker runs the same save (reading distributed values may need collectives) into a
+  private temporary folder that is removed right after: nothing it writes is visible;
+* then every worker waits on one all-reduce (a barrier), which the chief enters only after its
+  file is in place: when any worker's call returns, the file is complete, so a ``load_model``
+  right after never sees a partial file.
+
+The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode, for remote
+paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own saves:
+:mod:`keras_chief_callbacks`), Keras's own code runs unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import threading
+
+from kerasdist._compat import keras_chief_callbacks as chief
+from kerasdist._compat._fakes import is_multi_worker
+
+NAME = "keras-chief-saves"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+_MARK = "_kerasdist_mend"
+_LOCK = threading.Lock()
+_LOCAL = threading.local()
+_METHODS = ("save", "save_weights", "export")
+
+
+def _model_class():
+    from keras.src.models.model import Model
+
+    return Model
+
+
+def _saving_modules():
+    import keras
+    from keras.src.saving import saving_api
+
+    return keras.saving, saving_api
+
+
+class passthrough:
+    """``with passthrough():`` saves run Keras's own code (used by the chief-aware callbacks)."""
+
+    def __enter__(self):
+        self.previous = getattr(_LOCAL, "inside", False)
+        _LOCAL.inside = True
+
+    def __exit__(self, *exc):
+        _LOCAL.inside = self.previous
+
+
+def _barrier(strategy) -> None:
+    """Block until every worker reaches this point (one scalar all-reduce)."""
+    import tensorflow as tf
+
+    def one():
+        return tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(1.0))
+
+    for value in strategy.experimental_local_results(strategy.run(tf.function(one))):
+        value.numpy()
+
+
+def _move_into_place(staged: str, target: str) -> None:
+    """Replace ``target`` by ``staged`` (a file or a folder) with atomic renames."""
+    if os.path.isdir(staged) and os.path.isdir(target):
+        old = staged + ".previous"
+        os.replace(target, old)
+        os.replace(staged, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staged, target)
+
+
+def _staged_write(call, target: str) -> object:
+    """The chief's write: into a staging folder next to ``target``, then every output moved."""
+    parent = os.path.dirname(target) or "."
+    with chief._folder(parent) as folder:
+        staged = os.path.join(folder, os.path.basename(target))
+        result = call(staged)
+        base = os.path.basename(target)
+        stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
+        for name in sorted(os.listdir(folder)):  # sharded weights write several files
+            if name == base or (stem is not None and name.startswith(stem)):
+                _move_into_place(os.path.join(folder, name), os.path.join(parent, name))
+    return result
+
+
+def _distributed_save(model, call, filepath) -> object:
+    target = os.path.abspath(os.fspath(filepath))
+    if chief.role(model) == "chief":
+        result = _staged_write(call, target)
+    else:
+        with chief._folder() as folder:  # a private folder, removed with what was written there
+            result = call(os.path.join(folder, os.path.basename(target)))
+    _barrier(model.distribute_strategy)
+    return result
+
+
+def _applies(model, filepath) -> bool:
+    if getattr(_LOCAL, "inside", False) or not isinstance(filepath, (str, os.PathLike)):
+        return False
+    strategy = getattr(model, "distribute_strategy", None)
+    return is_multi_worker(strategy) and not chief._is_remote(os.fspath(filepath))
+
+
+def _method(original):
+    @functools.wraps(original)
+    def method(self, filepath, *args, **kwargs):
+        if not _applies(self, filepath):
+            return original(self, filepath, *args, **kwargs)
+        with passthrough():
+            return _distributed_save(
+                self, lambda path: original(self, path, *args, **kwargs), filepath)
+
+    setattr(method, _MARK, NAME)
+    return method
+
+
+def _function(original):
+    @functools.wraps(original)
+    def save_model(model, filepath, *args, **kwargs):
+        if not _applies(model, filepath):
+            return original(model, filepath, *args, **kwargs)
+        with passthrough():
+            return _distributed_save(
+                model, lambda path: original(model, path, *args, **kwargs), filepath)
+
+    setattr(save_model, _MARK, NAME)
+    return save_model
+
+
+def bug_present() -> bool:
+    """Whether Keras's ``Model.save`` still has no chief/worker logic (source check, no TF op)."""
+    import inspect
+
+    model = _model_class()
+    source = "".join(inspect.getsource(_original(model, name)) for name in _METHODS)
+    return "cluster_resolver" not in source and "is_chief" not in source
+
+
+def _original(cls, name: str):
+    method = cls.__dict__[name]
+    return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    model = _model_class()
+    return all(getattr(model.__dict__[name], _MARK, None) == NAME for name in _METHODS)
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent, thread-safe). True when in effect."""
+    with _LOCK:
+        if installed():
+            return True
+        if not bug_present():
+            return False
+        model = _model_class()
+        for name in _METHODS:
+            setattr(model, name, _method(model.__dict__[name]))
+        for module in _saving_modules():
+            if getattr(module.save_model, _MARK, None) != NAME:
+                module.save_model = _function(module.save_model)
+        return True
+
+
+def uninstall() -> None:
+    """Restore Keras's methods (tests only)."""
+    with _LOCK:
+        model = _model_class()
+        for name in _METHODS:
+            setattr(model, name, _original(model, name))
+        for module in _saving_modules():
+            if getattr(module.save_model, _MARK, None) == NAME:
+                module.save_model = module.save_model.__wrapped__
