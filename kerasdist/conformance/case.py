@@ -38,6 +38,14 @@ class Case:
         tolerance: ``(rtol, atol)`` for weights, optimizer state, history, evaluate and predict.
         after: ``fn(model, workdir: Path, is_chief: bool) -> None`` run after predict (saving).
         check: ``fn(workdir: Path, result: dict) -> list[str]`` run by the driver: problems found.
+        examples: examples in the data set (:func:`kerasdist.conformance.data.make`).
+        shuffle_seed: ``dataset`` input only: a seeded ``shuffle`` of the whole set (reshuffled
+            every epoch, TF's default) before batching; None: unshuffled.
+        drop_remainder: ``dataset`` input only: batch with ``drop_remainder``.
+        steps_per_epoch: ``dataset`` input only: train on ``repeat()`` with this many steps an
+            epoch (None: one pass over the set an epoch).
+        metrics_outside_scope: build the compile metrics before entering ``strategy.scope()``
+            (as scripts that list their metrics at the top do).
     """
 
     name: str
@@ -57,6 +65,11 @@ class Case:
     tolerance: tuple[float, float] = (2e-4, 2e-5)
     after: Callable | None = None
     check: Callable | None = None
+    examples: int = 64
+    shuffle_seed: int | None = None
+    drop_remainder: bool = False
+    steps_per_epoch: int | None = None
+    metrics_outside_scope: bool = False
 
 
 def _optimizer(name="sgd", **kwargs):

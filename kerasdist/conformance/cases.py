@@ -142,10 +142,33 @@ def _optimizer_cases() -> list[Case]:
     ]
 
 
+def _sum_loss():
+    import keras
+
+    return sgd_compile(optimizer=_optimizer(learning_rate=0.005),
+                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                                       reduction="sum"))
+
+
 def _input_cases() -> list[Case]:
     return [
         Case("input_numpy", "fit/evaluate/predict from NumPy", input="numpy"),
         Case("input_dataset_fn", "fit/evaluate/predict from a dataset_fn", input="dataset_fn"),
+        Case("input_shuffled_remainder", "1,000 examples, seeded shuffle, partial last batch "
+             "(63 steps an epoch)", examples=1000, shuffle_seed=1),
+        Case("input_shuffled_repeat", "2,048 examples, seeded shuffle, drop_remainder, repeat() + "
+             "steps_per_epoch", examples=2048, shuffle_seed=1, drop_remainder=True,
+             steps_per_epoch=16),
+        Case("metrics_outside_scope", "AUC/Precision/Recall built outside the scope, 2,048 "
+             "shuffled examples, repeat() + steps_per_epoch", data="binary",
+             compile=lambda: sgd_compile(metrics=_confusion_metrics(), loss="binary_crossentropy"),
+             model=lambda data: models.dense(out=1, activation="sigmoid"), examples=2048,
+             shuffle_seed=1, drop_remainder=True, steps_per_epoch=16, metrics_outside_scope=True),
+        Case("steps_per_execution", "compile(steps_per_execution=4), 1,000 examples (a partial "
+             "last group)", examples=1000,
+             compile=lambda: sgd_compile(steps_per_execution=4)),
+        Case("loss_sum", "loss reduction=\"sum\", partial last batch", examples=200,
+             compile=_sum_loss),
     ]
 
 
@@ -157,6 +180,8 @@ def _saving_cases() -> list[Case]:
              check=saving.check_keras),
         Case("export", "model.export (SavedModel)", after=saving.export,
              check=saving.check_export),
+        Case("save_every_worker", "model.save + save_weights called by every worker on one path",
+             after=saving.save_every_worker, check=saving.check_every_worker),
         Case("mixed_bfloat16", "mixed_bfloat16 policy", precision="mixed_bfloat16",
              tolerance=(2e-2, 2e-2)),
     ]
@@ -188,12 +213,15 @@ def select(names=None) -> list[Case]:
     return [c for c in cases if c.name in set(names)]
 
 
-def compile_model(model, case: Case) -> Any:
+def compile_model(model, case: Case, *, metrics=None) -> Any:
     """Compile ``model`` with the case's arguments (``jit_compile=False``: the same kernels on
-    every strategy). Returns the model."""
+    every strategy); ``metrics``, when given, replaces the case's (objects built elsewhere).
+    Returns the model."""
     import keras
 
     kwargs = case.compile()
+    if metrics is not None:
+        kwargs["metrics"] = metrics
     loss = kwargs.get("loss")
     if loss == SCCE:
         kwargs["loss"] = keras.losses.SparseCategoricalCrossentropy(from_logits=True)

@@ -34,7 +34,7 @@ def _rng(seed: int):
     return np.random.default_rng(seed)
 
 
-def make(kind: str, seed: int = 0) -> dict:
+def make(kind: str, seed: int = 0, examples: int = NUM_EXAMPLES) -> dict:
     """``{"x": ..., "y": ..., "sample_weight": ...}`` for a data kind (NumPy; float32/int64).
 
     Kinds: ``dense`` (x float32 ``[N, 8]``, y int64 class in ``[0, 3)``), ``binary`` (y float32
@@ -45,7 +45,7 @@ def make(kind: str, seed: int = 0) -> dict:
     ``sample_weight`` is float32 ``[N]`` in ``[0.5, 1.5)``.
     """
     rng = _rng(seed)
-    n = NUM_EXAMPLES
+    n = examples
     x = rng.normal(size=(n, FEATURES)).astype(np.float32)
     w_true = rng.normal(size=(FEATURES, CLASSES)).astype(np.float32)
     cls = np.argmax(x @ w_true, axis=1).astype(np.int64)
@@ -83,11 +83,16 @@ def _arrays(data: dict, *, weighted: bool) -> tuple:
     return parts + ((data["sample_weight"],) if weighted else ())
 
 
-def dataset(data: dict, *, weighted: bool = False, batch: int = GLOBAL_BATCH):
-    """The global-batched, unshuffled ``tf.data.Dataset`` of ``(x, y[, sample_weight])``."""
+def dataset(data: dict, *, weighted: bool = False, batch: int = GLOBAL_BATCH,
+            shuffle_seed: int | None = None, drop_remainder: bool = False):
+    """The global-batched ``tf.data.Dataset`` of ``(x, y[, sample_weight])``; shuffled with
+    ``shuffle_seed`` over the whole set when given (reshuffled each iteration)."""
     import tensorflow as tf
 
-    return tf.data.Dataset.from_tensor_slices(_arrays(data, weighted=weighted)).batch(batch)
+    ds = tf.data.Dataset.from_tensor_slices(_arrays(data, weighted=weighted))
+    if shuffle_seed is not None:
+        ds = ds.shuffle(len(data["sample_weight"]), seed=shuffle_seed)
+    return ds.batch(batch, drop_remainder=drop_remainder)
 
 
 def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False):
@@ -114,7 +119,3 @@ def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False):
 
     return fn
 
-
-def predict_x(data: dict):
-    """The inputs alone (what ``predict`` gets)."""
-    return data["x"]

@@ -180,7 +180,7 @@ def same_weights(case: Case, weights: list) -> tuple[dict, object]:
     import keras
 
     keras.utils.set_random_seed(runner.SEED)
-    data = cdata.make(case.data)
+    data = cdata.make(case.data, examples=case.examples)
     with runner.dtype_policy(case.precision):
         model = runner.build_model(case, data)
         model.set_weights(weights)
@@ -202,8 +202,9 @@ def judge_case(case: Case, strategy: str, folder: Path, reference: dict,
     if chief and chief.get("status") == "ok":
         evaluated, _ = same_weights(case, chief["weights"])
         if case.check is not None:
+            data = cdata.make(case.data, examples=case.examples)
             problems = case.check(folder / "work" / strategy / case.name, chief,
-                                  lambda: runner.build_model(case, cdata.make(case.data)))
+                                  lambda: runner.build_model(case, data))
     return oracle.judge(case, strategy, results, reference[case.name], evaluated,
                         initial_loss.get(case.name), problems)
 

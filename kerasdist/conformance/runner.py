@@ -69,8 +69,9 @@ def snapshot(variables) -> tuple[list[np.ndarray], bool]:
 def build_model(case: Case, data: dict, strategy=None):
     """The case's compiled model, built (inside ``strategy.scope()`` when given)."""
     scope = strategy.scope() if strategy is not None else contextlib.nullcontext()
+    metrics = case.compile().get("metrics") if case.metrics_outside_scope else None
     with scope:
-        model = compile_model(case.model(data), case)
+        model = compile_model(case.model(data), case, metrics=metrics)
     return model
 
 
@@ -102,11 +103,19 @@ def train_input(case: Case, data: dict, strategy, *, parameter_server: bool) -> 
             return (fn,), {**kwargs, "steps_per_epoch": cdata.STEPS_PER_EPOCH * 2}
         return (_sync_inputs(case, data, strategy, training=True),), {
             **kwargs, "steps_per_epoch": cdata.STEPS_PER_EPOCH}
-    ds = cdata.dataset(data, weighted=case.weighted)
+    ds = _case_dataset(case, data)
+    if case.steps_per_epoch:
+        return (ds.repeat(),), {**kwargs, "steps_per_epoch": case.steps_per_epoch}
+    return (ds,), kwargs
+
+
+def _case_dataset(case: Case, data: dict):
+    ds = cdata.dataset(data, weighted=case.weighted, shuffle_seed=case.shuffle_seed,
+                       drop_remainder=case.drop_remainder)
     if case.pipeline is not None:
         pre = case.pipeline(data)
         ds = ds.map(lambda x, *rest: (pre(x), *rest))
-    return (ds,), kwargs
+    return ds
 
 
 def eval_input(case: Case, data: dict):
@@ -118,11 +127,7 @@ def eval_input(case: Case, data: dict):
         data = keras.tree.map_structure(lambda a: a[:case.eval_examples], data)
     if case.input == "numpy":
         return (data["x"], data["y"]), {"batch_size": cdata.GLOBAL_BATCH}
-    ds = cdata.dataset(data, weighted=case.weighted)
-    if case.pipeline is not None:
-        pre = case.pipeline(data)
-        ds = ds.map(lambda x, *rest: (pre(x), *rest))
-    return (ds,), {}
+    return (_case_dataset(case, data),), {}
 
 
 def predict_input(case: Case, data: dict):
@@ -149,7 +154,7 @@ def run_case(case: Case, strategy=None, *, workdir: Path, initial=None, is_chief
     import keras
 
     keras.utils.set_random_seed(SEED)
-    data = cdata.make(case.data)
+    data = cdata.make(case.data, examples=case.examples)
     workdir.mkdir(parents=True, exist_ok=True)
     record: dict = {}
     with dtype_policy(case.precision):

@@ -66,3 +66,27 @@ def check_export(workdir: Path, result: dict, build) -> list[str]:
     restored = tf.saved_model.load(str(path))
     return _same_as_predict(restored.serve(tf.constant(make("dense")["x"])), result,
                             "the exported SavedModel's serve")
+
+
+def save_every_worker(model, workdir: Path, is_chief: bool) -> None:
+    """Every task saves to the same shared path, as an unchanged one-process script does."""
+    model.save(workdir / "every.keras")
+    model.save_weights(workdir / "every.weights.h5")
+
+
+def check_every_worker(workdir: Path, result: dict, build) -> list[str]:
+    import keras
+
+    from kerasdist.conformance.data import make
+
+    problems = []
+    names = sorted(p.name for p in workdir.iterdir() if p.name.startswith(("every", ".kerasdist")))
+    if names != ["every.keras", "every.weights.h5"]:
+        return [f"the shared folder holds {names}, not one every.keras and one every.weights.h5"]
+    loaded = keras.saving.load_model(workdir / "every.keras")
+    problems += _same_as_predict(loaded.predict(make("dense")["x"], verbose=0), result, "load_model")
+    rebuilt = build()
+    rebuilt.load_weights(workdir / "every.weights.h5")
+    problems += _same_as_predict(rebuilt.predict(make("dense")["x"], verbose=0), result,
+                                 "load_weights")
+    return problems

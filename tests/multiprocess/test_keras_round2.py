@@ -5,10 +5,12 @@ Each test failed on the code before its mend (checked 2026-11-26 at 56787c5 with
 parts): metrics built outside the scope gave auc 0.5397 / 0.5336 on the two workers against 0.5365
 (:mod:`kerasdist._compat.keras_metric_states`); ``steps_per_execution=4`` raised "You must feed a
 value for placeholder tensor" (:mod:`kerasdist._compat.keras_19246_steps_per_execution`);
-``reduction="sum"`` trained with half the step (:mod:`kerasdist._compat.keras_replica_loss`); a
+``reduction="sum"`` ended 48 % away from the strategy-free weights and ``mean_with_sample_weight``
+with uneven weights 2.7 % away (:mod:`kerasdist._compat.keras_replica_loss`); a
 seeded shuffle walked another permutation, weights 0.75 % / 2 % away
 (:mod:`kerasdist._compat.keras_20585_symbolic_build`); every worker wrote ``model.keras`` and
-``load_model`` read a truncated file (:mod:`kerasdist._compat.keras_chief_saves`).
+the second worker died of h5py's "unable to lock file" (the issue's run saw ``load_model`` read a
+truncated file; :mod:`kerasdist._compat.keras_chief_saves`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED"
 def _run(argv: list[str], timeout_s: float) -> None:
     proc = subprocess.run(argv, env={**os.environ, **QUIET}, capture_output=True, text=True,
                           timeout=timeout_s)
-    assert proc.returncode == 0, f"{argv} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, (f"{argv} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n"
+                                  f"{proc.stderr[-6000:]}")
 
 
 @pytest.fixture(scope="module")
