@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from kerasdist.conformance import models
+from kerasdist.conformance.data import NUM_EXAMPLES, SHUFFLE_SEED, STEPS_PER_EPOCH
 
 SCCE = "scce_logits"  # SparseCategoricalCrossentropy(from_logits=True)
 
@@ -22,7 +23,8 @@ class Case:
         model: builder ``fn(data) -> keras.Model`` (uncompiled).
         compile: ``fn() -> dict`` of ``model.compile`` keyword arguments (fresh objects each call);
             ``loss="scce_logits"`` stands for sparse categorical cross-entropy on logits.
-        input: ``dataset``, ``numpy`` or ``dataset_fn`` (:mod:`kerasdist.conformance.data`).
+        input: ``dataset``, ``numpy``, ``dataset_fn`` or ``pydataset`` (fit from a
+            ``keras.utils.PyDataset``; evaluate from the dataset) (:mod:`kerasdist.conformance.data`).
         weighted: feed ``sample_weight`` with the data.
         pipeline: ``fn(data) -> fn(x) -> x`` adapted preprocessing mapped over ``x`` in the
             ``tf.data`` pipeline (``dataset``/``dataset_fn`` inputs; predict gets a dataset too).
@@ -39,11 +41,12 @@ class Case:
         after: ``fn(model, workdir: Path, is_chief: bool) -> None`` run after predict (saving).
         check: ``fn(workdir: Path, result: dict) -> list[str]`` run by the driver: problems found.
         examples: examples in the data set (:func:`kerasdist.conformance.data.make`).
-        shuffle_seed: ``dataset`` input only: a seeded ``shuffle`` of the whole set (reshuffled
-            every epoch, TF's default) before batching; None: unshuffled.
-        drop_remainder: ``dataset`` input only: batch with ``drop_remainder``.
-        steps_per_epoch: ``dataset`` input only: train on ``repeat()`` with this many steps an
-            epoch (None: one pass over the set an epoch).
+        shuffle_seed: ``dataset``/``dataset_fn`` inputs: the seed of a ``shuffle`` of the whole
+            set (reshuffled every epoch, TF's default) before batching; None: unshuffled.
+        drop_remainder: ``dataset`` input: batch (for fit and evaluate) with ``drop_remainder``;
+            None: :func:`kerasdist.conformance.cases.all_cases` sets it, every other case True.
+        steps_per_epoch: ``dataset`` input: train on ``repeat()`` with this many steps an epoch
+            (None: one full pass over the set an epoch).
         metrics_outside_scope: build the compile metrics before entering ``strategy.scope()``
             (as scripts that list their metrics at the top do).
     """
@@ -65,10 +68,10 @@ class Case:
     tolerance: tuple[float, float] = (2e-4, 2e-5)
     after: Callable | None = None
     check: Callable | None = None
-    examples: int = 64
-    shuffle_seed: int | None = None
-    drop_remainder: bool = False
-    steps_per_epoch: int | None = None
+    examples: int = NUM_EXAMPLES
+    shuffle_seed: int | None = SHUFFLE_SEED
+    drop_remainder: bool | None = None
+    steps_per_epoch: int | None = STEPS_PER_EPOCH
     metrics_outside_scope: bool = False
 
 

@@ -11,6 +11,7 @@ Each case trains :data:`~kerasdist.conformance.data.EPOCHS` epochs of
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 from kerasdist.conformance import models
@@ -142,6 +143,28 @@ def _optimizer_cases() -> list[Case]:
     ]
 
 
+def _more_cases() -> list[Case]:
+    from kerasdist.conformance import models_more as more
+
+    return [
+        Case("add_loss_regularizers", "add_loss + kernel/activity regularizers",
+             model=more.add_loss_regularized),
+        Case("frozen_submodel_batchnorm", "frozen sub-model with BatchNormalization",
+             model=more.frozen_submodel),
+        Case("masking_lstm", "masking (Embedding mask_zero=True + LSTM)", data="padded",
+             model=more.masked_lstm),
+        Case("multi_head_attention", "MultiHeadAttention", data="tokens", model=more.attention),
+        Case("augmentation", "data augmentation layers (RandomFlip, RandomTranslation)",
+             data="images", model=more.augmented,
+             per_replica="each replica draws its own random flips and shifts for its part of the "
+                         "batch"),
+        Case("pydataset", "fit from a keras.utils.PyDataset (640 examples, reshuffled each "
+             "epoch, full epochs)", input="pydataset", examples=640, steps_per_epoch=None),
+        Case("kerashub_bert", "KerasHub BertBackbone (from its config, untrained)", data="bert",
+             model=more.kerashub_bert),
+    ]
+
+
 def _sum_loss():
     import keras
 
@@ -154,20 +177,21 @@ def _input_cases() -> list[Case]:
     return [
         Case("input_numpy", "fit/evaluate/predict from NumPy", input="numpy"),
         Case("input_dataset_fn", "fit/evaluate/predict from a dataset_fn", input="dataset_fn"),
-        Case("input_shuffled_remainder", "1,000 examples, seeded shuffle, partial last batch "
-             "(63 steps an epoch)", examples=1000, shuffle_seed=1),
-        Case("input_shuffled_repeat", "2,048 examples, seeded shuffle, drop_remainder, repeat() + "
-             "steps_per_epoch", examples=2048, shuffle_seed=1, drop_remainder=True,
-             steps_per_epoch=16),
+        Case("input_full_epochs", "1,000 examples, seeded shuffle, full epochs with a partial last "
+             "batch (63 steps an epoch)", examples=1000, steps_per_epoch=None,
+             drop_remainder=False),
+        Case("input_unshuffled", "unshuffled dataset, drop_remainder, repeat() + steps_per_epoch",
+             shuffle_seed=None, drop_remainder=True),
         Case("metrics_outside_scope", "AUC/Precision/Recall built outside the scope, 2,048 "
              "shuffled examples, repeat() + steps_per_epoch", data="binary",
              compile=lambda: sgd_compile(metrics=_confusion_metrics(), loss="binary_crossentropy"),
              model=lambda data: models.dense(out=1, activation="sigmoid"), examples=2048,
-             shuffle_seed=1, drop_remainder=True, steps_per_epoch=16, metrics_outside_scope=True),
-        Case("steps_per_execution", "compile(steps_per_execution=4), 1,000 examples (a partial "
-             "last group)", examples=1000,
+             drop_remainder=True, steps_per_epoch=16, metrics_outside_scope=True),
+        Case("steps_per_execution", "compile(steps_per_execution=4), 1,000 examples, full epochs "
+             "(a partial last group)", examples=1000, steps_per_epoch=None,
              compile=lambda: sgd_compile(steps_per_execution=4)),
-        Case("loss_sum", "loss reduction=\"sum\", partial last batch", examples=200,
+        Case("loss_sum", "loss reduction=\"sum\", 200 examples, full epochs (a partial last "
+             "batch)", examples=200, steps_per_epoch=None, drop_remainder=False,
              compile=_sum_loss),
     ]
 
@@ -190,7 +214,11 @@ def _saving_cases() -> list[Case]:
 def all_cases() -> list[Case]:
     """Every case, in matrix order."""
     cases = (_model_cases() + _layer_cases() + _preprocessing_cases() + _metric_cases()
-             + _optimizer_cases() + callback_cases() + _input_cases() + _saving_cases())
+             + _optimizer_cases() + callback_cases() + _input_cases() + _more_cases()
+             + _saving_cases())
+    # drop_remainder both ways: every other case, unless the case says
+    cases = [c if c.drop_remainder is not None else dataclasses.replace(c, drop_remainder=i % 2 == 0)
+             for i, c in enumerate(cases)]
     names = [c.name for c in cases]
     if len(names) != len(set(names)):
         raise RuntimeError(f"duplicate conformance case names: {names}")

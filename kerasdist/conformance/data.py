@@ -1,28 +1,39 @@
-"""The conformance cases' data: small, deterministic NumPy sets and the three input kinds.
+"""The conformance cases' data: deterministic NumPy sets fed the way users feed them.
 
-Every set has :data:`NUM_EXAMPLES` examples, trained in global batches of :data:`GLOBAL_BATCH`
-(so one epoch is :data:`STEPS_PER_EPOCH` optimizer steps) and never shuffled, so that a strategy
-run and the strategy-free reference see the same global batches in the same order.
+Every set has :data:`NUM_EXAMPLES` examples by default (about 190 global batches of
+:data:`GLOBAL_BATCH`: much larger than a batch, with a partial last batch). Cases train
+:data:`EPOCHS` epochs of :data:`STEPS_PER_EPOCH` steps (``repeat()`` + ``steps_per_epoch``) on a
+seeded ``shuffle`` of the whole set (reshuffled each epoch, TensorFlow's default), then
+``evaluate`` on the whole set in global batches of :data:`EVAL_BATCH` (shuffled the same way,
+with or without ``drop_remainder`` as the case says: every other case either way) and
+``predict`` the whole set, unshuffled. Every run -- the strategy-free reference and each
+strategy -- sees the same global batches in the same order: the seeded shuffle gives the same
+permutation in one process and under a strategy (:mod:`kerasdist._compat.keras_20585_symbolic_build`).
 
 Input kinds (``Case.input``):
 
-* ``numpy``: ``model.fit(x, y, batch_size=GLOBAL_BATCH, shuffle=False)``;
-* ``dataset``: ``tf.data.Dataset.from_tensor_slices(...).batch(GLOBAL_BATCH)``;
-* ``dataset_fn``: a function of a ``tf.distribute.InputContext``: pipeline ``i`` of ``P`` keeps rows
-  ``[i*B/P, (i+1)*B/P)`` of every global batch and batches them per replica, so the replicas of a
-  synchronous strategy together consume exactly the global batches of the other kinds. The
-  synchronous strategies pass it through ``strategy.distribute_datasets_from_function``; parameter
-  server takes the function itself (kerasdist's convention).
+* ``numpy``: ``model.fit(x, y, batch_size=GLOBAL_BATCH, validation_split=0.25, shuffle=False)``,
+  one full pass over the first 75 % an epoch;
+* ``dataset``: ``tf.data.Dataset.from_tensor_slices(...).shuffle(N, seed).batch(GLOBAL_BATCH)``;
+* ``dataset_fn``: a function of a ``tf.distribute.InputContext``: every pipeline shuffles the
+  whole set with the same seed and batches it globally (``drop_remainder=True``); pipeline ``i``
+  of ``P`` keeps rows ``[i*B/P, (i+1)*B/P)`` of every global batch and batches them per replica,
+  so the replicas of a synchronous strategy together consume exactly the global batches of the
+  ``dataset`` kind. The synchronous strategies pass it through
+  ``strategy.distribute_datasets_from_function``; parameter server takes the function itself
+  (kerasdist's convention).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-NUM_EXAMPLES = 64
+NUM_EXAMPLES = 3000
 GLOBAL_BATCH = 16
-STEPS_PER_EPOCH = NUM_EXAMPLES // GLOBAL_BATCH
+EVAL_BATCH = 64
+STEPS_PER_EPOCH = 4
 EPOCHS = 2
+SHUFFLE_SEED = 1
 FEATURES = 8
 CLASSES = 3
 VOCAB = 20
@@ -40,7 +51,9 @@ def make(kind: str, seed: int = 0, examples: int = NUM_EXAMPLES) -> dict:
     Kinds: ``dense`` (x float32 ``[N, 8]``, y int64 class in ``[0, 3)``), ``binary`` (y float32
     0/1 ``[N, 1]``), ``regression`` (y float32 ``[N, 1]``), ``tokens`` (x int64 ``[N, 6]`` in
     ``[1, 20)``), ``strings`` (x string ``[N, 1]`` of three words), ``words`` (x string
-    ``[N, 1]``, one word), ``ints`` (x int64 ``[N, 1]`` category ids),
+    ``[N, 1]``, one word), ``ints`` (x int64 ``[N, 1]`` category ids), ``padded`` (x int64
+    ``[N, 6]`` token ids followed by zero padding), ``images`` (x float32 ``[N, 8, 8, 1]``),
+    ``bert`` (x ``{"token_ids", "segment_ids", "padding_mask"}`` int32 ``[N, 6]``),
     ``multi`` (x ``{"a": [N, 8], "b": [N, 4]}``, y ``{"cls": class, "reg": [N, 1]}``).
     ``sample_weight`` is float32 ``[N]`` in ``[0.5, 1.5)``.
     """
@@ -71,11 +84,33 @@ def make(kind: str, seed: int = 0, examples: int = NUM_EXAMPLES) -> dict:
     if kind == "ints":
         ids = rng.integers(100, 110, size=(n, 1)).astype(np.int64)
         return {"x": ids, "y": (ids[:, 0] % CLASSES).astype(np.int64), "sample_weight": weight}
+    extra = _sequence_and_image_kinds(kind, rng, n, weight)
+    if extra is not None:
+        return extra
     if kind == "multi":
         b = rng.normal(size=(n, 4)).astype(np.float32)
         reg = (b.sum(axis=1, keepdims=True) * 0.5).astype(np.float32)
         return {"x": {"a": x, "b": b}, "y": {"cls": cls, "reg": reg}, "sample_weight": weight}
     raise ValueError(f"unknown conformance data kind. Received: kind={kind!r}")
+
+
+def _sequence_and_image_kinds(kind: str, rng, n: int, weight) -> dict | None:
+    """The ``padded``, ``images`` and ``bert`` kinds of :func:`make` (None for other kinds)."""
+    if kind == "padded":  # token ids, then zeros (padding) from a random length on
+        tokens = rng.integers(1, VOCAB, size=(n, SEQ_LEN)).astype(np.int64)
+        lengths = rng.integers(1, SEQ_LEN + 1, size=(n, 1))
+        tokens = np.where(np.arange(SEQ_LEN)[None, :] < lengths, tokens, 0)
+        return {"x": tokens, "y": (tokens[:, 0] % CLASSES).astype(np.int64), "sample_weight": weight}
+    if kind == "images":
+        images = rng.normal(size=(n, 8, 8, 1)).astype(np.float32)
+        label = np.argmax(images.reshape(n, 64)[:, :CLASSES], axis=1).astype(np.int64)
+        return {"x": images, "y": label, "sample_weight": weight}
+    if kind == "bert":
+        tokens = rng.integers(1, VOCAB, size=(n, SEQ_LEN)).astype(np.int32)
+        mask = np.ones((n, SEQ_LEN), dtype=np.int32)
+        x = {"token_ids": tokens, "segment_ids": np.zeros_like(tokens), "padding_mask": mask}
+        return {"x": x, "y": (tokens[:, 0] % CLASSES).astype(np.int64), "sample_weight": weight}
+    return None
 
 
 def _arrays(data: dict, *, weighted: bool) -> tuple:
@@ -95,7 +130,8 @@ def dataset(data: dict, *, weighted: bool = False, batch: int = GLOBAL_BATCH,
     return ds.batch(batch, drop_remainder=drop_remainder)
 
 
-def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False):
+def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False,
+               shuffle_seed: int | None = SHUFFLE_SEED):
     """A ``fn(input_context) -> tf.data.Dataset`` giving the same global batches (module docs).
 
     Under parameter server each worker runs the function with ``num_input_pipelines`` = workers;
@@ -111,7 +147,10 @@ def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False):
         replicas = getattr(input_context, "num_replicas_in_sync", 1) or 1
         share = GLOBAL_BATCH // pipelines
         per_replica = GLOBAL_BATCH // replicas if replicas >= pipelines else share
-        ds = tf.data.Dataset.from_tensor_slices(arrays).batch(GLOBAL_BATCH)
+        ds = tf.data.Dataset.from_tensor_slices(arrays)
+        if shuffle_seed is not None:
+            ds = ds.shuffle(len(arrays[-1]), seed=shuffle_seed)
+        ds = ds.batch(GLOBAL_BATCH, drop_remainder=True)
         start = tf.cast(index, tf.int64) * share
         ds = ds.map(lambda *parts: tf.nest.map_structure(lambda t: t[start:start + share], parts))
         ds = ds.unbatch().batch(per_replica)
@@ -119,3 +158,30 @@ def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False):
 
     return fn
 
+
+
+def py_dataset(data: dict, *, weighted: bool = False, seed: int = SHUFFLE_SEED):
+    """A ``keras.utils.PyDataset`` of global batches of ``GLOBAL_BATCH`` (the last one partial),
+    in a seeded permutation drawn anew at every epoch end (``on_epoch_end``)."""
+    import keras
+
+    arrays = _arrays(data, weighted=weighted)
+    count = len(data["sample_weight"])
+
+    class ShuffledBatches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+            self.rng = np.random.default_rng(seed)
+            self.order = self.rng.permutation(count)
+
+        def __len__(self):
+            return -(-count // GLOBAL_BATCH)
+
+        def __getitem__(self, index):
+            rows = self.order[index * GLOBAL_BATCH:(index + 1) * GLOBAL_BATCH]
+            return tuple(keras.tree.map_structure(lambda a: a[rows], part) for part in arrays)
+
+        def on_epoch_end(self):
+            self.order = self.rng.permutation(count)
+
+    return ShuffledBatches()

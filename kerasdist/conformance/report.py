@@ -14,9 +14,13 @@ COLUMNS = {"default": "default (OneDevice)", "mirrored": "mirrored (2 logical CP
            "multi_worker": "multi_worker (2 processes)",
            "parameter_server": "parameter_server (1 ps + 2 workers)"}
 ORACLE = """\
-**Oracle of each cell** (`kerasdist/conformance/oracle.py`). Every case trains {epochs} epochs of
-{steps} steps on global batches of {batch} examples (never shuffled, so every run sees the same
-global batches), from the same initial weights, then runs `evaluate` and `predict`.
+**Oracle of each cell** (`kerasdist/conformance/oracle.py`). Unless its row says otherwise, every
+case trains {epochs} epochs of {steps} steps (`repeat()` + `steps_per_epoch`) on global batches of
+{batch} drawn from a seeded `shuffle` of {examples:,} examples (reshuffled each epoch), from the
+same initial weights, then runs `evaluate` on all {examples:,} (global batches of {eval_batch},
+`drop_remainder` True for every other case, False for the rest: a partial last batch, shards of
+different sizes) and `predict`. The seeded shuffle gives every run the same global batches
+(`kerasdist/conformance/data.py`).
 
 * **default, mirrored, multi_worker** (synchronous): every variable -- weights, non-trainable
   weights (BatchNormalization's moving statistics), optimizer variables (iterations, learning
@@ -66,7 +70,8 @@ def markdown(matrix: Matrix, *, command: str) -> str:
              f"from its start (the strategy's processes start once and run every case; the "
              f"columns run at the same time unless `--sequential`): {seconds}.", "",
              ORACLE.format(epochs=cdata.EPOCHS, steps=cdata.STEPS_PER_EPOCH,
-                           batch=cdata.GLOBAL_BATCH), "",
+                           batch=cdata.GLOBAL_BATCH, examples=cdata.NUM_EXAMPLES,
+                           eval_batch=cdata.EVAL_BATCH), "",
              "| feature | case | " + " | ".join(COLUMNS[s] for s in matrix.strategies) + " |",
              "| --- | --- | " + " | ".join("---" for _ in matrix.strategies) + " |"]
     for case in matrix.cases:

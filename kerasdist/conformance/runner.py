@@ -76,7 +76,8 @@ def build_model(case: Case, data: dict, strategy=None):
 
 
 def _sync_inputs(case: Case, data: dict, strategy, *, training: bool):
-    fn = cdata.dataset_fn(data, weighted=case.weighted, repeat=training)
+    fn = cdata.dataset_fn(data, weighted=case.weighted, repeat=training,
+                          shuffle_seed=case.shuffle_seed)
     if case.pipeline is not None:
         pre = case.pipeline(data)
         inner = fn
@@ -89,29 +90,33 @@ def _sync_inputs(case: Case, data: dict, strategy, *, training: bool):
 
 
 def train_input(case: Case, data: dict, strategy, *, parameter_server: bool) -> tuple:
-    """``(fit positional args, fit keyword args)`` for the case's input kind."""
+    """``(fit positional args, fit keyword args)`` for the case's input kind
+    (:mod:`kerasdist.conformance.data`)."""
     kwargs = {"epochs": cdata.EPOCHS, "shuffle": False, **case.fit_kwargs}
     if case.input == "numpy":
         args = (data["x"], data["y"])
-        kwargs.update(batch_size=cdata.GLOBAL_BATCH, shuffle=False)
+        kwargs.update(batch_size=cdata.GLOBAL_BATCH, shuffle=False, validation_split=0.25)
         if case.weighted:
             kwargs["sample_weight"] = data["sample_weight"]
         return args, kwargs
+    if case.input == "pydataset":
+        return (cdata.py_dataset(data, weighted=case.weighted),), kwargs
     if case.input == "dataset_fn":
         if parameter_server:
-            fn = cdata.dataset_fn(data, weighted=case.weighted, repeat=True)
+            fn = cdata.dataset_fn(data, weighted=case.weighted, repeat=True,
+                                  shuffle_seed=case.shuffle_seed)
             return (fn,), {**kwargs, "steps_per_epoch": cdata.STEPS_PER_EPOCH * 2}
         return (_sync_inputs(case, data, strategy, training=True),), {
             **kwargs, "steps_per_epoch": cdata.STEPS_PER_EPOCH}
-    ds = _case_dataset(case, data)
+    ds = _case_dataset(case, data, batch=cdata.GLOBAL_BATCH)
     if case.steps_per_epoch:
         return (ds.repeat(),), {**kwargs, "steps_per_epoch": case.steps_per_epoch}
     return (ds,), kwargs
 
 
-def _case_dataset(case: Case, data: dict):
-    ds = cdata.dataset(data, weighted=case.weighted, shuffle_seed=case.shuffle_seed,
-                       drop_remainder=case.drop_remainder)
+def _case_dataset(case: Case, data: dict, *, batch: int):
+    ds = cdata.dataset(data, weighted=case.weighted, batch=batch, shuffle_seed=case.shuffle_seed,
+                       drop_remainder=bool(case.drop_remainder))
     if case.pipeline is not None:
         pre = case.pipeline(data)
         ds = ds.map(lambda x, *rest: (pre(x), *rest))
@@ -119,23 +124,24 @@ def _case_dataset(case: Case, data: dict):
 
 
 def eval_input(case: Case, data: dict):
-    """The held-out input: the same examples (the first ``case.eval_examples``), as a
-    global-batched dataset (NumPy for numpy)."""
+    """The held-out input: the whole set (the first ``case.eval_examples``), shuffled as for
+    training, in global batches of ``EVAL_BATCH`` (NumPy for numpy)."""
     if case.eval_examples:
         import keras
 
         data = keras.tree.map_structure(lambda a: a[:case.eval_examples], data)
     if case.input == "numpy":
-        return (data["x"], data["y"]), {"batch_size": cdata.GLOBAL_BATCH}
-    return (_case_dataset(case, data),), {}
+        return (data["x"], data["y"]), {"batch_size": cdata.EVAL_BATCH}
+    return (_case_dataset(case, data, batch=cdata.EVAL_BATCH),), {}
 
 
 def predict_input(case: Case, data: dict):
+    """The whole set's inputs, unshuffled (so predictions line up), in batches of ``EVAL_BATCH``."""
     import tensorflow as tf
 
     if case.input == "numpy":
-        return (data["x"],), {"batch_size": cdata.GLOBAL_BATCH}
-    ds = tf.data.Dataset.from_tensor_slices(data["x"]).batch(cdata.GLOBAL_BATCH)
+        return (data["x"],), {"batch_size": cdata.EVAL_BATCH}
+    ds = tf.data.Dataset.from_tensor_slices(data["x"]).batch(cdata.EVAL_BATCH)
     if case.pipeline is not None:
         ds = ds.map(case.pipeline(data))
     return (ds,), {}
