@@ -77,6 +77,10 @@ class KerasFitLoop:
                     validation_data=eval_ds, validation_steps=recipe.trainer.validation_steps,
                     callbacks=callbacks, verbose=run.verbose)
                 _merge(history, hist.history)
+                if run.model.stop_training and not backup.preempted:
+                    log.info("a callback stopped training (e.g. EarlyStopping) at global step "
+                             f"{backup.step}")
+                    break
             if backup.preempted:
                 raise Preempted(backup.step)
         return history

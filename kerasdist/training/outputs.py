@@ -81,8 +81,14 @@ def save_model_atomic(model, path: str | Path) -> Path:
 
 def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
     """What must match for a checkpoint to be resumed: the recipe's model section and the
-    checkpoint schema the strategy reads (``StrategyTraits.checkpoint_schema``)."""
-    return {"model": recipe.model.model_dump(mode="json"), "checkpoint_schema": checkpoint_schema}
+    checkpoint schema the strategy reads (``StrategyTraits.checkpoint_schema``). The model
+    fields added in kerasdist 0.3 (``from``, ``trainable_layers``) are left out while unset, so
+    run directories written before them still resume."""
+    model = recipe.model.model_dump(mode="json")
+    for key in ("from", "trainable_layers"):
+        if model.get(key) is None:
+            model.pop(key, None)
+    return {"model": model, "checkpoint_schema": checkpoint_schema}
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any] | None:
