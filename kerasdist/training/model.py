@@ -76,7 +76,6 @@ def build_model(recipe: Recipe):
 
     from kerasdist.keras.precision import float32_output, policy_scope
     from kerasdist.models import registry
-
     from kerasdist.training.keras_objects import freeze_layers
 
     config, precision = recipe.model, recipe.trainer.precision

@@ -243,8 +243,10 @@ def test_a_callback_keras_cannot_build_exits_2_before_anything_is_written(write_
 
 def test_early_stopping_ends_the_run_at_the_epoch_it_stops(write_recipe, tmp_path):
     run_dir = tmp_path / "run"
-    # min_delta 1e9 (written out: YAML 1.1 reads 1.0e9 as a string): no epoch ever improves enough, so it stops after epoch 1 + patience 1
-    callbacks = "[{class_name: EarlyStopping, config: {monitor: loss, patience: 1, min_delta: 1000000000.0}}]"
+    # min_delta 1e9 (written out: YAML 1.1 reads 1.0e9 as a string): no epoch improves enough,
+    # so it stops after epoch 1 + patience 1
+    callbacks = ("[{class_name: EarlyStopping, config: {monitor: loss, patience: 1, "
+                 "min_delta: 1000000000.0}}]")
     assert main(["fit", _recipe(write_recipe, run_dir, epochs=5, callbacks=callbacks)]) == 0
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["global_steps"] == 2 * 4
