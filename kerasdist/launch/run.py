@@ -147,6 +147,9 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
             isolated = _plan_ray(recipe, callbacks)
         else:
             isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
+        from kerasdist import tracking
+
+        tracking.check(recipe, isolated=isolated)
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             run_dir.claim(held, recipe, overwrite=overwrite,
                           checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)

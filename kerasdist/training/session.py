@@ -242,6 +242,10 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         model = _build_model(recipe, strategy, tf_strategy)
         from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
         if is_chief:
+            from kerasdist import tracking
+
+            tracking.check(recipe)
+        if is_chief:
             resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
                                       overwrite=overwrite)
         return _run(recipe, run_dir, strategy, tf_strategy, model, data, mends, tf_config=tf_config,
@@ -257,6 +261,7 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
     schema = strategy.traits.checkpoint_schema
     store = _make_store(recipe, strategy, tf_strategy, model, data, run_dir=run_dir, task=task,
                         is_chief=is_chief)
+    tracker = None
     try:
         wanted = _hyperparameters(model.optimizer)
         start_step = store.restore() if (store is not None and resumable) else 0
@@ -266,6 +271,8 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
         strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir.path)
         if is_chief:
             run_dir.write_run_info(recipe, schema)
+            tracker = _start_tracking(recipe, run_dir, strategy.num_replicas(tf_strategy))
+            callbacks = [*callbacks, *([tracker] if tracker is not None else [])]
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
                          verbose=recipe.trainer.verbose if verbose is None else verbose,
@@ -274,6 +281,10 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
                  f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
                  f"mends {mends or 'none'}; run dir {run_dir.path}")
         history, evaluation = _train_and_evaluate(run, strategy.make_loop(), strategy, tf_config)
+    except BaseException as err:
+        if tracker is not None:
+            tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")  # Ctrl-C, SIGTERM
+        raise
     finally:
         if store is not None:
             store.close()
@@ -295,4 +306,15 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
             "task": task, "mends": mends, "restored_state_sha256": getattr(store, "restored_digest", None),
             "restore_verified": bool(getattr(store, "restore_verified", False)), **run.extra})
     write_metrics(result, recipe)
+    if tracker is not None:
+        tracker.finish(evaluation=evaluation, step=steps, artifacts=(
+            [model_path, run_dir.metrics] if recipe.output.tracking.log_model else []))
     return result
+
+
+def _start_tracking(recipe: Recipe, run_dir: RunDir, num_replicas: int):
+    """The chief's (coordinator's) tracker of ``output.tracking`` (:mod:`kerasdist.tracking`),
+    or None."""
+    from kerasdist import tracking
+
+    return tracking.start(recipe, run_dir=run_dir.path, num_replicas=num_replicas)
