@@ -334,3 +334,31 @@ def check_training_config(recipe: Recipe, run_dir: Path | None = None) -> None:
     make_loss(spec.loss)
     make_metrics(spec.metrics)
     make_callbacks(recipe.callbacks, Path(run_dir or recipe.output.run_dir))
+
+
+# ------------------------------------------------------------- Python callbacks sent by path
+def as_recipe_callback(callback: Any) -> Any | None:
+    """A callback given in Python, as a recipe ``callbacks`` entry that a child process can build
+    (a local or Ray cluster's tasks get the recipe, not Python objects), or None when it cannot
+    be sent that way.
+
+    Sent: an import path or Keras class name (``"pkg.mod:Class"``, ``"TerminateOnNaN"``), a
+    ``{class_name, config}`` dict, and an instance of an importable class (not defined in
+    ``__main__``) with a ``get_config()`` of its own, sent as ``{class_name: "module:Class",
+    config: get_config()}`` and rebuilt in each task with ``from_config``/``Class(**config)``.
+    Keras's own callbacks have no ``get_config``: give them as ``{class_name, config}``.
+    """
+    if isinstance(callback, (str, dict, KerasConfig)):
+        return callback.as_keras() if isinstance(callback, KerasConfig) else callback
+    cls = type(callback)
+    get_config = getattr(cls, "get_config", None)
+    if cls.__module__ in ("__main__", "builtins") or not callable(get_config):
+        return None
+    path = f"{cls.__module__}:{cls.__qualname__}"
+    try:
+        if import_object(path, field="callbacks") is not cls:
+            return None
+        config = callback.get_config()
+    except (RecipeError, TypeError, ValueError, NotImplementedError):
+        return None
+    return {"class_name": path, "config": dict(config)} if isinstance(config, dict) else None

@@ -40,6 +40,13 @@ class Recorder(keras.callbacks.Callback):
 class NotACallback:
     pass
 
+class Configured(keras.callbacks.Callback):
+    def __init__(self, every=1):
+        super().__init__()
+        self.every = every
+    def get_config(self):
+        return {"every": self.every}
+
 def halve(epoch, lr):
     return lr / 2.0
 '''
@@ -277,3 +284,28 @@ def test_model_from_a_saved_model_trains_only_the_trainable_layers(user_module, 
     assert main(["fit", str(write_recipe(bad, name="c.yaml"))]) == EXIT_BAD_INPUT
     assert not (tmp_path / "third").exists()
 
+
+
+def test_python_callbacks_a_task_can_rebuild_travel_in_the_recipe(user_module):
+    """Point 3: the refusal of Python callbacks for local clusters is lifted for those a child
+    task can rebuild from a recipe entry; the others stay refused (returned as kept)."""
+    import importlib
+
+    import keras
+
+    from kerasdist.launch.run import send_callbacks_by_path
+
+    recipe = validate_recipe({"cluster": {"kind": "local", "workers": 2},
+                              "strategy": {"kind": "multi_worker"}, "callbacks": ["TerminateOnNaN"]})
+    configured = importlib.import_module(user_module).Configured(every=3)
+    history = keras.callbacks.History()  # Keras's own: no get_config, cannot be rebuilt
+    sent, kept = send_callbacks_by_path(recipe, [
+        configured, {"class_name": "EarlyStopping", "config": {"patience": 2}}, history])
+    assert kept == [history]
+    assert sent.model_dump(mode="json")["callbacks"] == [
+        "TerminateOnNaN", {"class_name": f"{user_module}:Configured", "config": {"every": 3}},
+        {"class_name": "EarlyStopping", "config": {"patience": 2}}]
+    from kerasdist.training.keras_objects import make_callbacks
+
+    rebuilt = make_callbacks(sent.callbacks, "/unused")[1]
+    assert type(rebuilt) is type(configured) and rebuilt.every == 3
