@@ -179,10 +179,16 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             run_dir.claim(held, recipe, overwrite=overwrite,
                           checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
-            if isolated:
-                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
-            return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
-                                         callbacks=callbacks)
+            tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
+            try:
+                if isolated:
+                    return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
+                return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                             callbacks=callbacks)
+            except BaseException as err:
+                if tracker is not None:  # e.g. a task killed before its chief could say so
+                    tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
+                raise
     tf_config = resolve_role(recipe, tf_config)
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)

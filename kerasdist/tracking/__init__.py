@@ -33,6 +33,18 @@ def start(recipe: Recipe, *, run_dir, num_replicas: int):
     return MlflowTracker.start(recipe, run_dir=run_dir, num_replicas=num_replicas)
 
 
+def start_launch(recipe: Recipe, *, run_dir):
+    """The launcher's part (a local or Ray cluster, before its tasks start): create or continue
+    the tracker run with the user's recipe (see :meth:`MlflowTracker.start
+    <kerasdist.tracking.mlflow_tracker.MlflowTracker.start>`); None when ``output.tracking`` is
+    unset. The chief task logs into that run."""
+    if recipe.output.tracking is None:
+        return None
+    from kerasdist.tracking.mlflow_tracker import MlflowTracker
+
+    return MlflowTracker.start(recipe, run_dir=run_dir, num_replicas=None, launcher=True)
+
+
 def check(recipe: Recipe, *, isolated: bool = False) -> None:
     """Bad-input checks of ``output.tracking`` before anything starts.
 
@@ -53,4 +65,4 @@ def check(recipe: Recipe, *, isolated: bool = False) -> None:
     check_uri(tracking.uri, isolated=isolated)
 
 
-__all__ = ["check", "start"]
+__all__ = ["check", "start", "start_launch"]

@@ -16,7 +16,8 @@ What is logged (through ``mlflow.MlflowClient``, never MLflow's process-wide act
 * at the end: the held-out evaluation as ``final_<name>`` metrics, ``model.keras`` and
   ``metrics.json`` as artifacts; the run is set FINISHED (FAILED or KILLED when training raised).
 
-The run's id is written to ``<run_dir>/tracking.json``; a resumed run (same run directory) sets
+The run's id is written to ``<run_dir>/tracking.json`` (``{"kind", "uri", "run_id",
+"experiment_id", "launched"}``); a resumed run (same run directory) sets
 that run RUNNING again and logs on at its global step. The default URI is the SQLite store
 ``sqlite:///<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``: no server needed.
 """
@@ -32,15 +33,13 @@ import keras
 
 from kerasdist._log import get_logger
 from kerasdist.errors import RecipeError
-from kerasdist.training.outputs import write_json_atomic
+from kerasdist.training.outputs import MLFLOW_ARTIFACTS, MLFLOW_DB, TRACKING_FILE, write_json_atomic
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
 log = get_logger("tracking")
 
-TRACKING_FILE = "tracking.json"
-"""The run directory's record of its MLflow run (``{"kind", "uri", "run_id", "experiment_id"}``)."""
 NETWORK_SCHEMES = ("http://", "https://", "databricks")
 
 
@@ -69,7 +68,7 @@ def check_uri(uri: str | None, *, isolated: bool) -> None:
 
 def default_uri(run_dir: Path) -> str:
     """``sqlite:///<absolute run_dir>/mlflow.db``."""
-    return f"sqlite:///{Path(run_dir).absolute() / 'mlflow.db'}"
+    return f"sqlite:///{Path(run_dir).absolute() / MLFLOW_DB}"
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -83,16 +82,16 @@ def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     return {prefix: text[:6000]}
 
 
-def _tags(recipe: Recipe, run_dir: Path, num_replicas: int) -> dict[str, str]:
+def _tags(recipe: Recipe, run_dir: Path) -> dict[str, str]:
     import tensorflow as tf
 
     from kerasdist._version import __version__
 
     return {"kerasdist.strategy": recipe.strategy.kind, "kerasdist.cluster_kind":
             recipe.cluster.kind, "kerasdist.workers": str(recipe.cluster.workers),
-            "kerasdist.ps": str(recipe.cluster.ps), "kerasdist.replicas": str(num_replicas),
-            "kerasdist.version": __version__, "tensorflow.version": tf.__version__,
-            "keras.version": keras.__version__, "kerasdist.run_dir": str(Path(run_dir).absolute())}
+            "kerasdist.ps": str(recipe.cluster.ps), "kerasdist.version": __version__,
+            "tensorflow.version": tf.__version__, "keras.version": keras.__version__,
+            "kerasdist.run_dir": str(Path(run_dir).absolute())}
 
 
 class MlflowTracker(keras.callbacks.Callback):
@@ -111,8 +110,18 @@ class MlflowTracker(keras.callbacks.Callback):
         self._epoch_start, self._steps = 0.0, 0
 
     @classmethod
-    def start(cls, recipe: Recipe, *, run_dir: Path, num_replicas: int) -> MlflowTracker:
+    def start(cls, recipe: Recipe, *, run_dir: Path, num_replicas: int | None,
+              launcher: bool = False) -> MlflowTracker:
         """Create (or, when ``<run_dir>/tracking.json`` names one, continue) the MLflow run.
+
+        Args:
+            recipe: the recipe as this process runs it.
+            run_dir: the run directory.
+            num_replicas: replicas in sync (tag ``kerasdist.replicas``); None in a launcher.
+            launcher: called by the launcher of a local or Ray cluster, with the user's recipe,
+                before its tasks start: it creates the run (params and tags from the user's
+                recipe, not the tasks' rewritten one, ``cluster.kind: tf_config``) and records
+                that in ``tracking.json``; the chief task then only logs into it.
 
         Raises:
             RecipeError: MLflow missing.
@@ -130,24 +139,13 @@ class MlflowTracker(keras.callbacks.Callback):
         if record and record.get("uri") == uri:
             run_id = record["run_id"]
             client.update_run(run_id, status="RUNNING")
-            _log_changed_params(client, run_id, params)
+            if launcher or not record.get("launched"):  # a launched run's tasks leave the params
+                _log_changed_params(client, run_id, params)
             log.info(f"tracking: continuing MLflow run {run_id} at {uri}")
         else:
-            experiment = client.get_experiment_by_name(config.experiment)
-            if experiment is not None:
-                experiment_id = experiment.experiment_id
-            else:
-                location = None if uri.startswith(NETWORK_SCHEMES) else str(
-                    (run_dir / "mlartifacts").absolute())
-                experiment_id = client.create_experiment(config.experiment,
-                                                         artifact_location=location)
-            run = client.create_run(experiment_id, run_name=config.run_name or run_dir.name,
-                                    tags=_tags(recipe, run_dir, num_replicas))
-            run_id = run.info.run_id
-            _log_params(client, run_id, params)
-            write_json_atomic(run_dir / TRACKING_FILE, {
-                "kind": "mlflow", "uri": uri, "run_id": run_id, "experiment_id": experiment_id})
-            log.info(f"tracking: MLflow run {run_id} at {uri}")
+            run_id = _create_run(client, recipe, run_dir, uri, params, launcher=launcher)
+        if num_replicas is not None:
+            client.set_tag(run_id, "kerasdist.replicas", str(num_replicas))
         return cls(client, run_id, global_batch_size=recipe.data.batch_size)
 
     # ------------------------------------------------------------------------------- callback
@@ -192,6 +190,28 @@ class MlflowTracker(keras.callbacks.Callback):
             self.client.set_terminated(self.run_id, status=status)
         except Exception as err:  # noqa: BLE001 - a tracking error must not hide the real one
             log.warning(f"tracking: could not mark MLflow run {self.run_id} {status}: {err}")
+
+
+def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[str, str], *,
+                launcher: bool) -> str:
+    """A new MLflow run with the recipe's params and tags, recorded in ``tracking.json``."""
+    config = recipe.output.tracking
+    experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    else:
+        location = None if uri.startswith(NETWORK_SCHEMES) else str(
+            (run_dir / MLFLOW_ARTIFACTS).absolute())
+        experiment_id = client.create_experiment(config.experiment, artifact_location=location)
+    run = client.create_run(experiment_id, run_name=config.run_name or run_dir.name,
+                            tags=_tags(recipe, run_dir))
+    _log_params(client, run.info.run_id, params)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / TRACKING_FILE, {
+        "kind": "mlflow", "uri": uri, "run_id": run.info.run_id, "experiment_id": experiment_id,
+        "launched": launcher})
+    log.info(f"tracking: MLflow run {run.info.run_id} at {uri}")
+    return run.info.run_id
 
 
 def _read_record(run_dir: Path) -> dict | None:

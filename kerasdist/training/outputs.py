@@ -30,6 +30,12 @@ RAY_DIR = "ray"
 EVAL_FILE = "eval.json"
 LOCK_NAME = ".kerasdist.lock"
 TASK_RECIPE = "recipe.json"
+TRACKING_FILE = "tracking.json"
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
+TRACKING_ENTRIES = (TRACKING_FILE, MLFLOW_DB, f"{MLFLOW_DB}-journal", MLFLOW_ARTIFACTS)
+"""What ``output.tracking`` (:mod:`kerasdist.tracking`) may write in the run directory, possibly
+before ``run.json`` (a local cluster's launcher creates the tracker run first)."""
 
 
 def _temp_path(target: Path, suffix: str) -> Path:

@@ -103,6 +103,10 @@ def test_two_workers_log_one_mlflow_run_to_a_real_server_and_stop_at_one_epoch(
     assert run.info.status == "FINISHED"
     assert run.data.params["cluster.workers"] == "2"
     assert run.data.params["strategy.kind"] == "multi_worker"
+    # the user's recipe (logged by the launcher), not the tasks' rewritten one (tf_config)
+    assert run.data.params["cluster.kind"] == "local"
+    assert run.data.tags["kerasdist.cluster_kind"] == "local"
+    assert not any(k.startswith("kerasdist.changed.") for k in run.data.tags)
     assert run.data.params["callbacks"].startswith('[{"class_name": "EarlyStopping"')
     assert run.data.tags["kerasdist.workers"] == "2" and run.data.tags["kerasdist.replicas"] == "2"
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -130,5 +134,6 @@ def test_parameter_server_coordinator_runs_recipe_callbacks_and_tracks_to_the_ru
     (run,) = client.search_runs([record["experiment_id"]])
     assert run.data.tags["kerasdist.strategy"] == "parameter_server"
     assert run.data.tags["kerasdist.ps"] == "1"
+    assert run.data.tags["kerasdist.cluster_kind"] == "local"
     assert len(client.get_metric_history(run.info.run_id, "loss")) == 2
     assert "ps_global_step" in run.data.metrics
