@@ -130,6 +130,13 @@ def _cmd_validate(args) -> int:
         note = (f"model.name '{recipe.model.name}': import path checked for syntax only, not "
                 "imported (its module and model.params are unchecked; --import imports it, "
                 "which runs its code)")
+    from kerasdist.config.training_configs import keras_checked_fields
+
+    unchecked = [] if imports else keras_checked_fields(recipe)
+    if unchecked:
+        shape = (f"{', '.join(unchecked)}: checked for shape only (--import builds them with "
+                 "Keras, importing their import paths)")
+        note = f"{note}; {shape}" if note else shape
     if args.check_data:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.training.checks import check_recipe_here

@@ -224,3 +224,21 @@ class TrackingConfig(_Frozen):
     experiment: str = Field("kerasdist", min_length=1, description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name; None = the run dir's name.")
     log_model: bool = Field(True, description="Log model.keras and metrics.json as artifacts.")
+
+
+def keras_checked_fields(recipe) -> list[str]:
+    """The recipe fields beyond plain names whose objects only Keras can check (a
+    ``{class_name, config}``, an import path, optimizer params, callbacks): what ``kerasdist
+    validate`` checks for shape only unless given ``--import``."""
+    model, optimizer = recipe.model, recipe.optimizer
+    fields = []
+    if optimizer.params or optimizer.is_schedule or is_import_path(optimizer.name):
+        fields.append("optimizer")
+    if isinstance(model.loss, KerasConfig) or (isinstance(model.loss, str)
+                                                and is_import_path(model.loss)):
+        fields.append("model.loss")
+    if any(isinstance(m, KerasConfig) or is_import_path(m) for m in model.metrics or ()):
+        fields.append("model.metrics")
+    if recipe.callbacks:
+        fields.append("callbacks")
+    return fields

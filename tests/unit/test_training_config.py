@@ -243,7 +243,8 @@ def test_a_callback_keras_cannot_build_exits_2_before_anything_is_written(write_
     err = capsys.readouterr().err
     assert "callbacks.0: EarlyStopping cannot be built" in err and "'patiense': 2" in err
     assert not run_dir.exists()
-    assert main(["validate", recipe]) == 0  # shape only: nothing imported
+    assert main(["validate", recipe]) == 0  # shape only: nothing imported, and it says so
+    assert "callbacks: checked for shape only (--import builds them" in capsys.readouterr().out
     assert main(["validate", "--import", recipe]) == EXIT_BAD_INPUT
     assert "callbacks.0: EarlyStopping" in capsys.readouterr().err
 
@@ -309,3 +310,24 @@ def test_python_callbacks_a_task_can_rebuild_travel_in_the_recipe(user_module):
 
     rebuilt = make_callbacks(sent.callbacks, "/unused")[1]
     assert type(rebuilt) is type(configured) and rebuilt.every == 3
+
+
+def test_mirrored_runs_the_schedule_and_recipe_callbacks_on_two_replicas(user_module,
+                                                                         write_recipe, tmp_path):
+    """Point 3 under strategy mirrored (2 logical CPUs, 2 replicas in this process)."""
+    run_dir = tmp_path / "run"
+    text = LINEAR.format(run_dir=run_dir, optimizer=COSINE, epochs=3, callbacks=(
+        "[{class_name: CSVLogger, config: {filename: train.csv}}, {class_name: EarlyStopping, "
+        "config: {monitor: loss, patience: 1, min_delta: 1000000000.0}}, "
+        f"{{class_name: '{user_module}:Recorder', config: {{filename: lr.jsonl}}}}]"))
+    text += "strategy: {kind: mirrored}\n"
+    assert main(["fit", str(write_recipe(text))]) == 0
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["num_replicas"] == 2 and metrics["global_steps"] == 8  # stopped after 2 of 3
+    assert _csv_rows(run_dir) == ["0", "1"]
+    assert len((run_dir / "lr.jsonl").read_text().splitlines()) == 2
+
+
+def _csv_rows(run_dir):
+    with open(run_dir / "train.csv") as handle:
+        return [row["epoch"] for row in csv.DictReader(handle)]
