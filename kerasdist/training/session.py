@@ -144,7 +144,8 @@ def _apply_hyperparameters(optimizer, wanted: dict[str, float], recipe: Recipe,
 
 def _callbacks(recipe: Recipe, run_dir: RunDir, is_chief: bool, extra: Sequence) -> list:
     """kerasdist's callbacks (throughput first, TensorBoard on the chief unless the recipe has
-    its own), then ``extra`` (the recipe's ``callbacks``, then the caller's)."""
+    its own), then ``extra`` (the caller's, the tracker). The recipe's ``callbacks`` travel
+    apart (``RunContext.state_callbacks``): the loops run them before their checkpoint saves."""
     import keras
 
     from kerasdist.keras.callbacks import ThroughputMeter
@@ -250,11 +251,11 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
                                       overwrite=overwrite)
         return _run(recipe, run_dir, strategy, tf_strategy, model, data, mends, tf_config=tf_config,
                     task=task, is_chief=is_chief, resumable=resumable, verbose=verbose,
-                    callbacks=[*from_recipe, *callbacks], start=start)
+                    callbacks=callbacks, from_recipe=from_recipe, start=start)
 
 
 def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, tf_config, task,
-         is_chief, resumable, verbose, callbacks, start) -> RunResult | None:
+         is_chief, resumable, verbose, callbacks, from_recipe, start) -> RunResult | None:
     from kerasdist.keras.backup import check_finite_state
     from kerasdist.keras.callbacks import weights_digest
 
@@ -276,7 +277,7 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
                          verbose=recipe.trainer.verbose if verbose is None else verbose,
-                         task=task, is_chief=is_chief)
+                         task=task, is_chief=is_chief, state_callbacks=from_recipe)
         log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
                  f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
                  f"mends {mends or 'none'}; run dir {run_dir.path}")

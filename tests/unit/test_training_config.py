@@ -331,3 +331,18 @@ def test_mirrored_runs_the_schedule_and_recipe_callbacks_on_two_replicas(user_mo
 def _csv_rows(run_dir):
     with open(run_dir / "train.csv") as handle:
         return [row["epoch"] for row in csv.DictReader(handle)]
+
+
+def test_reduce_lr_on_plateau_lowers_the_rate_and_a_resume_keeps_the_lowered_rate(
+        user_module, write_recipe, tmp_path):
+    """The checkpoint holds the learning rate a callback left; resuming with the recipe's
+    unchanged constant keeps it (before, the recipe's value was always assigned back)."""
+    run_dir = tmp_path / "run"
+    callbacks = ("[{class_name: ReduceLROnPlateau, config: {monitor: loss, factor: 0.5, "
+                 "patience: 0, min_delta: 1000000000.0, min_lr: 0.0}}, "
+                 f"{{class_name: '{user_module}:Recorder', config: {{filename: lr.jsonl}}}}]")
+    assert main(["fit", _recipe(write_recipe, run_dir, epochs=3, callbacks=callbacks)]) == 0
+    assert main(["fit", _recipe(write_recipe, run_dir, epochs=4, callbacks=callbacks)]) == 0
+    lrs = [json.loads(line)["lr"] for line in (run_dir / "lr.jsonl").read_text().splitlines()]
+    # epochs 2 and 3 do not improve by 1e9: halved; epoch 4 (a new callback, no best yet) keeps it
+    assert lrs == pytest.approx([0.1, 0.05, 0.025, 0.025])
