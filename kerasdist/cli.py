@@ -64,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--json", action="store_true", help="print JSON instead of YAML")
     validate.add_argument("--import", dest="import_builder", action="store_true",
                           help="import the module of an import-path model.name (this runs its "
-                               "code) and check model.params against the builder; without it "
-                               "the path's syntax only is checked")
+                               "code) and check model.params against the builder, and build the "
+                               "optimizer, schedule, loss, metrics and callbacks with Keras "
+                               "(imports every import path they name); without it their shape "
+                               "and the paths' syntax only are checked")
     validate.add_argument("--check-data", action="store_true",
                           help="also build the model (implies --import; needs TensorFlow) and "
                                "check the data splits against it (labels, shapes, NaN/inf), the "
@@ -128,11 +130,23 @@ def _cmd_validate(args) -> int:
         note = (f"model.name '{recipe.model.name}': import path checked for syntax only, not "
                 "imported (its module and model.params are unchecked; --import imports it, "
                 "which runs its code)")
+    from kerasdist.config.training_configs import keras_checked_fields
+
+    unchecked = [] if imports else keras_checked_fields(recipe)
+    if unchecked:
+        shape = (f"{', '.join(unchecked)}: checked for shape only (--import builds them with "
+                 "Keras, importing their import paths)")
+        note = f"{note}; {shape}" if note else shape
     if args.check_data:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.training.checks import check_recipe_here
 
         check_recipe_here(recipe)
+    elif imports:  # build the optimizer, schedule, loss, metrics and callbacks with Keras
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from kerasdist.training.keras_objects import check_training_config
+
+        check_training_config(recipe)
     role = _tf_config_role(recipe)
     if role:
         note = f"{note}; {role}" if note else role

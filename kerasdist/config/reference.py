@@ -49,6 +49,13 @@ def recipe_reference_markdown() -> str:
             parts.append(_strategy_section(prop))
             continue
         sub = _resolve(prop, defs)
+        if not sub.get("properties"):  # a top-level field that is not a section (callbacks)
+            default = _value(prop["default"]) if "default" in prop else (
+                "`[]`" if prop.get("type") == "array" else "")  # a list's default_factory
+            row = _row(section, _type(prop), default, "see above")
+            parts.append(f"### `{section}`\n\n{_text(prop.get('description', ''))}\n\n"
+                         f"{_HEADER}\n{row}")
+            continue
         parts.append(f"### `{section}`\n\n{_text(sub.get('description', ''))}\n\n{_HEADER}\n"
                      + "\n".join(_rows(section, sub, defs, prop.get("default") or {})))
     return "\n\n".join(parts) + "\n"
@@ -80,6 +87,13 @@ def _rows(prefix: str, schema: dict[str, Any], defs: dict[str, Any], defaults: d
             continue
         path = f"{prefix}.{name}"
         nested = _resolve(prop, defs)
+        optional = [_resolve(o, defs) for o in prop.get("anyOf", ()) if "$ref" in o]
+        if len(optional) == 1 and optional[0].get("properties"):  # a section that may be null
+            rows.append(_row(path, "section or null", _value(prop.get("default")),
+                             f"{prop.get('description', '')} "
+                             f"{optional[0].get('description', '')}"))
+            rows.extend(_rows(path, optional[0], defs, {}))
+            continue
         if nested.get("properties"):
             rows.append(_row(path, "section", "", nested.get("description", "")))
             rows.extend(_rows(path, nested, defs, prop.get("default") or {}))
@@ -99,7 +113,14 @@ def _resolve(prop: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     return defs[ref.rsplit("/", 1)[-1]] if ref.startswith("#/$defs/") else prop
 
 
+_REF_NAMES = {"KerasConfig": "`{class_name, config}`", "TrackingConfig": "section (below)"}
+"""How a field holding a nested model (a JSON Schema ``$ref``) is named in the type column."""
+
+
 def _type(prop: dict[str, Any]) -> str:
+    if "$ref" in prop:
+        name = prop["$ref"].rsplit("/", 1)[-1]
+        return _REF_NAMES.get(name, f"`{name}`")
     if "anyOf" in prop:
         return " or ".join(_type(option) for option in prop["anyOf"])
     if "const" in prop:

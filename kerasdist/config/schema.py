@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    ConfigDict,
     Field,
     field_validator,
     model_validator,
@@ -37,22 +38,77 @@ from kerasdist.config.strategy_configs import (  # noqa: F401  (re-exported: the
     register_strategy_config,
     strategy_config_classes,
 )
+from kerasdist.config.training_configs import (  # noqa: F401  (re-exported: the schema's names)
+    CallbackSpec,
+    KerasConfig,
+    KerasObject,
+    OptimizerConfig,
+    TrackingConfig,
+    check_callback,
+    check_identifier,
+)
 from kerasdist.errors import RecipeError
 
 
 # --------------------------------------------------------------------------------------- model
 class ModelConfig(_Frozen):
-    """``model``: which Keras builder to call and with what keyword arguments.
+    """``model``: which Keras builder to call and with what keyword arguments, or which saved
+    model to start from; its loss and metrics.
 
     ``name`` is a registered builder (``mnist_cnn``, ``linear``) or an import path
     ``package.module:function`` returning an uncompiled ``keras.Model``. ``loss`` and ``metrics``
-    default to the registered builder's own; a custom builder must name its ``loss``.
+    default to the registered builder's own; a custom builder (or a saved model of one) must name
+    its ``loss``. Each is a Keras identifier (``mse``), a Keras config ``{class_name, config}`` as
+    ``keras.losses.get`` / ``keras.metrics.get`` take it, or an import path ``pkg.mod:Name`` (a
+    class is built with no arguments, a function is used as it is).
+
+    ``from`` starts from a saved ``.keras`` model (``keras.saving.load_model(compile=False)``,
+    fine-tuning) instead of calling the builder; ``name`` then only gives the default loss and
+    metrics, and ``params`` must be empty. ``trainable_layers`` freezes every top-level layer
+    whose name matches none of its glob patterns (``fnmatch``: ``dense*``, ``head_?``).
     """
+
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
 
     name: str = Field("mnist_cnn", min_length=1, description="Registered builder or 'pkg.mod:fn'.")
     params: dict[str, Any] = Field(default_factory=dict, description="Keyword args of the builder.")
-    loss: str | None = Field(None, description="Keras loss identifier; default: the builder's.")
-    metrics: list[str] | None = Field(None, description="Keras metric names; default: builder's.")
+    loss: KerasObject | None = Field(None, description="Keras loss identifier, {class_name, "
+                                     "config} or 'pkg.mod:Name'; default: the builder's.")
+    metrics: list[KerasObject] | None = Field(None, description="Keras metric identifiers, "
+                                              "{class_name, config} or 'pkg.mod:Name'; default: "
+                                              "the builder's.")
+    from_: Path | None = Field(None, alias="from", description="Start from this saved .keras "
+                               "model (fine-tuning) instead of calling the builder.")
+    trainable_layers: list[str] | None = Field(
+        None, min_length=1, description="Glob patterns of the top-level layer names that train; "
+        "every other layer is frozen. None = every layer trains.")
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: Any) -> Any:
+        return check_identifier(value, field="model.loss")
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, value: Any) -> Any:
+        for index, item in enumerate(value or ()):
+            check_identifier(item, field=f"model.metrics.{index}")
+        return value
+
+    @model_validator(mode="after")
+    def _saved_model(self) -> ModelConfig:
+        if self.from_ is None:
+            return self
+        if self.from_.suffix != ".keras":
+            raise ValueError("model.from must be a saved Keras model file ending in .keras. "
+                             f"Received: from='{self.from_}'")
+        if not self.from_.is_file():
+            raise ValueError(f"model.from does not exist or is not a file. Received: "
+                             f"from='{self.from_}'")
+        if self.params:
+            raise ValueError("model.params has no effect with model.from (the saved model is "
+                             f"loaded, no builder is called). Received: params={dict(self.params)!r}")
+        return self
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -99,21 +155,6 @@ class DataConfig(_Frozen):
         if needs_path and not self.path.exists():
             raise ValueError(f"data.path does not exist. Received: path='{self.path}'")
         return self
-
-
-# ----------------------------------------------------------------------------------- optimizer
-class OptimizerConfig(_Frozen):
-    """``optimizer``: a Keras 3 optimizer by name. ``momentum``/``nesterov`` apply to SGD and RMSprop.
-
-    ``scale_lr_by_replicas`` applies the linear scaling rule (Goyal et al. 2017, "Accurate, Large
-    Minibatch SGD"): the learning rate is multiplied by the number of replicas in sync.
-    """
-
-    name: Literal["adam", "sgd", "rmsprop", "adamw"] = "adam"
-    learning_rate: float = Field(1e-3, gt=0, allow_inf_nan=False)
-    momentum: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False)
-    nesterov: bool = False
-    scale_lr_by_replicas: bool = False
 
 
 # ------------------------------------------------------------------------------------- cluster
@@ -238,6 +279,8 @@ class OutputConfig(_Frozen):
     run_dir: Path = Path("runs/default")
     tensorboard: bool = True
     save_model: bool = True
+    tracking: TrackingConfig | None = Field(None, description="Experiment tracking ({kind: "
+                                            "mlflow, uri: ...}); None = none.")
 
     @field_validator("run_dir", mode="before")
     @classmethod
@@ -259,6 +302,18 @@ class Recipe(_Frozen):
     cluster: ClusterConfig = ClusterConfig()
     trainer: TrainerConfig = TrainerConfig()
     output: OutputConfig = OutputConfig()
+    callbacks: list[CallbackSpec] = Field(
+        default_factory=list, description="Keras callbacks, after kerasdist's own: a class name "
+        "(TerminateOnNaN), {class_name, config} (EarlyStopping, ReduceLROnPlateau, "
+        "ModelCheckpoint, CSVLogger, TensorBoard, LearningRateScheduler, ...) or 'pkg.mod:Class'. "
+        "Relative paths in filepath/filename/log_dir/backup_dir are taken inside output.run_dir.")
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks(cls, value: list) -> list:
+        for index, item in enumerate(value):
+            check_callback(item, index)
+        return value
 
     @model_validator(mode="after")
     def _cluster_fits_strategy(self) -> Recipe:

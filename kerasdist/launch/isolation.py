@@ -24,7 +24,9 @@ with a warning. Set ``KERASDIST_NO_NETNS=1`` to act as if namespaces were unavai
 
 Limits: the tasks of an isolated local cluster reach nothing but each other (no remote data
 sources such as ``gs://`` paths or online downloads after the preflight); extra Python ``callbacks``
-cannot be sent into the child, so a local coordinator run refuses them, as local peers already do.
+travel only as recipe callbacks (an import path, ``{class_name, config}``, or an instance of an
+importable class with ``get_config``: :func:`kerasdist.launch.run.send_callbacks_by_path`); any
+other callback object is refused, as local peers already do.
 """
 
 from __future__ import annotations
@@ -120,8 +122,10 @@ def plan(recipe: Recipe, *, callbacks=()) -> bool:
         if callbacks:
             raise ClusterError(
                 "extra Python callbacks cannot be sent into a local cluster, which runs in a child "
-                "process in its own network namespace; pass them to a single-process run, or "
-                f"use recipe callbacks. Received: callbacks={list(callbacks)!r}")
+                "process in its own network namespace, unless a task can rebuild them: give them "
+                "as recipe callbacks (a Keras class name, {class_name, config} or "
+                "'pkg.mod:Class'), or as instances of an importable class with get_config(); or "
+                f"pass them to a single-process run. Received: callbacks={list(callbacks)!r}")
         return True
     if not recipe.cluster.allow_network_exposure:
         raise ClusterError(

@@ -97,6 +97,31 @@ def _plan_ray(recipe: Recipe, callbacks) -> bool:
     return False
 
 
+def send_callbacks_by_path(recipe: Recipe, callbacks) -> tuple[Recipe, list]:
+    """Move the Python ``callbacks`` that a child task can build from a recipe entry (an import
+    path, ``{class_name, config}``, or an instance of an importable class with ``get_config``:
+    :func:`kerasdist.training.keras_objects.as_recipe_callback`) into ``recipe.callbacks`` (after
+    the recipe's own); return the new recipe and the callbacks that cannot be sent (refused later
+    for a cluster whose tasks run in other processes).
+
+    Raises:
+        RecipeError: a sent callback the recipe schema refuses (names ``callbacks.<i>``).
+    """
+    from kerasdist.config import validate_recipe
+    from kerasdist.training.keras_objects import as_recipe_callback
+
+    sent, kept = [], []
+    for callback in callbacks:
+        spec = as_recipe_callback(callback)
+        (kept if spec is None else sent).append(callback if spec is None else spec)
+    if not sent:
+        return recipe, kept
+    raw = recipe.model_dump(mode="json")
+    raw["callbacks"] = [*raw.get("callbacks", []), *sent]
+    log.info(f"{len(sent)} Python callback(s) sent to the cluster's tasks by import path")
+    return validate_recipe(raw, source="callbacks="), kept
+
+
 def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
     """This task's role on a real cluster: given, from Slurm, or from ``TF_CONFIG``.
 
@@ -142,18 +167,28 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if recipe.cluster.kind in ("local", "ray"):
         from kerasdist.launch import isolation
 
+        recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
         run_dir = preflight(recipe, overwrite=overwrite)
         if recipe.cluster.kind == "ray":
             isolated = _plan_ray(recipe, callbacks)
         else:
             isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
+        from kerasdist import tracking
+
+        tracking.check(recipe, isolated=isolated)
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             run_dir.claim(held, recipe, overwrite=overwrite,
                           checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
-            if isolated:
-                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
-            return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
-                                         callbacks=callbacks)
+            tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
+            try:
+                if isolated:
+                    return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
+                return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                             callbacks=callbacks)
+            except BaseException as err:
+                if tracker is not None:  # e.g. a task killed before its chief could say so
+                    tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
+                raise
     tf_config = resolve_role(recipe, tf_config)
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)

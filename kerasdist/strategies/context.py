@@ -22,6 +22,9 @@ class RunContext:
         store: the checkpoint store (:class:`kerasdist.keras.backup.BackupStore`) or None.
         start_step: global step (``optimizer.iterations``) restored from the checkpoint.
         callbacks: Keras callbacks: kerasdist's own (throughput, TensorBoard) then the user's.
+        state_callbacks: the recipe's ``callbacks``, which a loop runs before its checkpoint
+            saves, so that an epoch's checkpoint holds what they changed at its end (the
+            learning rate ``ReduceLROnPlateau`` lowered, ``stop_training``).
         verbose: Keras progress verbosity.
         task: this task's name (``worker:1``), or None for a one-process run.
         is_chief: whether this process writes the run's outputs.
@@ -39,3 +42,4 @@ class RunContext:
     task: str | None = None
     is_chief: bool = True
     extra: dict = field(default_factory=dict)
+    state_callbacks: list = field(default_factory=list)

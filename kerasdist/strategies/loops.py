@@ -66,7 +66,8 @@ class KerasFitLoop:
             # workers of a cluster log their weights' digest per epoch (compared across logs)
             digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
                 else []
-            callbacks = [StopOnNonFiniteLoss(), backup, *digest, *run.callbacks]
+            callbacks = [StopOnNonFiniteLoss(), *run.state_callbacks, backup, *digest,
+                         *run.callbacks]
             for first, last, steps, stream_step in fit_phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
@@ -77,6 +78,10 @@ class KerasFitLoop:
                     validation_data=eval_ds, validation_steps=recipe.trainer.validation_steps,
                     callbacks=callbacks, verbose=run.verbose)
                 _merge(history, hist.history)
+                if run.model.stop_training and not backup.preempted:
+                    log.info("a callback stopped training (e.g. EarlyStopping) at global step "
+                             f"{backup.step}")
+                    break
             if backup.preempted:
                 raise Preempted(backup.step)
         return history
@@ -145,7 +150,8 @@ class CoordinatorLoop:
         # The coordinator alone decides (no vote): SIGTERM or SIGINT stops the scheduling, the
         # loop joins the workers, the epoch-end save writes the checkpoint at the step reached.
         with PreemptionWatch(run.tf_strategy) as watch:
-            callbacks = [StopOnNonFiniteLoss(), _stop_when_asked(watch), *saver, *run.callbacks]
+            callbacks = [StopOnNonFiniteLoss(), _stop_when_asked(watch), *run.state_callbacks,
+                         *saver, *run.callbacks]
             for first, last, steps, stream_step in fit_phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 skip = math.ceil(stream_step / workers)  # each worker's fair share of the steps

@@ -54,7 +54,7 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
     names = [("data.train_split", recipe.data.train_split)]
     if recipe.data.eval_split:
         names.append(("data.eval_split", recipe.data.eval_split))
-    sparse = "sparse_categorical" in _loss_name(recipe)
+    sparse = "sparsecategorical" in _loss_name(recipe).replace("_", "")
     for field, split in names:
         x, y = splits[split] if split in splits else _load(recipe.data, split)
         where = f"{field} '{split}' of data.source '{recipe.data.source}'" + (
@@ -75,19 +75,20 @@ def check_recipe_here(recipe: Recipe) -> None:
     Raises:
         RecipeError, DataError, RunDirError: the first problem found.
     """
-    from kerasdist.training.model import build_model, check_metrics, make_loss
+    from kerasdist.training.keras_objects import check_training_config
+    from kerasdist.training.model import build_model
 
     check_run_dir_path(recipe.output.run_dir)
-    model, spec = build_model(recipe)
-    make_loss(spec.loss)
-    check_metrics(spec.metrics)
+    model, _ = build_model(recipe)
+    check_training_config(recipe)  # optimizer, schedule, loss, metrics, callbacks
     check_inputs(recipe, model)
 
 
 def _loss_name(recipe: Recipe) -> str:
     from kerasdist.models import registry
+    from kerasdist.training.keras_objects import loss_label
 
-    return registry.check(recipe.model).loss or ""
+    return loss_label(registry.check(recipe.model).loss)
 
 
 def _load(data_config, split: str) -> Split:

@@ -14,79 +14,81 @@ log = get_logger("training")
 
 
 def make_optimizer(config, num_replicas: int = 1):
-    """A Keras 3 optimizer from an ``OptimizerConfig``; applies linear LR scaling if asked."""
-    import keras
+    """A Keras 3 optimizer from an ``OptimizerConfig``
+    (:func:`kerasdist.training.keras_objects.make_optimizer`)."""
+    from kerasdist.training.keras_objects import make_optimizer as build
 
-    lr = config.learning_rate * (num_replicas if config.scale_lr_by_replicas else 1)
-    if config.name == "sgd":
-        return keras.optimizers.SGD(lr, momentum=config.momentum, nesterov=config.nesterov)
-    if config.name == "rmsprop":
-        return keras.optimizers.RMSprop(lr, momentum=config.momentum)
-    if config.name == "adamw":
-        return keras.optimizers.AdamW(lr)
-    return keras.optimizers.Adam(lr)
+    return build(config, num_replicas)
 
 
-def make_loss(name: str):
-    """Keras loss from an identifier; ``sparse_categorical_crossentropy_from_logits`` is the seed
-    CNN's (softmax cross-entropy on logits)."""
-    import keras
+def make_loss(spec):
+    """Keras loss from ``model.loss`` (:func:`kerasdist.training.keras_objects.make_loss`);
+    ``sparse_categorical_crossentropy_from_logits`` is the seed CNN's (softmax cross-entropy on
+    logits)."""
+    from kerasdist.training.keras_objects import make_loss as build
 
-    if name == "sparse_categorical_crossentropy_from_logits":
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    try:
-        return keras.losses.get(name)
-    except ValueError as err:
-        raise RecipeError(f"model.loss: {err}. Received: loss='{name}'") from None
-
-
-_COMPILE_ALIASES = frozenset({"accuracy", "acc", "crossentropy", "ce"})
-"""Metric names ``model.compile`` resolves itself from the loss and output shapes."""
+    return build(spec)
 
 
 def check_metrics(names) -> None:
-    """Refuse metric identifiers Keras cannot resolve (Keras itself only finds out at the first
-    training step, after the run directory has been written).
+    """Refuse metrics Keras cannot build (Keras itself only finds out at the first training
+    step, after the run directory has been written).
 
     Raises:
-        RecipeError: naming ``model.metrics`` and the unknown name.
+        RecipeError: naming ``model.metrics.<i>`` and what was received.
     """
+    from kerasdist.training.keras_objects import make_metrics
+
+    make_metrics(names)
+
+
+def _load_saved(config, precision):
+    """``model.from``: the saved ``.keras`` model, uncompiled."""
     import keras
 
-    for name in names:
-        if str(name).lower() in _COMPILE_ALIASES:
-            continue
-        try:
-            keras.metrics.get(name)
-        except (ValueError, TypeError) as err:
-            raise RecipeError(f"model.metrics: unknown metric ({err}). Received: "
-                              f"metrics={list(names)!r}") from None
+    from kerasdist.keras.precision import policy_scope
+
+    try:
+        with policy_scope(precision):
+            return keras.saving.load_model(config.from_, compile=False)
+    except Exception as err:  # noqa: BLE001 - Keras raises ValueError, TypeError, OSError ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise RecipeError(f"model.from: Keras cannot load this model: {first}. Received: "
+                          f"from='{config.from_}'") from None
 
 
 def build_model(recipe: Recipe):
     """Call the recipe's builder under the ``trainer.precision`` dtype policy and check what it
     returned (no compile; see :mod:`kerasdist.keras.precision`).
 
+    With ``model.from`` the saved model is loaded instead of calling the builder; then the
+    layers ``model.trainable_layers`` does not match are frozen.
+
     Returns:
         ``(model, spec)``: the uncompiled ``keras.Model`` and its registry ``ModelSpec``.
 
     Raises:
         RecipeError: unknown builder; the builder refused ``model.params`` (a ``ValueError`` or
-            ``TypeError``, e.g. ``dropout: 2.0``); it returned no ``keras.Model`` or a compiled one.
+            ``TypeError``, e.g. ``dropout: 2.0``); it returned no ``keras.Model`` or a compiled one;
+            ``model.from`` cannot be loaded; ``model.trainable_layers`` matches no layer.
     """
     import keras
 
     from kerasdist.keras.precision import float32_output, policy_scope
     from kerasdist.models import registry
+    from kerasdist.training.keras_objects import freeze_layers
 
     config, precision = recipe.model, recipe.trainer.precision
     spec = registry.check(config)
-    try:
-        with policy_scope(precision):
-            model = spec.build(**config.params)
-    except (ValueError, TypeError) as err:
-        raise RecipeError(f"model.params: builder '{config.name}' refused its parameters: {err}. "
-                          f"Received: params={dict(config.params)!r}") from None
+    if config.from_ is not None:
+        model = _load_saved(config, precision)
+    else:
+        try:
+            with policy_scope(precision):
+                model = spec.build(**config.params)
+        except (ValueError, TypeError) as err:
+            raise RecipeError(f"model.params: builder '{config.name}' refused its parameters: "
+                              f"{err}. Received: params={dict(config.params)!r}") from None
     if not isinstance(model, keras.Model):
         raise RecipeError(f"model.name: builder '{config.name}' must return an uncompiled "
                           f"keras.Model. Received: {type(model).__name__}")
@@ -95,6 +97,7 @@ def build_model(recipe: Recipe):
                           "keras.Model (kerasdist compiles it with the recipe's optimizer, loss and "
                           "metrics). Received: a model compiled with optimizer "
                           f"{type(getattr(model, 'optimizer', None)).__name__}")
+    freeze_layers(model, config.trainable_layers)
     return float32_output(model, precision), spec
 
 
@@ -123,10 +126,12 @@ def build_compiled_model(recipe: Recipe, num_replicas: int = 1, **compile_kwargs
     trainer = recipe.trainer
     check_divisible(recipe.data.batch_size, num_replicas, trainer.gradient_accumulation_steps)
     model, spec = build_model(recipe)
+    from kerasdist.training.keras_objects import make_metrics
+
     loss = make_loss(spec.loss)  # float32 (floatx) whatever the policy: casts the logits
-    check_metrics(spec.metrics)
+    metrics = make_metrics(spec.metrics)
     optimizer = wrap_optimizer(make_optimizer(recipe.optimizer, num_replicas), trainer.precision)
-    model.compile(optimizer=optimizer, loss=loss, metrics=list(spec.metrics), **compile_kwargs)
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics, **compile_kwargs)
     steps = trainer.gradient_accumulation_steps
     if steps > 1 or trainer.precision != "float32":
         log.info(f"precision {trainer.precision}; gradient accumulation: {steps} micro-batch(es) "

@@ -30,6 +30,12 @@ RAY_DIR = "ray"
 EVAL_FILE = "eval.json"
 LOCK_NAME = ".kerasdist.lock"
 TASK_RECIPE = "recipe.json"
+TRACKING_FILE = "tracking.json"
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
+TRACKING_ENTRIES = (TRACKING_FILE, MLFLOW_DB, f"{MLFLOW_DB}-journal", MLFLOW_ARTIFACTS)
+"""What ``output.tracking`` (:mod:`kerasdist.tracking`) may write in the run directory, possibly
+before ``run.json`` (a local cluster's launcher creates the tracker run first)."""
 
 
 def _temp_path(target: Path, suffix: str) -> Path:
@@ -81,8 +87,14 @@ def save_model_atomic(model, path: str | Path) -> Path:
 
 def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
     """What must match for a checkpoint to be resumed: the recipe's model section and the
-    checkpoint schema the strategy reads (``StrategyTraits.checkpoint_schema``)."""
-    return {"model": recipe.model.model_dump(mode="json"), "checkpoint_schema": checkpoint_schema}
+    checkpoint schema the strategy reads (``StrategyTraits.checkpoint_schema``). The model
+    fields added in kerasdist 0.3 (``from``, ``trainable_layers``) are left out while unset, so
+    run directories written before them still resume."""
+    model = recipe.model.model_dump(mode="json")
+    for key in ("from", "trainable_layers"):
+        if model.get(key) is None:
+            model.pop(key, None)
+    return {"model": model, "checkpoint_schema": checkpoint_schema}
 
 
 def read_run_info(run_dir: Path) -> dict[str, Any] | None:

@@ -56,9 +56,9 @@ if TYPE_CHECKING:
 
 log = get_logger("training")
 
-LAUNCH_ONLY = frozenset({outputs.LOG_DIR, outputs.RAY_DIR, LOCK_NAME})
+LAUNCH_ONLY = frozenset({outputs.LOG_DIR, outputs.RAY_DIR, LOCK_NAME, *outputs.TRACKING_ENTRIES})
 """Entries a run directory may hold before a run writes its ``run.json``: the launcher's task logs,
-Ray's storage (``cluster.kind: ray``) and the lock."""
+Ray's storage (``cluster.kind: ray``), the lock and the tracker's files (``output.tracking``)."""
 TASK_LOG_NAME = re.compile(r"(?:chief|worker|ps|evaluator)-\d+(?:\.log|\.status\.json(?:\.tmp)?)"
                            r"|recipe\.json|ray-worker-\d+\.json")
 """Names kerasdist's launchers write in ``logs/`` (:mod:`kerasdist.launch.processes`,

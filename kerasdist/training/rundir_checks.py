@@ -122,7 +122,7 @@ def refuse_other_optimizer(layout, recipe: Recipe, info: dict) -> None:
     before = (info.get("recipe") or {}).get("optimizer") or {}
     now = recipe.optimizer
     old_name = before.get("name")
-    if old_name is not None and old_name != now.name:
+    if old_name is not None and str(old_name).lower() != now.name.lower():
         raise RunDirError(
             f"optimizer.name changed since the checkpoints in '{layout.checkpoints}' were "
             f"written ('{old_name}' -> '{now.name}'): a '{now.name}' optimizer cannot resume "
@@ -137,6 +137,26 @@ def refuse_other_optimizer(layout, recipe: Recipe, info: dict) -> None:
             "momentum variables only when momentum > 0, so the checkpoint cannot be resumed. "
             "Keep momentum on the same side of 0, or pass --overwrite. Received: "
             f"optimizer.momentum={now.momentum}")
+    refuse_other_schedule(layout, recipe, before)
+
+
+def refuse_other_schedule(layout, recipe: Recipe, before: dict) -> None:
+    """A learning-rate schedule is a function of the global step: resuming under another one
+    (or switching between a schedule and a constant) would jump the rate at the resumed step, so
+    it is refused naming ``optimizer.learning_rate``. A constant changed into another constant is
+    applied from the resumed step (logged by the session)."""
+    if "learning_rate" not in before:
+        return
+    old = before["learning_rate"]
+    new = recipe.optimizer.model_dump(mode="json")["learning_rate"]
+    if not (isinstance(old, dict) or isinstance(new, dict)) or old == new:
+        return
+    raise RunDirError(
+        f"optimizer.learning_rate: the schedule changed since the checkpoints in "
+        f"'{layout.checkpoints}' were written ({old!r} -> {new!r}); a resumed run continues its "
+        "schedule at the exact step, so it must be the same. Keep the previous "
+        "optimizer.learning_rate, or pass --overwrite to start afresh (the old run is moved "
+        f"aside). Received: learning_rate={new!r}")
 
 
 def refuse_unwritable(layout, recipe: Recipe, entries: set[str]) -> None:

@@ -102,29 +102,38 @@ def _make_store(recipe, strategy, tf_strategy, model, data, *, run_dir: RunDir, 
 
 def _hyperparameters(optimizer) -> dict[str, float]:
     """The optimizer's hyperparameters held in its variables (saved in checkpoints): what the
-    recipe asks for, read before a restore overwrites them."""
+    recipe asks for, read before a restore overwrites them. Empty for a schedule (a function of
+    ``optimizer.iterations``, not a variable: nothing to restore or re-apply)."""
     import keras
 
+    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        return {}
     return {"learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate))}
 
 
 def _apply_hyperparameters(optimizer, wanted: dict[str, float], recipe: Recipe,
                            previous: dict | None, step: int, *, log_it: bool) -> None:
-    """After a restore: the recipe's hyperparameters apply from the resumed step. A checkpoint
-    holds the learning rate it was written with; the recipe's (scaled as the recipe says) is
-    assigned back, and every change is logged ("learning_rate 0.001 -> 0.5 at step 6"). The
+    """After a restore: hyperparameters the recipe changed since the previous run apply from the
+    resumed step. A checkpoint holds the learning rate it was written with (as a callback such
+    as ``ReduceLROnPlateau`` left it); when the recipe's constant ``optimizer.learning_rate``
+    differs from the previous run's (its ``run.json``), the recipe's (scaled as the recipe says)
+    is assigned and logged ("learning_rate 0.001 -> 0.5 at step 6"); otherwise the checkpoint's
+    stays. A schedule is never assigned (it continues at ``optimizer.iterations``; a changed
+    schedule was refused by :meth:`RunDir.check <kerasdist.training.rundir.RunDir.check>`). The
     other optimizer fields are not in the checkpoint (built from the recipe); their changes since
-    the previous run (its ``run.json``) are logged too."""
+    the previous run are logged too."""
     import keras
     import numpy as np
 
-    restored = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-    changes = []
-    if np.float32(restored) != np.float32(wanted["learning_rate"]):
-        optimizer.learning_rate = wanted["learning_rate"]
-        changes.append(f"learning_rate {restored:.6g} -> {wanted['learning_rate']:.6g}")
     before = ((previous or {}).get("recipe") or {}).get("optimizer") or {}
     now = recipe.optimizer.model_dump(mode="json")
+    changes = []
+    if "learning_rate" in wanted:
+        restored = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+        recipe_changed = before.get("learning_rate", now["learning_rate"]) != now["learning_rate"]
+        if recipe_changed and np.float32(restored) != np.float32(wanted["learning_rate"]):
+            optimizer.learning_rate = wanted["learning_rate"]
+            changes.append(f"learning_rate {restored:.6g} -> {wanted['learning_rate']:.6g}")
     changes += [f"{key} {before[key]!r} -> {value!r}" for key, value in now.items()
                 if key not in ("name", "learning_rate") and key in before and before[key] != value]
     if log_it:
@@ -134,14 +143,35 @@ def _apply_hyperparameters(optimizer, wanted: dict[str, float], recipe: Recipe,
 
 
 def _callbacks(recipe: Recipe, run_dir: RunDir, is_chief: bool, extra: Sequence) -> list:
+    """kerasdist's callbacks (throughput first, TensorBoard on the chief unless the recipe has
+    its own), then ``extra`` (the caller's, the tracker). The recipe's ``callbacks`` travel
+    apart (``RunContext.state_callbacks``): the loops run them before their checkpoint saves."""
     import keras
 
     from kerasdist.keras.callbacks import ThroughputMeter
+    from kerasdist.training.keras_objects import has_tensorboard
 
     cbs = [ThroughputMeter(recipe.data.batch_size)]
-    if recipe.output.tensorboard and is_chief:
+    if recipe.output.tensorboard and is_chief and not has_tensorboard(recipe.callbacks):
         cbs.append(keras.callbacks.TensorBoard(log_dir=str(run_dir.tensorboard)))
     return cbs + list(extra)
+
+
+def _recipe_callbacks(recipe: Recipe, run_dir: RunDir) -> list:
+    """The recipe's ``callbacks``, built on every task (EarlyStopping must stop every worker).
+    Keras's writing callbacks are first made chief-aware with atomic writes, as
+    ``kerasdist.enable()`` does (:mod:`kerasdist._compat.keras_chief_callbacks`: ModelCheckpoint;
+    :mod:`kerasdist._compat.keras_chief_logs`: TensorBoard, CSVLogger): under a multi-worker
+    strategy only the chief writes the run directory; elsewhere Keras's own code runs."""
+    from kerasdist.training.keras_objects import make_callbacks
+
+    if not recipe.callbacks:
+        return []
+    from kerasdist._compat import keras_chief_callbacks, keras_chief_logs
+
+    keras_chief_callbacks.install()
+    keras_chief_logs.install()
+    return make_callbacks(recipe.callbacks, run_dir.path)
 
 
 def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
@@ -211,22 +241,28 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
         data = strategy.make_input(recipe, tf_strategy)
         model = _build_model(recipe, strategy, tf_strategy)
+        from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
+        if is_chief:
+            from kerasdist import tracking
+
+            tracking.check(recipe)
         if is_chief:
             resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
                                       overwrite=overwrite)
         return _run(recipe, run_dir, strategy, tf_strategy, model, data, mends, tf_config=tf_config,
                     task=task, is_chief=is_chief, resumable=resumable, verbose=verbose,
-                    callbacks=callbacks, start=start)
+                    callbacks=callbacks, from_recipe=from_recipe, start=start)
 
 
 def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, tf_config, task,
-         is_chief, resumable, verbose, callbacks, start) -> RunResult | None:
+         is_chief, resumable, verbose, callbacks, from_recipe, start) -> RunResult | None:
     from kerasdist.keras.backup import check_finite_state
     from kerasdist.keras.callbacks import weights_digest
 
     schema = strategy.traits.checkpoint_schema
     store = _make_store(recipe, strategy, tf_strategy, model, data, run_dir=run_dir, task=task,
                         is_chief=is_chief)
+    tracker = None
     try:
         wanted = _hyperparameters(model.optimizer)
         start_step = store.restore() if (store is not None and resumable) else 0
@@ -236,14 +272,20 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
         strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir.path)
         if is_chief:
             run_dir.write_run_info(recipe, schema)
+            tracker = _start_tracking(recipe, run_dir, strategy.num_replicas(tf_strategy))
+            callbacks = [*callbacks, *([tracker] if tracker is not None else [])]
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
                          verbose=recipe.trainer.verbose if verbose is None else verbose,
-                         task=task, is_chief=is_chief)
+                         task=task, is_chief=is_chief, state_callbacks=from_recipe)
         log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
                  f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
                  f"mends {mends or 'none'}; run dir {run_dir.path}")
         history, evaluation = _train_and_evaluate(run, strategy.make_loop(), strategy, tf_config)
+    except BaseException as err:
+        if tracker is not None:
+            tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")  # Ctrl-C, SIGTERM
+        raise
     finally:
         if store is not None:
             store.close()
@@ -265,4 +307,15 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
             "task": task, "mends": mends, "restored_state_sha256": getattr(store, "restored_digest", None),
             "restore_verified": bool(getattr(store, "restore_verified", False)), **run.extra})
     write_metrics(result, recipe)
+    if tracker is not None:
+        tracker.finish(evaluation=evaluation, step=steps, artifacts=(
+            [model_path, run_dir.metrics] if recipe.output.tracking.log_model else []))
     return result
+
+
+def _start_tracking(recipe: Recipe, run_dir: RunDir, num_replicas: int):
+    """The chief's (coordinator's) tracker of ``output.tracking`` (:mod:`kerasdist.tracking`),
+    or None."""
+    from kerasdist import tracking
+
+    return tracking.start(recipe, run_dir=run_dir.path, num_replicas=num_replicas)

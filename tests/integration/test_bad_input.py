@@ -75,7 +75,7 @@ def _fit(tmp_path, capsys, model="{}", **data):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("model, needle", [
     ("{params: {dropout: 2.0}}", "model.params: builder 'mnist_cnn' refused its parameters"),
-    ("{metrics: [accuracy, nope]}", "model.metrics: unknown metric"),
+    ("{metrics: [accuracy, nope]}", "model.metrics.1: unknown metric"),
 ])
 def test_model_errors_exit_2_before_run_json(tmp_path, capsys, model, needle):
     code, err, run_dir = _fit(tmp_path, capsys, model=model)

@@ -156,7 +156,7 @@ def test_dump_round_trips_and_schema_lists_sections():
     assert validate_recipe(yaml.safe_load(dump_recipe(recipe))) == recipe
     schema = json_schema()
     assert set(schema["properties"]) == {"model", "data", "optimizer", "strategy", "cluster",
-                                         "trainer", "output"}
+                                         "trainer", "output", "callbacks"}
     json.dumps(schema)
 
 

@@ -146,7 +146,7 @@ def test_builder_must_return_an_uncompiled_model(user_module, builder, needle):
 
 @pytest.mark.parametrize("model, needle", [
     (ModelConfig(params={"dropout": 2.0}), r"model.params: builder 'mnist_cnn' refused .*dropout"),
-    (ModelConfig(metrics=["accuracy", "nope"]), r"model.metrics: unknown metric .*'nope'"),
+    (ModelConfig(metrics=["accuracy", "nope"]), r"model.metrics.1: unknown metric .*'nope'"),
     (ModelConfig(loss="nope"), r"model.loss: .*loss='nope'"),
 ])
 def test_model_errors_are_recipe_errors(model, needle):

@@ -1,0 +1,244 @@
+"""Recipe models of the Keras-native training config: Keras objects as identifiers, Keras configs
+(``{class_name, config}``) or import paths; the optimizer with its schedule; callbacks; tracking.
+
+Everything here is checked for its *shape* when a recipe is loaded (no Keras import, so
+``kerasdist validate`` stays fast). Whether Keras can build each object (an unknown class name, a
+config argument the class refuses, an import path that fails) is checked by
+:func:`kerasdist.training.keras_objects.check_training_config` before anything is written: by
+``kerasdist fit`` (single process: before the run directory is claimed; local clusters: in the
+launcher's preflight) and by ``kerasdist validate --import`` / ``--check-data``.
+
+An import path ``package.module:Name`` runs code when it is imported, like any Python file you
+run: a recipe with import paths is as trusted as the code it names (see
+:mod:`kerasdist.models.registry`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from kerasdist.config._base import Frozen as _Frozen
+
+
+def is_import_path(text: str) -> bool:
+    """True when ``text`` looks like ``package.module:Name`` (a ``:`` separating two parts)."""
+    return ":" in text
+
+
+def check_import_path(text: str, *, field: str) -> str:
+    """Refuse a malformed import path (syntax only; nothing is imported).
+
+    Raises:
+        ValueError: naming ``field`` and the text received.
+    """
+    module, _, attr = text.partition(":")
+    parts = module.split(".")
+    if not (all(p.isidentifier() for p in parts) and all(a.isidentifier() for a in attr.split("."))):
+        raise ValueError(f"{field}: not an import path 'package.module:Name'. Received: {text!r}")
+    return text
+
+
+class KerasConfig(_Frozen):
+    """A Keras object in Keras's own serialized form, ``{class_name, config}``.
+
+    ``class_name`` is what Keras's ``get``/``deserialize`` functions look up (``CosineDecay``,
+    ``SparseCategoricalCrossentropy``, ``EarlyStopping``), or an import path
+    ``package.module:Class`` of your own class, built as ``Class.from_config(config)`` when it has
+    that method, else ``Class(**config)``. The ``module`` and ``registered_name`` keys that
+    ``keras.saving.serialize_keras_object`` also writes are accepted and dropped (the class name
+    finds a Keras built-in; your own classes go by import path).
+    """
+
+    class_name: str = Field(min_length=1, description="Keras class name or 'pkg.mod:Class'.")
+    config: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_keras_extras(cls, data: Any) -> Any:
+        if isinstance(data, dict) and ({"module", "registered_name"} & set(data)):
+            data = {k: v for k, v in data.items() if k not in ("module", "registered_name")}
+        return data
+
+    @field_validator("class_name")
+    @classmethod
+    def _class_name(cls, value: str) -> str:
+        if is_import_path(value):
+            return check_import_path(value, field="class_name")
+        if not value.replace("_", "").replace(">", "").isalnum():
+            raise ValueError(f"class_name must be a Keras class name or an import path "
+                             f"'package.module:Class'. Received: class_name={value!r}")
+        return value
+
+    def as_keras(self) -> dict[str, Any]:
+        """The dict Keras's ``get``/``deserialize`` take."""
+        return {"class_name": self.class_name, "config": dict(self.config)}
+
+
+KerasObject = str | KerasConfig
+"""A Keras identifier (``"adam"``, ``"mse"``, ``"accuracy"``), an import path ``pkg.mod:Name``,
+or a :class:`KerasConfig`."""
+
+
+def check_identifier(value: Any, *, field: str) -> Any:
+    """A bare identifier must not be empty; an import path must be well formed."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{field}: an empty identifier. Received: {value!r}")
+        if is_import_path(value):
+            check_import_path(value, field=field)
+    return value
+
+
+# ------------------------------------------------------------------------------------ optimizer
+_LEGACY_FIELDS = ("momentum", "nesterov", "scale_lr_by_replicas", "learning_rate", "params", "name")
+
+
+class OptimizerConfig(_Frozen):
+    """``optimizer``: any Keras 3 optimizer, with a constant learning rate or a Keras schedule.
+
+    ``name`` is what ``keras.optimizers.get`` accepts (``adam``, ``AdamW``, ``lion`` ...) or an
+    import path ``pkg.mod:Class`` of an optimizer class of your own; ``params`` are its keyword
+    arguments (e.g. ``weight_decay``, ``beta_1``, ``global_clipnorm``). The Keras form
+    ``optimizer: {class_name: AdamW, config: {learning_rate: ..., weight_decay: ...}}`` is
+    accepted too and read as ``name`` + ``params`` (+ ``learning_rate``).
+
+    ``learning_rate`` is a positive float or a schedule ``{class_name, config}`` that
+    ``keras.optimizers.schedules.deserialize`` builds (``CosineDecay`` with ``warmup_steps`` /
+    ``warmup_target``, ``ExponentialDecay``, ``PiecewiseConstantDecay`` ...; an import path for
+    your own ``LearningRateSchedule``). A schedule is evaluated at ``optimizer.iterations``, the
+    global step restored from the checkpoint, so a resumed run continues it at its exact step.
+
+    ``momentum``/``nesterov`` apply to SGD and RMSprop (kept from earlier recipes).
+    ``scale_lr_by_replicas`` applies the linear scaling rule (Goyal et al. 2017, "Accurate, Large
+    Minibatch SGD"): a constant learning rate is multiplied by the number of replicas in sync (not
+    available with a schedule: scale the schedule's own rates).
+
+    On resume (see :mod:`kerasdist.training.rundir`): another optimizer class is refused; a
+    changed constant learning rate and changed ``params`` are applied from the resumed step and
+    logged; a changed schedule is refused (exit 2), naming ``optimizer.learning_rate``.
+    """
+
+    name: str = Field("adam", min_length=1, description="keras.optimizers.get identifier (adam, "
+                      "adamw, sgd, rmsprop, lion, ...) or 'pkg.mod:Class'.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the "
+                                   "optimizer (weight_decay, beta_1, global_clipnorm, ...).")
+    learning_rate: float | KerasConfig = Field(
+        1e-3, description="A positive float, or a Keras schedule {class_name, config} "
+        "(CosineDecay, ExponentialDecay, PiecewiseConstantDecay, ... or 'pkg.mod:Class').")
+    momentum: float = Field(0.0, ge=0, lt=1, allow_inf_nan=False,
+                            description="SGD, RMSprop only.")
+    nesterov: bool = Field(False, description="SGD only.")
+    scale_lr_by_replicas: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keras_form(cls, data: Any) -> Any:
+        """``{class_name, config[, module, registered_name]}`` -> ``name``, ``params``,
+        ``learning_rate``."""
+        if not isinstance(data, dict) or "class_name" not in data:
+            return data
+        mixed = sorted(set(data) & set(_LEGACY_FIELDS))
+        if mixed:
+            raise ValueError(f"optimizer: give either the Keras form {{class_name, config}} or "
+                             f"name/params/learning_rate, not both. Received: keys {sorted(data)}")
+        extra = sorted(set(data) - {"class_name", "config", "module", "registered_name"})
+        if extra:
+            raise ValueError(f"optimizer: unknown key(s) {extra} in the Keras form "
+                             "{class_name, config}. Received: " + repr(data))
+        config = dict(data.get("config") or {})
+        out: dict[str, Any] = {"name": data["class_name"]}
+        if "learning_rate" in config:
+            out["learning_rate"] = config.pop("learning_rate")
+        config.pop("name", None)  # Keras writes the optimizer's own name in its config
+        out["params"] = config
+        return out
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_identifier(value, field="optimizer.name")
+
+    @field_validator("learning_rate")
+    @classmethod
+    def _positive(cls, value: float | KerasConfig) -> float | KerasConfig:
+        import math
+
+        if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+            raise ValueError("optimizer.learning_rate must be a finite number > 0 or a schedule "
+                             f"{{class_name, config}}. Received: {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OptimizerConfig:
+        for key in ("learning_rate", "momentum", "nesterov"):
+            if key in self.params:
+                raise ValueError(f"optimizer.params.{key}: give it as optimizer.{key}, not in "
+                                 f"params. Received: params={dict(self.params)!r}")
+        if self.scale_lr_by_replicas and isinstance(self.learning_rate, KerasConfig):
+            raise ValueError("optimizer.scale_lr_by_replicas applies to a constant learning rate "
+                             "only; with a schedule, scale its rates in its config. Received: "
+                             f"learning_rate={self.learning_rate.as_keras()!r}")
+        return self
+
+    @property
+    def is_schedule(self) -> bool:
+        """Whether ``learning_rate`` is a schedule (not a constant)."""
+        return isinstance(self.learning_rate, KerasConfig)
+
+
+# ------------------------------------------------------------------------------------ callbacks
+CallbackSpec = KerasConfig | str
+"""A recipe callback: a Keras callback class name (``TerminateOnNaN``), ``{class_name, config}``
+or an import path ``pkg.mod:Class`` (built with no arguments) / ``{class_name: pkg.mod:Class,
+config: {...}}``."""
+
+PATH_KEYS = ("filepath", "filename", "log_dir", "backup_dir")
+"""Callback config keys holding a file or folder path; a relative path there is taken inside the
+run directory (``CSVLogger(filename='train.csv')`` writes ``<run_dir>/train.csv``)."""
+
+
+def check_callback(value: Any, index: int) -> Any:
+    """A string callback must be a class name or an import path."""
+    if isinstance(value, str):
+        check_identifier(value, field=f"callbacks.{index}")
+        if not is_import_path(value) and not value.isidentifier():
+            raise ValueError(f"callbacks.{index}: a Keras callback class name (EarlyStopping) or "
+                             f"'pkg.mod:Class'. Received: {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------- tracking
+class TrackingConfig(_Frozen):
+    """``output.tracking``: log the run to an experiment tracker (``kind: mlflow``).
+
+    Exactly one tracker run per kerasdist run, written by the chief (multi-worker) or the
+    coordinator (parameter server); a resumed or elastic run continues it (its id is kept in the
+    run directory, ``tracking.json``). Needs ``pip install 'kerasdist[mlflow]'``.
+    """
+
+    kind: Literal["mlflow"] = "mlflow"
+    uri: str | None = Field(None, min_length=1, description="MLflow tracking URI (http://HOST:PORT, "
+                            "sqlite:///file.db, ...); None = sqlite:///<run_dir>/mlflow.db.")
+    experiment: str = Field("kerasdist", min_length=1, description="MLflow experiment name.")
+    run_name: str | None = Field(None, description="MLflow run name; None = the run dir's name.")
+    log_model: bool = Field(True, description="Log model.keras and metrics.json as artifacts.")
+
+
+def keras_checked_fields(recipe) -> list[str]:
+    """The recipe fields beyond plain names whose objects only Keras can check (a
+    ``{class_name, config}``, an import path, optimizer params, callbacks): what ``kerasdist
+    validate`` checks for shape only unless given ``--import``."""
+    model, optimizer = recipe.model, recipe.optimizer
+    fields = []
+    if optimizer.params or optimizer.is_schedule or is_import_path(optimizer.name):
+        fields.append("optimizer")
+    if isinstance(model.loss, KerasConfig) or (isinstance(model.loss, str)
+                                                and is_import_path(model.loss)):
+        fields.append("model.loss")
+    if any(isinstance(m, KerasConfig) or is_import_path(m) for m in model.metrics or ()):
+        fields.append("model.metrics")
+    if recipe.callbacks:
+        fields.append("callbacks")
+    return fields

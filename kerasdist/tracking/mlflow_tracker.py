@@ -1,0 +1,258 @@
+"""MLflow tracking of a recipe run: one MLflow run per kerasdist run, logged by one task.
+
+What is logged (through ``mlflow.MlflowClient``, never MLflow's process-wide active run):
+
+* params: the resolved recipe flattened to dotted keys (``optimizer.learning_rate.config.
+  decay_steps``), values as JSON text (cut to MLflow's 6000 characters). MLflow params cannot
+  change; a resumed run whose recipe changed a value (``trainer.epochs`` 2 -> 4) records it as the
+  tag ``kerasdist.changed.<key>`` ("2 -> 4 at step 8");
+* metrics at every epoch end, at the global step (``optimizer.iterations``): every numeric
+  Keras log (``loss``, ``val_accuracy``, the parameter-server ``ps_*`` figures) and
+  ``examples_per_sec`` (global batch x steps of the epoch / its wall seconds, validation
+  included);
+* tags: ``kerasdist.strategy``, ``kerasdist.cluster_kind``, ``kerasdist.workers``,
+  ``kerasdist.ps``, ``kerasdist.replicas``, ``kerasdist.version``, ``tensorflow.version``,
+  ``keras.version``, ``kerasdist.run_dir``;
+* at the end: the held-out evaluation as ``final_<name>`` metrics, ``model.keras`` and
+  ``metrics.json`` as artifacts; the run is set FINISHED (FAILED or KILLED when training raised).
+
+The run's id is written to ``<run_dir>/tracking.json`` (``{"kind", "uri", "run_id",
+"experiment_id", "launched"}``); a resumed run (same run directory) sets
+that run RUNNING again and logs on at its global step. The default URI is the SQLite store
+``sqlite:///<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``: no server needed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import keras
+
+from kerasdist._log import get_logger
+from kerasdist.errors import RecipeError
+from kerasdist.training.outputs import MLFLOW_ARTIFACTS, MLFLOW_DB, TRACKING_FILE, write_json_atomic
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+
+log = get_logger("tracking")
+
+NETWORK_SCHEMES = ("http://", "https://", "databricks")
+
+
+def require_mlflow() -> None:
+    """Raises RecipeError naming ``output.tracking`` when MLflow is not installed."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise RecipeError("output.tracking: kind 'mlflow' needs MLflow: pip install "
+                          "'kerasdist[mlflow]'. Received: kind='mlflow'") from None
+
+
+def check_uri(uri: str | None, *, isolated: bool) -> None:
+    """An isolated local cluster's tasks reach nothing outside their network namespace.
+
+    Raises:
+        RecipeError: a network URI for a run in a private network namespace.
+    """
+    if isolated and uri is not None and uri.startswith(NETWORK_SCHEMES):
+        raise RecipeError(
+            "output.tracking.uri: a local cluster runs in a private network namespace "
+            "(kerasdist.launch.isolation) from which this tracking server cannot be reached. Use "
+            "a file URI (the default, sqlite:///<run_dir>/mlflow.db, or sqlite:///PATH), or set "
+            f"cluster.allow_network_exposure: true. Received: uri={uri!r}")
+
+
+def default_uri(run_dir: Path) -> str:
+    """``sqlite:///<absolute run_dir>/mlflow.db``."""
+    return f"sqlite:///{Path(run_dir).absolute() / MLFLOW_DB}"
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``; lists and scalars become JSON text."""
+    if isinstance(value, dict) and value:
+        out: dict[str, str] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    text = value if isinstance(value, str) else json.dumps(value)
+    return {prefix: text[:6000]}
+
+
+def _tags(recipe: Recipe, run_dir: Path) -> dict[str, str]:
+    import tensorflow as tf
+
+    from kerasdist._version import __version__
+
+    return {"kerasdist.strategy": recipe.strategy.kind, "kerasdist.cluster_kind":
+            recipe.cluster.kind, "kerasdist.workers": str(recipe.cluster.workers),
+            "kerasdist.ps": str(recipe.cluster.ps), "kerasdist.version": __version__,
+            "tensorflow.version": tf.__version__, "keras.version": keras.__version__,
+            "kerasdist.run_dir": str(Path(run_dir).absolute())}
+
+
+class MlflowTracker(keras.callbacks.Callback):
+    """A Keras callback logging a recipe run to MLflow (see module docs). Build it with
+    :meth:`start` on the one task that writes the run directory.
+
+    Args:
+        client: an ``mlflow.MlflowClient``.
+        run_id: the MLflow run logged to.
+        global_batch_size: examples per step (``data.batch_size``), for ``examples_per_sec``.
+    """
+
+    def __init__(self, client, run_id: str, *, global_batch_size: int):
+        super().__init__()
+        self.client, self.run_id, self.batch = client, run_id, global_batch_size
+        self._epoch_start, self._steps = 0.0, 0
+
+    @classmethod
+    def start(cls, recipe: Recipe, *, run_dir: Path, num_replicas: int | None,
+              launcher: bool = False) -> MlflowTracker:
+        """Create (or, when ``<run_dir>/tracking.json`` names one, continue) the MLflow run.
+
+        Args:
+            recipe: the recipe as this process runs it.
+            run_dir: the run directory.
+            num_replicas: replicas in sync (tag ``kerasdist.replicas``); None in a launcher.
+            launcher: called by the launcher of a local or Ray cluster, with the user's recipe,
+                before its tasks start: it creates the run (params and tags from the user's
+                recipe, not the tasks' rewritten one, ``cluster.kind: tf_config``) and records
+                that in ``tracking.json``; the chief task then only logs into it.
+
+        Raises:
+            RecipeError: MLflow missing.
+            mlflow.exceptions.MlflowException: the tracking server refused or cannot be reached.
+        """
+        require_mlflow()
+        from mlflow import MlflowClient
+
+        run_dir = Path(run_dir)
+        config = recipe.output.tracking
+        uri = config.uri or default_uri(run_dir)
+        client = MlflowClient(tracking_uri=uri)
+        record = _read_record(run_dir)
+        params = flatten(recipe.model_dump(mode="json"))
+        if record and record.get("uri") == uri:
+            run_id = record["run_id"]
+            client.update_run(run_id, status="RUNNING")
+            if launcher or not record.get("launched"):  # a launched run's tasks leave the params
+                _log_changed_params(client, run_id, params)
+            log.info(f"tracking: continuing MLflow run {run_id} at {uri}")
+        else:
+            run_id = _create_run(client, recipe, run_dir, uri, params, launcher=launcher)
+        if num_replicas is not None:
+            client.set_tag(run_id, "kerasdist.replicas", str(num_replicas))
+        return cls(client, run_id, global_batch_size=recipe.data.batch_size)
+
+    # ------------------------------------------------------------------------------- callback
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start, self._steps = time.perf_counter(), 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps = batch + 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        from mlflow.entities import Metric
+
+        step = _global_step(self.model)
+        seconds = time.perf_counter() - self._epoch_start
+        now = int(time.time() * 1000)
+        values = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
+        if seconds > 0 and self._steps:
+            values["examples_per_sec"] = self._steps * self.batch / seconds
+        values["epoch"] = float(epoch + 1)
+        metrics = [Metric(key, value, now, step) for key, value in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    # ----------------------------------------------------------------------------- the end
+    def finish(self, *, evaluation: dict[str, float], step: int, artifacts=()) -> None:
+        """Log the held-out figures (``final_<name>``) and the artifacts; set FINISHED."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(f"final_{k}", float(v), now, step) for k, v in evaluation.items()
+                   if _is_number(v)]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+        for path in artifacts:
+            if path is not None and Path(path).is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, status="FINISHED")
+
+    def fail(self, status: str = "FAILED") -> None:
+        """Mark the MLflow run ``status`` (FAILED, KILLED); never raises (the run's own error
+        is the one to report)."""
+        try:
+            self.client.set_terminated(self.run_id, status=status)
+        except Exception as err:  # noqa: BLE001 - a tracking error must not hide the real one
+            log.warning(f"tracking: could not mark MLflow run {self.run_id} {status}: {err}")
+
+
+def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[str, str], *,
+                launcher: bool) -> str:
+    """A new MLflow run with the recipe's params and tags, recorded in ``tracking.json``."""
+    config = recipe.output.tracking
+    experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is not None:
+        experiment_id = experiment.experiment_id
+    else:
+        location = None if uri.startswith(NETWORK_SCHEMES) else str(
+            (run_dir / MLFLOW_ARTIFACTS).absolute())
+        experiment_id = client.create_experiment(config.experiment, artifact_location=location)
+    run = client.create_run(experiment_id, run_name=config.run_name or run_dir.name,
+                            tags=_tags(recipe, run_dir))
+    _log_params(client, run.info.run_id, params)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(run_dir / TRACKING_FILE, {
+        "kind": "mlflow", "uri": uri, "run_id": run.info.run_id, "experiment_id": experiment_id,
+        "launched": launcher})
+    log.info(f"tracking: MLflow run {run.info.run_id} at {uri}")
+    return run.info.run_id
+
+
+def _read_record(run_dir: Path) -> dict | None:
+    try:
+        data = json.loads((run_dir / TRACKING_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("run_id") else None
+
+
+def _log_params(client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), 100):  # MLflow's most params per log_batch
+        client.log_batch(run_id, params=items[start:start + 100])
+
+
+def _log_changed_params(client, run_id: str, params: dict[str, str]) -> None:
+    from mlflow.entities import RunTag
+
+    logged = client.get_run(run_id).data.params
+    new = {k: v for k, v in params.items() if k not in logged}
+    if new:
+        _log_params(client, run_id, new)
+    changed = [RunTag(f"kerasdist.changed.{k}", f"{logged[k]} -> {v}"[:5000])
+               for k, v in params.items() if k in logged and logged[k] != v]
+    for start in range(0, len(changed), 100):
+        client.log_batch(run_id, tags=changed[start:start + 100])
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(value, bool)
+
+
+def _global_step(model) -> int:
+    import numpy as np
+
+    optimizer = getattr(model, "optimizer", None)
+    return int(np.asarray(optimizer.iterations)) if optimizer is not None else 0
