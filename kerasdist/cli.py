@@ -128,6 +128,9 @@ def _cmd_validate(args) -> int:
         note = (f"model.name '{recipe.model.name}': import path checked for syntax only, not "
                 "imported (its module and model.params are unchecked; --import imports it, "
                 "which runs its code)")
+    from kerasdist.launch.run import check_shape
+
+    check_shape(recipe)  # what fit refuses before anything starts: batch vs replicas, task count
     if args.check_data:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.training.checks import check_recipe_here

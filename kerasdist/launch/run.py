@@ -58,20 +58,12 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
         RecipeError, DataError, RunDirError, ClusterError: bad input (exit code 2).
     """
     from kerasdist.data.sources import load_split
-    from kerasdist.launch.processes import check_task_count
     from kerasdist.training import checks
 
     strategy = registry.for_recipe(recipe)
-    cluster = recipe.cluster
-    if cluster.kind == "local":
-        coordinator = 1 if strategy.traits.needs_ps else 0
-        check_task_count(cluster.workers + cluster.ps + coordinator,
-                         allowed=cluster.allow_oversubscription,
-                         what=f"cluster.workers={cluster.workers}, cluster.ps={cluster.ps}",
-                         flag="--set cluster.allow_oversubscription=true")
+    check_shape(recipe)
     run_dir = RunDir.of(recipe)
     run_dir.check_path()
-    strategy.preflight(recipe)
     x, _ = load_split(recipe.data, recipe.data.train_split)
     if len(x) < recipe.data.batch_size:
         raise DataError(f"data.train_split '{recipe.data.train_split}' has {len(x)} examples, fewer "
@@ -81,6 +73,28 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
     checks.check_recipe_here(recipe)
     return run_dir
+
+
+def check_shape(recipe: Recipe) -> None:
+    """The checks of :func:`preflight` that read nothing and start nothing (``kerasdist
+    validate`` runs them too): the tasks of a local cluster against this machine's cores, and the
+    strategy's own (:meth:`~kerasdist.strategies.base.Strategy.preflight`: the global batch
+    against the replicas known in advance).
+
+    Raises:
+        RecipeError, ClusterError: bad input (exit code 2), naming the fields and their values.
+    """
+    from kerasdist.launch.processes import check_task_count
+
+    strategy = registry.for_recipe(recipe)
+    cluster = recipe.cluster
+    if cluster.kind == "local":
+        coordinator = 1 if strategy.traits.needs_ps else 0
+        check_task_count(cluster.workers + cluster.ps + coordinator,
+                         allowed=cluster.allow_oversubscription,
+                         what=f"cluster.workers={cluster.workers}, cluster.ps={cluster.ps}",
+                         flag="--set cluster.allow_oversubscription=true")
+    strategy.preflight(recipe)
 
 
 def _plan_ray(recipe: Recipe, callbacks) -> bool:
