@@ -97,6 +97,18 @@ def check_shape(recipe: Recipe) -> None:
     strategy.preflight(recipe)
 
 
+def _coordinator_in_a_child(recipe: Recipe, callbacks) -> bool:
+    """An exposed local parameter-server run from a library call (this interpreter is the
+    user's, :func:`kerasdist._exit.owns_process` is False) runs its coordinator in a child
+    process: TF can block a coordinator for good after a lost task, and only a child can then be
+    ended (the caller gets the :class:`TaskFailedError`). Extra callbacks cannot cross into a
+    child: with them it stays here (a blocked coordinator is then logged, never ended)."""
+    from kerasdist import _exit
+
+    return (recipe.cluster.kind == "local" and not callbacks and not _exit.owns_process()
+            and registry.for_recipe(recipe).traits.topology == "coordinator")
+
+
 def _plan_ray(recipe: Recipe, callbacks) -> bool:
     """Checks of a Ray run before anything is written; whether it runs isolated (a local Ray)."""
     from kerasdist.launch import isolation, ray_run
@@ -166,6 +178,9 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
                           checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
             if isolated:
                 return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
+            if _coordinator_in_a_child(recipe, callbacks):
+                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
+                                              isolate=False)
             return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
                                          callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
