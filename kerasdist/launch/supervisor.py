@@ -286,16 +286,19 @@ class Supervisor:
             self._hang.kill(task, silent_s)
 
     def _hung_before_stop(self) -> list[Task]:
-        """Before a stop: the server tasks that do not answer now. They are left as they are
-        while the coordinator saves (it goes on without their calls in flight after
-        :data:`~kerasdist.keras.ps_loop.STOP_JOIN_S`; killing a worker would send TF's
-        coordinator into its wait for that worker to come back), then killed at once
-        (:meth:`_stop_all`): a stopped process would not act on SIGTERM."""
+        """Before a stop: the server tasks that do not answer now, killed once the members have
+        stopped (:meth:`_stop_all`; a stopped process would not act on SIGTERM). The coordinator
+        goes on without their calls in flight after :data:`~kerasdist.keras.ps_loop.STOP_JOIN_S`,
+        but its save can still block: TensorFlow registers every function it traces -- the
+        save's too -- on every task of the cluster and waits on a frozen one (measured: the
+        chief blocked in ``Context.add_c_function`` under ``MultiDeviceSaver.save``). Killing
+        the frozen task before the save was tried too and did not save either (TF's failure
+        handling of the killed worker then held the coordinator)."""
         if self.spec.hang_timeout_s is None:
             return []
         hung = self._hang.hung_now([t for t in self._live() if t in self._servers])
         for task in hung:
-            log.warning(f"task {task.name} does not answer: the coordinator saves without its "
+            log.warning(f"task {task.name} does not answer: the coordinator stops without its "
                         "steps in flight, then it is killed")
         return hung
 
@@ -368,7 +371,7 @@ class Supervisor:
                 self._states[id(task)] = TaskState.STOPPED
         for task in self._members:
             self._launcher.stop(task, grace_s=grace_s)
-        for task in hung:
+        for task in hung:  # a stopped process would not act on SIGTERM
             self._hang.kill(task, None)
         self._launcher.stop_all(grace_s=grace_s)
         tasks = [t for t in self._launcher.tasks
