@@ -1,4 +1,4 @@
-"""The last resort of a process whose main thread is blocked for good in native code.
+"""The last resort of a kerasdist process whose main thread is blocked for good in native code.
 
 TensorFlow's ``ClusterCoordinator`` can block the thread that runs it with no way back: when a
 worker is lost, its failure handler waits in ``update_server_def`` for that worker to come back
@@ -8,6 +8,14 @@ death of every other task. The supervisor then calls :func:`abandon`: the failur
 by whoever owns the process's exit (the CLI prints it, the network-namespace child writes its
 result pipe), and the process ends with the failure's exit code without unwinding the blocked
 thread.
+
+Only a process kerasdist owns is ended so: one where a reporter is registered
+(:func:`reporting_to`: the CLI, the network-namespace child). A library call in the user's own
+interpreter (``kerasdist.fit`` of an exposed parameter-server recipe) runs its coordinator in a
+child process (:func:`kerasdist.launch.run.run_recipe`), which can be ended; where it cannot (extra
+Python callbacks keep the coordinator in the caller's process) :func:`abandon` logs the failure
+and ends nothing: the caller's thread stays blocked in TensorFlow, but its interpreter is never
+ended by kerasdist.
 
 Nothing the user had is lost that way: TensorFlow's ``CheckpointManager`` names a checkpoint in
 its pointer file only after the checkpoint's files are complete, so an abandoned process leaves
@@ -20,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Callable, Iterator, NoReturn
+from typing import Callable, Iterator
 
 from kerasdist import errors
 from kerasdist._log import get_logger
@@ -41,20 +49,29 @@ def reporting_to(report: Callable[[BaseException], object]) -> Iterator[None]:
         _REPORTERS.remove(report)
 
 
-def abandon(err: BaseException) -> NoReturn:
-    """Report ``err`` and end this process now with its exit code (:func:`errors.exit_code`:
-    1 for :class:`~kerasdist.errors.TaskFailedError`), leaving any blocked thread where it is.
+def owns_process() -> bool:
+    """Whether this process is kerasdist's own (a reporter is registered: the CLI, the namespace
+    child), so that :func:`abandon` may end it."""
+    return bool(_REPORTERS)
 
-    With no reporter registered (a library call outside the CLI), ``err`` is logged at ERROR
-    level before the exit.
+
+def abandon(err: BaseException) -> None:
+    """In a process kerasdist owns (:func:`owns_process`): report ``err`` and end the process now
+    with its exit code (:func:`errors.exit_code`: 1 for
+    :class:`~kerasdist.errors.TaskFailedError`), leaving any blocked thread where it is.
+
+    In the user's own interpreter (no reporter: a library call) ``err`` is logged at ERROR level
+    and nothing is ended: a library call never ends its caller's interpreter (module docs).
     """
-    if _REPORTERS:
-        try:
-            _REPORTERS[-1](err)
-        except Exception as report_error:  # the exit must still happen
-            log.error(f"could not report the failure ({report_error!r}): {err}")
-    else:
-        log.error(f"failed: {err}")
+    if not _REPORTERS:
+        log.error(f"failed: {err}. The coordinator thread stays blocked in TensorFlow; this "
+                  "interpreter is not ended by kerasdist (run the recipe with `kerasdist fit`, or "
+                  "without extra callbacks, to have it ended and the failure raised)")
+        return
+    try:
+        _REPORTERS[-1](err)
+    except Exception as report_error:  # the exit must still happen
+        log.error(f"could not report the failure ({report_error!r}): {err}")
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

@@ -137,6 +137,9 @@ def _cmd_validate(args) -> int:
         shape = (f"{', '.join(unchecked)}: checked for shape only (--import builds them with "
                  "Keras, importing their import paths)")
         note = f"{note}; {shape}" if note else shape
+    from kerasdist.launch.run import check_shape
+
+    check_shape(recipe)  # what fit refuses before anything starts: batch vs replicas, task count
     if args.check_data:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.training.checks import check_recipe_here

@@ -14,6 +14,23 @@ from pathlib import Path
 from kerasdist.errors import EXIT_BAD_INPUT, EXIT_OK
 
 
+def threads_per_task(text: str) -> int:
+    """``--threads-per-task``: an integer from 0 to
+    :data:`~kerasdist.config.schema.MAX_THREADS_PER_TASK` (argparse refuses anything else, exit 2,
+    before a task starts: TensorFlow would abort the task, which would count as a lost task)."""
+    from kerasdist.config.schema import MAX_THREADS_PER_TASK
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_THREADS_PER_TASK:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer from 0 (TensorFlow's default) to {MAX_THREADS_PER_TASK}. "
+            f"Received: {text!r}")
+    return value
+
+
 def add_parsers(sub, add_role_args) -> None:
     """Add the ``launch``, ``evaluate`` and ``env`` sub-commands to ``sub``."""
     launch = sub.add_parser(
@@ -30,8 +47,8 @@ def add_parsers(sub, add_role_args) -> None:
                         help="restart the cluster (or a dead PS worker) this many times")
     launch.add_argument("--log-dir", default="kerasdist-logs", help="per-task logs (default "
                         "./kerasdist-logs)")
-    launch.add_argument("--threads-per-task", type=int, default=0,
-                        help="intra-op threads per task (0: TensorFlow's default)")
+    launch.add_argument("--threads-per-task", type=threads_per_task, default=0,
+                        help="intra-op threads per task, 0 to 1024 (0: TensorFlow's default)")
     launch.add_argument("--dry-run", action="store_true",
                         help="print each task's TF_CONFIG and command; start nothing")
     launch.add_argument("--allow-oversubscription", action="store_true",

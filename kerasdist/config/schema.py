@@ -158,6 +158,12 @@ class DataConfig(_Frozen):
 
 
 # ------------------------------------------------------------------------------------- cluster
+MAX_THREADS_PER_TASK = 1024
+"""Most intra-op threads a task may be given (``cluster.threads_per_task``, ``kerasdist launch
+--threads-per-task``): above the hardware threads of the largest machines sold today (2 x 192 cores,
+768 threads); TensorFlow aborts a task given a thread count it cannot use."""
+
+
 class ClusterConfig(_Frozen):
     """``cluster``: where the tasks of the strategy run.
 
@@ -192,8 +198,10 @@ class ClusterConfig(_Frozen):
         "elastic: the run fails when the restarts are spent (under parameter_server: exit 1; "
         "re-run with fewer cluster.workers to resume without the lost worker).")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
-    threads_per_task: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
-        "auto", description="intra-op threads per task; 0 = TF default (every core). 'auto': on "
+    threads_per_task: Annotated[int, Field(ge=0, le=MAX_THREADS_PER_TASK, strict=True)] | \
+            Literal["auto"] = Field(
+        "auto", description=f"intra-op threads per task, 0 to {MAX_THREADS_PER_TASK} (an integer, "
+        "not a boolean); 0 = TF default (every core). 'auto': on "
         "local and local-Ray clusters, this machine's cores divided by the tasks sharing them "
         "(workers + ps + coordinator), at least 1; elsewhere TF's default. Measured on 2 cores: "
         "1 thread per task was faster in every alternating pair for multi_worker (+7 to +13 %) "

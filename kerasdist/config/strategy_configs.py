@@ -151,6 +151,14 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
         "round trip). Default 4: faster than 1 in every side-by-side pair measured (docs/"
         "benchmarks-log.md, 2026-11-23). A lost worker re-runs at most this many steps "
         "(at-least-once).")
+    task_timeout_s: float | None = Field(
+        60.0, gt=0, le=86_400, description="Local clusters: seconds a ps or worker task may go "
+        "without answering a liveness probe of its gRPC server (frozen, swapped out, hung: its "
+        "process runs but TF's coordinator would wait on it for ever) before it is treated as "
+        "lost: killed, then restarted while cluster.max_restarts lasts, or left behind with "
+        "cluster.min_workers (a ps ends the run). Detection takes this plus up to 7 s (probe "
+        "period and timeout). null = never (TF waits for ever). Tasks on other machines "
+        "(tf_config, slurm) are not watched: their orchestrator's health checks must do it.")
 
 
 _STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {

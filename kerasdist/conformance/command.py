@@ -8,6 +8,7 @@ that cannot be isolated without ``--allow-network-exposure``), before anything s
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -25,7 +26,7 @@ def add_parser(sub) -> None:
                             "and write the matrix (docs/conformance.md)")
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma list of: {', '.join(STRATEGIES)} (default: all)")
-    parser.add_argument("--cases", default="",
+    parser.add_argument("--cases", default=None,
                         help="comma list of case names (default: all; see docs/conformance.md)")
     parser.add_argument("--out", default="docs/conformance.md", type=Path,
                         help="Markdown file to write (its .json beside it); default "
@@ -51,12 +52,45 @@ def _parse(args) -> tuple[list[str], list[str]]:
     if unknown or not strategies:
         raise RecipeError(f"--strategies: unknown or empty; choose from {', '.join(STRATEGIES)}. "
                           f"Received: --strategies={args.strategies!r}")
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    cases = [c.strip() for c in (args.cases or "").split(",") if c.strip()]
+    if args.cases is not None and not cases:
+        raise RecipeError("--cases: empty; name one or more cases (comma list), or leave the flag "
+                          f"out to run every case. Received: --cases={args.cases!r}")
     try:
         select(cases)
     except ValueError as err:
         raise RecipeError(f"--cases: {err}. Received: --cases={args.cases!r}") from None
+    if not args.timeout_s > 0:
+        raise RecipeError(f"--timeout-s must be > 0 seconds. Received: --timeout-s={args.timeout_s}")
+    _check_writable(args.out, "--out")
+    _check_writable(args.out.with_suffix(".json"), "--out (its .json beside it)")
+    if args.work_dir is not None and args.work_dir.exists() and not args.work_dir.is_dir():
+        raise RecipeError(f"--work-dir must be a directory; a file is in the way. Received: "
+                          f"--work-dir={str(args.work_dir)!r}")
     return strategies, cases
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """Refuse, before anything runs, an output file that could not be written at the end: a
+    directory in its place, a file where a parent folder must be, a folder this user cannot
+    write (the matrix took minutes to hours; its results must not be lost to a bad path).
+
+    Raises:
+        RecipeError: naming ``flag`` and the path (exit code 2).
+    """
+    if path.is_dir():
+        raise RecipeError(f"{flag} must be a file path; it is a directory. Received: "
+                          f"{flag.split()[0]}={str(path)!r}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RecipeError(f"{flag}: {str(parent)!r} is a file, not a folder, so {str(path)!r} "
+                          f"cannot be written. Received: {flag.split()[0]}={str(path)!r}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path,
+                                                                                  os.W_OK)):
+        raise RecipeError(f"{flag}: no permission to write {str(path)!r} (in {str(parent)!r}). "
+                          f"Received: {flag.split()[0]}={str(path)!r}")
 
 
 def _check_isolation(strategies, allow: bool) -> None:
@@ -73,12 +107,21 @@ def _check_isolation(strategies, allow: bool) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The ``kerasdist conformance`` command (module docs)."""
-    from kerasdist.conformance import report
-    from kerasdist.conformance.driver import run_matrix
+    from kerasdist._signals import terminate_on_sigterm
 
     strategies, cases = _parse(args)
     _check_isolation(strategies, args.allow_network_exposure)
-    folder = args.work_dir or Path(tempfile.mkdtemp(prefix="kerasdist-conformance-"))
+    # SIGTERM unwinds like Ctrl-C: run_matrix stops the strategies' processes, the temporary
+    # folder is removed (the processes also get SIGTERM if this one is killed: driver._stop_with)
+    with terminate_on_sigterm():
+        folder = args.work_dir or Path(tempfile.mkdtemp(prefix="kerasdist-conformance-"))
+        return _run(args, strategies, cases, folder)
+
+
+def _run(args, strategies: list[str], cases: list[str], folder: Path) -> int:
+    from kerasdist.conformance import report
+    from kerasdist.conformance.driver import run_matrix
+
     try:
         matrix = run_matrix(strategies=strategies, case_names=cases, folder=folder.resolve(),
                             timeout_s=args.timeout_s,

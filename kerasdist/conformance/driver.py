@@ -13,6 +13,7 @@ run's trained weights here, without a strategy, and judges every cell
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -122,10 +123,27 @@ def start_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s:
     log = folder / f"output-{strategy}.log"
     with open(log, "wb") as sink:  # a file, not a pipe: nobody must drain it while others run
         proc = subprocess.Popen(command, env={**os.environ, **QUIET}, stdout=sink,
-                                stderr=subprocess.STDOUT, cwd=str(folder),
-                                start_new_session=True)
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(folder), preexec_fn=_stop_with(os.getpid()))
     now = time.perf_counter()
     return StrategyRun(strategy, proc, log, now, now + timeout_s)
+
+
+def _stop_with(parent: int):
+    """A ``preexec_fn``: the child gets a session of its own (its process group is what
+    :func:`stop_strategies` signals) and SIGTERM when this process ends, however it ends
+    (``PR_SET_PDEATHSIG``, Linux): ``kerasdist launch`` then stops its tasks, a task script ends.
+    Without it a killed ``kerasdist conformance`` left its strategy processes running."""
+
+    def preexec() -> None:  # runs in the child between fork and exec
+        os.setsid()
+        if sys.platform.startswith("linux"):
+            with contextlib.suppress(OSError):
+                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+            if os.getppid() != parent:  # the parent ended before the prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def finish_strategy(run: StrategyRun) -> tuple[float, str]:
@@ -145,18 +163,30 @@ def finish_strategy(run: StrategyRun) -> tuple[float, str]:
     return seconds, prefix + output
 
 
+STOP_GRACE_S = 30.0
+"""Seconds a strategy's processes get after SIGTERM (``kerasdist launch`` stops its tasks)
+before SIGKILL."""
+
+
 def stop_strategy(run: StrategyRun) -> None:
-    """Stop a strategy's processes if they still run (SIGTERM, then SIGKILL after 30 s)."""
-    if run.proc.poll() is not None:
-        return
-    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(run.proc.pid, sig)
-        try:
-            run.proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop a strategy's processes if they still run (SIGTERM, then SIGKILL after
+    :data:`STOP_GRACE_S`)."""
+    stop_strategies([run])
+
+
+def stop_strategies(runs: list[StrategyRun], grace_s: float = STOP_GRACE_S) -> None:
+    """Stop every run still running, all at once: SIGTERM to each run's process group, then
+    SIGKILL to those still there ``grace_s`` seconds later; returns when every top process has
+    been reaped."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        live = [run for run in runs if run.proc.poll() is None]
+        for run in live:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.proc.pid, sig)
+        deadline = time.monotonic() + wait_s
+        for run in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def run_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: float,
@@ -246,8 +276,7 @@ def run_matrix(*, strategies=STRATEGIES, case_names=(), folder: Path, timeout_s:
             for run in started:
                 _judge_strategy(matrix, run, folder, reference, initial_loss, progress)
     finally:
-        for run in started:
-            stop_strategy(run)
+        stop_strategies(started)
     return matrix
 
 

@@ -195,7 +195,7 @@ def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validatio
         last_logs, stats = ps_loop.train_epoch(run, iterator, steps=steps, callbacks=callbacks)
         epoch_logs = ps_loop.metrics_logs(model, last_logs)
         epoch_logs.update(stats.logs(ps_loop.global_step(model)))
-        if validation is not None and _should_validate(epoch, freq):
+        if validation is not None and _should_validate(epoch, freq) and not run.stuck:
             val_logs = ps_loop.evaluate_loop(run, iter(validation.dataset), steps=validation.steps,
                                              batches=validation.batches, callbacks=callbacks)
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})

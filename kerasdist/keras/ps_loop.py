@@ -30,6 +30,10 @@ from typing import Any
 
 import numpy as np
 
+from kerasdist._log import get_logger
+
+log = get_logger("training")
+
 MAX_PENDING_PER_WORKER = 4  # scheduled-but-unreported calls per worker before the loop waits
 CALLS_IN_FLIGHT_PER_WORKER = 1  # ClusterCoordinator: one closure-processing thread per worker
 
@@ -146,6 +150,7 @@ class PSRun:
     train_function: Any = None
     test_function: Any = None
     counters: Any = None
+    stuck: bool = False  # a stop left calls in flight (a worker that does not answer)
 
     @property
     def max_pending(self) -> int:
@@ -208,11 +213,17 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     first_step = global_step(model) if saver is not None else 0
     epoch_started = time.perf_counter()
 
-    def complete():
+    asked = _stop_probe(callbacks)
+
+    def complete() -> bool:
         nonlocal last_logs
-        end, value = pending.popleft()
+        end, value = pending[0]
+        if not _ready(value, asked):
+            return False  # a stop was asked and the call did not end within STOP_JOIN_S
+        pending.popleft()
         last_logs = value.fetch()  # the last step's logs: a few scalars
         callbacks.on_train_batch_end(end, last_logs)
+        return True
 
     while begin < steps and not model.stop_training:
         size = min(per_call, steps - begin)
@@ -220,11 +231,12 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
         pending.append((begin + size - 1, run.coordinator.schedule(
             run.train_function, args=(iterator, tf.constant(size, tf.int32)))))
         begin += size
-        if not started:  # wait for the first call (tracing, registration on the workers)
-            complete()
+        # wait for the first call (tracing, registration on the workers), then keep a few
+        if not started or len(pending) > run.max_pending:
             started = True
-        elif len(pending) > run.max_pending:
-            complete()
+            if not complete():
+                run.stuck = model.stop_training = True
+                break
         if saver is not None and begin < steps and \
                 (first_step + begin) // saver.every_steps > (first_step + begin - size) // \
                 saver.every_steps:
@@ -232,14 +244,80 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
             while pending:
                 complete()
             saver.save_step(global_step(model))
-    run.coordinator.join()
-    while pending:
-        complete()
+    if _left_in_flight(run, pending, asked):
+        begin -= len(pending) * per_call  # at most: the last call may have been shorter
+        pending.clear()
+    else:
+        while pending:
+            complete()
     stats = PSStats.from_counters(run.counters.numpy())
     stats.completed_steps = begin  # join returned: every scheduled call completed
     stats.epoch_seconds.append(time.perf_counter() - epoch_started)
     stats.epoch_examples.append(stats.examples)
     return last_logs, stats
+
+
+STOP_JOIN_S = 15.0
+"""Seconds a stopping coordinator (``model.stop_training``: SIGTERM, Ctrl-C, a callback) waits
+for the calls in flight before it goes on without them: a frozen worker's call never ends, and
+``ClusterCoordinator.join`` has no timeout, so the save that follows would wait for ever."""
+
+
+def _joined(coordinator, stopping, timeout_s: float | None = None) -> bool:
+    """Join every scheduled call (True; their errors raised as ``join`` raises them), unless a
+    stop is asked (``stopping()``) and they have not ended ``timeout_s`` (default
+    :data:`STOP_JOIN_S`) later (False). ``ClusterCoordinator.join`` has no timeout and is not
+    woken by a signal, so this polls ``ClusterCoordinator.done``, which does not block."""
+    timeout_s = STOP_JOIN_S if timeout_s is None else timeout_s
+    deadline = None
+    while not coordinator.done():
+        if deadline is None and stopping():
+            deadline = time.monotonic() + timeout_s
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    coordinator.join()
+    return True
+
+
+def _left_in_flight(run: PSRun, pending, asked) -> bool:
+    """At an epoch's end: join every call (False), or, once a stop is asked (``asked()``, or
+    ``model.stop_training``) and the calls in flight have not ended :data:`STOP_JOIN_S` later
+    (a worker that does not answer), leave them (True; sets ``run.stuck`` and
+    ``model.stop_training``: validation is skipped and the save does not wait for them)."""
+    model = run.model
+    if not run.stuck and _joined(run.coordinator, lambda: model.stop_training or asked()):
+        return False
+    run.stuck = model.stop_training = True
+    log.warning(f"stopping: {len(pending)} scheduled call(s) still running {STOP_JOIN_S:.0f} s "
+                "after the stop was asked (a worker that does not answer); going on without "
+                "them (the checkpoint holds the steps applied)")
+    return True
+
+
+def _stop_probe(callbacks):
+    """``probe() -> bool``: whether a stop (SIGTERM, Ctrl-C) was asked, from the callback that
+    turns it into ``model.stop_training`` (:func:`kerasdist.strategies.loops._stop_when_asked`);
+    never, without one."""
+    for callback in getattr(callbacks, "callbacks", None) or ():
+        probe = getattr(callback, "stop_requested", None)
+        if callable(probe):
+            return probe
+    return lambda: False
+
+
+def _ready(value, asked) -> bool:
+    """Wait for a scheduled call's result; once ``asked()`` (a stop) give it :data:`STOP_JOIN_S`
+    more seconds. False when it did not come: its worker does not answer, and ``fetch`` would
+    wait for ever. (TF's ``RemoteValue`` has no timeout; its implementation's event is used when
+    present, else this waits as ``fetch`` does.)"""
+    event = getattr(value, "_status_available_event", None)  # values.RemoteValueImpl, TF 2.x
+    if event is None:
+        return True
+    while not event.wait(0.5):
+        if asked():
+            return event.wait(STOP_JOIN_S)
+    return True
 
 
 def _step_saver(callbacks):

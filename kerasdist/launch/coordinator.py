@@ -75,6 +75,7 @@ def launch_spec(recipe: Recipe, *, overwrite: bool = False) -> LaunchSpec:
                       max_restarts=cluster.max_restarts, log_dir=RunDir.of(recipe).logs,
                       threads_per_task=recipe.intra_op_threads(),
                       start_timeout_s=cluster.start_timeout_s, what="parameter-server training",
+                      hang_timeout_s=recipe.strategy.task_timeout_s,
                       abandon=lambda err: _exit.abandon(_resumable(err, recipe)))
 
 

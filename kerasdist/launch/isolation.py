@@ -163,18 +163,25 @@ def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> Ru
 
 
 # ----------------------------------------------------------------------------- the launching side
-def run_isolated(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
+def run_isolated(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool = True) -> RunResult:
     """Run the local cluster in a child process in a fresh network namespace; wait; map its end.
+
+    With ``isolate=False`` the child runs in this network namespace (an exposed run): a library
+    call's coordinator then runs in a process that may be ended when TensorFlow blocks it for good
+    (:mod:`kerasdist._exit`), never in the caller's interpreter.
 
     Raises:
         the child's error, same class and message (RecipeError ... TaskFailedError, TrainingError,
         Preempted, KeyboardInterrupt); TaskFailedError if the child itself was killed.
     """
     read_fd, write_fd = os.pipe()
-    argv = [*unshare_argv(), sys.executable, "-m", "kerasdist.launch.isolation",
-            "--result-fd", str(write_fd), "--verbose", json.dumps(verbose)]
+    argv = [*(unshare_argv() if isolate else ()), sys.executable, "-m",
+            "kerasdist.launch.isolation", "--result-fd", str(write_fd), "--verbose",
+            json.dumps(verbose)]
     if overwrite:
         argv.append("--overwrite")
+    if not isolate:
+        argv.append("--exposed")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
@@ -364,6 +371,8 @@ def main(argv=None) -> int:
     parser.add_argument("--result-fd", type=int)
     parser.add_argument("--verbose", type=json.loads, default=None)
     parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--exposed", action="store_true",
+                        help="run in this network namespace (an exposed run): lo is left alone")
     args = parser.parse_args(argv)
     if args.exec:
         loopback_up()
@@ -372,7 +381,8 @@ def main(argv=None) -> int:
     failure: BaseException | None = None
     with terminate_on_sigterm(), _exit.reporting_to(lambda err: _report(args.result_fd, err)):
         try:
-            loopback_up()
+            if not args.exposed:
+                loopback_up()
             from kerasdist.config.loader import validate_recipe
 
             recipe = validate_recipe(json.loads(sys.stdin.read()), source="<local launcher>")

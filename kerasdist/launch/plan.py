@@ -78,6 +78,9 @@ class LaunchSpec:
             server died with no restart left) interrupts the main thread (SIGINT: the body saves
             and stops if it still can), and :meth:`Supervisor.run` raises
             :class:`TaskFailedError` naming it.
+        hang_timeout_s: seconds a server task (ps, parameter-server worker) may go without
+            answering a liveness probe before it is treated as lost: killed, then restarted or
+            dropped like any lost task (:mod:`kerasdist.launch.hang`); None: not watched.
         abandon: called with that :class:`TaskFailedError` when the body stayed blocked
             :data:`~kerasdist.launch.supervisor.BODY_ABANDON_S` s after every task was stopped
             (TF's coordinator waiting for a lost worker); the default,
@@ -98,6 +101,7 @@ class LaunchSpec:
     echo: bool = False
     what: str = "the local cluster"
     interrupt_body: bool = True
+    hang_timeout_s: float | None = None
     abandon: Callable[[BaseException], object] = _exit.abandon
 
     def __post_init__(self):
@@ -145,11 +149,15 @@ class AttemptRecord:
         return {"workers": self.workers, "ended": self.ended}
 
 
-def why(task: Task) -> str:
-    """How one task ended, in words, with the peers it reported lost in its status file."""
+def why(task: Task, hung: dict[str, float] | None = None) -> str:
+    """How one task ended, in words, with the peers it reported lost in its status file;
+    ``hung``: tasks killed because they stopped answering (name -> seconds silent)."""
     code = task.returncode()
     if code == EXIT_INTERRUPTED:
         return f"task {task.name} was preempted (SIGTERM; a checkpoint was saved)"
+    if hung and task.name in hung:
+        return (f"task {task.name} stopped answering (no reply for {hung[task.name]:.0f} s: "
+                "frozen or hung) and was killed")
     text = f"task {task.name} {describe_exit(code)}"
     lost = (status.read(task.status_path) or {}).get("lost_tasks")
     return f"{text} (it lost task {', '.join(lost)})" if lost else text

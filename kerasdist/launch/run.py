@@ -58,20 +58,12 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
         RecipeError, DataError, RunDirError, ClusterError: bad input (exit code 2).
     """
     from kerasdist.data.sources import load_split
-    from kerasdist.launch.processes import check_task_count
     from kerasdist.training import checks
 
     strategy = registry.for_recipe(recipe)
-    cluster = recipe.cluster
-    if cluster.kind == "local":
-        coordinator = 1 if strategy.traits.needs_ps else 0
-        check_task_count(cluster.workers + cluster.ps + coordinator,
-                         allowed=cluster.allow_oversubscription,
-                         what=f"cluster.workers={cluster.workers}, cluster.ps={cluster.ps}",
-                         flag="--set cluster.allow_oversubscription=true")
+    check_shape(recipe)
     run_dir = RunDir.of(recipe)
     run_dir.check_path()
-    strategy.preflight(recipe)
     x, _ = load_split(recipe.data, recipe.data.train_split)
     if len(x) < recipe.data.batch_size:
         raise DataError(f"data.train_split '{recipe.data.train_split}' has {len(x)} examples, fewer "
@@ -81,6 +73,40 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
     checks.check_recipe_here(recipe)
     return run_dir
+
+
+def check_shape(recipe: Recipe) -> None:
+    """The checks of :func:`preflight` that read nothing and start nothing (``kerasdist
+    validate`` runs them too): the tasks of a local cluster against this machine's cores, and the
+    strategy's own (:meth:`~kerasdist.strategies.base.Strategy.preflight`: the global batch
+    against the replicas known in advance).
+
+    Raises:
+        RecipeError, ClusterError: bad input (exit code 2), naming the fields and their values.
+    """
+    from kerasdist.launch.processes import check_task_count
+
+    strategy = registry.for_recipe(recipe)
+    cluster = recipe.cluster
+    if cluster.kind == "local":
+        coordinator = 1 if strategy.traits.needs_ps else 0
+        check_task_count(cluster.workers + cluster.ps + coordinator,
+                         allowed=cluster.allow_oversubscription,
+                         what=f"cluster.workers={cluster.workers}, cluster.ps={cluster.ps}",
+                         flag="--set cluster.allow_oversubscription=true")
+    strategy.preflight(recipe)
+
+
+def _coordinator_in_a_child(recipe: Recipe, callbacks) -> bool:
+    """An exposed local parameter-server run from a library call (this interpreter is the
+    user's, :func:`kerasdist._exit.owns_process` is False) runs its coordinator in a child
+    process: TF can block a coordinator for good after a lost task, and only a child can then be
+    ended (the caller gets the :class:`TaskFailedError`). Extra callbacks cannot cross into a
+    child: with them it stays here (a blocked coordinator is then logged, never ended)."""
+    from kerasdist import _exit
+
+    return (recipe.cluster.kind == "local" and not callbacks and not _exit.owns_process()
+            and registry.for_recipe(recipe).traits.topology == "coordinator")
 
 
 def _plan_ray(recipe: Recipe, callbacks) -> bool:
@@ -139,6 +165,37 @@ def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
     return tf_config
 
 
+def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunResult | None:
+    """A local or Ray cluster started from this process (see :func:`run_recipe`)."""
+    from kerasdist.launch import isolation
+
+    recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
+    run_dir = preflight(recipe, overwrite=overwrite)
+    if recipe.cluster.kind == "ray":
+        isolated = _plan_ray(recipe, callbacks)
+    else:
+        isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
+    from kerasdist import tracking
+
+    tracking.check(recipe, isolated=isolated)
+    with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
+        run_dir.claim(held, recipe, overwrite=overwrite,
+                      checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
+        tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
+        try:
+            if isolated:
+                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
+            if _coordinator_in_a_child(recipe, callbacks):
+                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
+                                              isolate=False)
+            return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                         callbacks=callbacks)
+        except BaseException as err:
+            if tracker is not None:  # e.g. a task killed before its chief could say so
+                tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
+            raise
+
+
 def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
                callbacks=()) -> RunResult | None:
     """Run ``recipe``; returns the :class:`RunResult` in the process that owns the outputs
@@ -165,30 +222,7 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if topology == "single":
         return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
     if recipe.cluster.kind in ("local", "ray"):
-        from kerasdist.launch import isolation
-
-        recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
-        run_dir = preflight(recipe, overwrite=overwrite)
-        if recipe.cluster.kind == "ray":
-            isolated = _plan_ray(recipe, callbacks)
-        else:
-            isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
-        from kerasdist import tracking
-
-        tracking.check(recipe, isolated=isolated)
-        with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
-            run_dir.claim(held, recipe, overwrite=overwrite,
-                          checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
-            tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
-            try:
-                if isolated:
-                    return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
-                return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
-                                             callbacks=callbacks)
-            except BaseException as err:
-                if tracker is not None:  # e.g. a task killed before its chief could say so
-                    tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
-                raise
+        return _run_local(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
     tf_config = resolve_role(recipe, tf_config)
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)

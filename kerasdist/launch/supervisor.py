@@ -61,6 +61,7 @@ from kerasdist.errors import (
 )
 from kerasdist.launch import status
 from kerasdist.launch.echo import Echo
+from kerasdist.launch.hang import HangWatch
 from kerasdist.launch.plan import (
     AttemptRecord,
     Failure,
@@ -103,6 +104,7 @@ class Supervisor:
         self._plans: dict[str, TaskPlan] = {}
         self._launcher: LocalLauncher | None = None
         self._echo: Echo | None = None
+        self._hang = HangWatch(spec.hang_timeout_s)
 
     # -------------------------------------------------------------------------------- the run
     def run(self, body: Callable[[TFConfig], Any] | None = None) -> Any:
@@ -195,7 +197,7 @@ class Supervisor:
                 log.warning(f"interrupted: every task saves a checkpoint and stops (up to "
                             f"{spec.stop_grace_s:.0f} s)")
                 record.ended = "interrupted"
-                self._stop_all(spec.stop_grace_s)
+                self._stop_all(spec.stop_grace_s, hung=self._hung_before_stop())
                 raise
             if first is None:
                 return None
@@ -220,6 +222,7 @@ class Supervisor:
         """The monitor loop of an attempt without a body: None when every member exited 0, else
         the first failed task (one killed by a signal first)."""
         while True:
+            self._kill_hung()
             for task in self._live():
                 code = task.returncode()
                 if code == 0 and task in self._members:
@@ -276,18 +279,44 @@ class Supervisor:
         record.ended = "succeeded"
         return result
 
+    def _kill_hung(self) -> None:
+        """Kill the server tasks that have not answered for ``hang_timeout_s``
+        (:mod:`kerasdist.launch.hang`): from then on they are lost tasks like any other."""
+        for task, silent_s in self._hang.overdue([t for t in self._live() if t in self._servers]):
+            self._hang.kill(task, silent_s)
+
+    def _hung_before_stop(self) -> list[Task]:
+        """Before a stop: the server tasks that do not answer now, killed once the members have
+        stopped (:meth:`_stop_all`; a stopped process would not act on SIGTERM). The coordinator
+        goes on without their calls in flight after :data:`~kerasdist.keras.ps_loop.STOP_JOIN_S`,
+        but its save can still block: TensorFlow registers every function it traces -- the
+        save's too -- on every task of the cluster and waits on a frozen one (measured: the
+        chief blocked in ``Context.add_c_function`` under ``MultiDeviceSaver.save``). Killing
+        the frozen task before the save was tried too and did not save either (TF's failure
+        handling of the killed worker then held the coordinator)."""
+        if self.spec.hang_timeout_s is None:
+            return []
+        hung = self._hang.hung_now([t for t in self._live() if t in self._servers])
+        for task in hung:
+            log.warning(f"task {task.name} does not answer: the coordinator stops without its "
+                        "steps in flight, then it is killed")
+        return hung
+
     def _watch_servers(self, done: threading.Event) -> None:
         while not done.wait(0.5):
+            self._kill_hung()
             for task in self._live():
                 if task.returncode() is None or self._server_worker_down(task):
                     continue
                 self._states[id(task)] = TaskState.FAILED
+                how = why(task, self._hang.hung)[len(f"task {task.name} "):]
                 if task.tf_config.task_type == "worker":
-                    self.ended_run = (f"task {task.name} {describe_exit(task.returncode())} and no "
+                    self.ended_run = (f"task {task.name} {how} and no "
                                       "restart is left; the coordinator cannot go on without one "
                                       "of its workers")
                 else:
-                    self.ended_run = f"parameter server {task.name} died"
+                    self.ended_run = f"parameter server {task.name} died" if \
+                        task.name not in self._hang.hung else f"parameter server {task.name} {how}"
                 log.warning(f"{self.ended_run}: the run stops")
                 if self.spec.interrupt_body:
                     _thread.interrupt_main(signal.SIGINT)
@@ -333,14 +362,17 @@ class Supervisor:
         while time.monotonic() < deadline and any(t.returncode() is None for t in self._live()):
             time.sleep(0.2)
 
-    def _stop_all(self, grace_s: float) -> None:
+    def _stop_all(self, grace_s: float, hung: list[Task] = ()) -> None:
         """Stop every task, members first (a coordinator task saves through its ps servers), then
-        one line per task saying how it ended."""
+        the ``hung`` ones at once (SIGKILL), then the others; one line per task saying how it
+        ended."""
         for task in self._live():
             if task.returncode() is None:
                 self._states[id(task)] = TaskState.STOPPED
         for task in self._members:
             self._launcher.stop(task, grace_s=grace_s)
+        for task in hung:  # a stopped process would not act on SIGTERM
+            self._hang.kill(task, None)
         self._launcher.stop_all(grace_s=grace_s)
         tasks = [t for t in self._launcher.tasks
                  if self._states.get(id(t)) is not TaskState.RESTARTED]
@@ -361,7 +393,8 @@ class Supervisor:
         others = [t for t in self._launcher.tasks if t is not first
                   and t.returncode() not in (None, 0)
                   and self._states.get(id(t)) is not TaskState.RESTARTED]
-        lines = [why(first)] + [f"then {why(t)}" for t in others]
+        hung = self._hang.hung
+        lines = [why(first, hung)] + [f"then {why(t, hung)}" for t in others]
         report = "; ".join(lines) + f"; log {first.log_path}\n{self._launcher.tail(first)}"
         reported = status.read(first.status_path) or {}
         killed, reported_lost = set(), set()

@@ -104,6 +104,10 @@ def _stop_when_asked(watch):
     import keras
 
     class StopWhenAsked(keras.callbacks.Callback):
+        def stop_requested(self) -> bool:
+            """Read by the coordinator's loop while it waits on a call (ps_loop)."""
+            return watch.requested
+
         def on_train_batch_end(self, batch, logs=None):
             if watch.requested:
                 self.model.stop_training = True

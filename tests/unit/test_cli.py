@@ -252,3 +252,50 @@ def test_item_ids_past_the_embedding_table_are_refused_before_anything_is_writte
     err = capsys.readouterr().err
     assert "data.train_split 'train'" in err and "Embedding" in err and "is not in [0, 1000)" in err
     assert not run_dir.exists()
+
+
+def test_validate_refuses_a_worker_count_the_global_batch_does_not_divide(write_recipe, capsys):
+    """Issue 33 (7): ``validate`` runs fit's own preflight checks (batch vs known replicas)."""
+    path = write_recipe("model: {name: mnist_cnn}\ndata: {source: embedded, batch_size: 64}\n"
+                        "strategy: {kind: multi_worker}\n"
+                        "cluster: {kind: local, workers: 3, min_workers: 2}\n")
+    assert main(["validate", str(path)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "data.batch_size" in err and "(3)" in err and "Received: batch_size=64" in err
+    assert main(["validate", str(path), "--set", "cluster.workers=4"]) == 0
+    assert main(["validate", str(path), "--set", "cluster.workers=1000"]) == EXIT_BAD_INPUT
+    assert "cluster.workers=1000" in capsys.readouterr().err  # the task bound, as fit says it
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("1000000000000", "less than or equal to 1024"), ("-5", "greater than or equal to 0"),
+    ("true", "valid integer. Received: True")])
+def test_threads_per_task_out_of_range_exits_2_naming_the_field(write_recipe, tmp_path, capsys,
+                                                                  value, needle):
+    """Issue 33 (6): refused by the recipe, naming cluster.threads_per_task, before any task
+    starts or the run directory is written (it used to blame model.params, or start the tasks)."""
+    run_dir = tmp_path / "run"
+    path = write_recipe(LINEAR.format(run_dir=run_dir)
+                        + "strategy: {kind: parameter_server}\ncluster: {kind: local, ps: 1}")
+    for command in ("validate", "fit"):
+        assert main([command, str(path), "--set", f"cluster.threads_per_task={value}"]) == \
+            EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert "cluster.threads_per_task" in err and needle in err and "model.params" not in err
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("value", ["-5", "1025", "two"])
+def test_launch_threads_per_task_out_of_range_exits_2_before_anything(tmp_path, capsys, value):
+    """Issue 33 (6): ``--threads-per-task -5`` used to start the tasks (TF aborts them: counted
+    as lost, retried), and ``--dry-run`` printed it as valid."""
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit(3)\n")
+    for extra in (["--dry-run"], []):
+        with pytest.raises(SystemExit) as exited:
+            main(["launch", "--threads-per-task", value, "--log-dir", str(tmp_path / "logs"),
+                  *extra, str(script)])
+        assert exited.value.code == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert "--threads-per-task" in err and f"Received: '{value}'" in err
+    assert not (tmp_path / "logs").exists()

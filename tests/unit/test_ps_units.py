@@ -206,3 +206,29 @@ def test_ps_fit_refuses_a_model_of_another_strategy():
     with pytest.raises(ValueError, match=r"ParameterServerStrategy.scope\(\). "
                                          r"Received: distribute_strategy=_Default"):
         ps.fit(model, np.ones((4, 2)), np.ones((4, 1)))
+
+
+def test_a_stopping_coordinator_waits_for_calls_in_flight_only_so_long(monkeypatch):
+    """Issue 33 (1): ``join`` has no timeout, so a stop that joined a frozen worker's call
+    waited for ever; :func:`ps_loop._joined` gives up once a stop is asked and its bound is
+    past, and joins as before otherwise."""
+    import time
+
+    from kerasdist.keras import ps_loop
+
+    class Coordinator:
+        def __init__(self, done):
+            self._done, self.joined = done, False
+
+        def done(self):
+            return self._done
+
+        def join(self):
+            self.joined = True
+
+    stuck, finished = Coordinator(False), Coordinator(True)
+    asked_at = time.monotonic() + 0.3
+    start = time.monotonic()
+    assert ps_loop._joined(stuck, lambda: time.monotonic() > asked_at, 0.3) is False
+    assert not stuck.joined and 0.6 <= time.monotonic() - start < 2.5
+    assert ps_loop._joined(finished, lambda: True, 0.3) is True and finished.joined

@@ -1,0 +1,48 @@
+"""The supervisor's hung-task rule (:mod:`kerasdist.launch.hang`), without processes: a server
+task is lost once it has answered no probe for ``timeout_s``; only 'hung' counts (issue 33, 1)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from kerasdist.cluster.spec import local_cluster
+from kerasdist.launch.hang import HangWatch
+
+
+def _task(name: str):
+    job, index = name.split(":")
+    spec = local_cluster(workers=2, ps=1, chief=True).for_task(job, int(index))
+    return SimpleNamespace(name=name, tf_config=spec, returncode=lambda: None)
+
+
+def test_a_task_silent_for_the_timeout_is_overdue_and_an_answer_resets_it():
+    states = {"worker:1": "hung", "worker:0": "dead", "ps:0": "alive"}
+    tasks = [_task(n) for n in states]
+    by_address = {t.tf_config.address: t.name for t in tasks}
+    watch = HangWatch(0.5, period_s=0.0,
+                      prober=lambda address, timeout_s: states[by_address[address]])
+    assert watch.overdue(tasks) == []  # silent from now on
+    time.sleep(0.6)
+    overdue = watch.overdue(tasks)
+    assert [t.name for t, _ in overdue] == ["worker:1"] and overdue[0][1] >= 0.5
+    states["worker:1"] = "alive"  # it answered: the clock starts again
+    watch.overdue(tasks)
+    states["worker:1"] = "hung"
+    assert watch.overdue(tasks) == []
+    assert [t.name for t in watch.hung_now(tasks)] == ["worker:1"]
+
+
+def test_no_timeout_probes_nothing():
+    calls = []
+    watch = HangWatch(None, prober=lambda *a, **k: calls.append(a) or "hung")
+    assert watch.overdue([_task("worker:0")]) == [] and calls == []
+
+
+def test_probes_are_spaced_by_the_period():
+    calls = []
+    watch = HangWatch(60.0, prober=lambda *a, **k: calls.append(a) or "alive")
+    assert watch.period_s == 5.0
+    watch.overdue([_task("worker:0")])
+    watch.overdue([_task("worker:0")])
+    assert len(calls) == 1
