@@ -129,16 +129,19 @@ def parse_tfrecords(files):
     the seed schema (``image_raw`` bytes of a square image, ``label`` int64)."""
     import tensorflow as tf
 
+    return tf.data.TFRecordDataset(files).map(parse_square_image)
+
+
+def parse_square_image(record):
+    """One serialized record of the seed schema -> (uint8 image ``(side, side)``, int64 label)."""
+    import tensorflow as tf
+
     spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
             "label": tf.io.FixedLenFeature([], tf.int64)}
-
-    def parse(record):
-        parsed = tf.io.parse_single_example(record, spec)
-        image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
-        side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
-        return tf.reshape(image, [side, side]), parsed["label"]
-
-    return tf.data.TFRecordDataset(files).map(parse)
+    parsed = tf.io.parse_single_example(record, spec)
+    image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
+    return tf.reshape(image, [side, side]), parsed["label"]
 
 
 def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -277,6 +280,12 @@ def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
     """
     if config.source == "tfds":
         return _load_tfds(config, split)
+    from kerasdist.config.data_configs import streams
+
+    if streams(config, split):  # read through the stream's decoder, whole (evaluator, bench)
+        from kerasdist.data.file_streams import sample_split
+
+        return sample_split(config, split, None)
     import tensorflow_datasets as tfds
 
     try:

@@ -39,12 +39,13 @@ indices, before any gather or decoding), exactly where the interrupted run stopp
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from kerasdist._log import get_logger
+from kerasdist.config.data_configs import streams
 from kerasdist.data.pipeline import check_batch_divisible
 from kerasdist.data.pipeline import preprocess as _to_inputs
 from kerasdist.data.sources import load_split, parse_tfrecords, tfrecord_files
@@ -105,6 +106,24 @@ class StreamInput:
     shard_policy: str
     num_eval: int
     pipelines: int = 1
+    artifacts: dict[str, str] = field(default_factory=dict)
+    """Files the chief writes into the run directory once it is claimed (relative path ->
+    text), e.g. a csv source's vocabularies (``data/csv-schema.json``)."""
+
+    def write_artifacts(self, run_dir) -> None:
+        """Write :attr:`artifacts` under ``run_dir`` atomically (temporary file + ``os.replace``);
+        one already there is kept (a resumed run reads it instead of computing it)."""
+        import os
+        from pathlib import Path
+
+        for name, text in self.artifacts.items():
+            path = Path(run_dir) / name
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_name(path.name + ".tmp")
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, path)
 
     def train_dataset(self, strategy, *, start_step: int):
         """Distributed training stream starting at global step ``start_step`` (>= 0).
@@ -281,8 +300,11 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
     """
     config = recipe.data
     check_batch_divisible(config.batch_size, replicas)
-    policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
     pipeline_batch = config.batch_size if asynchronous else config.batch_size // pipelines
+    if streams(config, config.train_split):
+        return _streaming_input(recipe, replicas=replicas, pipelines=pipelines,
+                                pipeline_batch=pipeline_batch, asynchronous=asynchronous)
+    policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
     if policy == "file":
         files = _tfrecord_files(config, config.train_split)
         counts = [_count_records(files[i::pipelines]) for i in range(pipelines)]
@@ -304,3 +326,22 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
              f"'{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
     return StreamInput(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
                        shard_policy=policy, num_eval=num_eval, pipelines=pipelines)
+
+
+def _streaming_input(recipe, *, replicas: int, pipelines: int, pipeline_batch: int,
+                     asynchronous: bool) -> StreamInput:
+    """:func:`build_data` for a streaming source (:mod:`kerasdist.data.file_streams`)."""
+    from kerasdist.data.file_streams import build_streaming
+
+    config = recipe.data
+    built = build_streaming(recipe, pipelines=pipelines)
+    steps = _steps_per_epoch(recipe, examples_per_pipeline=built.per_pipeline,
+                             pipeline_batch=pipeline_batch)
+    if asynchronous and not recipe.trainer.steps_per_epoch:
+        steps *= pipelines
+    log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
+             f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
+             f"'{built.policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
+    return StreamInput(train_fn=built.train_fn, eval_fn=built.eval_fn, steps_per_epoch=steps,
+                       shard_policy=built.policy, num_eval=built.num_eval, pipelines=pipelines,
+                       artifacts=built.artifacts)

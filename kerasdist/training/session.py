@@ -236,6 +236,7 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
         strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir.path)
         if is_chief:
             run_dir.write_run_info(recipe, schema)
+            data.write_artifacts(run_dir.path)  # e.g. a csv source's vocabularies
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
                          verbose=recipe.trainer.verbose if verbose is None else verbose,
