@@ -282,7 +282,8 @@ def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
         return _load_tfds(config, split)
     from kerasdist.config.data_configs import streams
 
-    if streams(config, split):  # read through the stream's decoder, whole (evaluator, bench)
+    if streams(config, split) and not (config.source == "tfrecord" and config.features is None):
+        # the new streaming kinds, read whole through the stream's decoder (evaluator, bench)
         from kerasdist.data.file_streams import sample_split
 
         return sample_split(config, split, None)
