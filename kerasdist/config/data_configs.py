@@ -184,7 +184,8 @@ class DataConfig(Frozen):
         source = self.source
         for field in ("train_split", "eval_split"):
             split = getattr(self, field)
-            if split is not None and streams(self, split) and not is_whole_split(split):
+            if split is not None and streams(self, split) and source != "python" \
+                    and not is_whole_split(split):  # a data.function gets the split as written
                 raise ValueError(f"data.{field} of a streaming source ('{source}') is a whole split "
                                  f"name (slices are for in-memory sources). Received: "
                                  f"{field}={split!r}")
