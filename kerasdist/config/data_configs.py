@@ -1,7 +1,7 @@
 """The ``data`` section of a recipe: :class:`DataConfig` and its :class:`FeatureSpec`.
 
-In-memory sources (``embedded``, ``idx``, ``npz``, ``synthetic_*``; ``tfrecord`` and ``tfds`` with a
-sliced split such as ``test[:80%]``) are read whole into NumPy arrays. Streaming sources read their
+In-memory sources (``embedded``, ``idx``, ``npz``, ``synthetic_*``; ``tfrecord`` with the default
+spec and a sliced split such as ``test[:80%]``) are read whole into NumPy arrays. Streaming sources read their
 files with ``tf.data`` and never hold a split in memory:
 
 * ``tfrecord`` (a whole split name): ``tf.train.Example`` records parsed with the feature spec
@@ -29,7 +29,7 @@ from kerasdist.config._base import Frozen
 DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_linear",
                      "synthetic_clicks", "csv", "image_folder", "python"]
 AutoShard = Literal["auto", "off", "data", "file"]
-STREAMING_SOURCES = ("tfrecord", "csv", "image_folder", "python")
+STREAMING_SOURCES = ("tfrecord", "csv", "image_folder", "python", "tfds")
 """Sources read with ``tf.data`` from files (``tfrecord`` only for whole split names or a spec)."""
 _GLOB = re.compile(r"[*?\[]")
 
@@ -184,7 +184,7 @@ class DataConfig(Frozen):
         source = self.source
         for field in ("train_split", "eval_split"):
             split = getattr(self, field)
-            if split is not None and streams(self, split) and source != "python" \
+            if split is not None and streams(self, split) and source not in ("python", "tfds") \
                     and not is_whole_split(split):  # a data.function gets the split as written
                 raise ValueError(f"data.{field} of a streaming source ('{source}') is a whole split "
                                  f"name (slices are for in-memory sources). Received: "
@@ -217,7 +217,7 @@ def is_whole_split(split: str) -> bool:
 
 def streams(config: DataConfig, split: str) -> bool:
     """Whether ``split`` of ``config`` is read as a stream of files (never whole in memory)."""
-    if config.source in ("csv", "image_folder", "python"):
+    if config.source in ("csv", "image_folder", "python", "tfds"):
         return True
     if config.source == "tfrecord":
         return config.features is not None or is_whole_split(split)

@@ -205,7 +205,8 @@ def _build_python(recipe, pipelines: int) -> Streaming:
     from kerasdist.data import python_source
 
     config = recipe.data
-    fn = python_source.load_function(config)
+    fn = (python_source.tfds_function(config) if config.source == "tfds"
+          else python_source.load_function(config))
     counted = python_source.count(python_source.call(fn, config, config.train_split))
     own = python_source.takes_context(fn)
     policy = "off" if pipelines <= 1 else ("data" if config.auto_shard in ("auto", "file")
@@ -219,7 +220,7 @@ def _build_python(recipe, pipelines: int) -> Streaming:
     if config.eval_split:
         num_eval = python_source.count(python_source.call(fn, config, config.eval_split))
         eval_fn = _python_eval_fn(fn, config, shard=policy != "off")
-    log.info(f"input: data.function '{config.function}' gives {counted} training examples; "
+    log.info(f"input: data.function '{python_source.describe(config)}' gives {counted} training examples; "
              + ("it shards itself (input_context)" if own else "sharded by data"))
     per_pipeline = counted if (own or policy == "off") else counted // max(pipelines, 1)
     if own and pipelines > 1:
@@ -236,7 +237,7 @@ def build_streaming(recipe, *, pipelines: int) -> Streaming:
             ``data.function`` that does not import or returns the wrong type.
         RecipeError: ``data.auto_shard: file`` where the split cannot be sharded by file.
     """
-    if recipe.data.source == "python":
+    if recipe.data.source in ("python", "tfds"):
         return _build_python(recipe, pipelines)
     return _build_files(recipe, pipelines)
 
@@ -254,10 +255,12 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None):
 
     from kerasdist.errors import DataError
 
-    if config.source == "python":
+    if config.source in ("python", "tfds"):
         from kerasdist.data import python_source
 
-        ds = python_source.call(python_source.load_function(config), config, split)
+        fn = (python_source.tfds_function(config) if config.source == "tfds"
+              else python_source.load_function(config))
+        ds = python_source.call(fn, config, split)
     else:
         from kerasdist.data.formats import CsvSource, ImageFolderSource, file_source
 

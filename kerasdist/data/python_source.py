@@ -43,6 +43,44 @@ def load_function(config) -> Callable:
     return fn
 
 
+def tfds_function(config) -> Callable:
+    """Source ``tfds`` as a data function: ``split -> (data.input, data.label)`` pairs of the
+    prepared TFDS dataset ``data.name`` in ``data.data_dir`` (``tfds.builder(...).as_dataset``,
+    files in order, ``shuffle_files=False``; TFDS slicing such as ``train[:80%]`` works). Nothing is
+    downloaded here: a dataset not prepared in ``data_dir`` is refused.
+
+    Raises:
+        DataError: (when called) the dataset is not prepared, or lacks a named feature.
+    """
+    feature_in, feature_label = config.input or "image", config.label_name
+
+    def load(split):
+        import tensorflow_datasets as tfds
+
+        try:
+            builder = tfds.builder(config.name, data_dir=str(config.data_dir)
+                                   if config.data_dir else None)
+            ds = builder.as_dataset(split=split, shuffle_files=False)
+        except Exception as err:  # noqa: BLE001 - TFDS raises many types
+            first = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            raise DataError(f"data.source 'tfds': cannot read '{config.name}' split '{split}' from "
+                            f"data.data_dir '{config.data_dir}': {first}. Prepare it there first "
+                            f"(tfds build / builder.download_and_prepare()). Received: "
+                            f"name='{config.name}'") from None
+        for field, name in (("data.input", feature_in), ("data.label", feature_label)):
+            if name not in ds.element_spec:
+                raise DataError(f"{field}: '{config.name}' has no feature '{name}' (features: "
+                                f"{', '.join(ds.element_spec)}). Received: '{name}'")
+        return ds.map(lambda f: (f[feature_in], f[feature_label]))
+
+    return load
+
+
+def describe(config) -> str:
+    """How messages name the function: the import path, or ``tfds:<name>``."""
+    return config.function or f"tfds:{config.name}"
+
+
 def takes_context(fn: Callable) -> bool:
     """Whether ``fn`` accepts an ``input_context`` argument (then it shards itself)."""
     try:
@@ -62,15 +100,15 @@ def call(fn: Callable, config, split: str, input_context=None):
     try:
         ds = fn(split, input_context=input_context) if takes_context(fn) else fn(split)
     except Exception as err:  # noqa: BLE001 - the user's code
-        raise DataError(f"data.function '{config.function}' raised {type(err).__name__} for split "
+        raise DataError(f"data.function '{describe(config)}' raised {type(err).__name__} for split "
                         f"'{split}': {err}. Received: split='{split}'") from None
     if not isinstance(ds, tf.data.Dataset):
-        raise DataError(f"data.function '{config.function}' must return a tf.data.Dataset of "
+        raise DataError(f"data.function '{describe(config)}' must return a tf.data.Dataset of "
                         f"unbatched (features, label). Received: {type(ds).__name__} for split "
                         f"'{split}'")
     spec = ds.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
-        raise DataError(f"data.function '{config.function}' must return a dataset of (features, "
+        raise DataError(f"data.function '{describe(config)}' must return a dataset of (features, "
                         f"label) pairs. Received: element_spec {spec!r} for split '{split}'")
     return ds
 
