@@ -109,7 +109,8 @@ class DataConfig(Frozen):
     input: str | None = Field(
         None, description="tfds: the input feature (default 'image').")
     features: dict[str, FeatureSpec] | None = Field(
-        None, description="tfrecord: feature name -> spec; data.label names the label, the others "
+        None, description="tfrecord: feature name -> {dtype: float32|int64|string, shape: [..], "
+        "encoding: none|raw|png|jpeg}; data.label names the label, the others "
         "are the model's inputs (one: an array; several: a dict by name). Default: the MNIST "
         "layout (image_raw raw uint8 28x28, label int64).")
     numeric: list[str] | None = Field(
