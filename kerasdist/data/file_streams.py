@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kerasdist._log import get_logger
+from kerasdist.config.data_configs import streams
 from kerasdist.data.pipeline import preprocess
 from kerasdist.errors import RecipeError
 
@@ -144,7 +145,8 @@ def _build_files(recipe, pipelines: int) -> Streaming:
     if isinstance(source, ImageFolderSource):
         source.set_classes(config.train_split)
     train_units = source.check(config.train_split)
-    eval_units = source.check(config.eval_split) if config.eval_split else None
+    eval_units = source.check(config.eval_split) if config.eval_split and streams(
+        config, config.eval_split) else None  # a sliced tfrecord eval split: in memory (caller)
     if isinstance(source, CsvSource):
         source.load_schema(train_units, recipe.output.run_dir)
     policy = _policy(config, len(train_units), pipelines,

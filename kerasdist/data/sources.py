@@ -278,11 +278,12 @@ def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         DataError: missing files, unknown split name or an out-of-range slice.
     """
-    if config.source == "tfds":
-        return _load_tfds(config, split)
+    if config.source == "tfds" and config.input is None and config.label is None:
+        return _load_tfds(config, split)  # as_supervised pairs, as before
     from kerasdist.config.data_configs import streams
 
     if streams(config, split) and not (config.source == "tfrecord" and config.features is None):
+        # (tfds with data.input / data.label too)
         # the new streaming kinds, read whole through the stream's decoder (evaluator, bench)
         from kerasdist.data.file_streams import sample_split
 
