@@ -70,15 +70,28 @@ def _pass_seed(seed, pass_index):
     return tf.stack([tf.cast(seed, tf.int64), tf.cast(pass_index, tf.int64)])
 
 
-def _finish(ds, config, per_replica: int, skip_batches: int, decode):
-    """Skip (on raw records), decode, batch (per-replica), convert, prefetch."""
+def _decoded_batches(ds, source, batch: int, *, drop_remainder: bool):
+    """Raw records -> decoded batches: one vectorized decode per batch when the source has one
+    (tfrecord, csv), else a deterministic parallel map per record, then batch."""
+    import tensorflow as tf
+
+    batched = source.batch_decoder() if source is not None else None
+    if batched is not None:
+        return ds.batch(batch, drop_remainder=drop_remainder).map(
+            batched, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if source is not None:
+        ds = ds.map(source.decoder(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.batch(batch, drop_remainder=drop_remainder)
+
+
+def _finish(ds, config, per_replica: int, skip_batches: int, source):
+    """Skip (on raw records), decode and batch (per-replica), convert, prefetch."""
     import tensorflow as tf
 
     if skip_batches:
         ds = ds.skip(skip_batches * per_replica)
-    if decode is not None:
-        ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = ds.batch(per_replica, drop_remainder=True).map(preprocess(config.normalize))
+    ds = _decoded_batches(ds, source, per_replica, drop_remainder=True)
+    ds = ds.map(preprocess(config.normalize))
     return ds.prefetch(tf.data.AUTOTUNE if config.prefetch < 0 else config.prefetch)
 
 
@@ -109,7 +122,7 @@ def _file_train_fn(source, units: list[str], config, policy: str):
 
         ds = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
         return _finish(ds, config, ctx.get_per_replica_batch_size(config.batch_size),
-                       skip_batches, source.decoder())
+                       skip_batches, source)
 
     return train_fn
 
@@ -121,8 +134,8 @@ def _file_eval_fn(source, units: list[str], config, *, shard: bool):
         records = source.records(tf.constant(units))
         if shard and ctx.num_input_pipelines > 1:
             records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        ds = records.map(source.decoder(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        ds = ds.batch(ctx.get_per_replica_batch_size(config.batch_size))
+        ds = _decoded_batches(records, source, ctx.get_per_replica_batch_size(config.batch_size),
+                              drop_remainder=False)
         return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
 
     return eval_fn

@@ -70,6 +70,11 @@ class FileSource:
         """``decode(element) -> (x, y)``; built inside each dataset function (lookup tables)."""
         raise NotImplementedError
 
+    def batch_decoder(self) -> Callable | None:
+        """``decode(records) -> (x, y)`` on a batch of raw records (one vectorized op instead of
+        one per record), or None: :meth:`decoder` is mapped over single records."""
+        return None
+
     def count(self, units: list[str]) -> list[int]:
         """Examples in each unit."""
         raise NotImplementedError
@@ -118,6 +123,23 @@ class TFRecordSource(FileSource):
 
         return decode
 
+    def batch_decoder(self):
+        import tensorflow as tf
+
+        if self.config.features is None:
+            return _parse_square_images
+        specs, label = self.config.feature_specs, self.config.label_name
+        parse_spec = {name: tf.io.FixedLenFeature(
+            [] if s.dtype == "string" else s.shape, getattr(tf, s.dtype)) for name, s in specs.items()}
+
+        def decode(records):
+            parsed = tf.io.parse_example(records, parse_spec)
+            out = {name: _decode_batch_feature(parsed[name], spec) for name, spec in specs.items()}
+            y = out.pop(label)
+            return (next(iter(out.values())) if len(out) == 1 else out), y
+
+        return decode
+
     def count(self, units):
         import numpy as np
         import tensorflow as tf
@@ -146,6 +168,29 @@ class TFRecordSource(FileSource):
 
 def _spec_text(config) -> str:
     return json.dumps({k: v.model_dump() for k, v in config.feature_specs.items()})
+
+
+def _parse_square_images(records):
+    """A batch of seed-layout records -> (uint8 ``(b, side, side)``, int64 ``(b,)``)."""
+    import tensorflow as tf
+
+    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+    parsed = tf.io.parse_example(records, spec)
+    images = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.shape(images)[1], tf.float32))), tf.int32)
+    return tf.reshape(images, [-1, side, side]), parsed["label"]
+
+
+def _decode_batch_feature(values, spec):
+    import tensorflow as tf
+
+    if spec.encoding == "raw":
+        return tf.reshape(tf.io.decode_raw(values, tf.uint8), [-1, *spec.shape])
+    if spec.encoding in ("png", "jpeg"):
+        return tf.map_fn(lambda v: _decode_feature(v, spec), values,
+                         fn_output_signature=tf.TensorSpec(spec.shape, tf.uint8))
+    return values
 
 
 def _decode_feature(value, spec):
@@ -299,18 +344,21 @@ class CsvSource(FileSource):
             for c in schema.categorical}
         where = {c: schema.header.index(c) for c in schema.header}
 
-        def decode(line):
-            fields = tf.io.decode_csv(line, defaults)
+        def decode(lines):  # one line () or a batch of lines (b,): the same ops, axis -1
+            fields = tf.io.decode_csv(lines, defaults)
             parts = []
             if schema.numeric:
-                numbers = tf.stack([fields[where[c]] for c in schema.numeric])
+                numbers = tf.stack([fields[where[c]] for c in schema.numeric], axis=-1)
                 parts.append((numbers - mean) / std)
             for column in schema.categorical:
                 ids = tables[column].lookup(fields[where[column]])
                 parts.append(tf.one_hot(ids, len(schema.vocabulary[column]) + 1, dtype=tf.float32))
-            return tf.concat(parts, axis=0), fields[where[label]]
+            return tf.concat(parts, axis=-1), fields[where[label]]
 
         return decode
+
+    def batch_decoder(self):
+        return self.decoder()  # decode_csv, lookups and one_hot take a vector of lines as well
 
     def count(self, units):
         counts = []
