@@ -76,13 +76,50 @@ def run(folder: Path, split: str, steps: int, run_dir: Path) -> dict:
     return {**json.loads(line[0][7:]), "wall_s": time.perf_counter() - start}
 
 
+def input_speed(folder: Path, batches: int = 300) -> dict:
+    """Seconds to iterate ``batches`` training batches of 128 from the embedded digits written as
+    one TFRecord file (streaming) and from the same digits in memory, in this process, no model."""
+    import tensorflow as tf
+
+    from kerasdist.config import validate_recipe
+    from kerasdist.data.file_streams import build_streaming
+    from kerasdist.data.sources import embedded_dir, load_idx_split, write_tfrecord
+    from kerasdist.data.streams import _memory_train_fn
+
+    x, y = load_idx_split(embedded_dir(), "test")
+    write_tfrecord(x, y, folder / "train-000.tfrecord")
+    recipe = validate_recipe({"data": {"source": "tfrecord", "path": str(folder),
+                                       "train_split": "train", "eval_split": None,
+                                       "batch_size": 128}})
+    ctx = tf.distribute.InputContext()
+    out = {}
+    for name, ds in (("stream", build_streaming(recipe, pipelines=1).train_fn(ctx, 0)),
+                     ("memory", _memory_train_fn(x, y, recipe.data, shard=False,
+                                                 normalize=True)(ctx, 0))):
+        start = time.perf_counter()
+        for _ in ds.take(batches):
+            pass
+        out[name] = time.perf_counter() - start
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=60_000, help="records of the 1x split")
     parser.add_argument("--steps", type=int, default=100, help="training steps of every run")
     parser.add_argument("--out", type=Path, default=None, help="keep the files here")
+    parser.add_argument("--speed-only", action="store_true",
+                        help="only time 300 input batches, streamed and in memory (no model)")
     args = parser.parse_args(argv)
     root = args.out or Path(tempfile.mkdtemp(prefix="kerasdist-rss-"))
+    if args.speed_only:
+        try:
+            times = input_speed(root / "speed")
+        finally:
+            if args.out is None:
+                shutil.rmtree(root, ignore_errors=True)
+        print(" ".join(f"{k} {v:.2f} s" for k, v in times.items()) + " for 300 batches of 128")
+        return 0
     rows = []
     try:
         for size in (1, 10):
