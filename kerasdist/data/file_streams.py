@@ -151,7 +151,8 @@ def _per_pipeline(counts: list[int], pipelines: int, policy: str) -> int:
 
 
 def _build_files(recipe, pipelines: int) -> Streaming:
-    from kerasdist.data.formats import CsvSource, ImageFolderSource, file_source
+    from kerasdist.data.csv_source import CsvSource
+    from kerasdist.data.formats import ImageFolderSource, file_source
 
     config = recipe.data
     source = file_source(config)
@@ -277,7 +278,8 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None):
               else python_source.load_function(config))
         ds = python_source.call(fn, config, split)
     else:
-        from kerasdist.data.formats import CsvSource, ImageFolderSource, file_source
+        from kerasdist.data.csv_source import CsvSource
+        from kerasdist.data.formats import ImageFolderSource, file_source
 
         source = file_source(config)
         if isinstance(source, ImageFolderSource):
