@@ -112,50 +112,12 @@ class ModelConfig(_Frozen):
 
 
 # ---------------------------------------------------------------------------------------- data
-DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_linear",
-                     "synthetic_clicks"]
-AutoShard = Literal["auto", "off", "data", "file"]
-
-
-class DataConfig(_Frozen):
-    """``data``: where examples come from, how they are split, batched and shuffled.
-
-    Splits use TFDS slicing syntax (``test[:80%]``, ``train[10:200]``, ``test[:10%]+test[90%:]``).
-    ``batch_size`` is the global batch size (see module docs). Training batches drop the remainder
-    so that every step consumes exactly ``batch_size`` examples.
-    """
-
-    source: DataSource = "embedded"
-    path: Path | None = Field(None, description="Folder (idx, tfrecord) or file (npz).")
-    name: str = Field("mnist", description="TFDS dataset name (source 'tfds').")
-    data_dir: Path | None = Field(None, description="TFDS data_dir (source 'tfds').")
-    train_split: str = "test[:80%]"
-    eval_split: str | None = "test[80%:]"
-    batch_size: int = Field(128, gt=0, description="Global batch size, examples per step.")
-    shuffle_buffer: int = Field(10_000, ge=0, description="0 disables shuffling.")
-    shuffle_seed: int = 42
-    normalize: bool = Field(True, description="Scale uint8 images to float32 in [0, 1].")
-    prefetch: int = Field(-1, ge=-1, description="Batches to prefetch; -1 = tf.data.AUTOTUNE.")
-    num_examples: int = Field(1000, gt=0, description="synthetic_linear, synthetic_clicks: "
-                              "examples generated per split.")
-    noise_std: float = Field(0.33, ge=0, description="synthetic_linear: std of N(0, s^2).")
-    num_users: int = Field(4_096, gt=0, description="synthetic_clicks: user ids are < this.")
-    num_items: int = Field(1_048_576, gt=0, description="synthetic_clicks: item ids are < this.")
-    auto_shard: AutoShard = Field(
-        "auto",
-        description="Multi-worker sharding: auto = by data for in-memory sources, by file for "
-        "tfrecord; off = every worker reads everything (seeded differently).",
-    )
-
-    @model_validator(mode="after")
-    def _check_path(self) -> DataConfig:
-        needs_path = self.source in ("idx", "npz", "tfrecord")
-        if needs_path and self.path is None:
-            raise ValueError(f"data.path is required for source '{self.source}'. Received: path=None")
-        if needs_path and not self.path.exists():
-            raise ValueError(f"data.path does not exist. Received: path='{self.path}'")
-        return self
-
+from kerasdist.config.data_configs import (  # noqa: E402,F401  (re-exported: the schema's names)
+    AutoShard,
+    DataConfig,
+    DataSource,
+    FeatureSpec,
+)
 
 # ------------------------------------------------------------------------------------- cluster
 MAX_THREADS_PER_TASK = 1024

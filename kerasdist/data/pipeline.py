@@ -37,14 +37,17 @@ def preprocess(normalize: bool):
     inputs (e.g. the linear model's float features) pass unchanged."""
     import tensorflow as tf
 
-    def fn(x, y):
+    def one(x):
         if x.dtype == tf.uint8:
             x = tf.cast(x, tf.float32)
             if normalize:
                 x = x / 255.0
             if x.shape.rank == 3:  # (batch, H, W) -> (batch, H, W, 1)
                 x = tf.expand_dims(x, -1)
-        return x, y
+        return x
+
+    def fn(x, y):
+        return tf.nest.map_structure(one, x), y  # several named inputs: each converted
 
     return fn
 

@@ -129,16 +129,19 @@ def parse_tfrecords(files):
     the seed schema (``image_raw`` bytes of a square image, ``label`` int64)."""
     import tensorflow as tf
 
+    return tf.data.TFRecordDataset(files).map(parse_square_image)
+
+
+def parse_square_image(record):
+    """One serialized record of the seed schema -> (uint8 image ``(side, side)``, int64 label)."""
+    import tensorflow as tf
+
     spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
             "label": tf.io.FixedLenFeature([], tf.int64)}
-
-    def parse(record):
-        parsed = tf.io.parse_single_example(record, spec)
-        image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
-        side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
-        return tf.reshape(image, [side, side]), parsed["label"]
-
-    return tf.data.TFRecordDataset(files).map(parse)
+    parsed = tf.io.parse_single_example(record, spec)
+    image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
+    return tf.reshape(image, [side, side]), parsed["label"]
 
 
 def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -275,8 +278,16 @@ def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
     Raises:
         DataError: missing files, unknown split name or an out-of-range slice.
     """
-    if config.source == "tfds":
-        return _load_tfds(config, split)
+    if config.source == "tfds" and config.input is None and config.label is None:
+        return _load_tfds(config, split)  # as_supervised pairs, as before
+    from kerasdist.config.data_configs import streams
+
+    if streams(config, split) and not (config.source == "tfrecord" and config.features is None):
+        # (tfds with data.input / data.label too)
+        # the new streaming kinds, read whole through the stream's decoder (evaluator, bench)
+        from kerasdist.data.file_streams import sample_split
+
+        return sample_split(config, split, None)
     import tensorflow_datasets as tfds
 
     try:

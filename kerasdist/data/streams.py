@@ -12,10 +12,11 @@ https://www.tensorflow.org/tutorials/distribute/input#sharding):
 
 * ``data``: pipeline ``i`` of ``N`` keeps examples ``i, i+N, ...`` (``Dataset.shard``) before
   shuffling; every example is seen once per pass over the split.
-* ``file``: pipeline ``i`` reads files ``i, i+N, ...`` of a ``tfrecord`` split (no reading of other
-  workers' data at all); needs a plain split name (``train``, not ``train[:80%]``) and at least N files.
+* ``file``: pipeline ``i`` reads files ``i, i+N, ...`` of a streaming split (``csv``,
+  ``image_folder``, ``tfrecord`` with a plain split name; :mod:`kerasdist.data.file_streams`, which
+  builds the streams of every streaming source); needs at least N files.
 * ``off``: every pipeline reads every example, shuffled with its own seed (``shuffle_seed + i``).
-* ``auto`` (default): ``file`` for a ``tfrecord`` source that can be sharded by file, else ``data``.
+* ``auto`` (default): ``file`` for a streaming source that can be sharded by file, else ``data``.
 
 Parameter server (``build_data(..., asynchronous=True)``): the same streams, one per worker; a
 step is one worker's batch of ``batch_size`` examples, scheduled on whichever worker is free, so
@@ -39,15 +40,14 @@ indices, before any gather or decoding), exactly where the interrupted run stopp
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
-
 from kerasdist._log import get_logger
+from kerasdist.config.data_configs import streams
 from kerasdist.data.pipeline import check_batch_divisible
 from kerasdist.data.pipeline import preprocess as _to_inputs
-from kerasdist.data.sources import load_split, parse_tfrecords, tfrecord_files
+from kerasdist.data.sources import load_split, tfrecord_files
 from kerasdist.errors import DataError, RecipeError
 
 if TYPE_CHECKING:
@@ -105,6 +105,24 @@ class StreamInput:
     shard_policy: str
     num_eval: int
     pipelines: int = 1
+    artifacts: dict[str, str] = field(default_factory=dict)
+    """Files the chief writes into the run directory once it is claimed (relative path ->
+    text), e.g. a csv source's vocabularies (``data/csv-schema.json``)."""
+
+    def write_artifacts(self, run_dir) -> None:
+        """Write :attr:`artifacts` under ``run_dir`` atomically (temporary file + ``os.replace``);
+        one already there is kept (a resumed run reads it instead of computing it)."""
+        import os
+        from pathlib import Path
+
+        for name, text in self.artifacts.items():
+            path = Path(run_dir) / name
+            if path.exists():
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_name(path.name + ".tmp")
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, path)
 
     def train_dataset(self, strategy, *, start_step: int):
         """Distributed training stream starting at global step ``start_step`` (>= 0).
@@ -198,33 +216,6 @@ def _memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
     return train_fn
 
 
-def _file_train_fn(files: list[str], data_config, *, normalize: bool):
-    import tensorflow as tf
-
-    def train_fn(ctx, skip_batches: int):
-        mine = tf.gather(tf.constant(files), tf.range(ctx.input_pipeline_id, len(files),
-                                                      ctx.num_input_pipelines))
-        seed = data_config.shuffle_seed + ctx.input_pipeline_id
-
-        def one_pass(pass_index):
-            order = tf.random.experimental.stateless_shuffle(
-                tf.range(tf.size(mine, out_type=tf.int64)), seed=_pass_seed(seed, pass_index))
-            records = parse_tfrecords(tf.gather(mine, order))
-            if data_config.shuffle_buffer:
-                records = records.shuffle(data_config.shuffle_buffer, seed=seed * 1_000_003 +
-                                          pass_index, reshuffle_each_iteration=False)
-            return records
-
-        ds = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
-        ds = ds.batch(ctx.get_per_replica_batch_size(data_config.batch_size), drop_remainder=True)
-        if skip_batches:
-            ds = ds.skip(skip_batches)
-        ds = ds.map(_to_inputs(normalize), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return ds.prefetch(tf.data.AUTOTUNE if data_config.prefetch < 0 else data_config.prefetch)
-
-    return train_fn
-
-
 def _eval_fn(x, y, data_config, *, shard: bool):
     import tensorflow as tf
 
@@ -237,12 +228,6 @@ def _eval_fn(x, y, data_config, *, shard: bool):
         return ds.prefetch(tf.data.AUTOTUNE)
 
     return eval_fn
-
-
-def _count_records(files: list[str]) -> int:
-    import tensorflow as tf
-
-    return int(tf.data.TFRecordDataset(files).reduce(np.int64(0), lambda n, _: n + 1).numpy())
 
 
 def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int) -> int:
@@ -281,16 +266,14 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
     """
     config = recipe.data
     check_batch_divisible(config.batch_size, replicas)
-    policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
     pipeline_batch = config.batch_size if asynchronous else config.batch_size // pipelines
-    if policy == "file":
-        files = _tfrecord_files(config, config.train_split)
-        counts = [_count_records(files[i::pipelines]) for i in range(pipelines)]
-        train_fn, per_pipeline = _file_train_fn(files, config, normalize=config.normalize), min(counts)
-    else:
-        x, y = load_split(config, config.train_split)
-        train_fn = _memory_train_fn(x, y, config, shard=policy == "data", normalize=config.normalize)
-        per_pipeline = len(x) // pipelines if policy == "data" else len(x)
+    if streams(config, config.train_split):
+        return _streaming_input(recipe, replicas=replicas, pipelines=pipelines,
+                                pipeline_batch=pipeline_batch, asynchronous=asynchronous)
+    policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
+    x, y = load_split(config, config.train_split)  # in memory ('file' is for streaming sources)
+    train_fn = _memory_train_fn(x, y, config, shard=policy == "data", normalize=config.normalize)
+    per_pipeline = len(x) // pipelines if policy == "data" else len(x)
     eval_fn, num_eval = None, 0
     if config.eval_split:
         ex, ey = load_split(config, config.eval_split)
@@ -304,3 +287,26 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
              f"'{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
     return StreamInput(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
                        shard_policy=policy, num_eval=num_eval, pipelines=pipelines)
+
+
+def _streaming_input(recipe, *, replicas: int, pipelines: int, pipeline_batch: int,
+                     asynchronous: bool) -> StreamInput:
+    """:func:`build_data` for a streaming source (:mod:`kerasdist.data.file_streams`)."""
+    from kerasdist.data.file_streams import build_streaming
+
+    config = recipe.data
+    built = build_streaming(recipe, pipelines=pipelines)
+    steps = _steps_per_epoch(recipe, examples_per_pipeline=built.per_pipeline,
+                             pipeline_batch=pipeline_batch)
+    if asynchronous and not recipe.trainer.steps_per_epoch:
+        steps *= pipelines
+    eval_fn, num_eval = built.eval_fn, built.num_eval
+    if config.eval_split and eval_fn is None:  # a sliced split of the default tfrecord layout
+        ex, ey = load_split(config, config.eval_split)
+        eval_fn, num_eval = _eval_fn(ex, ey, config, shard=built.policy != "off"), len(ex)
+    log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
+             f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
+             f"'{built.policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
+    return StreamInput(train_fn=built.train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
+                       shard_policy=built.policy, num_eval=num_eval, pipelines=pipelines,
+                       artifacts=built.artifacts)

@@ -59,10 +59,11 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
         x, y = splits[split] if split in splits else _load(recipe.data, split)
         where = f"{field} '{split}' of data.source '{recipe.data.source}'" + (
             f" (data.path '{recipe.data.path}')" if recipe.data.path else "")
-        _check_finite(x, f"{where}: examples")
         _check_finite(y, f"{where}: labels")
-        _check_shape(x, model, where)
-        _check_ids(x, model, where)
+        if not isinstance(x, dict):  # several named inputs (a tfrecord spec): labels only
+            _check_finite(x, f"{where}: examples")
+            _check_shape(x, model, where)
+            _check_ids(x, model, where)
         if sparse:
             _check_labels(y, model, where)
 
@@ -92,8 +93,14 @@ def _loss_name(recipe: Recipe) -> str:
 
 
 def _load(data_config, split: str) -> Split:
+    from kerasdist.config.data_configs import streams
     from kerasdist.data.sources import load_split, sample_tfrecord_split
 
+    if streams(data_config, split) and not (data_config.source == "tfrecord"
+                                            and data_config.features is None):
+        from kerasdist.data.file_streams import sample_split
+
+        return sample_split(data_config, split, MAX_CHECKED_RECORDS)
     if data_config.source == "tfrecord" and split.strip().isidentifier():
         return sample_tfrecord_split(Path(data_config.path), split.strip(), MAX_CHECKED_RECORDS)
     return load_split(data_config, split)

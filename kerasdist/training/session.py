@@ -272,6 +272,7 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
         strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir.path)
         if is_chief:
             run_dir.write_run_info(recipe, schema)
+            data.write_artifacts(run_dir.path)  # e.g. a csv source's vocabularies
             tracker = _start_tracking(recipe, run_dir, strategy.num_replicas(tf_strategy))
             callbacks = [*callbacks, *([tracker] if tracker is not None else [])]
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,

@@ -7,10 +7,10 @@ import pytest
 import tensorflow as tf
 
 from kerasdist.config import validate_recipe
+from kerasdist.data.file_streams import build_streaming
 from kerasdist.data.sources import write_tfrecord
 from kerasdist.data.streams import (
     _eval_fn,
-    _file_train_fn,
     _memory_train_fn,
     resolve_shard_policy,
 )
@@ -83,8 +83,12 @@ def test_file_sharding_reads_only_own_files_and_resumes(tmp_path):
         write_tfrecord(images[:3], np.arange(3) + 3 * part, tmp_path / f"train-{part}.tfrecord")
     config = _config(source="tfrecord", path=str(tmp_path), train_split="train", shuffle_buffer=4)
     assert resolve_shard_policy(config, num_workers=2) == "file"
-    files = sorted(str(p) for p in tmp_path.glob("train*.tfrecord"))
-    fn = _file_train_fn(files, config, normalize=True)
+    recipe = validate_recipe({"data": {**config.model_dump(mode="json"), "eval_split": None},
+                              "strategy": {"kind": "multi_worker"},
+                              "cluster": {"kind": "local", "workers": 2}})
+    built = build_streaming(recipe, pipelines=2)
+    assert built.policy == "file"
+    fn = built.train_fn
     stream = _labels(fn(_ctx(1), 0), 9)  # files 1 and 3: labels 3..5 and 9..11
     assert set(sum(stream, [])) == {3, 4, 5, 9, 10, 11}
     assert _labels(fn(_ctx(1), 4), 5) == stream[4:]

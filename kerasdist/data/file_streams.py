@@ -1,0 +1,306 @@
+"""Resumable training streams and evaluation inputs of the streaming sources (``tfrecord`` with
+a whole split name or a feature spec, ``csv``, ``image_folder``, ``python``).
+
+A split is never read whole into memory: files are read record by record with ``tf.data``.
+
+Order and resume. Pipeline ``i``'s stream is a pure function of the recipe, so a run resumed at
+global step ``s`` restarts it ``s * local_replicas`` batches in (``Dataset.skip`` on the raw,
+undecoded records: a skipped record is read but not decoded) and sees exactly the batches the
+interrupted run had not trained on yet:
+
+* pass ``p`` reads the pipeline's files in the order of a stateless permutation seeded with
+  ``(shuffle_seed, p)`` (``tf.random.experimental.stateless_shuffle``), then shuffles their records
+  in a ``shuffle_buffer`` seeded with ``shuffle_seed + i`` and ``p``
+  (``reshuffle_each_iteration=False``), never with iterator state;
+* decoding runs with ``deterministic=True``.
+
+``python`` sources are exact when the user's function returns the same examples in the same order
+on every call (skipping runs the user's pipeline for the skipped examples).
+
+Sharding over ``N`` pipelines (``data.auto_shard``): ``file`` (``auto`` when the split has at least
+``N`` files; ``image_folder``: every image is a file): pipeline ``i`` reads files ``i, i+N, ...``;
+``data``: every pipeline reads every file and keeps records ``i, i+N, ...`` of the common order
+(``Dataset.shard``); ``off``: every pipeline reads everything with its own seed. A ``python`` function
+that takes ``input_context`` shards itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kerasdist._log import get_logger
+from kerasdist.config.data_configs import streams
+from kerasdist.data.pipeline import preprocess
+from kerasdist.errors import RecipeError
+
+log = get_logger("data")
+
+
+@dataclass
+class Streaming:
+    """What :func:`build_streaming` hands back to :func:`kerasdist.data.streams.build_data`."""
+
+    train_fn: object
+    eval_fn: object | None
+    per_pipeline: int
+    num_eval: int
+    policy: str
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+
+def _policy(config, num_units: int, pipelines: int, *, what: str) -> str:
+    wanted = config.auto_shard
+    if pipelines <= 1:
+        return "off"
+    if wanted in ("data", "off"):
+        return wanted
+    if num_units >= pipelines:
+        return "file"
+    problem = f"split '{config.train_split}' has {num_units} {what}, fewer than the {pipelines} workers"
+    if wanted == "file":
+        raise RecipeError(f"data.auto_shard 'file' cannot be used: {problem}. "
+                          "Received: auto_shard='file'; use 'data' or 'auto'.")
+    log.info(f"input: sharding by data, not by file: {problem}")
+    return "data"
+
+
+def _pass_seed(seed, pass_index):
+    import tensorflow as tf
+
+    return tf.stack([tf.cast(seed, tf.int64), tf.cast(pass_index, tf.int64)])
+
+
+def _decoded_batches(ds, source, batch: int, *, drop_remainder: bool):
+    """Raw records -> decoded batches: one vectorized decode per batch when the source has one
+    (tfrecord, csv), else a deterministic parallel map per record, then batch."""
+    import tensorflow as tf
+
+    batched = source.batch_decoder() if source is not None else None
+    if batched is not None:
+        return ds.batch(batch, drop_remainder=drop_remainder).map(
+            batched, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if source is not None:
+        ds = ds.map(source.decoder(), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.batch(batch, drop_remainder=drop_remainder)
+
+
+def _finish(ds, config, per_replica: int, skip_batches: int, source):
+    """Skip (on raw records), decode and batch (per-replica), convert, prefetch."""
+    import tensorflow as tf
+
+    if skip_batches:
+        ds = ds.skip(skip_batches * per_replica)
+    ds = _decoded_batches(ds, source, per_replica, drop_remainder=True)
+    ds = ds.map(preprocess(config.normalize))
+    return ds.prefetch(tf.data.AUTOTUNE if config.prefetch < 0 else config.prefetch)
+
+
+def _file_train_fn(source, units: list[str], config, policy: str):
+    import tensorflow as tf
+
+    def train_fn(ctx, skip_batches: int):
+        n, i = ctx.num_input_pipelines, ctx.input_pipeline_id
+        everything = tf.constant(units)
+        mine = tf.gather(everything, tf.range(i, len(units), n)) if policy == "file" else everything
+        file_seed = config.shuffle_seed + (0 if policy == "data" else i)  # data: one common order
+        record_seed = config.shuffle_seed + i
+        buffer = config.shuffle_buffer
+
+        def one_pass(pass_index):
+            files = mine
+            if buffer:
+                order = tf.random.experimental.stateless_shuffle(
+                    tf.range(tf.size(mine, out_type=tf.int64)), seed=_pass_seed(file_seed, pass_index))
+                files = tf.gather(mine, order)
+            records = source.records(files)
+            if policy == "data":
+                records = records.shard(n, i)
+            if buffer:
+                records = records.shuffle(buffer, seed=record_seed * 1_000_003 + pass_index,
+                                          reshuffle_each_iteration=False)
+            return records
+
+        ds = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
+        return _finish(ds, config, ctx.get_per_replica_batch_size(config.batch_size),
+                       skip_batches, source)
+
+    return train_fn
+
+
+def _file_eval_fn(source, units: list[str], config, *, shard: bool):
+    import tensorflow as tf
+
+    def eval_fn(ctx):
+        records = source.records(tf.constant(units))
+        if shard and ctx.num_input_pipelines > 1:
+            records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        ds = _decoded_batches(records, source, ctx.get_per_replica_batch_size(config.batch_size),
+                              drop_remainder=False)
+        return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
+
+    return eval_fn
+
+
+def _per_pipeline(counts: list[int], pipelines: int, policy: str) -> int:
+    total = sum(counts)
+    if policy == "file":
+        return min(sum(counts[i::pipelines]) for i in range(pipelines))
+    if policy == "data":
+        return total // pipelines
+    return total
+
+
+def _build_files(recipe, pipelines: int) -> Streaming:
+    from kerasdist.data.csv_source import CsvSource
+    from kerasdist.data.formats import ImageFolderSource, file_source
+
+    config = recipe.data
+    source = file_source(config)
+    if isinstance(source, ImageFolderSource):
+        source.set_classes(config.train_split)
+    train_units = source.check(config.train_split)
+    eval_units = source.check(config.eval_split) if config.eval_split and streams(
+        config, config.eval_split) else None  # a sliced tfrecord eval split: in memory (caller)
+    if isinstance(source, CsvSource):
+        source.load_schema(train_units, recipe.output.run_dir)
+    policy = _policy(config, len(train_units), pipelines,
+                     what="image file(s)" if isinstance(source, ImageFolderSource) else "file(s)")
+    counts = source.count(train_units)
+    eval_fn, num_eval = None, 0
+    if eval_units is not None:
+        eval_fn = _file_eval_fn(source, eval_units, config, shard=policy != "off")
+        num_eval = sum(source.count(eval_units))
+    log.info(f"input: source '{config.source}' streams {len(train_units)} training file(s) "
+             f"({sum(counts)} examples)")
+    return Streaming(train_fn=_file_train_fn(source, train_units, config, policy),
+                     eval_fn=eval_fn, per_pipeline=_per_pipeline(counts, pipelines, policy),
+                     num_eval=num_eval, policy=policy, artifacts=dict(source.artifacts))
+
+
+def _python_train_fn(fn, config, policy: str):
+    import tensorflow as tf
+
+    from kerasdist.data import python_source
+
+    def train_fn(ctx, skip_batches: int):
+        n, i = ctx.num_input_pipelines, ctx.input_pipeline_id
+        base = python_source.call(fn, config, config.train_split, ctx)
+        if policy == "data" and not python_source.takes_context(fn):
+            base = base.shard(n, i)
+        seed, buffer = config.shuffle_seed + i, config.shuffle_buffer
+
+        def one_pass(pass_index):
+            if not buffer:
+                return base
+            return base.shuffle(buffer, seed=seed * 1_000_003 + pass_index,
+                                reshuffle_each_iteration=False)
+
+        ds = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
+        return _finish(ds, config, ctx.get_per_replica_batch_size(config.batch_size),
+                       skip_batches, None)
+
+    return train_fn
+
+
+def _python_eval_fn(fn, config, *, shard: bool):
+    import tensorflow as tf
+
+    from kerasdist.data import python_source
+
+    def eval_fn(ctx):
+        ds = python_source.call(fn, config, config.eval_split, ctx)
+        if shard and ctx.num_input_pipelines > 1 and not python_source.takes_context(fn):
+            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        ds = ds.batch(ctx.get_per_replica_batch_size(config.batch_size))
+        return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
+
+    return eval_fn
+
+
+def _build_python(recipe, pipelines: int) -> Streaming:
+    from kerasdist.data import python_source
+
+    config = recipe.data
+    fn = (python_source.tfds_function(config) if config.source == "tfds"
+          else python_source.load_function(config))
+    counted = python_source.count(python_source.call(fn, config, config.train_split))
+    own = python_source.takes_context(fn)
+    policy = "off" if pipelines <= 1 else ("data" if config.auto_shard in ("auto", "file")
+                                           else config.auto_shard)
+    if policy == "data" and own:
+        policy = "file"
+    if config.auto_shard == "file" and not own and pipelines > 1:
+        raise RecipeError(f"data.auto_shard 'file' needs a data.function that takes input_context "
+                          f"(it shards itself). Received: function='{config.function}'")
+    eval_fn, num_eval = None, 0
+    if config.eval_split:
+        num_eval = python_source.count(python_source.call(fn, config, config.eval_split))
+        eval_fn = _python_eval_fn(fn, config, shard=policy != "off")
+    log.info(f"input: data.function '{python_source.describe(config)}' gives {counted} training examples; "
+             + ("it shards itself (input_context)" if own else "sharded by data"))
+    per_pipeline = counted if (own or policy == "off") else counted // max(pipelines, 1)
+    if own and pipelines > 1:
+        per_pipeline = counted // pipelines  # assumes the function's shards are about equal
+    return Streaming(train_fn=_python_train_fn(fn, config, policy), eval_fn=eval_fn,
+                     per_pipeline=per_pipeline, num_eval=num_eval, policy=policy)
+
+
+def build_streaming(recipe, *, pipelines: int) -> Streaming:
+    """The training stream and evaluation input of a streaming source (see module docs).
+
+    Raises:
+        DataError: missing files, records that do not match the spec, an empty folder, a
+            ``data.function`` that does not import or returns the wrong type.
+        RecipeError: ``data.auto_shard: file`` where the split cannot be sharded by file.
+    """
+    if recipe.data.source in ("python", "tfds"):
+        return _build_python(recipe, pipelines)
+    return _build_files(recipe, pipelines)
+
+
+def sample_split(config, split: str, limit: int | None, *, run_dir=None):
+    """The first ``limit`` examples (None: all) of a streaming split as NumPy ``(x, y)``, decoded
+    as training sees them (for the bad-input checks and the sidecar evaluator); ``x`` is a dict
+    of arrays for a tfrecord spec with several inputs.
+
+    Raises:
+        DataError: as :func:`build_streaming`; or a split with no examples.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from kerasdist.errors import DataError
+
+    if config.source in ("python", "tfds"):
+        from kerasdist.data import python_source
+
+        fn = (python_source.tfds_function(config) if config.source == "tfds"
+              else python_source.load_function(config))
+        ds = python_source.call(fn, config, split)
+    else:
+        from kerasdist.data.csv_source import CsvSource
+        from kerasdist.data.formats import ImageFolderSource, file_source
+
+        source = file_source(config)
+        if isinstance(source, ImageFolderSource):
+            source.set_classes(config.train_split)
+        units = source.check(split)
+        if isinstance(source, CsvSource):
+            source.load_schema(source.check(config.train_split), run_dir)
+        ds = source.records(tf.constant(units)).map(source.decoder())
+    if limit is not None:
+        ds = ds.take(limit)
+    xs, ys = [], []
+    try:
+        for x, y in ds.batch(1024).map(preprocess(config.normalize)):
+            xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
+            ys.append(y.numpy())
+    except tf.errors.OpError as err:
+        raise DataError(f"data.source '{config.source}': split '{split}' does not decode: "
+                        f"{err.message.splitlines()[0][:300]}. Received: split='{split}'") from None
+    if not ys:
+        raise DataError(f"data.source '{config.source}': split '{split}' holds no examples. "
+                        f"Received: split='{split}'")
+    x = {k: np.concatenate([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) \
+        else np.concatenate(xs)
+    return x, np.concatenate(ys)

@@ -1,0 +1,282 @@
+"""Streaming file sources: which files hold a split, how a file's records are read, decoded and
+counted, and the bad-input checks run on them before training.
+
+Each source is a :class:`FileSource`: ``units(split)`` lists the split's shardable units (files;
+for ``image_folder`` each image file), ``records(units)`` reads them as a ``tf.data.Dataset`` of
+raw, undecoded elements (a serialized ``tf.train.Example``, a CSV line, an image path), and
+``decode(element) -> (x, y)`` turns one element into an example. Shuffling, sharding, skipping
+(resume) and batching happen on the raw elements (:mod:`kerasdist.data.streams`), so a resumed
+stream skips records without decoding them.
+
+Libraries used, not reimplemented: ``tf.data.TFRecordDataset`` + ``tf.io.parse_single_example``
+(tfrecord), ``tf.data.TextLineDataset`` + ``tf.io.decode_csv`` (csv, in
+:mod:`kerasdist.data.csv_source`), ``tf.io.decode_image`` + ``tf.image.resize`` (image_folder,
+the layout and class order of ``keras.utils.image_dataset_from_directory``).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from kerasdist.config.data_configs import is_pattern
+from kerasdist.errors import DataError
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
+"""The image files ``image_folder`` reads (those ``image_dataset_from_directory`` reads)."""
+CHECKED_RECORDS = 8
+"""Records (or lines) per file parsed by :meth:`FileSource.check` before training."""
+
+
+def split_files(config, split: str, pattern: str) -> list[str]:
+    """The sorted files of ``split``: ``data.path`` with ``{split}`` replaced, or
+    ``<data.path>/<split><pattern>`` for a folder.
+
+    Raises:
+        DataError: a glob without ``{split}`` (every split would read the same files).
+    """
+    path = str(config.path)
+    if "{split}" in path:
+        return sorted(glob.glob(path.replace("{split}", split)))
+    if is_pattern(path):
+        raise DataError(f"data.path is a glob without {{split}}: every split would read the same "
+                        f"files. Received: path='{path}'; use e.g. '{Path(path).parent}/{{split}}"
+                        f"{Path(path).name}'")
+    return sorted(str(p) for p in Path(path).glob(f"{split}{pattern}"))
+
+
+@dataclass
+class FileSource:
+    """A streaming source (see module docs). ``schema`` holds what the source computed once from
+    the training split (csv vocabularies), written to the run directory as ``artifacts``."""
+
+    config: Any
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+    def units(self, split: str) -> list[str]:
+        raise NotImplementedError
+
+    def records(self, units):
+        raise NotImplementedError
+
+    def decoder(self) -> Callable:
+        """``decode(element) -> (x, y)``; built inside each dataset function (lookup tables)."""
+        raise NotImplementedError
+
+    def batch_decoder(self) -> Callable | None:
+        """``decode(records) -> (x, y)`` on a batch of raw records (one vectorized op instead of
+        one per record), or None: :meth:`decoder` is mapped over single records."""
+        return None
+
+    def count(self, units: list[str]) -> list[int]:
+        """Examples in each unit."""
+        raise NotImplementedError
+
+    def check(self, split: str) -> list[str]:
+        """The split's units, after checking that they exist and their first records decode.
+
+        Raises:
+            DataError: naming the field, the file, the record or line, and the value received.
+        """
+        units = self.units(split)
+        if not units:
+            raise DataError(f"data.path: no files for split '{split}' of source "
+                            f"'{self.config.source}'. Received: path='{self.config.path}'")
+        return units
+
+
+# ------------------------------------------------------------------------------------ tfrecord
+class TFRecordSource(FileSource):
+    """``tf.train.Example`` records parsed with ``data.features`` (default: MNIST layout)."""
+
+    def units(self, split):
+        return split_files(self.config, split, "*.tfrecord*")
+
+    def records(self, units):
+        import tensorflow as tf
+
+        return tf.data.TFRecordDataset(units)
+
+    def decoder(self):
+        import tensorflow as tf
+
+        if self.config.features is None:  # the seed layout: a square raw image of any side
+            from kerasdist.data.sources import parse_square_image
+
+            return parse_square_image
+        specs, label = self.config.feature_specs, self.config.label_name
+        parse_spec = {name: tf.io.FixedLenFeature(
+            [] if s.dtype == "string" else s.shape, getattr(tf, s.dtype)) for name, s in specs.items()}
+
+        def decode(record):
+            parsed = tf.io.parse_single_example(record, parse_spec)
+            out = {name: _decode_feature(parsed[name], spec) for name, spec in specs.items()}
+            y = out.pop(label)
+            return (next(iter(out.values())) if len(out) == 1 else out), y
+
+        return decode
+
+    def batch_decoder(self):
+        import tensorflow as tf
+
+        if self.config.features is None:
+            return _parse_square_images
+        specs, label = self.config.feature_specs, self.config.label_name
+        parse_spec = {name: tf.io.FixedLenFeature(
+            [] if s.dtype == "string" else s.shape, getattr(tf, s.dtype)) for name, s in specs.items()}
+
+        def decode(records):
+            parsed = tf.io.parse_example(records, parse_spec)
+            out = {name: _decode_batch_feature(parsed[name], spec) for name, spec in specs.items()}
+            y = out.pop(label)
+            return (next(iter(out.values())) if len(out) == 1 else out), y
+
+        return decode
+
+    def count(self, units):
+        import numpy as np
+        import tensorflow as tf
+
+        return [int(tf.data.TFRecordDataset(u).reduce(np.int64(0), lambda n, _: n + 1).numpy())
+                for u in units]
+
+    def check(self, split):
+        import tensorflow as tf
+
+        units = super().check(split)
+        decode = self.decoder()
+        for unit in units:
+            index = 0
+            try:
+                for record in tf.data.TFRecordDataset(unit).take(CHECKED_RECORDS):
+                    index += 1
+                    decode(record)
+            except (tf.errors.OpError, ValueError) as err:
+                detail = getattr(err, "message", str(err)).splitlines()[0][:300]
+                raise DataError(
+                    f"data.features does not match file '{unit}' (record {index}): {detail}. "
+                    f"Received: features={_spec_text(self.config)}") from None
+        return units
+
+
+def _spec_text(config) -> str:
+    return json.dumps({k: v.model_dump() for k, v in config.feature_specs.items()})
+
+
+def _parse_square_images(records):
+    """A batch of seed-layout records -> (uint8 ``(b, side, side)``, int64 ``(b,)``)."""
+    import tensorflow as tf
+
+    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+    parsed = tf.io.parse_example(records, spec)
+    images = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.shape(images)[1], tf.float32))), tf.int32)
+    return tf.reshape(images, [-1, side, side]), parsed["label"]
+
+
+def _decode_batch_feature(values, spec):
+    import tensorflow as tf
+
+    if spec.encoding == "raw":
+        return tf.reshape(tf.io.decode_raw(values, tf.uint8), [-1, *spec.shape])
+    if spec.encoding in ("png", "jpeg"):
+        return tf.map_fn(lambda v: _decode_feature(v, spec), values,
+                         fn_output_signature=tf.TensorSpec(spec.shape, tf.uint8))
+    return values
+
+
+def _decode_feature(value, spec):
+    import tensorflow as tf
+
+    if spec.encoding == "raw":
+        return tf.reshape(tf.io.decode_raw(value, tf.uint8), spec.shape)
+    if spec.encoding in ("png", "jpeg"):
+        image = tf.io.decode_image(value, channels=spec.shape[-1], expand_animations=False)
+        return tf.ensure_shape(image, spec.shape)
+    return value
+
+
+# -------------------------------------------------------------------------------- image_folder
+class ImageFolderSource(FileSource):
+    """``<path>/<split>/<class_name>/*.png|jpg``: classes are the sorted sub-folder names of the
+    training split (as ``keras.utils.image_dataset_from_directory`` orders them); ``x`` is float32
+    ``(height, width, channels)`` (in [0, 1] when ``data.normalize``, else [0, 255]), ``y`` int64."""
+
+    classes: list[str] | None = None
+
+    def folder(self, split: str) -> Path:
+        path = str(self.config.path)
+        return Path(path.replace("{split}", split)) if "{split}" in path else Path(path) / split
+
+    def set_classes(self, train_split: str) -> list[str]:
+        folder = self.folder(train_split)
+        self.classes = sorted(p.name for p in folder.iterdir() if p.is_dir()) \
+            if folder.is_dir() else []
+        if not self.classes:
+            raise DataError(f"data.path: '{folder}' holds no class folders (<class_name>/*.png|jpg) "
+                            f"for split '{train_split}'. Received: path='{self.config.path}'")
+        return self.classes
+
+    def units(self, split):
+        folder = self.folder(split)
+        if not folder.is_dir():
+            return []
+        return sorted(str(p) for p in folder.glob("*/*")
+                      if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+
+    def check(self, split):
+        units = super().check(split)
+        unknown = sorted({Path(u).parent.name for u in units} - set(self.classes))
+        if unknown:
+            raise DataError(f"data.path: split '{split}' has class folders the training split has "
+                            f"not ({', '.join(unknown[:5])}) in '{self.folder(split)}'. Received: "
+                            f"classes {unknown[:5]}")
+        import tensorflow as tf
+
+        for unit in units[:CHECKED_RECORDS]:
+            try:
+                tf.io.decode_image(tf.io.read_file(unit), channels=self.config.channels,
+                                   expand_animations=False)
+            except tf.errors.OpError as err:
+                raise DataError(f"data.path: '{unit}' is not a readable image: "
+                                f"{err.message.splitlines()[0][:200]}. Received: file '{unit}'") \
+                    from None
+        return units
+
+    def records(self, units):
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices(units)
+
+    def decoder(self):
+        import tensorflow as tf
+
+        config = self.config
+        table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+            tf.constant(self.classes), tf.range(len(self.classes), dtype=tf.int64)), -1)
+        scale = 255.0 if config.normalize else 1.0
+
+        def decode(path):
+            image = tf.io.decode_image(tf.io.read_file(path), channels=config.channels,
+                                       expand_animations=False)
+            image = tf.image.resize(image, config.image_size) / scale
+            parts = tf.strings.split(path, "/")
+            return tf.ensure_shape(image, (*config.image_size, config.channels)), \
+                table.lookup(parts[-2])
+
+        return decode
+
+    def count(self, units):
+        return [1] * len(units)
+
+
+def file_source(config) -> FileSource:
+    """The :class:`FileSource` of a streaming file source (``tfrecord``, ``csv``, ``image_folder``)."""
+    from kerasdist.data.csv_source import CsvSource
+
+    kinds = {"tfrecord": TFRecordSource, "csv": CsvSource, "image_folder": ImageFolderSource}
+    return kinds[config.source](config)

@@ -1,0 +1,127 @@
+"""Source ``python``: the user's ``data.function`` returns the ``tf.data.Dataset`` of a split.
+
+Contract: ``function(split: str, input_context: tf.distribute.InputContext | None = None)
+-> tf.data.Dataset`` of **unbatched** ``(features, label)`` examples, the same examples in the same
+order every time it is called (for exact resume). kerasdist shuffles, batches (``data.batch_size`` is
+the global batch), repeats and resumes it. A function that takes ``input_context`` receives the
+pipeline's context and returns that worker's shard itself (e.g. by file); one that does not is
+sharded by data (``Dataset.shard``).
+
+Security: the import path is imported and called, like any Python file you run; a recipe naming
+it is as trusted as that code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable
+
+from kerasdist.errors import DataError
+
+
+def load_function(config) -> Callable:
+    """Import ``data.function``.
+
+    Raises:
+        DataError: the module does not import, or has no callable of that name.
+    """
+    path = config.function
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise DataError(f"data.function: cannot import module '{module_name}' ({err}). "
+                        f"Received: function='{path}'") from None
+    except Exception as err:  # noqa: BLE001 - the module's own code failed while imported
+        raise DataError(f"data.function: importing module '{module_name}' raised "
+                        f"{type(err).__name__}: {err}. Received: function='{path}'") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn) or inspect.isbuiltin(fn):
+        raise DataError(f"data.function: '{module_name}' has no Python function '{attr}'. "
+                        f"Received: function='{path}'")
+    return fn
+
+
+def tfds_function(config) -> Callable:
+    """Source ``tfds`` as a data function: ``split -> (data.input, data.label)`` pairs of the
+    prepared TFDS dataset ``data.name`` in ``data.data_dir`` (``tfds.builder(...).as_dataset``,
+    files in order, ``shuffle_files=False``; TFDS slicing such as ``train[:80%]`` works). Nothing is
+    downloaded here: a dataset not prepared in ``data_dir`` is refused.
+
+    Raises:
+        DataError: (when called) the dataset is not prepared, or lacks a named feature.
+    """
+    feature_in, feature_label = config.input or "image", config.label_name
+
+    def load(split):
+        import tensorflow_datasets as tfds
+
+        try:
+            builder = tfds.builder(config.name, data_dir=str(config.data_dir)
+                                   if config.data_dir else None)
+            ds = builder.as_dataset(split=split, shuffle_files=False)
+        except Exception as err:  # noqa: BLE001 - TFDS raises many types
+            first = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+            raise DataError(f"data.source 'tfds': cannot read '{config.name}' split '{split}' from "
+                            f"data.data_dir '{config.data_dir}': {first}. Prepare it there first "
+                            f"(tfds build / builder.download_and_prepare()). Received: "
+                            f"name='{config.name}'") from None
+        for field, name in (("data.input", feature_in), ("data.label", feature_label)):
+            if name not in ds.element_spec:
+                raise DataError(f"{field}: '{config.name}' has no feature '{name}' (features: "
+                                f"{', '.join(ds.element_spec)}). Received: '{name}'")
+        return ds.map(lambda f: (f[feature_in], f[feature_label]))
+
+    return load
+
+
+def describe(config) -> str:
+    """How messages name the function: the import path, or ``tfds:<name>``."""
+    return config.function or f"tfds:{config.name}"
+
+
+def takes_context(fn: Callable) -> bool:
+    """Whether ``fn`` accepts an ``input_context`` argument (then it shards itself)."""
+    try:
+        return "input_context" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def call(fn: Callable, config, split: str, input_context=None):
+    """``fn(split[, input_context=...])``, checked: a ``tf.data.Dataset`` of 2-tuples.
+
+    Raises:
+        DataError: the function raised, or returned something else (names the type received).
+    """
+    import tensorflow as tf
+
+    try:
+        ds = fn(split, input_context=input_context) if takes_context(fn) else fn(split)
+    except Exception as err:  # noqa: BLE001 - the user's code
+        raise DataError(f"data.function '{describe(config)}' raised {type(err).__name__} for split "
+                        f"'{split}': {err}. Received: split='{split}'") from None
+    if not isinstance(ds, tf.data.Dataset):
+        raise DataError(f"data.function '{describe(config)}' must return a tf.data.Dataset of "
+                        f"unbatched (features, label). Received: {type(ds).__name__} for split "
+                        f"'{split}'")
+    spec = ds.element_spec
+    if not (isinstance(spec, tuple) and len(spec) == 2):
+        raise DataError(f"data.function '{describe(config)}' must return a dataset of (features, "
+                        f"label) pairs. Received: element_spec {spec!r} for split '{split}'")
+    return ds
+
+
+def count(ds) -> int:
+    """Examples in ``ds``: its cardinality when known, else one streaming pass."""
+    import numpy as np
+    import tensorflow as tf
+
+    known = int(ds.cardinality().numpy())
+    if known >= 0:
+        return known
+    if known == tf.data.INFINITE_CARDINALITY:
+        raise DataError("data.function returned an endless dataset; return one pass over the "
+                        "split (kerasdist repeats it). Received: cardinality INFINITE")
+    return int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
