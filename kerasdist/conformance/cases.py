@@ -107,7 +107,7 @@ def _metric_cases() -> list[Case]:
              compile=lambda: sgd_compile(loss="binary_crossentropy",
                                          metrics=_confusion_metrics())),
         Case("metrics_confusion_uneven", "AUC, Precision, Recall on 60 examples (partial last "
-             "batch, uneven shards)", data="binary", eval_examples=60,
+             "batch, uneven shards)", data="binary", eval_examples=60, drop_remainder=False,
              model=lambda data: models.dense(out=1, activation="sigmoid"),
              compile=lambda: sgd_compile(loss="binary_crossentropy",
                                          metrics=_confusion_metrics())),
@@ -147,8 +147,14 @@ def _more_cases() -> list[Case]:
     from kerasdist.conformance import models_more as more
 
     return [
-        Case("add_loss_regularizers", "add_loss + kernel/activity regularizers",
-             model=more.add_loss_regularized),
+        Case("add_loss", "add_loss in a layer's call", model=more.add_loss_layer),
+        Case("kernel_regularizer", "kernel_regularizer (L2)",
+             model=lambda data: more.add_loss_regularized(data, penalty=False)),
+        Case("activity_regularizer", "activity_regularizer (L1)",
+             model=lambda data: more.add_loss_regularized(data, activity=True),
+             per_replica="Keras 3 adds an activity regularizer's penalty summed over the "
+                         "examples a replica sees (not divided by the batch size), so each "
+                         "replica adds the sum over its part of the batch"),
         Case("frozen_submodel_batchnorm", "frozen sub-model with BatchNormalization",
              model=more.frozen_submodel),
         Case("masking_lstm", "masking (Embedding mask_zero=True + LSTM)", data="padded",

@@ -24,16 +24,26 @@ def _activity_penalty_class():
     return ActivityPenalty
 
 
-def add_loss_regularized(data=None):
-    """Dense(16, L2 kernel and L1 activity regularizers) -> ``add_loss`` layer -> Dense(3)."""
+def add_loss_regularized(data=None, *, activity=False, penalty=True):
+    """Dense(16, L2 kernel regularizer[, L1 activity regularizer]) [-> ``add_loss`` layer] ->
+    Dense(3)."""
     import keras
 
+    extra = {"activity_regularizer": keras.regularizers.L1(1e-3)} if activity else {}
     return keras.Sequential([
         keras.Input((FEATURES,)),
         keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(1e-2),
-                           activity_regularizer=keras.regularizers.L1(1e-3)),
-        _activity_penalty_class()(),
+                           **extra),
+        *([_activity_penalty_class()()] if penalty else []),
         keras.layers.Dense(CLASSES)])
+
+
+def add_loss_layer(data=None):
+    """Dense(16) -> a layer that calls ``add_loss(0.01 * mean(x**2))`` -> Dense(3)."""
+    import keras
+
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(16, activation="relu"),
+                             _activity_penalty_class()(), keras.layers.Dense(CLASSES)])
 
 
 def frozen_submodel(data=None):
@@ -79,13 +89,13 @@ def augmented(data=None):
 
 
 def kerashub_bert(data=None):
-    """An untrained ``keras_hub.models.BertBackbone`` from its config (1 layer, hidden 8; no
-    weights downloaded), its pooled output -> Dense(3)."""
+    """An untrained ``keras_hub.models.BertBackbone`` from its config (1 layer, hidden 8, no
+    dropout; no weights downloaded), its pooled output -> Dense(3)."""
     import keras
     import keras_hub
 
     backbone = keras_hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=1, num_heads=2,
-                                             hidden_dim=8, intermediate_dim=16,
+                                             hidden_dim=8, intermediate_dim=16, dropout=0.0,
                                              max_sequence_length=SEQ_LEN)
     inputs = {name: keras.Input((SEQ_LEN,), dtype="int32", name=name)
               for name in ("token_ids", "segment_ids", "padding_mask")}

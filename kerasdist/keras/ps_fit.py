@@ -33,7 +33,8 @@ parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i
 ``sample_weight``, or for a model with several outputs. ``predict`` is
 :func:`kerasdist.keras.ps_predict.predict` (rows in input order; tf_keras refused predict here).
 
-Not supported (clear ``ValueError``): ``validation_split``. Refused before anything is scheduled
+``validation_split`` holds out the last fraction of NumPy inputs, as Keras does. Refused before
+anything is scheduled
 (:class:`~kerasdist.errors.UnsupportedFeatureError`, naming the feature and why): an optimizer with
 ``gradient_accumulation_steps`` or ``use_ema``, and Keras lookup layers (``StringLookup``,
 ``IntegerLookup``, ``TextVectorization``) in the model (see :func:`refuse_unsupported`).
@@ -178,13 +179,37 @@ def _should_validate(epoch: int, freq) -> bool:
     return epoch + 1 in freq
 
 
-def _check_unsupported(**given) -> None:
-    bad = {k: v for k, v in given.items() if v}
-    if bad:
-        raise ValueError(
-            f"{', '.join(bad)} is not supported with ParameterServerStrategy; pass validation "
-            "data through `validation_data`. Received: "
-            + ", ".join(f"{k}={v!r}" for k, v in bad.items()))
+def _split_validation(x, y, sample_weight, validation_split: float, validation_data):
+    """Keras's ``validation_split`` for arrays: the last ``validation_split`` fraction of the
+    examples (before any shuffling) is held out as ``validation_data``.
+
+    Raises:
+        ValueError: ``validation_split`` outside [0, 1), or given with inputs that are not
+            NumPy arrays / tensors (as Keras refuses it for datasets).
+    """
+    import keras
+
+    from kerasdist.keras.ps_input import is_arrays
+
+    if not validation_split:
+        return x, y, sample_weight, validation_data
+    if not 0 < validation_split < 1:
+        raise ValueError(f"`validation_split` must be in [0, 1). Received: "
+                         f"validation_split={validation_split!r}")
+    if not is_arrays(x):
+        raise ValueError("`validation_split` is only supported for NumPy arrays or tensors "
+                         f"(as in Keras). Received: x={type(x).__name__}")
+    count = len(keras.tree.flatten(x)[0])
+    cut = int(count * (1.0 - validation_split))
+    head = lambda data: keras.tree.map_structure(lambda a: a[:cut], data)  # noqa: E731
+    tail = lambda data: keras.tree.map_structure(lambda a: a[cut:], data)  # noqa: E731
+    held = tuple(part for part in (tail(x), None if y is None else tail(y),
+                                   None if sample_weight is None else tail(sample_weight))
+                 if part is not None)
+    if validation_data is None:
+        validation_data = held
+    return (head(x), None if y is None else head(y),
+            None if sample_weight is None else head(sample_weight), validation_data)
 
 
 def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validation, freq):
@@ -231,7 +256,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
     """
     import keras
 
-    _check_unsupported(validation_split=validation_split)
+    x, y, sample_weight, validation_data = _split_validation(x, y, sample_weight, validation_split,
+                                                             validation_data)
     run = _start(model, training=True)
     if class_weight:
         train_in = ps_data.class_weighted(x, y, sample_weight=sample_weight,

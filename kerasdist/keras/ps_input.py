@@ -200,10 +200,24 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
     if is_arrays(x):
         return _from_arrays(pack_arrays(x, y, sample_weight), batch_size=batch_size or 32,
                             shuffle=shuffle, num_workers=num_workers)
+    if _is_py_dataset(x):
+        from kerasdist.errors import UnsupportedFeatureError
+
+        raise UnsupportedFeatureError(
+            f"a keras.utils.PyDataset is not supported under ParameterServerStrategy: its Python "
+            f"code runs in the coordinator's process, and the workers read `{argument}` "
+            "themselves. Pass a dataset function `fn(input_context) -> tf.data.Dataset`, a "
+            f"tf.data.Dataset or NumPy arrays. Received: {argument}={type(x).__name__}")
     raise ValueError(
         f"ParameterServerStrategy training reads `{argument}` on the workers: pass a dataset "
         "function `fn(input_context) -> tf.data.Dataset`, a tf.data.Dataset or NumPy arrays. "
         f"Received: {argument}={type(x).__name__}")
+
+
+def _is_py_dataset(x) -> bool:
+    import keras
+
+    return isinstance(x, keras.utils.PyDataset)
 
 
 def _check_class_weight(class_weight) -> dict:

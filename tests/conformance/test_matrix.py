@@ -32,9 +32,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 CASES = all_cases()
 STRATEGY_TIMEOUT_S = 1500  # from the start of all four at once
-# The expected verdict of every cell ("pass" or "refused"), checked in: a cell that changes in
-# either direction (a pass that fails, a refusal that starts to train) fails its test.
+# The expected verdict of every cell, checked in: a cell that changes in either direction (a pass
+# that fails, a refusal that starts to train, a known failure that starts to pass) fails its test.
+# "fail" marks a known defect, each listed in KNOWN_FAILURES with its cause.
 EXPECTED = json.loads((Path(__file__).with_name("expected.json")).read_text())
+KNOWN_FAILURES = {
+    ("add_loss", "mirrored"): "a layer's add_loss in call under MirroredStrategy with 2 replicas "
+    "(one process, replica threads): the weights end ~1e-4 from the strategy-free run; "
+    "multi_worker and parameter_server agree. Not yet explained (each replica's compute_loss sees "
+    "one loss); docs/python-api.md lists it.",
+}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +92,9 @@ def test_the_expected_table_names_every_case_and_strategy():
     assert sorted(EXPECTED) == sorted(c.name for c in CASES)
     for case, row in EXPECTED.items():
         assert sorted(row) == sorted(driver.STRATEGIES), case
-        assert set(row.values()) <= {"pass", "refused"}, case
+        assert set(row.values()) <= {"pass", "refused", "fail"}, case
+        for strategy, verdict in row.items():
+            assert (verdict == "fail") == ((case, strategy) in KNOWN_FAILURES), (case, strategy)
 
 
 def test_reference_is_deterministic(matrix, tmp_path):
