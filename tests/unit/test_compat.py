@@ -258,3 +258,35 @@ def test_sharded_variable_mend_is_inert_and_reversible(pristine):
     np.testing.assert_array_equal(tape.gradient(loss, variable), np.full((3, 2), 2.0))
     mend.uninstall()
     assert not mend.installed() and backprop._handle_or_self is upstream
+
+
+def test_upstream_keras_19246_still_runs_the_step_inside_a_cond(pristine):
+    from kerasdist._compat import keras_19246_steps_per_execution as mend
+
+    assert mend.bug_present(), "upstream fixed keras#19246 (steps_per_execution): remove this mend"
+
+
+def test_upstream_keras_still_reads_metrics_with_no_cross_worker_step(pristine):
+    from kerasdist._compat import keras_metric_states as mend
+
+    assert mend.bug_present(), "upstream aggregates metric states across workers: remove this mend"
+
+
+def test_upstream_keras_saving_still_has_no_chief_logic():
+    from kerasdist._compat import keras_chief_saves as mend
+
+    assert mend.bug_present(), "upstream Model.save is chief-aware: remove this mend"
+
+
+@pytest.mark.parametrize("name", ["keras_19246_steps_per_execution", "keras_metric_states",
+                                  "keras_chief_saves"])
+def test_new_mends_install_and_uninstall_cleanly(pristine, name):
+    import importlib
+
+    mend = importlib.import_module(f"kerasdist._compat.{name}")
+    was = mend.installed()
+    assert mend.install() and mend.installed()
+    mend.uninstall()
+    assert not mend.installed()
+    if was:
+        mend.install()
