@@ -95,15 +95,14 @@ def _identity_in_steps(original):
 
 
 def _exact_reduce(original):
-    """Keras's ``reduce_values``; in a replicated Keras step, each replica's share of the global loss.
+    """Keras's ``reduce_values``; in a replicated Keras step, ``"sum"`` is scaled by the replicas.
 
-    A replica's loss becomes ``replicas * (its sum) / (the global divisor)``: the divisor (the
-    number of loss elements, or the sum of the sample weights for ``mean_with_sample_weight``) is
-    summed over the replicas with one all-reduce, and ``"sum"`` has divisor 1. The optimizer
-    divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`), so the
-    update is the strategy-free one for every reduction, also when the replicas' shares of a batch
-    differ in size (a partial last batch) or weight; with equal shares each replica's loss is its
-    own mean, as before.
+    The optimizer divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`),
+    right for the mean reductions (each replica's loss is its own mean) but half the step for a
+    summed loss: a replica's ``"sum"`` loss becomes ``replicas * (its sum)``, so the update is the
+    strategy-free one. (``mean_with_sample_weight`` with weights that differ between the replicas'
+    shares stays a mean of the replicas' means: an exact global divisor needs an all-reduce inside
+    the loss, which failed in TF's collective under MirroredStrategy in a multi-step loop.)
     """
 
     @functools.wraps(original)
@@ -115,15 +114,10 @@ def _exact_reduce(original):
                  or reduction not in _REDUCTIONS)
         if plain or not unscaled_losses() or context is None:
             return original(values, sample_weight, reduction)
+        if reduction != "sum":
+            return original(values, sample_weight, reduction)  # the replica's mean
         total = tf.reduce_sum(values)
-        replicas = tf.cast(context.num_replicas_in_sync, total.dtype)
-        if reduction == "sum":
-            return total * replicas
-        if reduction == "mean_with_sample_weight" and sample_weight is not None:
-            divisor = tf.reduce_sum(tf.cast(sample_weight, total.dtype))
-        else:
-            divisor = tf.cast(tf.size(values), total.dtype)
-        return tf.math.divide_no_nan(total * replicas, context.all_reduce("SUM", divisor))
+        return total * tf.cast(context.num_replicas_in_sync, total.dtype)
 
     setattr(reduce_values, _MARK, NAME)
     return reduce_values
