@@ -114,7 +114,7 @@ def _is_remote(path) -> bool:
 
 def _own_saves():
     """The callbacks stage their own saves: ``Model.save`` runs Keras's code inside them."""
-    from kerasdist._compat.keras_chief_saves import passthrough
+    from kerasdist._compat._save_scope import passthrough
 
     return passthrough()
 

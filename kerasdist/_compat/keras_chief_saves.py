@@ -33,12 +33,12 @@ import threading
 
 from kerasdist._compat import keras_chief_callbacks as chief
 from kerasdist._compat._fakes import is_multi_worker
+from kerasdist._compat._save_scope import inside, passthrough
 
 NAME = "keras-chief-saves"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
 _LOCK = threading.Lock()
-_LOCAL = threading.local()
 _METHODS = ("save", "save_weights", "export")
 
 
@@ -53,17 +53,6 @@ def _saving_modules():
     from keras.src.saving import saving_api
 
     return keras.saving, saving_api
-
-
-class passthrough:
-    """``with passthrough():`` saves run Keras's own code (used by the chief-aware callbacks)."""
-
-    def __enter__(self):
-        self.previous = getattr(_LOCAL, "inside", False)
-        _LOCAL.inside = True
-
-    def __exit__(self, *exc):
-        _LOCAL.inside = self.previous
 
 
 def _barrier(strategy) -> None:
@@ -114,7 +103,7 @@ def _distributed_save(model, call, filepath) -> object:
 
 
 def _applies(model, filepath) -> bool:
-    if getattr(_LOCAL, "inside", False) or not isinstance(filepath, (str, os.PathLike)):
+    if inside() or not isinstance(filepath, (str, os.PathLike)):
         return False
     strategy = getattr(model, "distribute_strategy", None)
     return is_multi_worker(strategy) and not chief._is_remote(os.fspath(filepath))
