@@ -190,8 +190,8 @@ def make_loss(spec: Any):
 
 
 def make_metrics(specs: Sequence[Any]) -> list:
-    """Keras metrics from ``model.metrics``; the names ``compile`` resolves itself
-    (``accuracy``, ``acc``, ``crossentropy``, ``ce``) stay strings.
+    """Keras metrics from ``model.metrics``; every plain name stays a string (checked here with
+    ``keras.metrics.get``), so the logs carry the name the recipe gave, as in ``compile``.
 
     Raises:
         RecipeError: naming ``model.metrics.<i>`` and what was received.
@@ -214,7 +214,9 @@ def make_metrics(specs: Sequence[Any]) -> list:
         if not callable(metric):
             raise RecipeError(f"{field}: must give a keras.metrics.Metric or a function "
                               f"(y_true, y_pred). Received: {_shown(spec)!r}")
-        metrics.append(metric)
+        # A plain name stays a string: compile then reports it under the name the recipe gave
+        # ("mae", not "mean_absolute_error"), as model.compile(metrics=["mae"]) does.
+        metrics.append(spec if isinstance(spec, str) and not imported else metric)
     return metrics
 
 

@@ -74,11 +74,17 @@ def write_json_atomic(path: str | Path, data: Any) -> Path:
 
 
 def save_model_atomic(model, path: str | Path) -> Path:
-    """Save ``model`` in the Keras ``.keras`` format without ever truncating an existing file."""
+    """Save ``model`` in the Keras ``.keras`` format without ever truncating an existing file.
+
+    Called by the chief alone (the recipe path), so the every-worker save of
+    :mod:`kerasdist._compat.keras_chief_saves`, whose barrier needs every worker, is bypassed."""
+    from kerasdist._compat._save_scope import passthrough
+
     path = Path(path)
     tmp = _temp_path(path, ".keras")  # Keras requires the .keras suffix
     try:
-        model.save(tmp)
+        with passthrough():
+            model.save(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

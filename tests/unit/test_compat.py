@@ -290,3 +290,32 @@ def test_new_mends_install_and_uninstall_cleanly(pristine, name):
     assert not mend.installed()
     if was:
         mend.install()
+
+
+def test_the_recipe_save_by_the_chief_alone_never_waits_for_the_other_workers(
+        pristine, monkeypatch, tmp_path):
+    """The recipe path saves model.keras on the chief only (training/session.py): with the
+    every-worker save mend installed (kerasdist.enable() ran in that process, as in a Ray worker)
+    that save must not enter the mend's barrier, which waits for workers that never come (a Ray
+    recipe run failed there at its end)."""
+    import keras
+
+    from kerasdist._compat import keras_chief_saves as mend
+    from kerasdist.training.outputs import save_model_atomic
+
+    def never(strategy):
+        raise AssertionError("the chief-only save entered the every-worker barrier")
+
+    was = mend.installed()
+    assert mend.install()
+    try:
+        monkeypatch.setattr(mend, "is_multi_worker", lambda strategy: True)  # as multi-worker
+        monkeypatch.setattr(mend, "_barrier", never)
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        with pytest.raises(AssertionError, match="every-worker barrier"):  # the mend is live
+            model.save(tmp_path / "direct.keras")
+        save_model_atomic(model, tmp_path / "model.keras")
+        assert keras.saving.load_model(tmp_path / "model.keras").count_params() == 3
+    finally:
+        if not was:
+            mend.uninstall()

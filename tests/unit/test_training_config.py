@@ -146,6 +146,11 @@ def test_objects_are_built_by_keras_from_names_configs_and_import_paths(user_mod
         "accuracy", {"class_name": "SparseTopKCategoricalAccuracy", "config": {"k": 2}}]}})
         .model.metrics)
     assert metrics[0] == "accuracy" and metrics[1].get_config()["k"] == 2
+    # a plain name keeps its spelling in the logs, as compile(metrics=["mae"]) gives
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=ko.make_metrics(["mae", "MeanSquaredError"]))
+    logs = model.evaluate(np.zeros((4, 1)), np.zeros((4, 1)), verbose=0, return_dict=True)
+    assert sorted(logs) == ["MeanSquaredError", "loss", "mae"]
     callbacks = ko.make_callbacks(validate_recipe({"callbacks": [
         "TerminateOnNaN", {"class_name": "CSVLogger", "config": {"filename": "train.csv"}},
         {"class_name": f"{user_module}:Recorder", "config": {"filename": "rec.jsonl"}},
