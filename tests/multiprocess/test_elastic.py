@@ -92,17 +92,22 @@ def test_a_run_started_on_two_workers_continues_on_four_at_the_exact_step(tmp_pa
     try:
         mw.wait_for_checkpoint(run_dir, process, min_step=10, timeout_s=240)
         mw.sigterm(process)
-        out = mw.finish(process, timeout_s=120)
+        stopped = mw.finish(process, timeout_s=120)
     finally:
         mw.kill_tree(process.pid)
-    assert process.returncode == 130, out[-6000:]
-    saved = max(mw.checkpoint_steps(run_dir))
+    assert process.returncode == 130, stopped[-6000:]
+    on_disk = mw.checkpoint_steps(run_dir)
+    saved = max(on_disk)
     assert 0 < saved < 3 * STEPS
     again = mw.launch(recipe, "--set", "cluster.workers=4")
     out = mw.finish(again, timeout_s=300)
     assert again.returncode == 0, out[-6000:]
     result = mw.metrics(run_dir)
-    assert result["start_step"] == saved  # not a step lost or replayed
+    # not a step lost or replayed (CI once saw start_step 80 with only ckpt-20 found on disk
+    # after the stopped run had exited; not reproduced since: the output says what was saved)
+    assert result["start_step"] == saved, (
+        f"on disk after the stop: {on_disk}; now: {mw.checkpoint_steps(run_dir)}\n"
+        f"--- the stopped run ---\n{stopped[-5000:]}\n--- the resumed run ---\n{out[-3000:]}")
     assert result["restore_verified"] is True
     assert result["global_steps"] == 3 * STEPS
     assert result["num_replicas"] == 4 and result["supervisor"]["workers"] == 4
