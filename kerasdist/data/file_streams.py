@@ -152,7 +152,7 @@ def _per_pipeline(counts: list[int], pipelines: int, policy: str) -> int:
 
 def _build_files(recipe, pipelines: int) -> Streaming:
     from kerasdist.data.csv_source import CsvSource
-    from kerasdist.data.formats import ImageFolderSource, file_source
+    from kerasdist.data.formats import ImageFolderSource
 
     config = recipe.data
     source = file_source(config)
@@ -279,7 +279,7 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None):
         ds = python_source.call(fn, config, split)
     else:
         from kerasdist.data.csv_source import CsvSource
-        from kerasdist.data.formats import ImageFolderSource, file_source
+        from kerasdist.data.formats import ImageFolderSource
 
         source = file_source(config)
         if isinstance(source, ImageFolderSource):
@@ -304,3 +304,12 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None):
     x = {k: np.concatenate([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) \
         else np.concatenate(xs)
     return x, np.concatenate(ys)
+
+
+def file_source(config):
+    """The :class:`FileSource` of a streaming file source (``tfrecord``, ``csv``, ``image_folder``)."""
+    from kerasdist.data.csv_source import CsvSource
+    from kerasdist.data.formats import ImageFolderSource, TFRecordSource
+
+    kinds = {"tfrecord": TFRecordSource, "csv": CsvSource, "image_folder": ImageFolderSource}
+    return kinds[config.source](config)

@@ -100,6 +100,19 @@ class TFRecordSource(FileSource):
 
         return tf.data.TFRecordDataset(units)
 
+    def _parse_spec(self) -> dict:
+        """``tf.io.parse_example``'s spec of ``data.features``."""
+        import tensorflow as tf
+
+        return {name: tf.io.FixedLenFeature([] if s.dtype == "string" else s.shape,
+                                            getattr(tf, s.dtype))
+                for name, s in self.config.feature_specs.items()}
+
+    def _split_label(self, decoded: dict):
+        """``(x, y)``: the label feature apart; a single input feature unwrapped from its dict."""
+        y = decoded.pop(self.config.label_name)
+        return (next(iter(decoded.values())) if len(decoded) == 1 else decoded), y
+
     def decoder(self):
         import tensorflow as tf
 
@@ -107,15 +120,12 @@ class TFRecordSource(FileSource):
             from kerasdist.data.sources import parse_square_image
 
             return parse_square_image
-        specs, label = self.config.feature_specs, self.config.label_name
-        parse_spec = {name: tf.io.FixedLenFeature(
-            [] if s.dtype == "string" else s.shape, getattr(tf, s.dtype)) for name, s in specs.items()}
+        specs, parse_spec = self.config.feature_specs, self._parse_spec()
 
         def decode(record):
             parsed = tf.io.parse_single_example(record, parse_spec)
-            out = {name: _decode_feature(parsed[name], spec) for name, spec in specs.items()}
-            y = out.pop(label)
-            return (next(iter(out.values())) if len(out) == 1 else out), y
+            return self._split_label(
+                {name: _decode_feature(parsed[name], spec) for name, spec in specs.items()})
 
         return decode
 
@@ -124,15 +134,12 @@ class TFRecordSource(FileSource):
 
         if self.config.features is None:
             return _parse_square_images
-        specs, label = self.config.feature_specs, self.config.label_name
-        parse_spec = {name: tf.io.FixedLenFeature(
-            [] if s.dtype == "string" else s.shape, getattr(tf, s.dtype)) for name, s in specs.items()}
+        specs, parse_spec = self.config.feature_specs, self._parse_spec()
 
         def decode(records):
             parsed = tf.io.parse_example(records, parse_spec)
-            out = {name: _decode_batch_feature(parsed[name], spec) for name, spec in specs.items()}
-            y = out.pop(label)
-            return (next(iter(out.values())) if len(out) == 1 else out), y
+            return self._split_label(
+                {name: _decode_batch_feature(parsed[name], spec) for name, spec in specs.items()})
 
         return decode
 
@@ -272,11 +279,3 @@ class ImageFolderSource(FileSource):
 
     def count(self, units):
         return [1] * len(units)
-
-
-def file_source(config) -> FileSource:
-    """The :class:`FileSource` of a streaming file source (``tfrecord``, ``csv``, ``image_folder``)."""
-    from kerasdist.data.csv_source import CsvSource
-
-    kinds = {"tfrecord": TFRecordSource, "csv": CsvSource, "image_folder": ImageFolderSource}
-    return kinds[config.source](config)

@@ -13,11 +13,11 @@ it is as trusted as that code.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Callable
 
 from kerasdist.errors import DataError
+from kerasdist.importpath import import_attribute, is_builtin
 
 
 def load_function(config) -> Callable:
@@ -27,17 +27,10 @@ def load_function(config) -> Callable:
         DataError: the module does not import, or has no callable of that name.
     """
     path = config.function
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise DataError(f"data.function: cannot import module '{module_name}' ({err}). "
-                        f"Received: function='{path}'") from None
-    except Exception as err:  # noqa: BLE001 - the module's own code failed while imported
-        raise DataError(f"data.function: importing module '{module_name}' raised "
-                        f"{type(err).__name__}: {err}. Received: function='{path}'") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn) or inspect.isbuiltin(fn):
+    fn = import_attribute(path, field="data.function", error=DataError,
+                          received=f"function='{path}'", what="Python function")
+    if is_builtin(fn):
+        module_name, _, attr = path.partition(":")
         raise DataError(f"data.function: '{module_name}' has no Python function '{attr}'. "
                         f"Received: function='{path}'")
     return fn

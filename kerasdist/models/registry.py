@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kerasdist.errors import RecipeError
+from kerasdist.importpath import import_attribute, is_builtin
 
 
 @dataclass(frozen=True)
@@ -133,20 +133,9 @@ def _check_import_path(path: str) -> None:
 
 
 def _import_builder(path: str) -> Callable[..., Any]:
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise RecipeError(f"model.name: cannot import module '{module_name}' ({err}). "
-                          f"Received: name='{path}'") from None
-    except Exception as err:  # the module's own code failed while being imported
-        raise RecipeError(f"model.name: importing module '{module_name}' raised "
-                          f"{type(err).__name__}: {err}. Received: name='{path}'") from None
-    builder = getattr(module, attr, None)
-    if not callable(builder):
-        raise RecipeError(f"model.name: '{module_name}' has no callable '{attr}'. "
-                          f"Received: name='{path}'")
-    if inspect.isbuiltin(builder) or (inspect.isclass(builder) and builder.__module__ == "builtins"):
+    builder = import_attribute(path, field="model.name", error=RecipeError,
+                               received=f"name='{path}'", what="callable")
+    if is_builtin(builder):
         raise RecipeError(f"model.name: '{path}' is a built-in callable, not a model builder (a "
                           "Python function or class returning an uncompiled keras.Model). "
                           f"Received: name='{path}'")

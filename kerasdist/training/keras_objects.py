@@ -12,13 +12,13 @@ was received, raised before anything is written (:func:`check_training_config`).
 from __future__ import annotations
 
 import fnmatch
-import importlib
 import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kerasdist.config.training_configs import PATH_KEYS, KerasConfig, is_import_path
 from kerasdist.errors import RecipeError
+from kerasdist.importpath import import_attribute, is_builtin
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -48,22 +48,8 @@ def import_object(path: str, *, field: str) -> Any:
         RecipeError: the module cannot be imported, its import raised, or it has no ``Name``;
             names ``field`` and ``path``.
     """
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise RecipeError(f"{field}: cannot import module '{module_name}' ({err}). "
-                          f"Received: {path!r}") from None
-    except Exception as err:  # noqa: BLE001 - the module's own code failed while being imported
-        raise RecipeError(f"{field}: importing module '{module_name}' raised "
-                          f"{type(err).__name__}: {err}. Received: {path!r}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise RecipeError(f"{field}: module '{module_name}' has no '{attr}'. "
-                              f"Received: {path!r}")
-    if inspect.isbuiltin(obj) or getattr(obj, "__module__", None) == "builtins":
+    obj = import_attribute(path, field=field, error=RecipeError, received=repr(path))
+    if is_builtin(obj):
         raise RecipeError(f"{field}: '{path}' is a Python built-in, not a Keras object of your "
                           f"own. Received: {path!r}")
     return obj
