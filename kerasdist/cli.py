@@ -15,8 +15,7 @@ import os
 import sys
 from typing import Sequence
 
-from kerasdist import _log, cli_ops
-from kerasdist.cluster.export import DEFAULT_IMAGE
+from kerasdist import _log, cli_export, cli_ops
 from kerasdist.errors import (
     BAD_INPUT,
     EXIT_BAD_INPUT,
@@ -104,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--coordinator-scaling", default="",
                        help="comma list of worker counts, e.g. 1,2,4,8: also measure the steps/s "
                             "a parameter-server coordinator sustains (kerasdist vs tf_keras)")
-    _add_export_parser(sub)
+    cli_export.add_parser(sub, _add_recipe_args)
     return parser
 
 
@@ -260,47 +259,8 @@ def _cmd_fit(args) -> int:
     return EXIT_OK
 
 
-def _add_export_parser(sub) -> None:
-    export = sub.add_parser("export", help="write a deployment manifest for a recipe")
-    targets = export.add_subparsers(dest="target", metavar="TARGET", required=True)
-    tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest")
-    _add_recipe_args(tfjob)
-    tfjob.add_argument("--image", default=DEFAULT_IMAGE,
-                       help="container image with kerasdist, built from the repository's "
-                            f"Dockerfile (default: {DEFAULT_IMAGE})")
-    tfjob.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
-    tfjob.add_argument("--name", default=None, help="TFJob name (default: from the recipe file)")
-    tfjob.add_argument("--namespace", default=None, help="Kubernetes namespace")
-    tfjob.add_argument("--recipe-in-image", default=None,
-                       help="recipe path inside the image (default: the path given)")
-    tfjob.add_argument("--cpu", default="2", help="CPU per pod (Kubernetes quantity)")
-    tfjob.add_argument("--memory", default="4Gi", help="memory per pod (Kubernetes quantity)")
-    tfjob.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
-    tfjob.add_argument("--pvc", default=None,
-                       help="PersistentVolumeClaim for the run directory (shared checkpoints)")
-    tfjob.add_argument("--evaluator", action="store_true",
-                       help="add an Evaluator replica running the sidecar evaluator (needs --pvc)")
-
-
 def _cmd_export(args) -> int:
-    from kerasdist.cluster.export import PodResources, dump_manifest, tfjob_manifest
-
-    recipe = _load_without_imports(args)
-    manifest = tfjob_manifest(recipe, recipe_path=args.recipe_in_image or args.recipe,
-                              image=args.image, name=args.name, namespace=args.namespace,
-                              resources=PodResources(cpu=args.cpu, memory=args.memory,
-                                                     gpus=args.gpus),
-                              pvc=args.pvc, overrides=tuple(args.overrides),
-                              evaluator=args.evaluator)
-    text = dump_manifest(manifest)
-    if args.output == "-":
-        print(text, end="")
-    else:
-        from kerasdist.training.outputs import write_text_atomic
-
-        write_text_atomic(args.output, text)
-        _log.get_logger().info(f"wrote {args.output} (TFJob '{manifest['metadata']['name']}')")
-    return EXIT_OK
+    return cli_export.run(args, _load_without_imports(args))
 
 
 def _split(text: str) -> list[str]:
