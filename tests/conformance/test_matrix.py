@@ -32,16 +32,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 CASES = all_cases()
 STRATEGY_TIMEOUT_S = 1500  # from the start of all four at once
-# The expected verdict of every cell, checked in: a cell that changes (a pass that fails, a
-# refusal that starts to train or fails) fails its test. "fail" marks a known defect, each listed
-# in KNOWN_FAILURES with its cause; such a cell xfails, or passes when the defect does not show.
+# The expected verdict of every cell, checked in: a cell that changes in either direction (a pass
+# that fails, a refusal that starts to train, a known failure that starts to pass) fails its test.
+# "fail" marks a known defect, each listed in KNOWN_FAILURES with its cause.
 EXPECTED = json.loads((Path(__file__).with_name("expected.json")).read_text())
-KNOWN_FAILURES = {
-    ("add_loss", "mirrored"): "a layer's add_loss in call under MirroredStrategy with 2 replicas "
-    "(one process, replica threads): in some full-matrix runs the weights end ~1e-4 from the "
-    "strategy-free run, in others (and alone: 3e-8 with and without drop_remainder) they agree; "
-    "multi_worker and parameter_server agree. Not yet explained; docs/python-api.md lists it.",
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
+# (add_loss under mirrored was listed here, ~1e-4 off: caused by kerasdist's own loss mend of
+# that day, whose all-reduce inside the loss let the second replica thread replace the layer's
+# shared add_loss list before the first read it; with that all-reduce gone it agrees to 3e-8.)
 
 
 @pytest.fixture(scope="module")
@@ -81,12 +79,6 @@ def test_cell(matrix, strategy, case):
     verdict = driver.judge_case(case, strategy, matrix["folder"], matrix["reference"],
                                 matrix["initial_loss"])
     expected = EXPECTED[case.name][strategy]
-    if expected == "fail" and verdict.status in ("fail", "pass"):
-        # a known defect (KNOWN_FAILURES): not strict, since add_loss under mirrored has been
-        # seen to pass in some full-matrix runs and when run alone (2026-11-26), fail in others
-        if verdict.status == "fail":
-            pytest.xfail(f"{KNOWN_FAILURES[(case.name, strategy)]} -- {verdict.detail}")
-        return
     assert verdict.status == expected, (f"{case.name} under {strategy}: {verdict.status}, "
                                         f"expected {expected}: {verdict.detail}\n"
                                         f"--- processes' output (tail) ---\n{output[-4000:]}")
