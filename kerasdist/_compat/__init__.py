@@ -18,6 +18,14 @@ module                                  upstream issue / scope
 ``keras_sharded_variables``             no issue; reproduction in the module (a variable split
                                         over ps tasks by a partitioner fails in
                                         ``tape.gradient``)
+``keras_19246_steps_per_execution``    https://github.com/keras-team/keras/issues/19246
+                                        (``steps_per_execution`` with 2+ replicas)
+``keras_metric_states``                 no issue; reproduction in the module (metrics built
+                                        outside the scope report each worker's share)
+``keras_replica_add_loss``              no issue; reproduction in the module (MirroredStrategy's
+                                        replica threads share a layer's ``add_loss`` list)
+``keras_chief_saves``                   ``Model.save``/``save_weights``/``export`` written by
+                                        every worker; installed by ``kerasdist.enable()`` only
 ``keras_chief_callbacks``               ModelCheckpoint/BackupAndRestore written by every worker;
                                         installed by ``kerasdist.enable()`` only
 ``keras_chief_logs``                    TensorBoard/CSVLogger written by every worker;
@@ -48,7 +56,7 @@ Example::
     kerasdist._compat.apply()
     # on Keras 3.15 / TF 2.21: ['keras#20585', 'tensorflow#72388', 'keras-bn-replica-stats',
     #  'keras-optimizer-replica-apply', 'keras-replica-loss', 'keras#20582',
-    #  'keras-sharded-variables']
+    #  'keras-sharded-variables', 'keras#19246', 'keras-metric-states', 'keras-replica-add-loss']
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ MENDS = (
     "kerasdist._compat.keras_sharded_variables",
     "kerasdist._compat.keras_19246_steps_per_execution",
     "kerasdist._compat.keras_metric_states",
+    "kerasdist._compat.keras_replica_add_loss",
 )
 
 

@@ -279,7 +279,7 @@ def test_upstream_keras_saving_still_has_no_chief_logic():
 
 
 @pytest.mark.parametrize("name", ["keras_19246_steps_per_execution", "keras_metric_states",
-                                  "keras_chief_saves"])
+                                  "keras_chief_saves", "keras_replica_add_loss"])
 def test_new_mends_install_and_uninstall_cleanly(pristine, name):
     import importlib
 
@@ -319,3 +319,9 @@ def test_the_recipe_save_by_the_chief_alone_never_waits_for_the_other_workers(
     finally:
         if not was:
             mend.uninstall()
+
+
+def test_upstream_keras_still_shares_added_losses_between_replica_threads():
+    from kerasdist._compat import keras_replica_add_loss as mend
+
+    assert mend.bug_present(), "upstream add_loss no longer uses a per-object list: check the mend"

@@ -1,0 +1,117 @@
+"""Mend: under MirroredStrategy the replicas overwrite each other's ``add_loss`` values.
+
+Upstream: no Keras issue found; reproduction (kerasdist, Keras 3.15 / TF 2.21, 2026-11-26): a
+layer that calls ``self.add_loss(0.5 * mean(x**2))`` followed by
+``BatchNormalization(synchronized=True)``, trained 16 steps under ``MirroredStrategy`` with 2
+replicas, ends 0.022 (max abs) from the strategy-free weights; with the synchronized layer placed
+*before* the ``add_loss`` layer, 6e-8. Cause: ``Layer.add_loss`` appends to ``self._losses``, one
+list per layer object, which MirroredStrategy's replica threads share; each replica's outermost
+call clears it (``Layer._get_call_context``). The replica threads run in turn and switch at a
+cross-replica sync: the first replica adds its value and stops at the synchronized layer's
+all-reduce; the second clears the list and adds its own; the first then reads the second's value
+in ``compute_loss`` (a tensor of the same graph, so nothing fails). Any sync between an
+``add_loss`` and the loss does it (kerasdist's own loss mend once put an all-reduce there, and the
+conformance matrix's ``add_loss`` cell was 1e-4 off).
+
+Mend: inside a MirroredStrategy replica thread, the values a layer adds are kept per thread (a
+``threading.local``), read back by ``_get_own_losses`` and cleared by ``_clear_losses`` together
+with Keras's list. Keras's own ``add_loss`` still validates and records the value; the mend moves
+it out of the shared list before anything else runs (no sync point in between). Outside replica
+threads, and in Keras's stateless scope (which collects losses per scope already), Keras's code
+runs unchanged.
+
+Probe: :func:`bug_present` reads the source of ``Layer.add_loss`` (no TF op): the mend is needed
+while it appends to the per-object ``self._losses``; ``tests/unit/test_compat.py`` fails when
+that changes. Proof: ``tests/integration/test_replica_add_loss.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+
+NAME = "keras-replica-add-loss"
+ISSUE = "no upstream issue found; reproduction in this module's docstring"
+_MARK = "_kerasdist_mend"
+_LOCAL = threading.local()
+_METHODS = ("add_loss", "_get_own_losses", "_clear_losses")
+
+
+def _layer_class():
+    from keras.src.layers.layer import Layer
+
+    return Layer
+
+
+def _diverted() -> bool:
+    """True in a MirroredStrategy replica thread, outside Keras's stateless scope."""
+    if type(threading.current_thread()).__name__ != "_MirroredReplicaThread":
+        return False
+    from keras.src.backend import in_stateless_scope
+
+    return not in_stateless_scope()
+
+
+def _own(layer) -> list:
+    """This thread's ``add_loss`` values of ``layer``."""
+    store = getattr(_LOCAL, "losses", None)
+    if store is None:
+        store = _LOCAL.losses = {}
+    return store.setdefault(id(layer), [])
+
+
+def _mended(name, original):
+    if name == "add_loss":
+        def method(self, loss):
+            if not _diverted():
+                return original(self, loss)
+            before = len(self._losses)
+            result = original(self, loss)  # validates; appends to the shared list
+            _own(self).extend(self._losses[before:])
+            del self._losses[before:]
+            return result
+    elif name == "_get_own_losses":
+        def method(self):
+            losses = original(self)
+            return losses + _own(self)[:] if _diverted() else losses
+    else:
+        def method(self):
+            original(self)  # clears Keras's list, then each sublayer (through this method)
+            if _diverted():
+                _own(self).clear()
+
+    method = functools.wraps(original)(method)
+    setattr(method, _MARK, NAME)
+    return method
+
+
+def bug_present() -> bool:
+    """Whether ``Layer.add_loss`` still appends to the per-object ``self._losses`` list."""
+    return "self._losses.extend" in inspect.getsource(_layer_class().add_loss)
+
+
+def installed() -> bool:
+    """True when the mend is in place."""
+    layer = _layer_class()
+    return all(getattr(layer.__dict__.get(n), _MARK, None) == NAME for n in _METHODS)
+
+
+def install() -> bool:
+    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
+    if installed():
+        return True
+    if not bug_present():
+        return False
+    layer = _layer_class()
+    for name in _METHODS:
+        setattr(layer, name, _mended(name, layer.__dict__[name]))
+    return True
+
+
+def uninstall() -> None:
+    """Restore Keras's methods (tests only)."""
+    if installed():
+        layer = _layer_class()
+        for name in _METHODS:
+            setattr(layer, name, layer.__dict__[name].__wrapped__)
