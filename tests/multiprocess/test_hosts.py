@@ -1,0 +1,158 @@
+"""Simulated hosts (kerasdist.testing.hosts): cleanup, addresses, partitions, bandwidth caps, and
+kerasdist's multi-worker recipe run as users run it on real machines, one process per host.
+
+Needs root (network namespaces); skipped otherwise. Run alone with
+``python -m pytest -q -n 0 tests/multiprocess/test_hosts.py`` (docs/hosts.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import portpicker
+import psutil
+import pytest
+
+from kerasdist.testing.hosts import HostSet, leftovers
+
+REPO = Path(__file__).parents[2]
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")]
+
+# A TCP server: accepts connections one after the other, reads each to EOF, answers with the
+# number of bytes it read. Exits after `timeout` seconds (the test also kills it).
+SERVER = textwrap.dedent("""
+    import socket, sys
+    address, port = sys.argv[1], int(sys.argv[2])
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((address, port))
+    srv.listen(8)
+    print("listening", flush=True)
+    while True:
+        conn, _ = srv.accept()
+        n = 0
+        while chunk := conn.recv(1 << 16):
+            n += len(chunk)
+        conn.sendall(str(n).encode())
+        conn.close()
+""")
+
+# A TCP client: connects (timeout argv[3] s), sends argv[4] bytes, waits for the count; prints one
+# JSON line: {"ok": bool, "error": repr, "seconds": connect-to-answer time}.
+CLIENT = textwrap.dedent("""
+    import json, socket, sys, time
+    address, port, timeout, size = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    t0 = time.monotonic()
+    try:
+        s = socket.create_connection((address, port), timeout=timeout)
+        s.settimeout(60)
+        s.sendall(b"x" * size)
+        s.shutdown(socket.SHUT_WR)
+        answer = int(s.recv(64).decode())
+        s.close()
+        print(json.dumps({"ok": answer == size, "error": None, "seconds": time.monotonic() - t0}))
+    except Exception as err:
+        print(json.dumps({"ok": False, "error": type(err).__name__ + ": " + str(err),
+                          "seconds": time.monotonic() - t0}))
+""")
+
+
+def _serve(hosts: HostSet, host: int) -> int:
+    port = portpicker.pick_unused_port()
+    server = hosts.run(host, [sys.executable, "-c", SERVER, hosts.address(host), str(port)],
+                       timeout_s=120)
+    deadline = time.monotonic() + 20
+    while "listening" not in hosts.output(server):
+        assert server.poll() is None, hosts.output(server)
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    return port
+
+
+def _connect(hosts: HostSet, source: int, target: int, port: int, *, timeout_s: float = 3,
+             size: int = 16) -> dict:
+    client = hosts.run(source, [sys.executable, "-c", CLIENT, hosts.address(target), str(port),
+                                str(timeout_s), str(size)], timeout_s=90, capture=True)
+    out, _ = client.communicate(timeout=100)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(60)
+def test_everything_is_removed_when_the_body_raises():
+    with pytest.raises(RuntimeError, match="the test body failed"):
+        with HostSet(2, rate_mbit=50) as hosts:
+            suffix = hosts.suffix
+            names = [hosts.namespace(0), hosts.namespace(1), hosts.switch_ns]
+            sleeper = hosts.run(1, [sys.executable, "-c", "import time; time.sleep(300)"])
+            deadline = time.monotonic() + 10
+            while not hosts.pids(1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            pids = hosts.pids(1)
+            assert pids, "the process did not start in host 1's namespace"
+            assert leftovers(suffix), "the set should exist inside the body"
+            raise RuntimeError("the test body failed")
+    assert leftovers(suffix) == []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in names), listed
+    assert suffix not in links, links
+    assert sleeper.poll() is not None
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids)
+
+
+@pytest.mark.timeout(90)
+def test_hosts_have_their_own_addresses_and_a_partition_drops_without_reset():
+    with HostSet(3) as hosts:
+        # Only the set's subnet is routable from a host: nothing of the machine's network.
+        routes = subprocess.run(["ip", "-n", hosts.namespace(0), "route"], capture_output=True,
+                                text=True, check=True).stdout.strip().splitlines()
+        assert routes == [f"{hosts.network} dev {hosts.host_if(0)} proto kernel scope link "
+                          f"src {hosts.address(0)}"], routes
+        assert len({hosts.address(i) for i in range(3)}) == 3
+        port = _serve(hosts, 2)
+
+        before = _connect(hosts, 1, 2, port)
+        assert before["ok"], before
+
+        hosts.link_down(2)
+        during = _connect(hosts, 1, 2, port, timeout_s=3)
+        print(f"\nwhile host 2's link is down: {during}")
+        assert not during["ok"]
+        # A timeout: no reset (ConnectionRefused/Reset), no "No route to host" after a failed ARP.
+        assert during["error"].startswith("TimeoutError"), during
+        assert during["seconds"] >= 2.9, during
+
+        hosts.link_up(2)
+        after = _connect(hosts, 1, 2, port)
+        assert after["ok"], after
+        # A host not partitioned is unaffected throughout (host 0 -> host 1 was never cut).
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shaper", ["tbf", "htb"])
+def test_a_bandwidth_cap_limits_throughput(shaper):
+    size = 2 * 1024 * 1024
+    cap_mbit = 10
+    # hosts 0 and 1 capped, 2 and 3 not: the same transfer over a capped and an uncapped path.
+    with HostSet(4, rate_mbit=[cap_mbit, cap_mbit, None, None], shaper=shaper) as hosts:
+        capped_port = _serve(hosts, 1)
+        free_port = _serve(hosts, 3)
+        capped = _connect(hosts, 0, 1, capped_port, size=size, timeout_s=10)
+        free = _connect(hosts, 2, 3, free_port, size=size, timeout_s=10)
+    assert capped["ok"] and free["ok"], (capped, free)
+    capped_mbit = size * 8 / capped["seconds"] / 1e6
+    free_mbit = size * 8 / free["seconds"] / 1e6
+    print(f"\n{shaper}: 2 MiB at a {cap_mbit} Mbit/s cap: {capped_mbit:.2f} Mbit/s "
+          f"({capped['seconds']:.2f} s); uncapped: {free_mbit:.0f} Mbit/s "
+          f"({free['seconds'] * 1000:.1f} ms); ratio {free_mbit / capped_mbit:.0f}")
+    assert capped_mbit < cap_mbit * 1.2
+    assert capped_mbit > cap_mbit * 0.5  # capped, not broken
+    assert free_mbit > 5 * capped_mbit
