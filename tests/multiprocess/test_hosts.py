@@ -279,3 +279,37 @@ def test_a_partitioned_worker_host_fails_the_survivors_within_the_timeout(tmp_pa
         own = logs.split(f"--- host {i} ")[1].split("--- host ")[0]
         # host 1 has also named worker:0 (alive) in a run here: TF's chained message mentions it
         assert re.search(r"lost task [^\n]*worker:2", own), logs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("cap_mbit", [
+    50,
+    pytest.param(10, marks=pytest.mark.xfail(strict=False, reason=(
+        "measured here: at 10 Mbit/s all 3 hosts exited 1 while the chief broadcast the initial "
+        "variables (~13 MB float32, ~10 s at 10 Mbit/s): worker:2's CoordinationService "
+        "heartbeat RPC hit its deadline and TF declared it unhealthy (issue 31)"))),
+])
+def test_a_slow_link_slows_the_run_without_a_false_failure(tmp_path, cap_mbit):
+    """Host 2's link capped: the ring all-reduce of the CNN's bf16 gradients (6.6 MB) sends
+    2 (n-1)/n of them per worker and step, ~8.8 MB (~1.4 s at 50 Mbit/s, ~7 s at 10); each
+    collective stays below strategy.timeout_s (20 s), so the run should go on, slower, and every
+    host exit 0."""
+    steps = 6
+    with HostSet(NUM_HOSTS, rate_mbit=[None, None, cap_mbit], log_dir=tmp_path / "logs") as hosts:
+        started = time.monotonic()
+        processes, run_dirs, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=420)
+        _wait(processes, started + 420)
+        codes = [p.poll() for p in processes]
+        logs = _outputs(hosts, processes)
+    assert codes == [0] * NUM_HOSTS, logs
+    result = json.loads((run_dirs[0] / "metrics.json").read_text())
+    timing = result["throughput"]
+    per_step = timing["timed_seconds"] / timing["timed_steps"]
+    predicted = 2 * (NUM_HOSTS - 1) / NUM_HOSTS * 3.3e6 * 2 * 8 / (cap_mbit * 1e6)
+    print(f"\nhost 2 capped at {cap_mbit} Mbit/s: {timing['examples_per_sec']:.1f} examples/s, "
+          f"{per_step:.2f} s per step (ring all-reduce of bf16 gradients alone: "
+          f"{predicted:.1f} s), wall time {result['wall_time_s']:.0f} s, "
+          f"test {time.monotonic() - started:.0f} s")
+    assert result["global_steps"] == steps, result
+    assert per_step > 1.0, result  # the link, not the CPU, is the limit (uncapped: ~0.9 s/step here)
