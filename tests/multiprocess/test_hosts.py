@@ -166,10 +166,12 @@ TASK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREA
 
 
 def _start_workers(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: float,
+                   shared_run_dir: Path | None = None,
                    **overrides) -> tuple[list[subprocess.Popen], list[Path], list[str]]:
     """One ``python -m kerasdist fit recipes/mnist_cnn_mwms.yaml --set cluster.kind=tf_config``
     per host, each with its TF_CONFIG naming the hosts' addresses and its own run_dir (its own
-    "disk"). Returns the processes, run dirs and the cluster's worker addresses."""
+    "disk"), or ``shared_run_dir`` for all (a filesystem every host mounts). Returns the
+    processes, run dirs and the cluster's worker addresses."""
     workers = [f"{hosts.address(i)}:{portpicker.pick_unused_port()}" for i in range(NUM_HOSTS)]
     settings = {"cluster.kind": "tf_config", "cluster.threads_per_task": 1,
                 "data.batch_size": 32 * NUM_HOSTS, "trainer.epochs": 1,
@@ -177,7 +179,7 @@ def _start_workers(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: flo
                 "strategy.timeout_s": 20, "output.tensorboard": False, **overrides}
     processes, run_dirs = [], []
     for i in range(NUM_HOSTS):
-        run_dir = tmp_path / f"host{i}" / "run"
+        run_dir = shared_run_dir or tmp_path / f"host{i}" / "run"
         run_dirs.append(run_dir)
         sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in
                 {**settings, "output.run_dir": str(run_dir)}.items()]
@@ -313,3 +315,49 @@ def test_a_slow_link_slows_the_run_without_a_false_failure(tmp_path, cap_mbit):
           f"test {time.monotonic() - started:.0f} s")
     assert result["global_steps"] == steps, result
     assert per_step > 1.0, result  # the link, not the CPU, is the limit (uncapped: ~0.9 s/step here)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(720)
+@pytest.mark.xfail(strict=False, reason=(
+    "measured here (once each): with one output.run_dir shared by the 3 tf_config hosts the run "
+    "fails at its end, all hosts exit 1 after a collective timeout and no model.keras is written, "
+    "also with no fault at all (30 steps); the relaunch here resumed at step 10 and saved "
+    "ckpt-50, then failed the same way. With a run_dir per host the run passes (issue 31)"))
+def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_path):
+    """As an orchestrator would: host 2 partitioned mid-run, the survivors exit 1, host 2's
+    processes are killed and its link comes back; the same command on each host again (a run_dir
+    every host mounts) resumes from the newest checkpoint at its exact step and ends at the
+    requested step, every host exiting 0."""
+    steps = 50
+    shared = tmp_path / "shared" / "run"
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        first, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
+                                     shared_run_dir=shared)
+        deadline = time.monotonic() + 300
+        while _chief_step(shared) < 10:
+            assert all(p.poll() is None for p in first), _outputs(hosts, first)
+            assert time.monotonic() < deadline, "no checkpoint at step >= 10\n" + _outputs(hosts, first)
+            time.sleep(0.2)
+        hosts.link_down(2)
+        cut = time.monotonic()
+        _wait(first[:2], cut + 120)
+        detected = time.monotonic() - cut
+        codes = [p.poll() for p in first]
+        assert codes[:2] == [1, 1], _outputs(hosts, first)
+        hosts.kill(2)
+        hosts.link_up(2)
+        saved = _chief_step(shared)
+        restarted = time.monotonic()
+        second, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=360,
+                                      shared_run_dir=shared)
+        _wait(second, restarted + 360)
+        codes2 = [p.poll() for p in second]
+        logs = _outputs(hosts, second)
+    print(f"\nsurvivors exited after {detected:.1f} s; relaunch from checkpoint step {saved}: exit "
+          f"codes {codes2} after {time.monotonic() - restarted:.0f} s")
+    assert codes2 == [0] * NUM_HOSTS, logs
+    result = json.loads((shared / "metrics.json").read_text())
+    print(f"start_step {result['start_step']}, global_steps {result['global_steps']}, restore "
+          f"verified {result['restore_verified']}, accuracy {result['evaluation']['accuracy']:.3f}")
+    assert result["start_step"] == saved and result["global_steps"] == steps, result
