@@ -1,0 +1,363 @@
+"""Simulated hosts (kerasdist.testing.hosts): cleanup, addresses, partitions, bandwidth caps, and
+kerasdist's multi-worker recipe run as users run it on real machines, one process per host.
+
+Needs root (network namespaces); skipped otherwise. Run alone with
+``python -m pytest -q -n 0 tests/multiprocess/test_hosts.py`` (docs/hosts.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import portpicker
+import psutil
+import pytest
+
+from kerasdist.testing.hosts import HostSet, leftovers
+
+REPO = Path(__file__).parents[2]
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")]
+
+# A TCP server: accepts connections one after the other, reads each to EOF, answers with the
+# number of bytes it read. Exits after `timeout` seconds (the test also kills it).
+SERVER = textwrap.dedent("""
+    import socket, sys
+    address, port = sys.argv[1], int(sys.argv[2])
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((address, port))
+    srv.listen(8)
+    print("listening", flush=True)
+    while True:
+        conn, _ = srv.accept()
+        n = 0
+        while chunk := conn.recv(1 << 16):
+            n += len(chunk)
+        conn.sendall(str(n).encode())
+        conn.close()
+""")
+
+# A TCP client: connects (timeout argv[3] s), sends argv[4] bytes, waits for the count; prints one
+# JSON line: {"ok": bool, "error": repr, "seconds": connect-to-answer time}.
+CLIENT = textwrap.dedent("""
+    import json, socket, sys, time
+    address, port, timeout, size = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+    t0 = time.monotonic()
+    try:
+        s = socket.create_connection((address, port), timeout=timeout)
+        s.settimeout(60)
+        s.sendall(b"x" * size)
+        s.shutdown(socket.SHUT_WR)
+        answer = int(s.recv(64).decode())
+        s.close()
+        print(json.dumps({"ok": answer == size, "error": None, "seconds": time.monotonic() - t0}))
+    except Exception as err:
+        print(json.dumps({"ok": False, "error": type(err).__name__ + ": " + str(err),
+                          "seconds": time.monotonic() - t0}))
+""")
+
+
+def _serve(hosts: HostSet, host: int) -> int:
+    port = portpicker.pick_unused_port()
+    server = hosts.run(host, [sys.executable, "-c", SERVER, hosts.address(host), str(port)],
+                       timeout_s=120)
+    deadline = time.monotonic() + 20
+    while "listening" not in hosts.output(server):
+        assert server.poll() is None, hosts.output(server)
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    return port
+
+
+def _connect(hosts: HostSet, source: int, target: int, port: int, *, timeout_s: float = 3,
+             size: int = 16) -> dict:
+    client = hosts.run(source, [sys.executable, "-c", CLIENT, hosts.address(target), str(port),
+                                str(timeout_s), str(size)], timeout_s=90, capture=True)
+    out, _ = client.communicate(timeout=100)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(60)
+def test_everything_is_removed_when_the_body_raises():
+    with pytest.raises(RuntimeError, match="the test body failed"):
+        with HostSet(2, rate_mbit=50) as hosts:
+            suffix = hosts.suffix
+            names = [hosts.namespace(0), hosts.namespace(1), hosts.switch_ns]
+            sleeper = hosts.run(1, [sys.executable, "-c", "import time; time.sleep(300)"])
+            deadline = time.monotonic() + 10
+            while not hosts.pids(1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            pids = hosts.pids(1)
+            assert pids, "the process did not start in host 1's namespace"
+            assert leftovers(suffix), "the set should exist inside the body"
+            raise RuntimeError("the test body failed")
+    assert leftovers(suffix) == []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(name in listed for name in names), listed
+    assert suffix not in links, links
+    assert sleeper.poll() is not None
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                   for p in pids)
+
+
+@pytest.mark.timeout(90)
+def test_hosts_have_their_own_addresses_and_a_partition_drops_without_reset():
+    with HostSet(3) as hosts:
+        # Only the set's subnet is routable from a host: nothing of the machine's network.
+        routes = subprocess.run(["ip", "-n", hosts.namespace(0), "route"], capture_output=True,
+                                text=True, check=True).stdout.strip().splitlines()
+        assert routes == [f"{hosts.network} dev {hosts.host_if(0)} proto kernel scope link "
+                          f"src {hosts.address(0)}"], routes
+        assert len({hosts.address(i) for i in range(3)}) == 3
+        port = _serve(hosts, 2)
+
+        before = _connect(hosts, 1, 2, port)
+        assert before["ok"], before
+
+        hosts.link_down(2)
+        during = _connect(hosts, 1, 2, port, timeout_s=3)
+        print(f"\nwhile host 2's link is down: {during}")
+        assert not during["ok"]
+        # A timeout: no reset (ConnectionRefused/Reset), no "No route to host" after a failed ARP.
+        assert during["error"].startswith("TimeoutError"), during
+        assert during["seconds"] >= 2.9, during
+
+        hosts.link_up(2)
+        after = _connect(hosts, 1, 2, port)
+        assert after["ok"], after
+        # A host not partitioned is unaffected throughout (host 0 -> host 1 was never cut).
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shaper", ["tbf", "htb"])
+def test_a_bandwidth_cap_limits_throughput(shaper):
+    size = 2 * 1024 * 1024
+    cap_mbit = 10
+    # hosts 0 and 1 capped, 2 and 3 not: the same transfer over a capped and an uncapped path.
+    with HostSet(4, rate_mbit=[cap_mbit, cap_mbit, None, None], shaper=shaper) as hosts:
+        capped_port = _serve(hosts, 1)
+        free_port = _serve(hosts, 3)
+        capped = _connect(hosts, 0, 1, capped_port, size=size, timeout_s=10)
+        free = _connect(hosts, 2, 3, free_port, size=size, timeout_s=10)
+    assert capped["ok"] and free["ok"], (capped, free)
+    capped_mbit = size * 8 / capped["seconds"] / 1e6
+    free_mbit = size * 8 / free["seconds"] / 1e6
+    print(f"\n{shaper}: 2 MiB at a {cap_mbit} Mbit/s cap: {capped_mbit:.2f} Mbit/s "
+          f"({capped['seconds']:.2f} s); uncapped: {free_mbit:.0f} Mbit/s "
+          f"({free['seconds'] * 1000:.1f} ms); ratio {free_mbit / capped_mbit:.0f}")
+    assert capped_mbit < cap_mbit * 1.2
+    assert capped_mbit > cap_mbit * 0.5  # capped, not broken
+    assert free_mbit > 5 * capped_mbit
+
+
+# ------------------------------------------------------------------ kerasdist fit, one per host
+RECIPE = REPO / "recipes" / "mnist_cnn_mwms.yaml"
+NUM_HOSTS = 3
+TASK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _start_workers(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: float,
+                   shared_run_dir: Path | None = None,
+                   **overrides) -> tuple[list[subprocess.Popen], list[Path], list[str]]:
+    """One ``python -m kerasdist fit recipes/mnist_cnn_mwms.yaml --set cluster.kind=tf_config``
+    per host, each with its TF_CONFIG naming the hosts' addresses and its own run_dir (its own
+    "disk"), or ``shared_run_dir`` for all (a filesystem every host mounts). Returns the
+    processes, run dirs and the cluster's worker addresses."""
+    workers = [f"{hosts.address(i)}:{portpicker.pick_unused_port()}" for i in range(NUM_HOSTS)]
+    settings = {"cluster.kind": "tf_config", "cluster.threads_per_task": 1,
+                "data.batch_size": 32 * NUM_HOSTS, "trainer.epochs": 1,
+                "trainer.steps_per_epoch": steps, "trainer.checkpoint.every_steps": 10,
+                "strategy.timeout_s": 20, "output.tensorboard": False, **overrides}
+    processes, run_dirs = [], []
+    for i in range(NUM_HOSTS):
+        run_dir = shared_run_dir or tmp_path / f"host{i}" / "run"
+        run_dirs.append(run_dir)
+        sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in
+                {**settings, "output.run_dir": str(run_dir)}.items()]
+        argv = [sys.executable, "-m", "kerasdist", "fit", str(RECIPE), "--verbose", "0"]
+        for item in sets:
+            argv += ["--set", item]
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+        processes.append(hosts.run(i, argv, dict(TASK_ENV, TF_CONFIG=json.dumps(tf_config)),
+                                   timeout_s=timeout_s, cwd=REPO))
+    return processes, run_dirs, workers
+
+
+def _outputs(hosts: HostSet, processes) -> str:
+    return "\n".join(f"--- host {i} (exit {p.poll()}):\n{hosts.output(p)[-4000:]}"
+                     for i, p in enumerate(processes))
+
+
+def _wait(processes, deadline: float) -> None:
+    for proc in processes:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_multi_worker_recipe_on_three_hosts(tmp_path):
+    """The multi-worker recipe as users run it on 3 machines: the same command on each host, its
+    TF_CONFIG naming the hosts' addresses; every host exits 0 and the chief (worker:0) writes
+    the outputs."""
+    steps = 30
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        started = time.monotonic()
+        processes, run_dirs, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=360)
+        _wait(processes, started + 360)
+        elapsed = time.monotonic() - started
+        codes = [p.poll() for p in processes]
+        logs = _outputs(hosts, processes)
+    print(f"\n3 hosts {workers}: exit codes {codes} after {elapsed:.0f} s")
+    assert codes == [0] * NUM_HOSTS, logs
+    chief = run_dirs[0]
+    assert (chief / "model.keras").is_file(), logs
+    result = json.loads((chief / "metrics.json").read_text())
+    print(f"chief: held-out accuracy {result['evaluation']['accuracy']:.3f}, "
+          f"{result['throughput']['examples_per_sec']:.0f} examples/s, "
+          f"wall time {result['wall_time_s']:.0f} s")
+    assert result["task"] == "worker:0" and result["num_replicas"] == NUM_HOSTS, result
+    assert result["global_steps"] == steps, result
+    assert result["evaluation"]["accuracy"] > 0.8, result  # 0.9165 measured after 30 steps
+    for other in run_dirs[1:]:  # the other hosts' "disks" get no outputs
+        assert not (other / "model.keras").exists()
+
+
+def _chief_step(run_dir: Path) -> int:
+    """The newest complete checkpoint's global step in the chief's run_dir (-1: none yet)."""
+    steps = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+             if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name))]
+    return max(steps, default=-1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+def test_a_partitioned_worker_host_fails_the_survivors_within_the_timeout(tmp_path):
+    """Host 2 (worker:2)'s link goes down mid-run (packets dropped, no reset): hosts 0 and 1 exit
+    non-zero (1: peer lost, what an orchestrator restarts on) within the collective timeout
+    (strategy.timeout_s) plus a bounded teardown, naming worker:2; no hang."""
+    timeout_s = 20
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        processes, run_dirs, workers = _start_workers(hosts, tmp_path, steps=400, timeout_s=420,
+                                                      **{"strategy.timeout_s": timeout_s})
+        deadline = time.monotonic() + 300
+        while _chief_step(run_dirs[0]) < 10:
+            assert all(p.poll() is None for p in processes), _outputs(hosts, processes)
+            assert time.monotonic() < deadline, "no checkpoint at step >= 10 in 300 s\n" + \
+                _outputs(hosts, processes)
+            time.sleep(0.2)
+        step = _chief_step(run_dirs[0])
+        hosts.link_down(2)
+        cut = time.monotonic()
+        detected = {}
+        while len(detected) < 2 and time.monotonic() < cut + 4 * timeout_s + 60:
+            for i in (0, 1):
+                if i not in detected and processes[i].poll() is not None:
+                    detected[i] = time.monotonic() - cut
+            time.sleep(0.1)
+        codes = [p.poll() for p in processes]
+        logs = _outputs(hosts, processes)
+    print(f"\nlink of host 2 ({workers[2]}) down after checkpoint step {step}; survivors exited "
+          f"{codes[:2]} after " + ", ".join(f"host {i}: {t:.1f} s" for i, t in sorted(detected.items()))
+          + f" (strategy.timeout_s {timeout_s}); host 2: {codes[2]}")
+    for line in logs.splitlines():
+        if "lost task" in line or "lost contact" in line:
+            print(line.strip()[:400])
+    assert sorted(detected) == [0, 1], "a survivor hung:\n" + logs
+    assert codes[0] == 1 and codes[1] == 1, logs
+    assert all(t < 2 * timeout_s + 30 for t in detected.values()), (detected, logs)
+    for i in (0, 1):
+        own = logs.split(f"--- host {i} ")[1].split("--- host ")[0]
+        # host 1 also named worker:0 (alive) in 2 of 3 runs here: TF's chained message mentions it
+        assert re.search(r"lost task [^\n]*worker:2", own), logs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("cap_mbit", [
+    50,
+    pytest.param(10, marks=pytest.mark.xfail(strict=False, reason=(
+        "measured here (3 runs of 3): at 10 Mbit/s all 3 hosts exited 1 while the chief "
+        "broadcast the initial variables (~13 MB float32, ~10 s at 10 Mbit/s): worker:2's "
+        "CoordinationService heartbeat RPC hit its deadline and TF declared it unhealthy (issue 31)"))),
+])
+def test_a_slow_link_slows_the_run_without_a_false_failure(tmp_path, cap_mbit):
+    """Host 2's link capped: the ring all-reduce of the CNN's bf16 gradients (6.6 MB) sends
+    2 (n-1)/n of them per worker and step, ~8.8 MB (~1.4 s at 50 Mbit/s, ~7 s at 10); each
+    collective stays below strategy.timeout_s (20 s), so the run should go on, slower, and every
+    host exit 0."""
+    steps = 6
+    with HostSet(NUM_HOSTS, rate_mbit=[None, None, cap_mbit], log_dir=tmp_path / "logs") as hosts:
+        started = time.monotonic()
+        processes, run_dirs, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=420)
+        _wait(processes, started + 420)
+        codes = [p.poll() for p in processes]
+        logs = _outputs(hosts, processes)
+    assert codes == [0] * NUM_HOSTS, logs
+    result = json.loads((run_dirs[0] / "metrics.json").read_text())
+    timing = result["throughput"]
+    per_step = timing["timed_seconds"] / timing["timed_steps"]
+    predicted = 2 * (NUM_HOSTS - 1) / NUM_HOSTS * 3.3e6 * 2 * 8 / (cap_mbit * 1e6)
+    print(f"\nhost 2 capped at {cap_mbit} Mbit/s: {timing['examples_per_sec']:.1f} examples/s, "
+          f"{per_step:.2f} s per step (ring all-reduce of bf16 gradients alone: "
+          f"{predicted:.1f} s), wall time {result['wall_time_s']:.0f} s, "
+          f"test {time.monotonic() - started:.0f} s")
+    assert result["global_steps"] == steps, result
+    assert per_step > 1.0, result  # the link, not the CPU, is the limit (uncapped: ~0.9 s/step here)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(720)
+@pytest.mark.xfail(strict=False, reason=(
+    "measured here: with one output.run_dir shared by the 3 tf_config hosts and --verbose 0 "
+    "the run fails at its end (all hosts exit 1 after a collective timeout, no model.keras), also "
+    "with no fault (2 runs of 2; with --verbose 2: 1 pass of 1; a run_dir per host: 4 passes "
+    "of 4); the relaunch here resumed at step 10, saved ckpt-50, then failed so (issue 31)"))
+def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_path):
+    """As an orchestrator would: host 2 partitioned mid-run, the survivors exit 1, host 2's
+    processes are killed and its link comes back; the same command on each host again (a run_dir
+    every host mounts) resumes from the newest checkpoint at its exact step and ends at the
+    requested step, every host exiting 0."""
+    steps = 50
+    shared = tmp_path / "shared" / "run"
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        first, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
+                                     shared_run_dir=shared)
+        deadline = time.monotonic() + 300
+        while _chief_step(shared) < 10:
+            assert all(p.poll() is None for p in first), _outputs(hosts, first)
+            assert time.monotonic() < deadline, "no checkpoint at step >= 10\n" + _outputs(hosts, first)
+            time.sleep(0.2)
+        hosts.link_down(2)
+        cut = time.monotonic()
+        _wait(first[:2], cut + 120)
+        detected = time.monotonic() - cut
+        codes = [p.poll() for p in first]
+        assert codes[:2] == [1, 1], _outputs(hosts, first)
+        hosts.kill(2)
+        hosts.link_up(2)
+        saved = _chief_step(shared)
+        restarted = time.monotonic()
+        second, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=360,
+                                      shared_run_dir=shared)
+        _wait(second, restarted + 360)
+        codes2 = [p.poll() for p in second]
+        logs = _outputs(hosts, second)
+    print(f"\nsurvivors exited after {detected:.1f} s; relaunch from checkpoint step {saved}: exit "
+          f"codes {codes2} after {time.monotonic() - restarted:.0f} s")
+    assert codes2 == [0] * NUM_HOSTS, logs
+    result = json.loads((shared / "metrics.json").read_text())
+    print(f"start_step {result['start_step']}, global_steps {result['global_steps']}, restore "
+          f"verified {result['restore_verified']}, accuracy {result['evaluation']['accuracy']:.3f}")
+    assert result["start_step"] == saved and result["global_steps"] == steps, result
