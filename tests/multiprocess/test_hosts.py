@@ -206,6 +206,7 @@ def _wait(processes, deadline: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(420)
 def test_multi_worker_recipe_on_three_hosts(tmp_path):
     """The multi-worker recipe as users run it on 3 machines: the same command on each host, its
@@ -242,6 +243,7 @@ def _chief_step(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(480)
 def test_a_partitioned_worker_host_fails_the_survivors_within_the_timeout(tmp_path):
     """Host 2 (worker:2)'s link goes down mid-run (packets dropped, no reset): hosts 0 and 1 exit
@@ -284,6 +286,7 @@ def test_a_partitioned_worker_host_fails_the_survivors_within_the_timeout(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("cap_mbit", [
     50,
@@ -318,6 +321,7 @@ def test_a_slow_link_slows_the_run_without_a_false_failure(tmp_path, cap_mbit):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(720)
 @pytest.mark.xfail(strict=False, reason=(
     "measured here: with one output.run_dir shared by the 3 tf_config hosts and --verbose 0 "
