@@ -306,3 +306,18 @@ def test_launch_threads_per_task_out_of_range_exits_2_before_anything(tmp_path, 
         err = capsys.readouterr().err
         assert "--threads-per-task" in err and f"Received: '{value}'" in err
     assert not (tmp_path / "logs").exists()
+
+
+def test_training_error_is_a_kerasdist_error_that_exits_1(capsys):
+    """TrainingError is a KerasdistError (and still a RuntimeError), but a failure during training:
+    class fatal, exit code 1, its message without a traceback; other KerasdistErrors exit 2."""
+    from kerasdist.cli import _failed
+    from kerasdist.errors import FATAL, KerasdistError, RecipeError, TrainingError, classify
+
+    err = TrainingError("the training loss became nan")
+    assert isinstance(err, KerasdistError) and isinstance(err, RuntimeError)
+    assert classify(err) == FATAL and _failed(err) == 1
+    err_text = capsys.readouterr().err
+    assert "kerasdist: failed: the training loss became nan" in err_text
+    assert "Traceback" not in err_text
+    assert _failed(RecipeError("bad")) == EXIT_BAD_INPUT
