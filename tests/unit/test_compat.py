@@ -335,6 +335,8 @@ def test_keras_train_step_still_matches_the_accumulating_copy(monkeypatch):
 
 
 def test_accumulating_step_warns_when_keras_changed_its_step(monkeypatch, caplog):
+    import logging
+
     import keras
 
     from kerasdist._compat import keras_accumulation_step as step
@@ -343,6 +345,8 @@ def test_accumulating_step_warns_when_keras_changed_its_step(monkeypatch, caplog
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     monkeypatch.setattr(step, "_keras_step_source", lambda: "def train_step(self, data): ...")
+    # kerasdist._log.configure (a CLI run earlier in this process) stops propagation to caplog
+    monkeypatch.setattr(logging.getLogger("kerasdist"), "propagate", True)
     with caplog.at_level("WARNING", logger="kerasdist"):
         assert accumulate_gradients(model, 2) is model
     assert "Keras's own train_step changed" in caplog.text and accumulation_steps(model) == 2
