@@ -6,10 +6,11 @@ Public API::
     result = kerasdist.fit(recipe)        # RunResult: history, evaluation, throughput, paths
     kerasdist.enable()                    # plain model.fit under every supported strategy
 
-Layers (each imports only those below it): ``config``, ``models``, ``data``, ``keras`` (Keras-level
-pieces usable without recipes), ``strategies`` (one object per kind), ``training`` (the one run
-lifecycle), ``launch`` (processes, restarts), ``cluster`` (TF_CONFIG, Slurm, export), ``_compat``
-(every patch of Keras/TF internals). Importing ``kerasdist`` does not import TensorFlow.
+Layers, top down (each imports only those below it; docs/architecture.md): ``cli``, ``launch``
+(processes, restarts), ``training`` (the one run lifecycle), ``strategies`` (one object per kind),
+``keras`` (Keras-level pieces usable without recipes), ``data``, ``cluster`` (TF_CONFIG, Slurm,
+export), ``config`` and ``models`` (the recipe), ``_compat`` (every patch of Keras/TF internals),
+``errors``. Importing ``kerasdist`` does not import TensorFlow.
 """
 
 from kerasdist._version import __version__

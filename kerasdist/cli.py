@@ -359,7 +359,7 @@ def _failed(err: BaseException) -> int:
               file=sys.stderr)
     elif failure == BAD_INPUT:
         print(f"kerasdist: error: {err}", file=sys.stderr)
-    elif isinstance(err, KerasdistError) or type(err).__name__ == "TrainingError":
+    elif isinstance(err, KerasdistError):  # TaskFailedError, TrainingError: their message
         print(f"kerasdist: failed: {err}", file=sys.stderr)
     else:
         import traceback

@@ -11,7 +11,8 @@ class               what                                          exit   retried
 ==================  ============================================  =====  ==========
 ``bad_input``       :class:`KerasdistError` (recipe, data, run    2      no
                     dir, cluster spec): raised before anything
-                    starts or is written
+                    starts or is written; not its subclasses
+                    ``TaskFailedError`` and ``TrainingError``
 ``peer_lost``       :class:`TaskFailedError`, or a TensorFlow     1      yes
                     ``UnavailableError`` / ``DeadlineExceeded``
                     / ``Aborted`` / ``Cancelled``: a task died,
@@ -19,7 +20,8 @@ class               what                                          exit   retried
 ``fatal``           any other error during training, e.g.         1      no
                     ``InvalidArgumentError`` (a label out of
                     range), a shape mismatch, out of memory: the
-                    same input fails the same way again
+                    same input fails the same way again; also
+                    :class:`TrainingError`
 ``preempted``       SIGTERM or Ctrl-C (a checkpoint is saved      130    yes
                     first where the strategy can)
 ==================  ============================================  =====  ==========
@@ -45,7 +47,9 @@ _PEER_ERROR_NAMES = ("UnavailableError", "DeadlineExceededError", "AbortedError"
 
 
 class KerasdistError(Exception):
-    """Base class of every error kerasdist raises on purpose about its input (exit code 2)."""
+    """Base class of every error kerasdist raises on purpose: about its input (exit code 2),
+    except :class:`TaskFailedError` and :class:`TrainingError`, raised during training (exit
+    code 1; :func:`classify`)."""
 
 
 class RecipeError(KerasdistError, ValueError):
@@ -82,7 +86,7 @@ class TaskFailedError(ClusterError):
     """
 
 
-class TrainingError(RuntimeError):
+class TrainingError(KerasdistError, RuntimeError):
     """A task of a local cluster failed deterministically during training (class ``fatal``): its
     launcher does not restart it and re-raises the task's own message (exit code 1)."""
 
@@ -112,7 +116,7 @@ def classify(err: BaseException) -> str:
         return PREEMPTED
     if isinstance(err, TaskFailedError) or _is_peer_error(err):
         return PEER_LOST
-    if isinstance(err, KerasdistError):
+    if isinstance(err, KerasdistError) and not isinstance(err, TrainingError):
         return BAD_INPUT
     return FATAL
 

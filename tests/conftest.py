@@ -234,3 +234,54 @@ def write_recipe(tmp_path):
         return path
 
     return write
+
+
+
+NOBODY = 65534  # uid and gid of the unprivileged user the root-run tests act as
+
+
+@pytest.fixture
+def unprivileged():
+    """Run a command as a user that cannot write everywhere. Returns a namespace:
+
+    - ``argv``: the prefix that runs a command as that user. As root (CI), ``setpriv`` to uid/gid
+      65534 ('nobody'), since root writes anywhere; skipped when setpriv is missing or that user
+      cannot import kerasdist with this interpreter (a 0700 folder, such as mktemp -d's, on the
+      venv's path stops it; .ci/run makes its venv folder 0755). Otherwise empty.
+    - ``base``: a fresh 0755 folder that user can reach (under /tmp as root: pytest's tmp_path is
+      0700), removed afterwards.
+    - ``own(*paths)``: as root, give the paths and everything under them to that user."""
+    import contextlib
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    as_root = os.geteuid() == 0
+    argv = []
+    if as_root:
+        if not shutil.which("setpriv"):
+            pytest.skip("root, and no setpriv to run as another user")
+        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+        probe = subprocess.run([*argv, sys.executable, "-c", "import kerasdist.cli"], cwd="/",
+                               capture_output=True, text=True, timeout=120)
+        if probe.returncode != 0:
+            pytest.skip(f"root, and user {NOBODY} cannot run {sys.executable} with kerasdist: "
+                        f"{probe.stderr.strip()[-300:]}")
+
+    def own(*paths):
+        for top in paths if as_root else ():
+            for path in [top, *top.rglob("*")]:
+                os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+
+    base = Path(tempfile.mkdtemp(prefix="kerasdist-user-", dir="/tmp" if as_root else None))
+    base.chmod(0o755)
+    try:
+        yield SimpleNamespace(argv=argv, base=base, own=own)
+    finally:
+        for path in [base, *base.rglob("*")]:
+            with contextlib.suppress(OSError):
+                os.chmod(path, 0o755)
+        shutil.rmtree(base, ignore_errors=True)

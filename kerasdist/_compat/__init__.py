@@ -36,6 +36,12 @@ module                                  upstream issue / scope
                                         ``kerasdist.enable()`` only
 ``keras_allreduce_hook``                no public gradient-aggregation API; one optimizer
                                         instance (``strategy.gradient_compression``)
+``keras_accumulation_step``            ``trainer.gradient_accumulation_steps``: a copy of
+                                        Keras's TF ``train_step`` bound to one model instance;
+                                        probe ``matches_keras()``
+``internals``                           not a mend: the ``keras.src`` imports and private
+                                        reads the rest of kerasdist needs (ruff TID251 bans
+                                        them everywhere else)
 ======================================  ===================================================
 
 The modules in :data:`MENDS` are installed by :func:`apply` (process-wide; each changes behaviour

@@ -189,14 +189,6 @@ def stop_strategies(runs: list[StrategyRun], grace_s: float = STOP_GRACE_S) -> N
                 run.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
 
 
-def run_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s: float,
-                 allow_exposure: bool = False) -> tuple[float, str]:
-    """Start the strategy's processes once and wait; they run every case. Returns (seconds,
-    output tail)."""
-    return finish_strategy(start_strategy(strategy, cases, folder, timeout_s=timeout_s,
-                                          allow_exposure=allow_exposure))
-
-
 def _tasks(folder: Path, case: str) -> dict:
     results = {}
     for meta in sorted(folder.glob(f"{case}.*.json")):

@@ -22,7 +22,8 @@ the replica function and is reported broken under ``tf.distribute`` (keras-team/
 Here the update is unconditional, so nothing changes for the distribution strategy.
 
 Mechanism: :func:`accumulate_gradients` replaces ``train_step`` on one model instance (Keras 3's
-documented way to customise ``fit``); the class, saving and loading are unchanged. The ``k``
+documented way to customise ``fit``) with :func:`kerasdist._compat.keras_accumulation_step.train_step`
+(behind the wall of Keras internals, with its probe); the class, saving and loading are unchanged. The ``k``
 micro-batches are unrolled in the traced step (tracing takes ``k`` times longer), each waiting for
 the previous one's gradients, so only one micro-batch's activations are alive at a time.
 """
@@ -31,7 +32,11 @@ from __future__ import annotations
 
 import types
 
+from kerasdist._compat import keras_accumulation_step
+from kerasdist._log import get_logger
 from kerasdist.errors import RecipeError
+
+log = get_logger(__name__)
 
 FIELD = "trainer.gradient_accumulation_steps"
 
@@ -64,85 +69,6 @@ def refuse(recipe, kind: str) -> None:
                           f"Received: gradient_accumulation_steps={steps}; use 1.")
 
 
-def _micro_batches(tensor, steps: int):
-    """``tensor`` of batch ``n`` as a list of ``steps`` tensors of batch ``n // steps``."""
-    import tensorflow as tf
-
-    if tensor is None:
-        return [None] * steps
-    tensor = tf.convert_to_tensor(tensor)
-    tf.debugging.assert_equal(tf.shape(tensor)[0] % steps, 0, message=f"{FIELD}: the per-replica "
-                              f"batch must split into {steps} equal micro-batches")
-    return tf.split(tensor, steps, axis=0)
-
-
-def _split(structure, steps: int) -> list:
-    """``steps`` copies of ``structure`` (tensors, nested or None), each with one micro-batch."""
-    import keras
-
-    if structure is None:
-        return [None] * steps
-    flat = [_micro_batches(t, steps) for t in keras.tree.flatten(structure)]
-    return [keras.tree.pack_sequence_as(structure, [chunks[i] for chunks in flat])
-            for i in range(steps)]
-
-
-def _after(tensors, structure):
-    """``structure`` with each tensor made to wait for ``tensors`` (the previous micro-batch's
-    gradients), so micro-batches run one after the other and their activations are not alive
-    together."""
-    import keras
-    import tensorflow as tf
-
-    with tf.control_dependencies(tensors):
-        return keras.tree.map_structure(lambda t: None if t is None else tf.identity(t), structure)
-
-
-def _train_step(self, data):
-    """``train_step`` of an accumulating model (see module docs); returns the metric results.
-
-    The ``k`` micro-batches are unrolled in the traced step rather than run in a ``tf.while_loop``:
-    a model whose forward pass has a synchronisation point (a mirrored variable assigned in
-    replica context, ``merge_call``) cannot run inside control flow under ``tf.distribute``.
-    """
-    import keras
-    import tensorflow as tf
-
-    steps = self._kerasdist_accumulation_steps
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    micro = [_split(part, steps) for part in (x, y, sample_weight)]
-    variables = list(self.trainable_variables)
-    loss_tracker = getattr(self, "_loss_tracker", None)
-    with_training = getattr(self, "_call_has_training_arg", True)
-    sums = [tf.zeros(v.shape, v.dtype) for v in variables]
-    for i in range(steps):
-        xi, yi, wi = (part[i] for part in micro)
-        if i:
-            xi, yi, wi = _after(sums, (xi, yi, wi))
-        with tf.GradientTape() as tape:
-            y_pred = self(xi, training=True) if with_training else self(xi)
-            loss = self._compute_loss(x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True)
-            if loss_tracker is not None:
-                loss_tracker.update_state(
-                    _unscaled(loss), sample_weight=tf.shape(keras.tree.flatten(xi)[0])[0])
-            if self.optimizer is not None:
-                loss = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(loss, variables)
-        self.compute_metrics(xi, yi, y_pred, sample_weight=wi)
-        sums = [s if g is None else s + tf.cast(tf.convert_to_tensor(g), s.dtype) / steps
-                for s, g in zip(sums, grads, strict=True)]
-    if variables:
-        self.optimizer.apply_gradients(zip(sums, variables, strict=True))
-    return self.get_metrics_result()
-
-
-def _unscaled(loss):
-    """The loss as the user sees it: Keras divides it by the replicas in sync for the gradient."""
-    from keras.src.losses import loss as loss_module
-
-    return loss_module.unscale_loss_for_distribution(loss)
-
-
 def accumulate_gradients(model, steps: int):
     """Make ``model`` (compiled, one instance) apply its optimizer once per ``steps`` micro-batches
     of each training batch (see module docs); ``steps == 1`` leaves it unchanged. Returns the model.
@@ -154,12 +80,16 @@ def accumulate_gradients(model, steps: int):
         raise RecipeError(f"{FIELD} must be >= 1. Received: {steps}")
     if steps == 1:
         return model
-    model._kerasdist_accumulation_steps = int(steps)
-    model.train_step = types.MethodType(_train_step, model)
+    if not keras_accumulation_step.matches_keras():
+        log.warning(f"{FIELD}: Keras's own train_step changed in this release (it no longer uses "
+                    f"{', '.join(keras_accumulation_step.missing_from_keras())}); the "
+                    "accumulating step copies the old one and may not match fit's")
+    setattr(model, keras_accumulation_step.STEPS, int(steps))
+    model.train_step = types.MethodType(keras_accumulation_step.train_step, model)
     model.train_function = None  # a fit traced before must trace the new step
     return model
 
 
 def accumulation_steps(model) -> int:
     """The micro-batches per update :func:`accumulate_gradients` gave ``model`` (1 if none)."""
-    return int(getattr(model, "_kerasdist_accumulation_steps", 1))
+    return int(getattr(model, keras_accumulation_step.STEPS, 1))

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kerasdist._compat import keras_ps_atomic_assign
+from kerasdist._compat import internals, keras_ps_atomic_assign
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop, ps_steps
 from kerasdist.keras.callbacks import MetricsProgbar
@@ -62,8 +62,7 @@ def is_parameter_server(strategy) -> bool:
 
 def cluster_spec(strategy):
     """The strategy's cluster spec (its public ``cluster_resolver`` is None for this strategy)."""
-    resolver = strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
-    return resolver.cluster_spec()
+    return internals.cluster_resolver(strategy).cluster_spec()
 
 
 def _atomic_updates(run: ps_loop.PSRun):
@@ -106,7 +105,7 @@ def refuse_unsupported(model, *, training: bool = True) -> None:
                 f"optimizer `{name}` is not supported under ParameterServerStrategy: {reason}. "
                 f"Use a synchronous strategy (multi_worker, mirrored) for it. "
                 f"Received: {name}={value!r}")
-    lookups = sorted({type(layer).__name__ for layer in model._flatten_layers()
+    lookups = sorted({type(layer).__name__ for layer in internals.flatten_layers(model)
                       if any(base.__name__ in LOOKUP_LAYERS for base in type(layer).__mro__)})
     if lookups:
         raise UnsupportedFeatureError(
@@ -139,7 +138,7 @@ def _start(model, *, training: bool = False, compiled: bool = True) -> ps_loop.P
 def _build(run: ps_loop.PSRun, per_worker_dataset) -> None:
     """Create model, metric and optimizer variables (on the ps) before tracing any step."""
     with run.strategy.scope():
-        run.model._symbolic_build(data_batch=per_worker_dataset.element_spec)
+        internals.symbolic_build(run.model, per_worker_dataset.element_spec)
 
 
 @dataclass
@@ -290,7 +289,7 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
                 epochs=epochs, steps=steps, model=model)
         model.stop_training = False
         callbacks.on_train_begin()
-        initial_epoch = getattr(model, "_initial_epoch", None) or initial_epoch
+        initial_epoch = internals.backup_initial_epoch(model) or initial_epoch
         logs, total = _epochs(run, iter(train_ds), callbacks, epochs=epochs,
                               initial_epoch=initial_epoch, steps=steps, validation=validation,
                               freq=validation_freq)
@@ -335,4 +334,4 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
                                      batches=evaluation.batches, callbacks=callbacks)
     if return_dict:
         return logs
-    return model._flatten_metrics_in_order(logs)  # Keras's order: metrics_names
+    return internals.flatten_metrics_in_order(model, logs)  # Keras's order: metrics_names

@@ -130,9 +130,9 @@ def pack_arrays(x, y=None, sample_weight=None) -> tuple:
     """``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)`` with lists made tuples, as Keras's array
     adapter packs them: a list or tuple ``x`` is several model inputs (``tf.data`` would stack a
     list into one tensor, and read a 2-tuple ``x`` alone as ``(x, y)``)."""
-    from keras.src import tree
+    import keras
 
-    return tree.lists_to_tuples(tuple(v for v in (x, y, sample_weight) if v is not None))
+    return keras.tree.lists_to_tuples(tuple(v for v in (x, y, sample_weight) if v is not None))
 
 
 def to_eval_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
@@ -234,18 +234,18 @@ def _check_class_weight(class_weight) -> dict:
 
 def _refuse_class_weight_with(y, sample_weight, class_weight) -> None:
     """Keras 3's own refusals, raised up front (Keras raises them in its data adapters)."""
-    from keras.src import tree
+    import keras
 
     if sample_weight is not None:
         raise ValueError("You cannot pass `class_weight` and `sample_weight` at the same time "
                          "(Keras 3 refuses it under every strategy; multiply the class weights "
                          "into `sample_weight` yourself). Received: class_weight="
                          f"{class_weight!r} and a sample_weight")
-    if y is None or tree.is_nested(y):
+    if y is None or keras.tree.is_nested(y):
         raise ValueError("`class_weight` is only supported for models with a single output and "
                          "needs targets `y` (as in Keras; ParameterServerStrategy). Received: "
                          f"class_weight={class_weight!r} with y structure "
-                         f"{tree.map_structure(lambda _: '.', y) if y is not None else None}")
+                         f"{keras.tree.map_structure(lambda _: '.', y) if y is not None else None}")
 
 
 def class_weighted(x, y=None, *, sample_weight=None, class_weight, batch_size=None,
@@ -267,19 +267,21 @@ def class_weighted(x, y=None, *, sample_weight=None, class_weight, batch_size=No
             refuses the pair), or when ``y`` is missing or nested (a multi-output model). For a
             dataset function these structure checks run when its pipeline is traced.
     """
+    import keras
     import tensorflow as tf
-    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    from kerasdist._compat import internals
 
     weights = _check_class_weight(class_weight)
     if not callable(x) and not isinstance(x, tf.data.Dataset):
         _refuse_class_weight_with(y, sample_weight, class_weight)
-        per_example = data_adapter_utils.class_weight_to_sample_weights(y, weights)
+        per_example = internals.class_weight_to_sample_weights(y, weights)
         return to_ps_input(x, y, sample_weight=per_example, batch_size=batch_size,
                            shuffle=shuffle, num_workers=num_workers)
     ps_input = to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
                            num_workers=num_workers)
     if isinstance(x, tf.data.Dataset):
-        _, y_spec, w_spec = data_adapter_utils.unpack_x_y_sample_weight(x.element_spec)
+        _, y_spec, w_spec = keras.utils.unpack_x_y_sample_weight(x.element_spec)
         _refuse_class_weight_with(y_spec, w_spec, class_weight)
     return with_class_weight(ps_input, class_weight)
 
@@ -294,13 +296,14 @@ def with_class_weight(ps_input: PSInput, class_weight: dict) -> PSInput:
     """
     import dataclasses
 
-    from keras.src.trainers.data_adapters import data_adapter_utils
-    from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+    import keras
 
-    keras_map = make_class_weight_map_fn(_check_class_weight(class_weight))
+    from kerasdist._compat import internals
+
+    keras_map = internals.make_class_weight_map_fn(_check_class_weight(class_weight))
 
     def map_fn(*batch):
-        _, y_batch, w_batch = data_adapter_utils.unpack_x_y_sample_weight(batch)
+        _, y_batch, w_batch = keras.utils.unpack_x_y_sample_weight(batch)
         _refuse_class_weight_with(y_batch, w_batch, class_weight)
         return keras_map(*batch)
 

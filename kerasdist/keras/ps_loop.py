@@ -181,10 +181,10 @@ def metrics_logs(model, last_logs=None) -> dict[str, Any]:
     Returns:
         A flat ``{name: float}`` (values that are not scalars stay arrays, as Keras leaves them).
     """
-    from keras.src.utils.python_utils import pythonify_logs
+    from kerasdist._compat import internals
 
-    result = pythonify_logs(model.get_metrics_result())
-    last = pythonify_logs(last_logs) if last_logs else {}
+    result = internals.pythonify_logs(model.get_metrics_result())
+    last = internals.pythonify_logs(last_logs) if last_logs else {}
     if not last or set(last) == set(result):
         return result
     return last
@@ -311,7 +311,9 @@ def _ready(value, asked) -> bool:
     more seconds. False when it did not come: its worker does not answer, and ``fetch`` would
     wait for ever. (TF's ``RemoteValue`` has no timeout; its implementation's event is used when
     present, else this waits as ``fetch`` does.)"""
-    event = getattr(value, "_status_available_event", None)  # values.RemoteValueImpl, TF 2.x
+    from kerasdist._compat import internals
+
+    event = internals.remote_value_event(value)
     if event is None:
         return True
     while not event.wait(0.5):

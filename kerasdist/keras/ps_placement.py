@@ -12,8 +12,9 @@ from __future__ import annotations
 
 def _shards(variable):
     """``[(shard_index, num_shards, tf.Variable)]`` of a Keras or TF variable."""
-    value = getattr(variable, "_value", None)
-    value = variable if value is None else value
+    from kerasdist._compat import internals
+
+    value = internals.backing_variable(variable)
     inner = getattr(value, "variables", None)
     shards = [value] if inner is None else list(inner)
     return [(index, len(shards), shard) for index, shard in enumerate(shards)]

@@ -74,36 +74,38 @@ def _tagged_input(x, *, batch_size, steps, num_workers) -> ps_data.PSInput:
 def _build(run, tagged) -> None:
     """Build an unbuilt model on the coordinator (variables on the ps), as Keras would on the
     first batch; a scheduled call cannot create variables."""
+    import keras
     import tensorflow as tf
-    from keras.src import backend
-    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    from kerasdist._compat import internals
 
     model = run.model
-    if all(layer.built for layer in model._flatten_layers()):
+    if all(layer.built for layer in internals.flatten_layers(model)):
         return
     context = tf.distribute.InputContext(num_input_pipelines=run.num_workers,
                                          input_pipeline_id=0, num_replicas_in_sync=1)
     _, batch_spec = tagged.dataset_fn(context).element_spec
-    x_spec, _, _ = data_adapter_utils.unpack_x_y_sample_weight(batch_spec)
+    x_spec, _, _ = keras.utils.unpack_x_y_sample_weight(batch_spec)
     x = tf.nest.map_structure(
-        lambda s: backend.KerasTensor(s.shape, backend.standardize_dtype(s.dtype)), x_spec)
+        lambda s: keras.KerasTensor(s.shape, keras.backend.standardize_dtype(s.dtype)), x_spec)
     with run.strategy.scope():
-        backend.compute_output_spec(model, x, training=False)
+        internals.compute_output_spec(model, x, training=False)
 
 
 def _concat(results: list, *, ordered_by_index: bool):
     """Keras's own concatenation of the batches' outputs, in the module docs' order."""
+    import keras
     import tensorflow as tf
-    from keras.src import tree
-    from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+
+    from kerasdist._compat import internals
 
     def concat(*parts):
-        return keras_tf_trainer.potentially_ragged_concat([tf.convert_to_tensor(p) for p in parts])
+        return internals.potentially_ragged_concat([tf.convert_to_tensor(p) for p in parts])
 
     key = (lambda r: r[1]) if ordered_by_index else (lambda r: (r[0], r[1]))
     outputs = [r[2] for r in sorted(results, key=key)]
-    outputs = tree.map_structure_up_to(outputs[0], concat, *outputs)
-    return tree.map_structure(keras_tf_trainer.convert_to_np_if_not_ragged, outputs)
+    outputs = keras.tree.map_structure_up_to(outputs[0], concat, *outputs)
+    return keras.tree.map_structure(internals.convert_to_np_if_not_ragged, outputs)
 
 
 def _callbacks(model, callbacks, *, verbose, steps):

@@ -106,7 +106,10 @@ def _hyperparameters(optimizer) -> dict[str, float]:
     ``optimizer.iterations``, not a variable: nothing to restore or re-apply)."""
     import keras
 
-    if isinstance(optimizer._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+    from kerasdist._compat import internals
+
+    if isinstance(internals.learning_rate_setting(optimizer),
+                  keras.optimizers.schedules.LearningRateSchedule):
         return {}
     return {"learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate))}
 

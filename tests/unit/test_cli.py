@@ -130,17 +130,24 @@ def test_unusable_run_dir_exits_2_naming_it(write_recipe, tmp_path, capsys, make
     assert needle in err and "output.run_dir" in err and "Traceback" not in err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_unwritable_run_dir_parent_exits_2(write_recipe, tmp_path, capsys):
-    parent = tmp_path / "ro"
+def test_unwritable_run_dir_parent_exits_2(unprivileged):
+    """A run dir whose parent this user cannot write: exit 2 naming the folder, nothing made. As
+    root, `kerasdist fit` runs as an unprivileged user (root writes anywhere)."""
+    base = unprivileged.base
+    home = base / "home"
+    home.mkdir()
+    unprivileged.own(home)
+    parent = base / "ro"
     parent.mkdir()
-    parent.chmod(0o500)
-    try:
-        path = write_recipe(LINEAR.format(run_dir=parent / "run"))
-        assert main(["fit", str(path)]) == EXIT_BAD_INPUT
-        assert "is not writable" in capsys.readouterr().err
-    finally:
-        parent.chmod(0o700)
+    recipe = base / "recipe.yaml"
+    recipe.write_text(LINEAR.format(run_dir=parent / "run"), encoding="utf-8")
+    parent.chmod(0o555)
+    done = subprocess.run([*unprivileged.argv, sys.executable, "-m", "kerasdist", "fit",
+                           str(recipe)], capture_output=True, text=True, timeout=300, cwd=home,
+                          env={**os.environ, "HOME": str(home)})
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr[-3000:]
+    assert f"'{parent}' is not writable by this user" in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and not (parent / "run").exists()
 
 
 def test_summary_has_no_tensorboard_line_without_tensorboard(tmp_path):
@@ -299,3 +306,18 @@ def test_launch_threads_per_task_out_of_range_exits_2_before_anything(tmp_path, 
         err = capsys.readouterr().err
         assert "--threads-per-task" in err and f"Received: '{value}'" in err
     assert not (tmp_path / "logs").exists()
+
+
+def test_training_error_is_a_kerasdist_error_that_exits_1(capsys):
+    """TrainingError is a KerasdistError (and still a RuntimeError), but a failure during training:
+    class fatal, exit code 1, its message without a traceback; other KerasdistErrors exit 2."""
+    from kerasdist.cli import _failed
+    from kerasdist.errors import FATAL, KerasdistError, RecipeError, TrainingError, classify
+
+    err = TrainingError("the training loss became nan")
+    assert isinstance(err, KerasdistError) and isinstance(err, RuntimeError)
+    assert classify(err) == FATAL and _failed(err) == 1
+    err_text = capsys.readouterr().err
+    assert "kerasdist: failed: the training loss became nan" in err_text
+    assert "Traceback" not in err_text
+    assert _failed(RecipeError("bad")) == EXIT_BAD_INPUT

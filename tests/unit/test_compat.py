@@ -325,3 +325,73 @@ def test_upstream_keras_still_shares_added_losses_between_replica_threads():
     from kerasdist._compat import keras_replica_add_loss as mend
 
     assert mend.bug_present(), "upstream add_loss no longer uses a per-object list: check the mend"
+
+
+def test_keras_train_step_still_matches_the_accumulating_copy(monkeypatch):
+    """kerasdist.keras.accumulation's step is a copy of Keras's TF train_step on micro-batches
+    (kerasdist/_compat/keras_accumulation_step.py); its probe flips when Keras's step changes."""
+    from kerasdist._compat import keras_accumulation_step as step
+
+    assert step.matches_keras(), (
+        "Keras's train_step changed: it no longer uses "
+        f"{step.missing_from_keras()}. Review kerasdist/_compat/keras_accumulation_step.py "
+        "against the new keras/src/backend/tensorflow/trainer.py")
+    monkeypatch.setattr(step, "_keras_step_source", lambda: "def train_step(self, data): ...")
+    assert not step.matches_keras() and "self._compute_loss(" in step.missing_from_keras()
+
+
+def test_accumulating_step_warns_when_keras_changed_its_step(monkeypatch, caplog):
+    import logging
+
+    import keras
+
+    from kerasdist._compat import keras_accumulation_step as step
+    from kerasdist.keras.accumulation import accumulate_gradients, accumulation_steps
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    monkeypatch.setattr(step, "_keras_step_source", lambda: "def train_step(self, data): ...")
+    # kerasdist._log.configure (a CLI run earlier in this process) stops propagation to caplog
+    monkeypatch.setattr(logging.getLogger("kerasdist"), "propagate", True)
+    with caplog.at_level("WARNING", logger="kerasdist"):
+        assert accumulate_gradients(model, 2) is model
+    assert "Keras's own train_step changed" in caplog.text and accumulation_steps(model) == 2
+    history = model.fit(np.ones((8, 2)), np.ones((8, 1)), batch_size=4, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_internals_public_twins_are_keras_own():
+    """Where kerasdist uses the public API instead of keras.src, it is the same object."""
+    import keras
+    from keras.src import backend, tree
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    assert keras.tree.map_structure is tree.map_structure
+    assert keras.tree.lists_to_tuples is tree.lists_to_tuples
+    assert keras.utils.unpack_x_y_sample_weight is data_adapter_utils.unpack_x_y_sample_weight
+    assert keras.KerasTensor is backend.KerasTensor
+    assert keras.backend.standardize_dtype is backend.standardize_dtype
+
+
+@pytest.mark.parametrize("path, banned", [
+    ("kerasdist/keras/new_module.py", True),
+    ("kerasdist/training/new_module.py", True),
+    ("kerasdist/_compat/new_module.py", False),
+])
+@pytest.mark.parametrize("line", ["from keras.src import tree",
+                                  "from tensorflow.python.eager import context"])
+def test_the_wall_refuses_internals_outside_compat(path, banned, line):
+    """ruff (TID251, pyproject.toml) fails on a keras.src / tensorflow.python import outside
+    kerasdist/_compat/ (the file is given on stdin under that path; nothing is written)."""
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("ruff") is None:
+        pytest.skip("ruff is not installed (the [test] extra has it)")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--select",
+                           "TID251", "--stdin-filename", path, "-"], input=f"{line}\n",
+                          capture_output=True, text=True, cwd=root, timeout=60)
+    assert (done.returncode == 1 and "TID251" in done.stdout) is banned, done.stdout + done.stderr

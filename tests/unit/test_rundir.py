@@ -3,14 +3,12 @@ directory, valid JSON, SIGTERM exit code."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -418,48 +416,23 @@ sys.exit(main(["fit", sys.argv[1], "--set", "trainer.epochs=2"]))
 """
 
 
-def test_read_only_subfolders_are_refused_before_anything_is_written(write_recipe, tmp_path):
+def test_read_only_subfolders_are_refused_before_anything_is_written(unprivileged):
     """Point 9: the run dir writable but tensorboard/ and checkpoints/ read-only: exit 2 naming
     the folder, run.json not replaced (as root, the run is made by the unprivileged 'nobody',
-    since root writes anywhere)."""
-    import shutil
-    import tempfile
-
-    as_root = os.geteuid() == 0
-    if as_root and not shutil.which("setpriv"):
-        pytest.skip("root, and no setpriv to run as another user")
-    if as_root:  # the unprivileged user must reach this interpreter and kerasdist (a 0700 folder
-        # such as mktemp -d's on the venv's path stops it; .ci/run makes its venv folder 0755)
-        probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                                sys.executable, "-c", "import kerasdist.cli"], cwd="/",
-                               capture_output=True, text=True, timeout=120)
-        if probe.returncode != 0:
-            pytest.skip(f"root, and user 65534 cannot run {sys.executable} with kerasdist: "
-                        f"{probe.stderr.strip()[-300:]}")
-    base = Path(tempfile.mkdtemp(prefix="kerasdist-ro-", dir="/tmp" if as_root else None))
-    try:
-        base.chmod(0o755)
-        run_dir = base / "run"
-        recipe = base / "recipe.yaml"
-        recipe.write_text(LINEAR.format(run_dir=run_dir, lr=0.1, epochs=1).replace(
-            "tensorboard: false", "tensorboard: true"))
-        assert _fit(str(recipe)) == 0
-        if as_root:
-            for path in [base, *base.rglob("*")]:
-                os.chown(path, 65534, 65534, follow_symlinks=False)
-        for name in ("tensorboard", "checkpoints"):
-            (run_dir / name).chmod(0o555)
-        run_json = (run_dir / "run.json").read_bytes()
-        argv = [sys.executable, "-c", UNWRITABLE, str(recipe)]
-        if as_root:
-            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=base,
-                              env={**os.environ, "HOME": str(base)})
-        assert done.returncode == EXIT_BAD_INPUT, done.stderr[-3000:]
-        assert "is not writable by this user" in done.stderr and "Traceback" not in done.stderr
-        assert (run_dir / "run.json").read_bytes() == run_json
-    finally:
-        for path in [base, *base.rglob("*")]:
-            with contextlib.suppress(OSError):
-                os.chmod(path, 0o755)
-        shutil.rmtree(base, ignore_errors=True)
+    since root writes anywhere; the ``unprivileged`` fixture)."""
+    base = unprivileged.base
+    run_dir = base / "run"
+    recipe = base / "recipe.yaml"
+    recipe.write_text(LINEAR.format(run_dir=run_dir, lr=0.1, epochs=1).replace(
+        "tensorboard: false", "tensorboard: true"))
+    assert _fit(str(recipe)) == 0
+    unprivileged.own(base)
+    for name in ("tensorboard", "checkpoints"):
+        (run_dir / name).chmod(0o555)
+    run_json = (run_dir / "run.json").read_bytes()
+    done = subprocess.run([*unprivileged.argv, sys.executable, "-c", UNWRITABLE, str(recipe)],
+                          capture_output=True, text=True, timeout=300, cwd=base,
+                          env={**os.environ, "HOME": str(base)})
+    assert done.returncode == EXIT_BAD_INPUT, done.stderr[-3000:]
+    assert "is not writable by this user" in done.stderr and "Traceback" not in done.stderr
+    assert (run_dir / "run.json").read_bytes() == run_json

@@ -1,0 +1,108 @@
+"""The one module through which kerasdist's code outside the mends reaches Keras and TensorFlow
+internals: every ``keras.src`` / ``tensorflow.python`` import and every read of a private attribute
+of a Keras or TF object that ``kerasdist/keras/`` and ``kerasdist/training/`` need (the mends in
+this package import their own targets). Upgrading Keras or TF means checking this file and the
+mends; ruff's banned-API rule (TID251, ``pyproject.toml``) refuses such an import anywhere else.
+
+Each name says what it is and why no public API does the job. Importing this module imports
+Keras (and TensorFlow): import it inside functions, as ``kerasdist/keras/`` does.
+"""
+
+from __future__ import annotations
+
+# Builds a model by tracing its call on symbolic inputs (Keras's own build path): no public API.
+from keras.src.backend import compute_output_spec
+
+# Keras's predict: joins and converts the batches' outputs (ragged kept): no public function.
+from keras.src.backend.tensorflow.trainer import (
+    convert_to_np_if_not_ragged,  # outputs to NumPy, RaggedTensors left as they are
+    potentially_ragged_concat,  # batch outputs concatenated, ragged ones too
+)
+
+# Undoes Keras's 1/replicas loss scaling (the loss as the user sees it): no public inverse.
+from keras.src.losses.loss import unscale_loss_for_distribution
+
+# class_weight -> per-example weights for arrays; Keras applies it only in its data adapters.
+from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+# The same class_weight mapping over a tf.data pipeline (Keras's dataset adapter), ditto.
+from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
+
+# Logs to Python floats, as fit/evaluate return them: private in Keras.
+from keras.src.utils.python_utils import pythonify_logs
+
+__all__ = [
+    "backing_variable", "backup_initial_epoch", "call_has_training_arg", "class_weight_to_sample_weights",
+    "cluster_resolver", "compute_loss", "compute_output_spec", "convert_to_np_if_not_ragged",
+    "flatten_layers", "flatten_metrics_in_order", "learning_rate_setting", "loss_tracker",
+    "make_class_weight_map_fn", "potentially_ragged_concat", "pythonify_logs",
+    "remote_value_event", "symbolic_build", "unscale_loss_for_distribution",
+]
+
+
+def flatten_layers(model) -> list:
+    """Every layer of ``model``, nested ones included, itself first (``Layer._flatten_layers``;
+    ``model.layers`` lists only the direct children)."""
+    return list(model._flatten_layers())
+
+
+def symbolic_build(model, data_batch) -> None:
+    """Create the model's, its metrics' and its optimizer's variables from a batch spec, as Keras's
+    ``fit`` does before its first step (``Trainer._symbolic_build``; no public API builds the
+    compiled metrics and the optimizer together)."""
+    model._symbolic_build(data_batch=data_batch)
+
+
+def flatten_metrics_in_order(model, logs: dict) -> list:
+    """``evaluate(return_dict=False)``'s list: ``logs`` in Keras's ``metrics_names`` order
+    (``Trainer._flatten_metrics_in_order``)."""
+    return model._flatten_metrics_in_order(logs)
+
+
+def compute_loss(model, *, x, y, y_pred, sample_weight, training: bool = True):
+    """The model's loss, as Keras's own ``train_step`` computes it (``Trainer._compute_loss``:
+    calls an overridden ``compute_loss`` with or without its ``training`` argument)."""
+    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                               training=training)
+
+
+def loss_tracker(model):
+    """The compiled model's ``loss`` mean metric (``Trainer._loss_tracker``), or None."""
+    return getattr(model, "_loss_tracker", None)
+
+
+def call_has_training_arg(model) -> bool:
+    """Whether the model's ``call`` takes ``training`` (``Layer._call_has_training_arg``)."""
+    return bool(getattr(model, "_call_has_training_arg", True))
+
+
+def backup_initial_epoch(model):
+    """The epoch ``BackupAndRestore`` restored the model to (``model._initial_epoch``, set by its
+    ``on_train_begin``), or None."""
+    return getattr(model, "_initial_epoch", None)
+
+
+def cluster_resolver(strategy):
+    """The strategy's cluster resolver: ``ParameterServerStrategy``'s public
+    ``cluster_resolver`` is None, its ``_cluster_resolver`` holds it."""
+    return strategy.cluster_resolver or getattr(strategy, "_cluster_resolver", None)
+
+
+def remote_value_event(value):
+    """The ``threading.Event`` a scheduled call's ``RemoteValue`` sets when its result came
+    (``RemoteValueImpl._status_available_event``), or None: TF's public ``fetch`` has no
+    timeout."""
+    return getattr(value, "_status_available_event", None)
+
+
+def backing_variable(variable):
+    """The TensorFlow variable (or sharded variable) behind a Keras variable (``Variable._value``;
+    the public ``value`` may be a cast copy under autocast), else ``variable`` itself."""
+    value = getattr(variable, "_value", None)
+    return variable if value is None else value
+
+
+def learning_rate_setting(optimizer):
+    """The learning rate as given to the optimizer: a ``LearningRateSchedule`` or the variable
+    (``BaseOptimizer._learning_rate``; the public ``learning_rate`` evaluates a schedule)."""
+    return optimizer._learning_rate
