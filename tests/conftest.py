@@ -285,3 +285,18 @@ def unprivileged():
             with contextlib.suppress(OSError):
                 os.chmod(path, 0o755)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _kerasdist_lines_reach_caplog():
+    """Each test starts with the ``kerasdist`` logger propagating at the root's level, so
+    ``caplog`` sees its lines whatever ran earlier in this process: ``kerasdist._log.configure``
+    (any CLI run in a test) turns propagation off and sets its own level for the process, and
+    with ``--dist loadfile`` the files sharing a process vary from run to run."""
+    import logging
+
+    logger = logging.getLogger("kerasdist")
+    before = logger.propagate, logger.level
+    logger.propagate, logger.level = True, logging.NOTSET
+    yield
+    logger.propagate, logger.level = before
