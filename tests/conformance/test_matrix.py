@@ -1,4 +1,6 @@
 """The conformance matrix (``kerasdist conformance``) as tests: one test per (strategy, case) cell.
+Extended tier (``-m extended``; ``.ci/run`` runs it after the README's suite, which runs the core
+cases in ``test_matrix_core.py``).
 
 The strategy-free reference runs once, in this process, for the module; then every strategy's
 processes start **once**, all four at the same time (one process for default/mirrored, a local
@@ -20,79 +22,27 @@ nested logs of a custom step, class_weight).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from matrix_support import STRATEGY_TIMEOUT_S, check_cell, start_matrix
 
 from kerasdist.conformance import driver, runner
 from kerasdist.conformance.cases import all_cases
 
-pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.extended]
 
 CASES = all_cases()
-STRATEGY_TIMEOUT_S = 1500  # from the start of all four at once
-# The expected verdict of every cell, checked in: a cell that changes in either direction (a pass
-# that fails, a refusal that starts to train, a known failure that starts to pass) fails its test.
-# "fail" marks a known defect, each listed in KNOWN_FAILURES with its cause.
-EXPECTED = json.loads((Path(__file__).with_name("expected.json")).read_text())
-KNOWN_FAILURES: dict[tuple[str, str], str] = {}
-# (add_loss under mirrored was listed here, ~1e-4 off: caused by kerasdist's own loss mend of
-# that day, whose all-reduce inside the loss let the second replica thread replace the layer's
-# shared add_loss list before the first read it; with that all-reduce gone it agrees to 3e-8.)
 
 
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory):
-    """The folder, the reference results and every strategy's processes, all started at once
-    after the reference (as ``kerasdist conformance`` does); each is waited for on first use and
-    any still running at the end is stopped."""
-    from kerasdist.launch import isolation
-
-    folder = tmp_path_factory.mktemp("conformance")
-    reference = driver.run_reference(CASES, folder)
-    initial_loss = {c.name: driver.same_weights(c, reference[c.name]["initial_weights"])[0][
-        "evaluation"].get("loss") for c in CASES}
-    exposure = isolation.unavailable_reason() is not None
-    started = {s: driver.start_strategy(s, CASES, folder, timeout_s=STRATEGY_TIMEOUT_S,
-                                        allow_exposure=exposure) for s in driver.STRATEGIES}
-    try:
-        yield {"folder": folder, "reference": reference, "initial_loss": initial_loss,
-               "started": started, "runs": {}}
-    finally:
-        for run in started.values():
-            driver.stop_strategy(run)
-
-
-def _run(matrix, strategy):
-    if strategy not in matrix["runs"]:
-        _, output = driver.finish_strategy(matrix["started"][strategy])
-        matrix["runs"][strategy] = output
-    return matrix["runs"][strategy]
+    yield from start_matrix(tmp_path_factory, CASES)
 
 
 @pytest.mark.timeout(STRATEGY_TIMEOUT_S + 600)
 @pytest.mark.parametrize("strategy", driver.STRATEGIES)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_cell(matrix, strategy, case):
-    output = _run(matrix, strategy)
-    verdict = driver.judge_case(case, strategy, matrix["folder"], matrix["reference"],
-                                matrix["initial_loss"])
-    expected = EXPECTED[case.name][strategy]
-    assert verdict.status == expected, (f"{case.name} under {strategy}: {verdict.status}, "
-                                        f"expected {expected}: {verdict.detail}\n"
-                                        f"--- processes' output (tail) ---\n{output[-4000:]}")
-    if verdict.status == "refused":  # up front, by kerasdist, naming feature and strategy
-        assert verdict.detail.startswith("UnsupportedFeatureError"), verdict.detail
-
-
-def test_the_expected_table_names_every_case_and_strategy():
-    assert sorted(EXPECTED) == sorted(c.name for c in CASES)
-    for case, row in EXPECTED.items():
-        assert sorted(row) == sorted(driver.STRATEGIES), case
-        assert set(row.values()) <= {"pass", "refused", "fail"}, case
-        for strategy, verdict in row.items():
-            assert (verdict == "fail") == ((case, strategy) in KNOWN_FAILURES), (case, strategy)
+    check_cell(matrix, strategy, case)
 
 
 def test_reference_is_deterministic(matrix, tmp_path):

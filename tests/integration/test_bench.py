@@ -74,6 +74,7 @@ def test_bench_rejects_unknown_names_before_running(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 def test_bench_worker_sweep_reuses_the_main_row_and_runs_the_other_counts(tmp_path, capsys):
     out = tmp_path / "bench"

@@ -117,6 +117,7 @@ def test_sync_replicas_and_kerasdist_multi_worker_reach_the_same_w_and_b(tmp_pat
     assert len(res["pids"]) == 3
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(560)
 def test_async_cnn_and_kerasdist_parameter_server_reach_the_same_accuracy(tmp_path):
     """Parity, seeds 000/003: the TF1 async between-graph CNN (>= 0.97) and kerasdist's

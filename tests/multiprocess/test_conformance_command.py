@@ -16,6 +16,7 @@ import pytest
 pytestmark = pytest.mark.multiprocess
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(400)
 def test_two_strategies_at_once_write_the_matrix_and_exit_0(tmp_path):
     out = tmp_path / "matrix.md"

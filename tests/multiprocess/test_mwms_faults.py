@@ -121,6 +121,7 @@ def test_killed_worker_restarts_and_finishes_with_exact_steps(tmp_path, referenc
         np.testing.assert_array_equal(faulty, clean)
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(360)
 def test_chief_killed_while_saving_a_backup_resumes_from_the_previous_one(tmp_path, reference):
@@ -190,6 +191,7 @@ def test_sigterm_saves_then_next_launch_finishes(tmp_path, reference):
         assert mw.epoch_digests(run_dir / "logs" / f"worker-{worker}.log")[2] == reference_digest
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(300)
 def test_hung_worker_fails_the_cluster_in_bounded_time_naming_it(tmp_path):
     recipe = mw.linear_recipe(tmp_path, "hang", strategy={"timeout_s": 10},

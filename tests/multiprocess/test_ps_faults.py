@@ -145,6 +145,7 @@ def test_killed_worker_is_restarted_and_training_completes(tmp_path):
     assert worker_log.count("task worker:1 serving on port") == 2  # the first and restarted one
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(400)
 def test_a_worker_lost_with_no_restart_left_stops_the_run_and_it_resumes_on_fewer_workers(tmp_path):
     """TF's ClusterCoordinator cannot go on without one of its workers (it waits for every worker
@@ -181,6 +182,7 @@ def test_a_worker_lost_with_no_restart_left_stops_the_run_and_it_resumes_on_fewe
 ELASTIC_ACCURACY = 0.9  # held-out accuracy gate of the elastic run (measured: docs/recipe-accuracy.md)
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(400)
 def test_an_elastic_run_goes_on_without_a_lost_worker_and_ends_at_the_exact_step(tmp_path):
     """``cluster.min_workers`` 2 of 3 workers, no restart: the coordinator runs as task chief:0;
@@ -213,6 +215,7 @@ def test_an_elastic_run_goes_on_without_a_lost_worker_and_ends_at_the_exact_step
 EVERY = 7  # trainer.checkpoint.every_steps in the ps/coordinator failure test
 
 
+@pytest.mark.extended
 @pytest.mark.timeout(480)
 def test_coordinator_and_ps_failures_resume_from_the_last_checkpoint(tmp_path):
     """With ``every_steps`` 7 (4 steps per scheduled call) the coordinator saves mid-epoch at the
@@ -316,6 +319,7 @@ def _frozen_worker_gone(worker: psutil.Process, timeout_s: float) -> float:
 HANG_TIMEOUT_S = 10  # strategy.task_timeout_s in the frozen-worker tests
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_frozen_worker_is_treated_as_lost_within_the_recipes_bound(tmp_path):
@@ -351,6 +355,7 @@ def test_a_frozen_worker_is_treated_as_lost_within_the_recipes_bound(tmp_path):
                    "traced function on every task and waits on the frozen one (measured: "
                    "blocked in Context.add_c_function under MultiDeviceSaver.save); the stop "
                    "ends at the supervisor's grace with the previous checkpoint")
+@pytest.mark.extended
 def test_sigterm_saves_without_waiting_on_a_frozen_worker(tmp_path):
     """Issue 33 (1): SIGTERM to the launcher while worker:2 is frozen (before the hang bound)
     used to log "saving a checkpoint" and then wait on the frozen worker until the namespace

@@ -48,6 +48,7 @@ def _finish(proc: subprocess.Popen, timeout: float) -> tuple[int, str]:
     return proc.returncode, out
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_killed_ray_worker_is_restarted_and_the_run_ends_at_the_exact_step(tmp_path):
@@ -93,6 +94,7 @@ def test_killed_ray_worker_is_restarted_and_the_run_ends_at_the_exact_step(tmp_p
     assert not (_ray_processes() - before), "a Ray process outlived the run"
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_launch_ray_runs_a_users_script_to_95_percent_in_sync_and_leaves_no_ray(tmp_path):
@@ -114,6 +116,7 @@ def test_launch_ray_runs_a_users_script_to_95_percent_in_sync_and_leaves_no_ray(
 ALIVE = "import ray; ray.init(address='127.0.0.1:6390'); print('ALIVE', ray.cluster_resources()['CPU'])"
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_an_existing_ray_cluster_is_joined_and_left_running(tmp_path):
@@ -147,6 +150,7 @@ exit $code
     assert "ALIVE 2.0" in done.stdout  # the joined cluster outlived the run
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_more_workers_than_ray_can_place_exit_2_before_training(tmp_path):

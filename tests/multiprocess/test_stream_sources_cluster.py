@@ -47,6 +47,7 @@ CSV_MODEL = {"name": "kerasdist.models.examples:tabular_mlp",
              "params": {"num_features": 6, "dropout": 0.0}}
 
 
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # 430 s and > 600 s seen under load average 12 (two cluster runs)
 def test_a_killed_two_worker_csv_run_resumes_to_the_weights_of_an_unkilled_one(tmp_path):

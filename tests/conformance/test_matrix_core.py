@@ -1,0 +1,44 @@
+"""The core of the conformance matrix, in the README's suite: 14 of the 64 cases, chosen to
+cover each kind of mend and input path (BatchNormalization statistics, a confusion metric on
+uneven shards, class_weight, clipping and gradient accumulation before the all-reduce, a
+chief-aware callback, NumPy input with ``validation_split``, a ``PyDataset``, and issue 29's
+round 2: metrics built outside the scope, ``steps_per_execution``, ``reduction="sum"``,
+``add_loss``, ``Model.save`` on every worker), under every strategy, judged against the same
+``expected.json`` as the full matrix (``test_matrix.py``, extended tier: ``-m extended``)."""
+
+from __future__ import annotations
+
+import pytest
+from matrix_support import EXPECTED, KNOWN_FAILURES, STRATEGY_TIMEOUT_S, check_cell, start_matrix
+
+from kerasdist.conformance import driver
+from kerasdist.conformance.cases import all_cases, select
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+CORE = ("sequential", "batchnorm", "metrics_confusion_uneven", "class_weight", "clipnorm",
+        "gradient_accumulation", "cb_model_checkpoint", "input_numpy", "pydataset",
+        "metrics_outside_scope", "steps_per_execution", "loss_sum", "add_loss",
+        "save_every_worker")
+CASES = select(CORE)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    yield from start_matrix(tmp_path_factory, CASES)
+
+
+@pytest.mark.timeout(STRATEGY_TIMEOUT_S + 600)
+@pytest.mark.parametrize("strategy", driver.STRATEGIES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_core_cell(matrix, strategy, case):
+    check_cell(matrix, strategy, case)
+
+
+def test_the_expected_table_names_every_case_and_strategy():
+    assert sorted(EXPECTED) == sorted(c.name for c in all_cases())
+    for case, row in EXPECTED.items():
+        assert sorted(row) == sorted(driver.STRATEGIES), case
+        assert set(row.values()) <= {"pass", "refused", "fail"}, case
+        for strategy, verdict in row.items():
+            assert (verdict == "fail") == ((case, strategy) in KNOWN_FAILURES), (case, strategy)
