@@ -15,7 +15,7 @@ import numpy as np
 import psutil
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended]
 STEPS = 40
 TOTAL_STEPS = 3 * STEPS
 

@@ -18,7 +18,7 @@ import pytest
 
 from kerasdist.keras import state_digest
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.extended]
 REPO = Path(__file__).parents[2]
 STEPS = 8  # global steps per epoch
 
