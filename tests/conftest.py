@@ -288,15 +288,18 @@ def unprivileged():
 
 
 @pytest.fixture(autouse=True)
-def _kerasdist_lines_reach_caplog():
-    """Each test starts with the ``kerasdist`` logger propagating at the root's level, so
-    ``caplog`` sees its lines whatever ran earlier in this process: ``kerasdist._log.configure``
-    (any CLI run in a test) turns propagation off and sets its own level for the process, and
-    with ``--dist loadfile`` the files sharing a process vary from run to run."""
+def _fresh_kerasdist_logger():
+    """Each test starts with the ``kerasdist`` logger as a new process has it: no handler of
+    kerasdist's own, no level, propagating (so ``caplog`` sees its lines). Without this, a CLI
+    run in an earlier test of the same process (``kerasdist._log.configure``: its handler, its
+    level, propagation off) decided what later tests could read, and with ``--dist loadfile``
+    the files sharing a process vary from run to run."""
     import logging
 
+    from kerasdist import _log
+
     logger = logging.getLogger("kerasdist")
-    before = logger.propagate, logger.level
-    logger.propagate, logger.level = True, logging.NOTSET
-    yield
-    logger.propagate, logger.level = before
+    for handler in [h for h in logger.handlers if getattr(h, _log._HANDLER_MARK, False)]:
+        logger.removeHandler(handler)
+    logger.setLevel(logging.NOTSET)
+    logger.propagate = True

@@ -138,7 +138,7 @@ def test_two_workers_split_one_pass_between_them(kind, policy, tmp_path, monkeyp
 
 def test_fewer_files_than_workers_shards_by_data_and_says_so(tmp_path, caplog):
     data = _csv(tmp_path / "csv", files=1)
-    with caplog.at_level("INFO"):
+    with caplog.at_level("INFO", logger="kerasdist"):
         built = build_streaming(_recipe(tmp_path, data, workers=2, batch_size=4, shuffle_buffer=0),
                                 pipelines=2)
     assert built.policy == "data"
