@@ -24,7 +24,9 @@ is taken in cross-replica context where TensorFlow allows it, and the updates go
 ``strategy.extended.update`` as before. ``_backend_update_step`` finds no replica context and does
 not reduce a second time. When :mod:`kerasdist._compat.keras_replica_loss` left the losses of a
 Keras ``fit`` step as per-replica means, the reduced sum is divided by the replicas in sync (the
-mean gradient, which Keras otherwise gets by dividing every loss). One process,
+mean gradient, which Keras otherwise gets by dividing every loss); when the step's one loss is a
+``mean_with_sample_weight`` one, each replica's gradient is weighed by its sample-weight sum and
+the reduced sum divided by the all-reduced weight sum instead (uneven weights, exact). One process,
 ``OneDeviceStrategy`` and parameter-server workers (one replica each) run Keras's unmodified
 code.
 
@@ -113,16 +115,21 @@ def _mended(original):
 
         if not _needs_mend(self):
             return original(self, grads, trainable_variables)
+        from kerasdist._compat import keras_replica_loss
+
         trainable_variables = list(trainable_variables)
+        unscaled = keras_replica_loss.unscaled_losses()
+        sums = keras_replica_loss.take_weight_sums() if unscaled else None
+        if sums is not None:  # one mean_with_sample_weight loss: weigh by this replica's share
+            grads = [None if g is None else g * tf.cast(sums[0], g.dtype) for g in grads]
         reduced = self._all_reduce_sum_gradients(
             list(zip(grads, [getattr(v, "value", v) for v in trainable_variables],
                      strict=True)))
         reduced = [g for g, _ in reduced]
-        from kerasdist._compat import keras_replica_loss
-
-        if keras_replica_loss.unscaled_losses():  # per-replica mean losses: sum -> mean
-            replicas = self._distribution_strategy.num_replicas_in_sync
-            reduced = [None if g is None else g / tf.cast(replicas, g.dtype) for g in reduced]
+        if unscaled:  # per-replica mean losses: sum -> mean (of the global batch)
+            divisor = sums[1] if sums is not None else self._distribution_strategy.num_replicas_in_sync
+            reduced = [None if g is None else tf.math.divide_no_nan(g, tf.cast(divisor, g.dtype))
+                       for g in reduced]
 
         def in_cross_replica(distribution, reduced):
             local = [_local(distribution, g) for g in reduced]

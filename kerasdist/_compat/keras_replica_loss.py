@@ -84,14 +84,77 @@ def unscaled_losses() -> bool:
 
 
 def _identity_in_steps(original):
+    unscale = original.__name__.startswith("unscale")
+
     @functools.wraps(original)
     def function(value):
         if unscaled_losses():
-            return value
+            return _reported(value) if unscale else value
         return original(value)
 
     setattr(function, _MARK, NAME)
     return function
+
+
+_REPLICA = threading.local()
+
+
+def _notes():
+    """This replica thread's notes on the step function being traced: ``[entry, ...]``, one per
+    reduced loss (a dict for ``mean_with_sample_weight``, None for another reduction)."""
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    notes = getattr(_REPLICA, "notes", None)
+    if notes is None or notes[0] is not graph:
+        notes = _REPLICA.notes = (graph, [])
+    return notes[1]
+
+
+def _weighted_mean_note():
+    """The step's note when it reduced exactly one loss, with ``mean_with_sample_weight``."""
+    notes = _notes()
+    return notes[0] if len(notes) == 1 and notes[0] is not None else None
+
+
+def _global_sums(note):
+    """``(weight sum, examples)`` of the global batch: one all-reduce a step, kept in the note."""
+    import tensorflow as tf
+
+    if note["global"] is None:
+        context = tf.distribute.get_replica_context()
+        note["global"] = tuple(context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                                  [note["weights"], note["examples"]]))
+    return note["global"]
+
+
+def take_weight_sums():
+    """``(local, global)`` sample-weight sums when the step this replica thread traces reduced
+    exactly one loss, with ``mean_with_sample_weight``; else None. Forgets the step's notes (the
+    optimizer calls it once a step).
+
+    :mod:`kerasdist._compat.keras_replica_apply` weighs this replica's gradient by the local sum
+    and divides the all-reduced sum by the global one: the gradient of the global batch's
+    weighted mean, as in one process, with no collective inside the loss. Scalar tensors of the
+    loss's dtype."""
+    note = _weighted_mean_note()
+    sums = None if note is None else (note["weights"], _global_sums(note)[0])
+    _REPLICA.notes = None
+    return sums
+
+
+def _reported(value):
+    """The value Keras's loss trackers record (weighted by this replica's examples) for the step's
+    one ``mean_with_sample_weight`` loss: this replica's share of the global weighted mean, so the
+    tracker's all-replica mean is the strategy-free value. Other steps: ``value`` unchanged."""
+    import tensorflow as tf
+
+    note = _weighted_mean_note()
+    if note is None or tf.distribute.get_replica_context() is None:
+        return value
+    weights, examples = _global_sums(note)
+    factor = tf.math.divide_no_nan(note["weights"] * examples, weights * note["examples"])
+    return value * tf.cast(factor, value.dtype)
 
 
 def _exact_reduce(original):
@@ -100,9 +163,10 @@ def _exact_reduce(original):
     The optimizer divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`),
     right for the mean reductions (each replica's loss is its own mean) but half the step for a
     summed loss: a replica's ``"sum"`` loss becomes ``replicas * (its sum)``, so the update is the
-    strategy-free one. (``mean_with_sample_weight`` with weights that differ between the replicas'
-    shares stays a mean of the replicas' means: an exact global divisor needs an all-reduce inside
-    the loss, which failed in TF's collective under MirroredStrategy in a multi-step loop.)
+    strategy-free one. ``mean_with_sample_weight`` returns the replica's weighted mean and notes its
+    weight sum and examples: when it is the step's only loss, the loss trackers record this
+    replica's share of the global weighted mean and the optimizer weighs each replica's gradient
+    by its share of the global weight sum (:func:`take_weight_sums`), exact for uneven weights.
     """
 
     @functools.wraps(original)
@@ -114,6 +178,13 @@ def _exact_reduce(original):
                  or reduction not in _REDUCTIONS)
         if plain or not unscaled_losses() or context is None:
             return original(values, sample_weight, reduction)
+        if reduction == "mean_with_sample_weight" and sample_weight is not None:
+            loss = original(values, sample_weight, reduction)  # the replica's weighted mean
+            _notes().append({"weights": tf.reduce_sum(tf.cast(sample_weight, loss.dtype)),
+                             "examples": tf.cast(tf.shape(values)[0], loss.dtype),
+                             "global": None})
+            return loss
+        _notes().append(None)
         if reduction != "sum":
             return original(values, sample_weight, reduction)  # the replica's mean
         total = tf.reduce_sum(values)

@@ -179,6 +179,14 @@ def _sum_loss():
                                                                        reduction="sum"))
 
 
+def _weighted_mean_loss():
+    import keras
+
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                      reduction="mean_with_sample_weight")
+    return sgd_compile(loss=loss, steps_per_execution=2)
+
+
 def _input_cases() -> list[Case]:
     return [
         Case("input_numpy", "fit/evaluate/predict from NumPy", input="numpy"),
@@ -199,6 +207,10 @@ def _input_cases() -> list[Case]:
         Case("loss_sum", "loss reduction=\"sum\", 200 examples, full epochs (a partial last "
              "batch)", examples=200, steps_per_epoch=None, drop_remainder=False,
              compile=_sum_loss),
+        Case("loss_weighted_mean", "loss reduction=\"mean_with_sample_weight\" with uneven "
+             "sample weights, steps_per_execution=2, 200 examples, full epochs (a partial last "
+             "batch)", weighted=True, examples=200, steps_per_epoch=None, drop_remainder=False,
+             compile=_weighted_mean_loss),
     ]
 
 

@@ -77,11 +77,7 @@ def test_steps_per_execution_trains_as_one_process(results):
 @pytest.mark.timeout(700)
 @pytest.mark.parametrize("reduction", ["sum", "sum_over_batch_size", "mean_with_sample_weight"])
 @pytest.mark.parametrize("weighted", [0, 1])
-def test_every_loss_reduction_takes_the_strategy_free_step(results, reduction, weighted, request):
-    if reduction == "mean_with_sample_weight" and weighted:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="a mean of the replicas' weighted means (uneven weights): known gap, "
-            "kerasdist/_compat/keras_replica_loss.py"))
+def test_every_loss_reduction_takes_the_strategy_free_step(results, reduction, weighted):
     key = f"reduction_{reduction}_{weighted}"
     for worker in results["workers"]:
         _close(worker[key]["weights"], results["reference"][key]["weights"])
