@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kerasdist.conformance import driver
 
 STRATEGY_TIMEOUT_S = 1500  # from the start of all four at once
@@ -38,6 +40,17 @@ def start_matrix(tmp_path_factory, cases):
     finally:
         for run in started.values():
             driver.stop_strategy(run)
+
+
+def module_matrix(cases):
+    """A module-scoped fixture ``matrix`` that starts the matrix of ``cases`` once
+    (:func:`start_matrix`); assign it to the name ``matrix`` in the test module."""
+
+    @pytest.fixture(scope="module")
+    def matrix(tmp_path_factory):
+        yield from start_matrix(tmp_path_factory, cases)
+
+    return matrix
 
 
 def _run(matrix, strategy):

@@ -23,7 +23,7 @@ nested logs of a custom step, class_weight).
 from __future__ import annotations
 
 import pytest
-from matrix_support import STRATEGY_TIMEOUT_S, check_cell, start_matrix
+from matrix_support import STRATEGY_TIMEOUT_S, check_cell, module_matrix
 
 from kerasdist.conformance import driver, runner
 from kerasdist.conformance.cases import all_cases
@@ -33,9 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.extended]
 CASES = all_cases()
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    yield from start_matrix(tmp_path_factory, CASES)
+matrix = module_matrix(CASES)
 
 
 @pytest.mark.timeout(STRATEGY_TIMEOUT_S + 600)

@@ -10,7 +10,7 @@ round 2: metrics built outside the scope, ``steps_per_execution``, ``reduction="
 from __future__ import annotations
 
 import pytest
-from matrix_support import EXPECTED, KNOWN_FAILURES, STRATEGY_TIMEOUT_S, check_cell, start_matrix
+from matrix_support import EXPECTED, KNOWN_FAILURES, STRATEGY_TIMEOUT_S, check_cell, module_matrix
 
 from kerasdist.conformance import driver
 from kerasdist.conformance.cases import all_cases, select
@@ -24,9 +24,7 @@ CORE = ("sequential", "batchnorm", "metrics_confusion_uneven", "class_weight", "
 CASES = select(CORE)
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory):
-    yield from start_matrix(tmp_path_factory, CASES)
+matrix = module_matrix(CASES)
 
 
 @pytest.mark.timeout(STRATEGY_TIMEOUT_S + 600)
