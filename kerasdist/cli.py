@@ -10,6 +10,7 @@ interrupted or preempted (Ctrl-C, SIGTERM).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -340,23 +341,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log.configure(getattr(args, "verbose", None))
     from kerasdist import _exit
 
+    failed = functools.partial(_failed, command=args.command)
     try:
-        with _exit.reporting_to(_failed):  # a run abandoned while blocked in TF (kerasdist._exit)
+        with _exit.reporting_to(failed):  # a run abandoned while blocked in TF (kerasdist._exit)
             return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as err:
-        return _failed(err)
+        return failed(err)
 
 
-def _failed(err: BaseException) -> int:
+def _failed(err: BaseException, command: str | None = None) -> int:
     """Report a failure (stderr, and the task's status file under a kerasdist launcher) and
     return its exit code. Bad input shows only the message; an unexpected error during training
-    (class ``fatal``) shows its original type and message, with no advice to restart."""
+    (class ``fatal``) shows its original type and message, with no advice to restart. An
+    interrupted ``fit`` says its checkpoint is kept; another command only that it stopped."""
     from kerasdist.launch import status
 
     failure = status.report(err)
     if isinstance(err, KeyboardInterrupt):
-        print(f"kerasdist: interrupted; the latest checkpoint is kept, re-run to resume. {err}",
-              file=sys.stderr)
+        kept = "; the latest checkpoint is kept, re-run to resume" if command == "fit" else ""
+        print(f"kerasdist: interrupted{kept}. {err}", file=sys.stderr)
     elif failure == BAD_INPUT:
         print(f"kerasdist: error: {err}", file=sys.stderr)
     elif isinstance(err, KerasdistError):  # TaskFailedError, TrainingError: their message

@@ -321,3 +321,15 @@ def test_training_error_is_a_kerasdist_error_that_exits_1(capsys):
     assert "kerasdist: failed: the training loss became nan" in err_text
     assert "Traceback" not in err_text
     assert _failed(RecipeError("bad")) == EXIT_BAD_INPUT
+
+
+def test_an_interrupt_names_a_checkpoint_only_for_fit(capsys):
+    """``kerasdist conformance`` (or ``launch``, ``bench``) interrupted said "the latest checkpoint
+    is kept, re-run to resume", which only ``fit`` does."""
+    from kerasdist.cli import _failed
+
+    assert _failed(KeyboardInterrupt("SIGTERM received"), command="conformance") == 130
+    said = capsys.readouterr().err
+    assert "interrupted. SIGTERM received" in said and "checkpoint" not in said
+    assert _failed(KeyboardInterrupt("SIGTERM received"), command="fit") == 130
+    assert "the latest checkpoint is kept, re-run to resume" in capsys.readouterr().err
