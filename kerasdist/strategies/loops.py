@@ -42,7 +42,16 @@ def fit_phases(start_step: int, steps_per_epoch: int, epochs: int):
 
 
 class KerasFitLoop:
-    """Keras ``model.fit`` on the strategy's resumable stream input (see module docs)."""
+    """Keras ``model.fit`` on the strategy's resumable stream input (see module docs).
+
+    Args:
+        boundary_callbacks: ``fn(run) -> list`` of Keras callbacks placed after every other
+            callback (multi-worker: :func:`kerasdist.strategies.multi_worker.boundary_barrier`);
+            default none.
+    """
+
+    def __init__(self, *, boundary_callbacks=None):
+        self.boundary_callbacks = boundary_callbacks
 
     def train(self, run: RunContext) -> dict[str, list[float]]:
         """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
@@ -67,7 +76,8 @@ class KerasFitLoop:
             digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
                 else []
             callbacks = [StopOnNonFiniteLoss(), *run.state_callbacks, backup, *digest,
-                         *run.callbacks]
+                         *run.callbacks,
+                         *(self.boundary_callbacks(run) if self.boundary_callbacks else ())]
             for first, last, steps, stream_step in fit_phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
