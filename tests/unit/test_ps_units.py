@@ -264,3 +264,17 @@ def test_a_stopping_coordinator_does_not_wait_for_logs_left_on_a_frozen_worker(m
     with pytest.raises(RuntimeError, match="the call failed"):
         ps_loop._fetched(Value(fails), lambda: False)
     frozen.set()  # the left thread ends
+
+
+def test_the_first_stop_request_runs_the_watch_hook_once():
+    """The parameter-server loop keeps freed functions registered from the first SIGTERM/Ctrl-C
+    on (``kerasdist._compat.tf_frozen_task``): the watch calls its hook once, in the handler."""
+    import signal
+
+    from kerasdist.keras.preemption import PreemptionWatch
+
+    calls = []
+    watch = PreemptionWatch(object(), on_request=lambda: calls.append("stop"))
+    watch._on_signal(signal.SIGTERM, None)
+    watch._on_signal(signal.SIGTERM, None)
+    assert watch.requested and calls == ["stop"]
