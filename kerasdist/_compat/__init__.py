@@ -39,6 +39,10 @@ module                                  upstream issue / scope
 ``keras_accumulation_step``            ``trainer.gradient_accumulation_steps``: a copy of
                                         Keras's TF ``train_step`` bound to one model instance;
                                         probe ``matches_keras()``
+``tf_frozen_task``                      no issue; reproduction in the module (a
+                                        parameter-server save or a freed function waits on
+                                        every task, a frozen worker too). Scoped: the save in
+                                        a ``with`` block; freed functions kept from a stop on
 ``internals``                           not a mend: the ``keras.src`` imports and private
                                         reads the rest of kerasdist needs (ruff TID251 bans
                                         them everywhere else)

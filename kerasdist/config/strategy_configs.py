@@ -118,7 +118,9 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
         0, ge=0, le=1 << 34, description="Pack the gradients into all-reduces of about this many "
         "bytes each (fewer, larger collectives); 0 = TF's automatic choice. Bytes, <= 16 GiB.")
     timeout_s: float = Field(60.0, gt=0, le=86_400, description="Collective-op timeout: a lost "
-                             "peer fails the survivors after this many seconds (<= 1 day).")
+                             "peer fails the survivors after this many seconds (<= 1 day). At "
+                             "epoch boundaries (before each epoch's first step and each "
+                             "validation) the workers wait up to 3 x timeout_s for each other.")
     gradient_compression: Literal["none", "bf16", "fp16"] = Field(
         "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
         "see kerasdist.keras.compression.")

@@ -36,6 +36,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kerasdist._compat.tf_frozen_task import eager_save
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
 from kerasdist.keras import state_digest
@@ -248,7 +249,8 @@ class BackupStore:
             # (pruned later), never a complete checkpoint that cannot be verified
             state_digest.record(self.directory, f"ckpt-{step}",
                                 state_digest.state_digest(self.model))
-            return self._manager.save(checkpoint_number=step)
+            with eager_save():  # parameter server: no wait on the workers (issue 33)
+                return self._manager.save(checkpoint_number=step)
         self.checkpoint.write(str(self._tmp / "ckpt"))
         for path in self._tmp.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -30,14 +30,17 @@ class PreemptionWatch:
     Args:
         strategy: the ``tf.distribute`` strategy whose workers vote; a strategy of one process
             (no ``cluster_resolver``) needs no vote: its flag is read directly.
+        on_request: called (no arguments) in the signal handler when the first stop is asked
+            (default None: nothing); it must be quick and run no TensorFlow op.
 
     Attributes:
         single_process: True when no vote is needed (the flag can be read at every step).
     """
 
-    def __init__(self, strategy):
+    def __init__(self, strategy, *, on_request=None):
         self.strategy = strategy
         self.requested = False
+        self._on_request = on_request
         self.single_process = getattr(strategy, "cluster_resolver", None) is None
         self._previous: dict[int, object] = {}
         self._vote_fn = None
@@ -63,6 +66,8 @@ class PreemptionWatch:
             log.warning(f"{name} received: saving a checkpoint at the next agreed step, then "
                         "exiting" + (" (Ctrl-C again to stop without saving)"
                                      if signum == signal.SIGINT else ""))
+            if self._on_request is not None:
+                self._on_request()
         self.requested = True
 
     def agreed(self) -> bool:

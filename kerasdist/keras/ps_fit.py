@@ -300,6 +300,7 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
                    None) or keras.callbacks.History()
     history.ps_stats = total.summary(ps_loop.global_step(model))
     history.ps_totals = total  # the PSStats themselves, to merge over several fit calls
+    history.left_in_flight = run.stuck  # a stop went on without calls of a silent worker
     return history
 
 

@@ -24,6 +24,7 @@ scheduled step once.
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -206,55 +207,74 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
 
     model = run.model
     per_call = max(1, int(getattr(model, "steps_per_execution", 1) or 1))
-    pending: collections.deque = collections.deque()
-    last_logs, begin, started = {}, 0, False
+    begin, started = 0, False
     run.counters.assign(tf.zeros_like(run.counters))
     saver = _step_saver(callbacks)
     first_step = global_step(model) if saver is not None else 0
     epoch_started = time.perf_counter()
-
     asked = _stop_probe(callbacks)
-
-    def complete() -> bool:
-        nonlocal last_logs
-        end, value = pending[0]
-        if not _ready(value, asked):
-            return False  # a stop was asked and the call did not end within STOP_JOIN_S
-        pending.popleft()
-        last_logs = value.fetch()  # the last step's logs: a few scalars
-        callbacks.on_train_batch_end(end, last_logs)
-        return True
+    calls = _Calls(callbacks, asked)
 
     while begin < steps and not model.stop_training:
         size = min(per_call, steps - begin)
         callbacks.on_train_batch_begin(begin)
-        pending.append((begin + size - 1, run.coordinator.schedule(
+        calls.pending.append((begin + size - 1, run.coordinator.schedule(
             run.train_function, args=(iterator, tf.constant(size, tf.int32)))))
         begin += size
         # wait for the first call (tracing, registration on the workers), then keep a few
-        if not started or len(pending) > run.max_pending:
+        if not started or len(calls.pending) > run.max_pending:
             started = True
-            if not complete():
-                run.stuck = model.stop_training = True
+            if not calls.complete():
+                _go_on_without(run, calls.pending)
                 break
         if saver is not None and begin < steps and \
                 (first_step + begin) // saver.every_steps > (first_step + begin - size) // \
                 saver.every_steps:
-            run.coordinator.join()  # every scheduled step applied, none in flight
-            while pending:
-                complete()
+            # every scheduled step applied, none in flight (unless a stop leaves a silent
+            # worker's calls: then the epoch-end save below writes the steps applied)
+            if _left_in_flight(run, asked) or not calls.complete_all():
+                _go_on_without(run, calls.pending)
+                break
             saver.save_step(global_step(model))
-    if _left_in_flight(run, pending, asked):
-        begin -= len(pending) * per_call  # at most: the last call may have been shorter
-        pending.clear()
-    else:
-        while pending:
-            complete()
+    if run.stuck or _left_in_flight(run, asked) or not calls.complete_all():
+        _go_on_without(run, calls.pending)
+        begin -= len(calls.pending) * per_call  # at most: the last call may have been shorter
+        calls.pending.clear()
+    last_logs = calls.last_logs
     stats = PSStats.from_counters(run.counters.numpy())
     stats.completed_steps = begin  # join returned: every scheduled call completed
     stats.epoch_seconds.append(time.perf_counter() - epoch_started)
     stats.epoch_examples.append(stats.examples)
     return last_logs, stats
+
+
+class _Calls:
+    """The scheduled calls not yet reported (``pending``: ``(last batch index, RemoteValue)``),
+    reported in order to ``callbacks.on_train_batch_end`` with their logs (``last_logs``)."""
+
+    def __init__(self, callbacks, asked):
+        self.callbacks, self.asked = callbacks, asked
+        self.pending: collections.deque = collections.deque()
+        self.last_logs: dict = {}
+
+    def complete(self) -> bool:
+        """Report the oldest call; False when a stop was asked and the call (or the copy of
+        its logs) did not end :data:`STOP_JOIN_S` later."""
+        end, value = self.pending[0]
+        logs = _fetched(value, self.asked) if _ready(value, self.asked) else _STUCK
+        if logs is _STUCK:
+            return False
+        self.pending.popleft()
+        self.last_logs = logs  # the last step's logs: a few scalars
+        self.callbacks.on_train_batch_end(end, logs)
+        return True
+
+    def complete_all(self) -> bool:
+        """:meth:`complete` every pending call (False as soon as one does not end)."""
+        while self.pending:
+            if not self.complete():
+                return False
+        return True
 
 
 STOP_JOIN_S = 15.0
@@ -280,19 +300,55 @@ def _joined(coordinator, stopping, timeout_s: float | None = None) -> bool:
     return True
 
 
-def _left_in_flight(run: PSRun, pending, asked) -> bool:
-    """At an epoch's end: join every call (False), or, once a stop is asked (``asked()``, or
+def _left_in_flight(run: PSRun, asked) -> bool:
+    """Join every scheduled call (False), unless a stop is asked (``asked()``, or
     ``model.stop_training``) and the calls in flight have not ended :data:`STOP_JOIN_S` later
-    (a worker that does not answer), leave them (True; sets ``run.stuck`` and
-    ``model.stop_training``: validation is skipped and the save does not wait for them)."""
+    (a worker that does not answer: True)."""
     model = run.model
-    if not run.stuck and _joined(run.coordinator, lambda: model.stop_training or asked()):
-        return False
-    run.stuck = model.stop_training = True
-    log.warning(f"stopping: {len(pending)} scheduled call(s) still running {STOP_JOIN_S:.0f} s "
-                "after the stop was asked (a worker that does not answer); going on without "
-                "them (the checkpoint holds the steps applied)")
-    return True
+    return not _joined(run.coordinator, lambda: model.stop_training or asked())
+
+
+def _go_on_without(run: PSRun, pending) -> None:
+    """Leave the calls in flight of a worker that does not answer: sets ``run.stuck`` and
+    ``model.stop_training`` (validation is skipped and the save does not wait for them); says so
+    once."""
+    if not run.stuck:
+        log.warning(f"stopping: {len(pending)} scheduled call(s) still running {STOP_JOIN_S:.0f} "
+                    "s after the stop was asked (a worker that does not answer); going on "
+                    "without them (the checkpoint holds the steps applied)")
+    run.stuck = run.model.stop_training = True
+
+
+_STUCK = object()  # _fetched: the copy did not come
+
+
+def _fetched(value, asked):
+    """``value.fetch()`` (a call's logs, copied from the worker that ran it), or ``_STUCK`` when
+    a stop is asked (``asked()``) and the copy has not come :data:`STOP_JOIN_S` seconds later.
+
+    A call's outputs stay on its worker until fetched: a worker frozen after its call ended
+    holds the copy -- and a ``fetch`` in this thread -- for ever. The copy runs in a daemon
+    thread, left behind when it does not come (it holds nothing the stop needs)."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["logs"] = value.fetch()
+        except BaseException as err:  # raised in the loop's thread below
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="kerasdist-ps-fetch", daemon=True)
+    thread.start()
+    deadline = None
+    while thread.is_alive():
+        thread.join(0.5)
+        if deadline is None and asked():
+            deadline = time.monotonic() + STOP_JOIN_S
+        if deadline is not None and time.monotonic() > deadline and thread.is_alive():
+            return _STUCK
+    if "error" in box:
+        raise box["error"]
+    return box["logs"]
 
 
 def _stop_probe(callbacks):

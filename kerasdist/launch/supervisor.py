@@ -288,12 +288,11 @@ class Supervisor:
     def _hung_before_stop(self) -> list[Task]:
         """Before a stop: the server tasks that do not answer now, killed once the members have
         stopped (:meth:`_stop_all`; a stopped process would not act on SIGTERM). The coordinator
-        goes on without their calls in flight after :data:`~kerasdist.keras.ps_loop.STOP_JOIN_S`,
-        but its save can still block: TensorFlow registers every function it traces -- the
-        save's too -- on every task of the cluster and waits on a frozen one (measured: the
-        chief blocked in ``Context.add_c_function`` under ``MultiDeviceSaver.save``). Killing
-        the frozen task before the save was tried too and did not save either (TF's failure
-        handling of the killed worker then held the coordinator)."""
+        goes on without their calls in flight after :data:`~kerasdist.keras.ps_loop.STOP_JOIN_S`
+        and saves at the step the ps holds: its save and its freed functions no longer wait on
+        every task (:mod:`kerasdist._compat.tf_frozen_task`). Killing the frozen task before the
+        save was tried and did not save (TF's failure handling of the killed worker then held
+        the coordinator)."""
         if self.spec.hang_timeout_s is None:
             return []
         hung = self._hang.hung_now([t for t in self._live() if t in self._servers])

@@ -42,7 +42,16 @@ def fit_phases(start_step: int, steps_per_epoch: int, epochs: int):
 
 
 class KerasFitLoop:
-    """Keras ``model.fit`` on the strategy's resumable stream input (see module docs)."""
+    """Keras ``model.fit`` on the strategy's resumable stream input (see module docs).
+
+    Args:
+        boundary_callbacks: ``fn(run) -> list`` of Keras callbacks placed after every other
+            callback (multi-worker: :func:`kerasdist.strategies.multi_worker.boundary_barrier`);
+            default none.
+    """
+
+    def __init__(self, *, boundary_callbacks=None):
+        self.boundary_callbacks = boundary_callbacks
 
     def train(self, run: RunContext) -> dict[str, list[float]]:
         """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
@@ -67,7 +76,8 @@ class KerasFitLoop:
             digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
                 else []
             callbacks = [StopOnNonFiniteLoss(), *run.state_callbacks, backup, *digest,
-                         *run.callbacks]
+                         *run.callbacks,
+                         *(self.boundary_callbacks(run) if self.boundary_callbacks else ())]
             for first, last, steps, stream_step in fit_phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
@@ -137,6 +147,7 @@ class CoordinatorLoop:
         """
         import math
 
+        from kerasdist._compat import tf_frozen_task
         from kerasdist.keras import ps_fit
         from kerasdist.keras.backup import EpochEndSave
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss
@@ -153,22 +164,31 @@ class CoordinatorLoop:
         total = None
         # The coordinator alone decides (no vote): SIGTERM or SIGINT stops the scheduling, the
         # loop joins the workers, the epoch-end save writes the checkpoint at the step reached.
-        with PreemptionWatch(run.tf_strategy) as watch:
-            callbacks = [StopOnNonFiniteLoss(), _stop_when_asked(watch), *run.state_callbacks,
-                         *saver, *run.callbacks]
-            for first, last, steps, stream_step in fit_phases(
-                    run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
-                skip = math.ceil(stream_step / workers)  # each worker's fair share of the steps
-                hist = ps_fit.fit(run.model, _skipping(data.train_fn, skip), epochs=last,
-                                  initial_epoch=first, steps_per_epoch=steps,
-                                  validation_data=None if watch.requested else eval_fn,
-                                  validation_steps=recipe.trainer.validation_steps,
-                                  callbacks=callbacks, verbose=run.verbose)
-                _merge(history, hist.history)
-                total = total or PSStats(workers)
-                total.merge(hist.ps_totals)
-                if run.model.stop_training:
-                    break
+        # A stop keeps freed functions registered (tf_frozen_task: removing one waits on every
+        # task, a frozen worker too), for good when calls were left on a silent worker.
+        watch = PreemptionWatch(run.tf_strategy, on_request=tf_frozen_task.keep_functions)
+        stuck = False
+        try:
+            with watch:
+                callbacks = [StopOnNonFiniteLoss(), _stop_when_asked(watch), *run.state_callbacks,
+                             *saver, *run.callbacks]
+                for first, last, steps, stream_step in fit_phases(
+                        run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
+                    skip = math.ceil(stream_step / workers)  # each worker's share of the steps
+                    hist = ps_fit.fit(run.model, _skipping(data.train_fn, skip), epochs=last,
+                                      initial_epoch=first, steps_per_epoch=steps,
+                                      validation_data=None if watch.requested else eval_fn,
+                                      validation_steps=recipe.trainer.validation_steps,
+                                      callbacks=callbacks, verbose=run.verbose)
+                    _merge(history, hist.history)
+                    total = total or PSStats(workers)
+                    total.merge(hist.ps_totals)
+                    stuck = stuck or hist.left_in_flight
+                    if run.model.stop_training:
+                        break
+        finally:
+            if not stuck:
+                tf_frozen_task.release_functions()
         if watch.requested:
             step = global_step(run.model)
             log.info(f"preempted: checkpoint at global step {step} saved; stopping")

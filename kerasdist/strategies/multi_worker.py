@@ -139,6 +139,56 @@ def check_same_step(tf_strategy, step: int, *, task: str, run_dir) -> None:
             f"output.run_dir must be on a filesystem every worker sees. Received: run_dir='{run_dir}'")
 
 
+BOUNDARY_TIMEOUT_FACTOR = 3
+"""An epoch boundary's barrier waits up to this many times ``strategy.timeout_s``."""
+
+
+def boundary_barrier(tf_strategy, timeout_s: float):
+    """A Keras callback: every worker meets the others (one all-reduce of a scalar) before each
+    epoch's first step and before each validation, waiting up to ``timeout_s`` seconds.
+
+    Between two collectives each worker works alone: at an epoch's end it reads its metrics,
+    builds the validation iterator and runs the callbacks; at the next epoch's start the chief
+    alone writes its checkpoint, its logs; a resumed run also ends a ``fit`` call there (its
+    half-done first epoch). A worker that spends longer there than its peer (a loaded host, a
+    pause of the process) makes the peer's next collective -- under ``strategy.timeout_s``, set
+    for one step -- time out: measured on a loaded 2-core machine (issue 33, item 8), 10.4 s
+    between a worker's last training step and its validation, with ``timeout_s: 10``. The
+    barrier gives those stretches their own, longer bound (a peer hung right there is found after
+    ``timeout_s`` seconds of this barrier instead of ``strategy.timeout_s``).
+
+    Args:
+        tf_strategy: the ``MultiWorkerMirroredStrategy``.
+        timeout_s: seconds the barrier waits for every worker (kerasdist passes
+            :data:`BOUNDARY_TIMEOUT_FACTOR` x ``strategy.timeout_s``).
+
+    Returns:
+        A ``keras.callbacks.Callback`` (one traced function, run at ``on_epoch_begin`` and
+        ``on_test_begin``; place it after every other callback).
+    """
+    import keras
+    import tensorflow as tf
+
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
+
+    @tf.function
+    def meet():
+        def replica():
+            return tf.distribute.get_replica_context().all_reduce(
+                tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options)
+
+        return tf_strategy.run(replica)
+
+    class BoundaryBarrier(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            meet()
+
+        def on_test_begin(self, logs=None):
+            meet()
+
+    return BoundaryBarrier()
+
+
 def uneven_eval_fn(eval_fn):
     """``eval_fn`` whose per-worker datasets have no known length, so that evaluation under
     ``MultiWorkerMirroredStrategy`` counts every example once when the shards are uneven.
@@ -186,6 +236,15 @@ class MultiWorkerStrategy(Strategy):
         if data.eval_fn is None or data.pipelines < 2:
             return data
         return dataclasses.replace(data, eval_fn=uneven_eval_fn(data.eval_fn))
+
+    def make_loop(self):
+        from kerasdist.strategies.loops import KerasFitLoop
+
+        def barrier(run):
+            timeout_s = BOUNDARY_TIMEOUT_FACTOR * float(run.recipe.strategy.timeout_s)
+            return [boundary_barrier(run.tf_strategy, timeout_s)]
+
+        return KerasFitLoop(boundary_callbacks=barrier)
 
     def prepare_model(self, model, config) -> None:
         from kerasdist.keras.compression import compress_gradients

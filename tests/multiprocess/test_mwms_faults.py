@@ -15,13 +15,16 @@ does not divide evenly over the workers and the batch.
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from pathlib import Path
 
 import mwms_support as mw
 import numpy as np
 import psutil
 import pytest
+import yaml
 
 from kerasdist.keras import state_digest
 from kerasdist.keras.backup import temp_dir
@@ -217,3 +220,35 @@ def test_hung_worker_fails_the_cluster_in_bounded_time_naming_it(tmp_path):
     psutil.wait_procs([p for p in (hung, survivor) if p.is_running()], timeout=15)
     assert mw.no_processes_left([hung.pid, survivor.pid])
     assert not temp_dir(run_dir / "checkpoints", "worker:1").exists()  # the launcher cleaned it
+
+
+@pytest.mark.extended
+@pytest.mark.slow
+@pytest.mark.timeout(560)
+def test_a_worker_late_at_an_epoch_boundary_does_not_time_out_its_peer(tmp_path, monkeypatch):
+    """Issue 33 (8): between a worker's last training step and its validation nothing is
+    all-reduced, and a worker of a loaded host can spend longer there than ``strategy.timeout_s``
+    (measured 10.4 s with ``timeout_s: 10``): its peer's first validation collective timed out.
+    Here worker:1 pauses 8 s before validation with ``timeout_s: 5``: the epoch-boundary barrier
+    (3 x timeout_s) absorbs it and the run ends at exactly the requested step."""
+    import slow_peer
+
+    from kerasdist.strategies.multi_worker import BOUNDARY_TIMEOUT_FACTOR
+
+    assert 5 < slow_peer.PAUSE_S < BOUNDARY_TIMEOUT_FACTOR * 5
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    recipe = mw.linear_recipe(tmp_path, "late", strategy={"timeout_s": 5},
+                              cluster={"max_restarts": 0})
+    raw = yaml.safe_load(recipe.read_text())
+    raw["callbacks"] = ["slow_peer:PauseBeforeValidation"]
+    recipe.write_text(yaml.safe_dump(raw))
+    process = mw.launch(recipe)
+    try:
+        out = mw.finish(process, timeout_s=500)  # a loaded machine
+    finally:
+        mw.kill_tree(process.pid)
+    log = (tmp_path / "late" / "logs" / "worker-1.log").read_text()
+    assert "worker:1 pauses" in log
+    assert process.returncode == 0, out[-4000:]
+    assert mw.metrics(tmp_path / "late")["global_steps"] == TOTAL_STEPS

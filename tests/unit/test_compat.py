@@ -188,6 +188,49 @@ def test_upstream_keras_assign_add_still_not_atomic():
         "kerasdist/_compat/keras_ps_atomic_assign.py")
 
 
+def test_upstream_tf_still_waits_on_every_task_to_save_and_to_free_a_function():
+    from kerasdist._compat import tf_frozen_task
+
+    assert tf_frozen_task.bug_present(), (
+        "upstream changed MultiDeviceSaver.save (no function traced for multi-task eager saves) "
+        "or ParameterServerStrategy (streaming enqueue left on): check that a parameter-server "
+        "save and a freed function no longer wait on a frozen worker "
+        "(tests/multiprocess/test_ps_faults.py::test_sigterm_saves_without_waiting_on_a_frozen_"
+        "worker without the mend), then remove kerasdist/_compat/tf_frozen_task.py")
+
+
+def test_frozen_task_mends_are_reversible_and_the_eager_save_writes_a_readable_checkpoint(
+        tmp_path):
+    from tensorflow.python.checkpoint import functional_saver
+    from tensorflow.python.eager import context
+
+    from kerasdist._compat import tf_frozen_task
+
+    save, remove = functional_saver.MultiDeviceSaver.save, context.Context.remove_function
+    variable = tf.Variable([1.0, 2.0])
+    with tf_frozen_task.eager_save() as patched:
+        assert patched and functional_saver.MultiDeviceSaver.save is not save
+        path = tf.train.Checkpoint(v=variable).write(str(tmp_path / "ckpt"))
+    assert functional_saver.MultiDeviceSaver.save is save
+    np.testing.assert_array_equal(tf.train.load_variable(path, "v/.ATTRIBUTES/VARIABLE_VALUE"),
+                                  [1.0, 2.0])
+    try:
+        assert tf_frozen_task.keep_functions() and tf_frozen_task.keep_functions()  # idempotent
+        assert tf_frozen_task.keeping_functions()
+
+        @tf.function
+        def double(x):
+            return 2 * x
+
+        name = double.get_concrete_function(tf.constant(1.0)).function_def.signature.name
+        context.context().remove_function(name)  # a no-op now: still registered
+        assert context.context().has_function(name)
+    finally:
+        tf_frozen_task.release_functions()
+        tf_frozen_task.release_functions()  # idempotent
+    assert context.Context.remove_function is remove and not tf_frozen_task.keeping_functions()
+
+
 def test_upstream_keras_still_has_no_parameter_server_fit():
     from kerasdist._compat import keras_ps_dispatch
 

@@ -232,3 +232,49 @@ def test_a_stopping_coordinator_waits_for_calls_in_flight_only_so_long(monkeypat
     assert ps_loop._joined(stuck, lambda: time.monotonic() > asked_at, 0.3) is False
     assert not stuck.joined and 0.6 <= time.monotonic() - start < 2.5
     assert ps_loop._joined(finished, lambda: True, 0.3) is True and finished.joined
+
+
+def test_a_stopping_coordinator_does_not_wait_for_logs_left_on_a_frozen_worker(monkeypatch):
+    """Issue 33 (1): a call's logs stay on the worker that ran it until fetched, and the copy
+    from a worker frozen after its call ended never comes (``RemoteValue.fetch`` has no
+    timeout): :func:`ps_loop._fetched` gives up :data:`ps_loop.STOP_JOIN_S` after a stop was
+    asked; without a stop it waits, and returns the logs or raises the call's error."""
+    import threading
+    import time
+
+    from kerasdist.keras import ps_loop
+
+    monkeypatch.setattr(ps_loop, "STOP_JOIN_S", 0.3)
+    frozen = threading.Event()
+
+    class Value:
+        def __init__(self, fetch):
+            self.fetch = fetch
+
+    def never():
+        frozen.wait()
+
+    def fails():
+        raise RuntimeError("the call failed")
+
+    start = time.monotonic()
+    assert ps_loop._fetched(Value(never), lambda: True) is ps_loop._STUCK
+    assert 0.3 <= time.monotonic() - start < 2.5
+    assert ps_loop._fetched(Value(lambda: {"loss": 1.0}), lambda: False) == {"loss": 1.0}
+    with pytest.raises(RuntimeError, match="the call failed"):
+        ps_loop._fetched(Value(fails), lambda: False)
+    frozen.set()  # the left thread ends
+
+
+def test_the_first_stop_request_runs_the_watch_hook_once():
+    """The parameter-server loop keeps freed functions registered from the first SIGTERM/Ctrl-C
+    on (``kerasdist._compat.tf_frozen_task``): the watch calls its hook once, in the handler."""
+    import signal
+
+    from kerasdist.keras.preemption import PreemptionWatch
+
+    calls = []
+    watch = PreemptionWatch(object(), on_request=lambda: calls.append("stop"))
+    watch._on_signal(signal.SIGTERM, None)
+    watch._on_signal(signal.SIGTERM, None)
+    assert watch.requested and calls == ["stop"]

@@ -1,0 +1,125 @@
+"""Mends: a parameter-server coordinator waits on every task of the cluster, a frozen worker too.
+
+Upstream: no TensorFlow issue found; written reproduction (kerasdist, TF 2.21, CPU, issue 33): a
+parameter-server run (3 workers), worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the
+coordinator stops scheduling and goes on without the frozen worker's calls in flight, but then
+blocks for good (``py-spy dump``), first in ``Context.add_c_function`` under
+``MultiDeviceSaver.save`` (the checkpoint save), then, with that mended, in
+``Context.remove_function`` under ``AtomicFunction.__del__`` (a traced function freed as ``fit``
+returns). The coordinator's eager context registers every function it adds on every remote task
+and removes every function it frees from every remote task, and ``ParameterServerStrategy`` turns
+streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``, set in
+``parameter_server_strategy_v2.py``), which makes each of these a blocking RPC: a task that does
+not answer holds the caller for ever. And in eager mode, when the saved tensors lie on more than
+one task (the ps and the coordinator's ``save_counter``), ``MultiDeviceSaver.save`` wraps its ops
+in a newly traced ``tf.function`` on *every* save, so every save adds a function.
+
+Mends:
+
+* :func:`eager_save` (a ``with`` block, restored after it): ``MultiDeviceSaver.save`` runs the
+  same save ops one by one (each op goes only to the task that holds its tensors: the ps writes
+  its shard, the merge runs where TF places it) instead of through a traced function. Same files,
+  same keys (TF's own save ops); only the shard writes' parallelism across tasks is lost. Saves
+  whose tensors lie on one task (one process, MirroredStrategy, MultiWorkerMirroredStrategy)
+  already take this path in TF: the block changes nothing for them.
+* :func:`keep_functions` / :func:`release_functions`: while installed, ``Context.remove_function``
+  does nothing (a freed function stays registered, locally and on the tasks: memory only). Used
+  from a stop request (SIGTERM, Ctrl-C) on, since a stopping coordinator has nothing to gain from
+  removing functions; released after the stop unless calls were left in flight on a task that
+  does not answer (that task would hold any later removal, also at interpreter exit).
+
+Probe: :func:`bug_present` reads ``MultiDeviceSaver.save``'s source (it still traces a function
+for multi-task eager saves) and ``parameter_server_strategy_v2``'s (it still turns streaming
+enqueue off); ``tests/unit/test_compat.py`` fails when either changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Iterator
+
+NAME = "tf-frozen-task"
+ISSUE = "no upstream issue; reproduction in this module's docstring"
+
+_KEPT: dict[str, object] = {}  # the original Context.remove_function while keep_functions is on
+
+
+def _saver_class():
+    from tensorflow.python.checkpoint import functional_saver
+
+    return functional_saver.MultiDeviceSaver
+
+
+def bug_present() -> bool:
+    """Whether TF's ``MultiDeviceSaver.save`` still traces a function when its tensors lie on
+    more than one task, and ``ParameterServerStrategy`` still makes remote registrations blocking
+    (reads sources; runs no TensorFlow op)."""
+    from tensorflow.python.distribute import parameter_server_strategy_v2
+
+    saver = "".join(inspect.getsource(_saver_class().save).split())
+    strategy = inspect.getsource(parameter_server_strategy_v2)
+    return ("self._num_unique_tasks>1" in saver and "def_function.function" in saver
+            and '"TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = "False"' in strategy)
+
+
+@contextlib.contextmanager
+def eager_save() -> Iterator[bool]:
+    """Within the block, multi-task checkpoint saves run their ops eagerly (no function to
+    register on every task, so no wait on a task that holds none of the saved tensors).
+
+    Yields:
+        True when the patch is in effect; False when :func:`bug_present` is False (nothing
+        patched). The original method is back on exit, also after an error.
+    """
+    if not bug_present():
+        yield False
+        return
+    saver = _saver_class()
+    original = saver.__dict__["save"]
+
+    def save(self, file_prefix, options=None):
+        self._num_unique_tasks = 1  # this saver object serves one call (TF builds one per save)
+        return original(self, file_prefix, options)
+
+    saver.save = save
+    try:
+        yield True
+    finally:
+        saver.save = original
+
+
+def keep_functions() -> bool:
+    """From now on, freed ``tf.function``s are not removed from the eager context (nor from the
+    remote tasks). Idempotent; cheap enough for a signal handler (no TensorFlow op).
+
+    Returns:
+        True when installed (now or before); False when :func:`bug_present` is False.
+    """
+    if _KEPT:
+        return True
+    if not bug_present():
+        return False
+    from tensorflow.python.eager import context
+
+    _KEPT["remove_function"] = context.Context.__dict__["remove_function"]
+    context.Context.remove_function = lambda self, name: None
+    return True
+
+
+def release_functions() -> None:
+    """Undo :func:`keep_functions` (functions freed from now on are removed again). Idempotent."""
+    if not _KEPT:
+        return
+    from tensorflow.python.eager import context
+
+    context.Context.remove_function = _KEPT.pop("remove_function")
+
+
+def keeping_functions() -> bool:
+    """Whether :func:`keep_functions` is in effect."""
+    return bool(_KEPT)
+
+
+__all__ = ["ISSUE", "NAME", "bug_present", "eager_save", "keep_functions", "keeping_functions",
+           "release_functions"]
