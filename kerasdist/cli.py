@@ -84,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_recipe_args(bench)
     bench.add_argument("--strategies", default="default,mirrored,multi_worker,parameter_server",
                        help="comma list of: default, mirrored, multi_worker, parameter_server, "
-                            "multi_worker_bf16 (16-bit all-reduce), legacy, ray (multi_worker on "
+                            "multi_worker_bf16 (16-bit all-reduce), default_stream (default "
+                            "with the recipe's images streamed from TFRecord files), legacy, "
+                            "ray (multi_worker on "
                             "a local Ray; needs .[ray]) (default: default, mirrored, "
                             "multi_worker, parameter_server)")
     bench.add_argument("--baselines", default="plain_keras,raw_step,tf_keras,keras_enable",

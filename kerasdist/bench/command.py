@@ -32,6 +32,39 @@ def _write_recipe(data: dict, path: Path) -> Path:
     return path
 
 
+def stream_data(raw: dict, recipe, out: Path) -> dict:
+    """``raw`` for the ``default_stream`` row: the recipe's training and evaluation splits
+    (loaded here, as the ``default`` row loads them) written as TFRecord files in the MNIST layout
+    (``<out>/stream-data/{train,test}.tfrecord``, :func:`kerasdist.data.sources.write_tfrecord`)
+    and the recipe's ``data`` pointed at them (``source: tfrecord``, whole split names: the
+    streaming path), every other setting kept.
+
+    Raises:
+        RecipeError: the recipe's examples are not uint8 square images (``(N, H, H)``) or it has
+            no ``data.eval_split``.
+    """
+    import numpy as np
+
+    from kerasdist.data.sources import load_split, write_tfrecord
+    from kerasdist.errors import RecipeError
+
+    folder = out / "stream-data"
+    splits = {"train": recipe.data.train_split, "test": recipe.data.eval_split}
+    if not splits["test"]:
+        raise RecipeError("--strategies default_stream needs a recipe with data.eval_split. "
+                          "Received: eval_split=None")
+    for name, split in splits.items():
+        x, y = load_split(recipe.data, split)
+        if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1] != x.shape[2]:
+            raise RecipeError(f"--strategies default_stream writes the recipe's data as MNIST-layout "
+                              f"TFRecords: it needs uint8 square images (N, H, H). Received: "
+                              f"{x.dtype} {tuple(x.shape)} from data.source '{recipe.data.source}'")
+        write_tfrecord(x, y, folder / f"{name}.tfrecord")
+    data = {**raw["data"], "source": "tfrecord", "path": str(folder), "train_split": "train",
+            "eval_split": "test"}
+    return {**raw, "data": data}
+
+
 def _run_strategy(raw, strategy, *, workers, out: Path, tag: str, timeout_s) -> Measurement:
     run_dir = out / "runs" / tag
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -170,6 +203,7 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     out.mkdir(parents=True, exist_ok=True)
     rows: dict[str, list[Measurement]] = {}
     kinds: dict[str, str] = {name: "strategy" for name in strategies}
+    streamed = stream_data(raw, recipe, out) if "default_stream" in strategies else None
     # Round-robin: repeat r of every row runs before repeat r+1 of any, so a slow spell of the
     # machine (other load, thermal or host noise) lands on all rows alike instead of on one.
     for rep in range(repeats):
@@ -186,8 +220,8 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
             if name == "legacy":
                 m = _run_legacy(recipe, workers=workers, out=out, tag=tag, timeout_s=timeout_s)
             else:
-                m = _run_strategy(raw, name, workers=workers, out=out, tag=tag,
-                                  timeout_s=timeout_s)
+                m = _run_strategy(streamed if name == "default_stream" else raw, name,
+                                  workers=workers, out=out, tag=tag, timeout_s=timeout_s)
             rows.setdefault(name, []).append(m)
     rows = {name: rows[name] for name in sorted(rows, key=lambda n: kinds[n] != "baseline")}
     sweep = _sweep(raw, strategies, sweep_workers, rows=rows, workers=workers, repeats=repeats,
@@ -261,6 +295,11 @@ def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[s
                 # kerasdist's own lifecycle cost: the recipe row against the same strategy
                 # with only kerasdist.enable() (positive = the recipe row is slower).
                 s["lifecycle_overhead"] = 1.0 - mine / theirs
+        if name == "default_stream" and "default" in summaries:
+            # the streaming input against the in-memory one, same run (same model and steps)
+            mine, theirs = (s["examples_per_sec_median"],
+                            summaries["default"]["examples_per_sec_median"])
+            s["ratio_examples_per_sec"]["default"] = mine / theirs if mine and theirs else None
         mine = s["time_to_target_s_median"]
         theirs = summaries.get("plain_keras", {}).get("time_to_target_s_median")
         s["ratio_time_to_target_vs_plain_keras"] = mine / theirs if mine and theirs else None

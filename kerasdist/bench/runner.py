@@ -21,18 +21,21 @@ from typing import Any
 
 from kerasdist.errors import RecipeError
 
-STRATEGIES = ("default", "mirrored", "multi_worker", "multi_worker_bf16", "parameter_server",
-              "legacy", "ray")
+STRATEGIES = ("default", "default_stream", "mirrored", "multi_worker", "multi_worker_bf16",
+              "parameter_server", "legacy", "ray")
 BASELINES = ("plain_keras", "raw_step", "tf_keras", "keras_enable")
 CLUSTER_STRATEGIES = ("multi_worker", "parameter_server")
 ROW_OPTIONS = {"mirrored": {"logical_cpus": 2}, "multi_worker_bf16": {"gradient_compression": "bf16"}}
 """Strategy settings of a bench row beyond its kind (mirrored: 2 logical CPUs on a CPU host;
 multi_worker_bf16: gradients all-reduced in bfloat16)."""
-ROW_CLUSTERS = {"ray": ("multi_worker", "ray"), "multi_worker_bf16": ("multi_worker", "local")}
+ROW_CLUSTERS = {"ray": ("multi_worker", "ray"), "multi_worker_bf16": ("multi_worker", "local"),
+                "default_stream": ("default", "local")}
 """Rows that are not named after their strategy kind: row -> (strategy kind, cluster.kind). The
 ``ray`` row is multi_worker on a local Ray (``pip install 'kerasdist[ray]'``);
 ``multi_worker_bf16`` is the multi_worker row with 16-bit all-reduce (issue 12's "best
-compression settings" target reads it)."""
+compression settings" target reads it); ``default_stream`` is the default row with its data
+read from TFRecord files as a stream (:func:`kerasdist.bench.command.stream_data`: the same
+examples, written by the bench before the rows run) instead of whole into memory."""
 
 
 @dataclass

@@ -147,5 +147,8 @@ def _targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         _ratio_target(result, "default_vs_plain_keras", "default", "plain_keras", 1.2,
                       "default >= 1.2x plain Keras"),
         *_lifecycle(result),
+        _ratio_target(result, "stream_vs_in_memory", "default_stream", "default", 1.0,
+                      "the streaming input (default_stream) not slower than the in-memory one "
+                      "(default)"),
         _coordinator(result),
     ]

@@ -258,10 +258,52 @@ def build_streaming(recipe, *, pipelines: int) -> Streaming:
     return _build_files(recipe, pipelines)
 
 
+def _split_stream(config, split: str, *, run_dir):
+    """``(records, decode)``: the unbatched, undecoded examples of ``split`` and the function
+    that decodes one (None: the examples are decoded already, a ``python``/``tfds`` source). A
+    csv source takes its vocabularies from ``<run_dir>/data/csv-schema.json`` when the run
+    wrote one (the ids training used), else computes them from the training split."""
+    import tensorflow as tf
+
+    if config.source in ("python", "tfds"):
+        from kerasdist.data import python_source
+
+        fn = (python_source.tfds_function(config) if config.source == "tfds"
+              else python_source.load_function(config))
+        return python_source.call(fn, config, split), None
+    from kerasdist.data.csv_source import CsvSource
+    from kerasdist.data.formats import ImageFolderSource
+
+    source = file_source(config)
+    if isinstance(source, ImageFolderSource):
+        source.set_classes(config.train_split)
+    units = source.check(split)
+    if isinstance(source, CsvSource):
+        source.load_schema(source.check(config.train_split), run_dir)
+    return source.records(tf.constant(units)), source
+
+
+def evaluation_dataset(config, split: str, *, run_dir):
+    """``split`` of a streaming source as a dataset of global batches (``data.batch_size``, the
+    last partial batch kept), decoded and converted as training sees them, read from the files
+    as it is iterated (never whole in memory): the sidecar evaluator's input. A csv source uses
+    the vocabularies saved in ``run_dir`` (see :func:`_split_stream`).
+
+    Raises:
+        DataError: as :func:`build_streaming`.
+    """
+    import tensorflow as tf
+
+    records, source = _split_stream(config, split, run_dir=run_dir)
+    ds = _decoded_batches(records, source, config.batch_size, drop_remainder=False)
+    return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
+
+
 def sample_split(config, split: str, limit: int | None, *, run_dir=None):
     """The first ``limit`` examples (None: all) of a streaming split as NumPy ``(x, y)``, decoded
-    as training sees them (for the bad-input checks and the sidecar evaluator); ``x`` is a dict
-    of arrays for a tfrecord spec with several inputs.
+    as training sees them (for the bad-input checks and reference evaluations in one process);
+    ``x`` is a dict of arrays for a tfrecord spec with several inputs. Training never calls it
+    with ``limit=None``: it streams (:func:`build_streaming`).
 
     Raises:
         DataError: as :func:`build_streaming`; or a split with no examples.
@@ -271,23 +313,9 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None):
 
     from kerasdist.errors import DataError
 
-    if config.source in ("python", "tfds"):
-        from kerasdist.data import python_source
-
-        fn = (python_source.tfds_function(config) if config.source == "tfds"
-              else python_source.load_function(config))
-        ds = python_source.call(fn, config, split)
-    else:
-        from kerasdist.data.csv_source import CsvSource
-        from kerasdist.data.formats import ImageFolderSource
-
-        source = file_source(config)
-        if isinstance(source, ImageFolderSource):
-            source.set_classes(config.train_split)
-        units = source.check(split)
-        if isinstance(source, CsvSource):
-            source.load_schema(source.check(config.train_split), run_dir)
-        ds = source.records(tf.constant(units)).map(source.decoder())
+    ds, source = _split_stream(config, split, run_dir=run_dir)
+    if source is not None:
+        ds = ds.map(source.decoder())
     if limit is not None:
         ds = ds.take(limit)
     xs, ys = [], []

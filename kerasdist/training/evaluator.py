@@ -89,6 +89,25 @@ def checkpoints(run_dir: Path) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _evaluation_input(data, split: str, run_dir: Path):
+    """The evaluated split as a dataset of global batches. A streaming source is read from its
+    files as it is evaluated, a csv source with the vocabularies the run saved in ``run_dir``
+    (so its ids are those training used, even if the training files changed since); an
+    in-memory source is loaded whole, as training loaded it."""
+    from kerasdist.config.data_configs import streams
+
+    if streams(data, split):
+        from kerasdist.data.file_streams import evaluation_dataset
+
+        return evaluation_dataset(data, split, run_dir=run_dir)
+    from kerasdist.data.pipeline import make_dataset_fn
+    from kerasdist.data.sources import load_split
+
+    x, y = load_split(data, split)
+    return make_dataset_fn(x, y, global_batch_size=data.batch_size, training=False,
+                           normalize=data.normalize, prefetch=data.prefetch)(None)
+
+
 class Evaluator:
     """Rebuilds a run's model and evaluates its checkpoints (see module docs).
 
@@ -104,8 +123,6 @@ class Evaluator:
     def __init__(self, run_dir: str | Path, *, split: str | None = None):
         import tensorflow as tf
 
-        from kerasdist.data.pipeline import make_dataset_fn
-        from kerasdist.data.sources import load_split
         from kerasdist.errors import RecipeError
         from kerasdist.training.model import build_compiled_model
 
@@ -116,10 +133,7 @@ class Evaluator:
         if not self.split:
             raise RecipeError(f"the run in '{self.run_dir}' has no data.eval_split; name one with "
                               "--split. Received: split=None")
-        x, y = load_split(self.recipe.data, self.split)
-        data = self.recipe.data
-        self.dataset = make_dataset_fn(x, y, global_batch_size=data.batch_size, training=False,
-                                       normalize=data.normalize, prefetch=data.prefetch)(None)
+        self.dataset = _evaluation_input(self.recipe.data, self.split, self.run_dir)
         self.model = build_compiled_model(self.recipe)
         self._checkpoint = tf.train.Checkpoint(model=self.model)
         self.results: list[dict[str, Any]] = [

@@ -265,6 +265,9 @@ def make_callback(spec: Any, *, index: int, run_dir: Path):
     else:
         cls = _keras_callback_class(name, field=field)
         if name == "TensorBoard":
+            from kerasdist.keras.callbacks import EpochTensorBoard
+
+            cls = EpochTensorBoard  # Keras's, without per-step work that writes nothing
             config.setdefault("log_dir", "tensorboard")
     config = _resolve_config(config, run_dir, field=field)
     callback = _instance(cls, config, field=field, shown=_shown(spec)) if inspect.isclass(cls) \

@@ -149,14 +149,13 @@ def _callbacks(recipe: Recipe, run_dir: RunDir, is_chief: bool, extra: Sequence)
     """kerasdist's callbacks (throughput first, TensorBoard on the chief unless the recipe has
     its own), then ``extra`` (the caller's, the tracker). The recipe's ``callbacks`` travel
     apart (``RunContext.state_callbacks``): the loops run them before their checkpoint saves."""
-    import keras
 
-    from kerasdist.keras.callbacks import ThroughputMeter
+    from kerasdist.keras.callbacks import EpochTensorBoard, ThroughputMeter
     from kerasdist.training.keras_objects import has_tensorboard
 
     cbs = [ThroughputMeter(recipe.data.batch_size)]
     if recipe.output.tensorboard and is_chief and not has_tensorboard(recipe.callbacks):
-        cbs.append(keras.callbacks.TensorBoard(log_dir=str(run_dir.tensorboard)))
+        cbs.append(EpochTensorBoard(log_dir=str(run_dir.tensorboard)))
     return cbs + list(extra)
 
 

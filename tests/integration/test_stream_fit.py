@@ -4,6 +4,7 @@ is written."""
 
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
 
@@ -17,6 +18,7 @@ from kerasdist import fit
 from kerasdist.cli import EXIT_BAD_INPUT, main
 from kerasdist.config import validate_recipe
 from kerasdist.data.writers import write_csv_splits, write_example_tfrecords, write_image_folder
+from kerasdist.training.evaluator import Evaluator
 
 pytestmark = pytest.mark.integration
 MLP = "kerasdist.models.examples:tabular_mlp"
@@ -141,6 +143,21 @@ def test_a_run_interrupted_mid_epoch_resumes_at_its_exact_step(kind, tmp_path, m
     resumed = fit(recipe)
     assert resumed.extra["start_step"] == steps + 4 and resumed.extra["restore_verified"] is True
     assert resumed.extra["weights_sha256"] == straight.extra["weights_sha256"]
+
+
+@pytest.mark.timeout(240)
+def test_the_sidecar_evaluator_uses_the_csv_vocabulary_the_run_saved(tmp_path, monkeypatch):
+    """``kerasdist evaluate`` after the training files changed gets the run's own figures: it
+    reads the vocabularies and column statistics from the run directory, not the files."""
+    data, model = _csv(tmp_path / "csv")
+    result = fit(_recipe(tmp_path, data, model))
+    # rows added after the run: a colour that sorts first ('amber' would take id 1 and move
+    # blue/green/red one id up) and other numbers (other mean and std)
+    with open(tmp_path / "csv" / "train-000.csv", "a", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows([["90.0", "7.0", "amber", 0]] * 200)
+    evaluated = Evaluator(tmp_path / "run").evaluate_saved_model()
+    assert evaluated["accuracy"] == pytest.approx(result.evaluation["accuracy"], abs=1e-6)
+    assert evaluated["loss"] == pytest.approx(result.evaluation["loss"], rel=1e-5)
 
 
 def _write(tmp_path, data, model) -> str:

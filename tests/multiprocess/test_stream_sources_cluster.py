@@ -1,8 +1,13 @@
 """Streaming sources on real local clusters: a csv recipe on 2 multi-worker workers sharded by file,
 killed mid-run and restarted, ends with the weights of a run that was never killed (the resumed
-streams repeat no batch); an image-folder recipe trains under parameter server (1 ps + 2 workers)."""
+streams repeat no batch); an image-folder recipe trains under parameter server (1 ps + 2 workers);
+the ``python``, ``tfds`` (a dataset prepared offline here) and ``tfrecord`` (a user feature spec)
+sources train under both multi_worker (2 workers) and parameter_server (1 ps + 2 workers)."""
 
 from __future__ import annotations
+
+import os
+import textwrap
 
 import mwms_support as mw
 import numpy as np
@@ -10,7 +15,7 @@ import psutil
 import pytest
 import yaml
 
-from kerasdist.data.writers import write_csv_splits, write_image_folder
+from kerasdist.data.writers import write_csv_splits, write_example_tfrecords, write_image_folder
 
 pytestmark = pytest.mark.multiprocess
 
@@ -106,3 +111,124 @@ def test_an_image_folder_recipe_trains_under_parameter_server(tmp_path):
     result = mw.metrics(tmp_path / "ps")
     assert result["evaluation"]["accuracy"] >= 0.9, result["evaluation"]
     assert result["shard_policy"] == "file" and result["num_replicas"] == 2
+
+
+PYTHON_SOURCE = '''
+import tensorflow as tf
+
+def make(split, input_context=None):
+    """2-d points, label: whether they sum above 0; the worker's shard when given a context."""
+    n = 512 if split == "train" else 128
+    x = tf.random.stateless_normal((n, 2), seed=(5, 1 if split == "train" else 2))
+    y = tf.cast(x[:, 0] + x[:, 1] > 0, tf.int64)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if input_context is not None:
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    return ds
+'''
+POINTS_MODEL = {"name": "kerasdist.models.examples:tabular_mlp",
+                "params": {"num_features": 2, "dropout": 0.0}}
+
+
+def _python_source(folder, monkeypatch, _):
+    """A user's ``data.function`` in a module of its own, importable by every task (PYTHONPATH)."""
+    folder.mkdir()
+    (folder / "cluster_user_data.py").write_text(textwrap.dedent(PYTHON_SOURCE), encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    return {"source": "python", "function": "cluster_user_data:make"}, POINTS_MODEL
+
+
+@pytest.fixture(scope="module")
+def points_tfds(tmp_path_factory):
+    """A TFDS dataset prepared offline by a builder defined here (once per process: TFDS
+    registers a builder's name when its class is made); the tasks read it from its files
+    (``tfds.builder`` finds a prepared dataset in ``data_dir`` without the class). Nothing is
+    downloaded."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+
+    class KerasdistClusterPoints(tfds.core.GeneratorBasedBuilder):
+        VERSION = tfds.core.Version("1.0.0")
+
+        def _info(self):
+            return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+                "point": tfds.features.Tensor(shape=(2,), dtype=np.float32),
+                "side": tfds.features.ClassLabel(num_classes=2)}))
+
+        def _split_generators(self, dl_manager):
+            return {"train": self._generate_examples(512, 0),
+                    "test": self._generate_examples(128, 1)}
+
+        def _generate_examples(self, n, seed):
+            rng = np.random.default_rng(seed)
+            for i in range(n):
+                point = rng.normal(size=2).astype(np.float32)
+                yield i, {"point": point, "side": int(point.sum() > 0)}
+
+    folder = tmp_path_factory.mktemp("tfds")
+    KerasdistClusterPoints(data_dir=str(folder)).download_and_prepare(
+        download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    return folder
+
+
+def _tfds_source(folder, monkeypatch, prepared):
+    return ({"source": "tfds", "name": "kerasdist_cluster_points", "data_dir": str(prepared),
+             "input": "point", "label": "side"}, POINTS_MODEL)
+
+
+def _tfrecord_source(folder, monkeypatch, _):
+    """``tf.train.Example`` files of the user's own schema (a PNG image and an int64 target),
+    4 files per split."""
+    rng = np.random.default_rng(6)
+    for split, n in (("train", 384), ("test", 96)):
+        for k in range(4):
+            examples = []
+            for i in range(k, n, 4):
+                image = rng.integers(0, 40, (8, 8, 1), dtype=np.uint8)
+                image[2 * (i % 3):2 * (i % 3) + 3] += 200  # class c: bright rows 2c..2c+2
+                examples.append({"pixels": tf_png(image), "target": i % 3})
+            write_example_tfrecords(folder / f"{split}-{k}.tfrecord", examples,
+                                    {"pixels": "string", "target": "int64"})
+    spec = {"pixels": {"dtype": "string", "shape": [8, 8, 1], "encoding": "png"},
+            "target": {"dtype": "int64"}}
+    return ({"source": "tfrecord", "path": str(folder), "features": spec, "label": "target"},
+            {"name": "kerasdist.models.examples:small_image_cnn",
+             "params": {"image_size": [8, 8], "channels": 1, "num_classes": 3}})
+
+
+def tf_png(image):
+    import tensorflow as tf
+
+    return tf.io.encode_png(image).numpy()
+
+
+SOURCES = {"python": _python_source, "tfds": _tfds_source, "tfrecord": _tfrecord_source}
+CLUSTERS = {"multi_worker": ({"kind": "multi_worker", "timeout_s": 60}, {}),
+            "parameter_server": ({"kind": "parameter_server"}, {"ps": 1})}
+# (python and tfds: one pass, one file, so sharded by data or by the function; tfrecord by file)
+POLICY = {"python": "file", "tfds": "data", "tfrecord": "file"}
+
+
+@pytest.mark.extended
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("strategy", list(CLUSTERS))
+@pytest.mark.parametrize("kind", list(SOURCES))
+def test_python_tfds_and_tfrecord_spec_sources_train_on_a_cluster(kind, strategy, tmp_path,
+                                                                  monkeypatch, request):
+    """``kerasdist fit`` on a local cluster: 2 multi-worker workers, or 1 ps + 2 workers with a
+    coordinator; each worker reads its own shard of the stream, and the model learns."""
+    prepared = request.getfixturevalue("points_tfds") if kind == "tfds" else None
+    data, model = SOURCES[kind](tmp_path / kind, monkeypatch, prepared)
+    strategy_section, cluster = CLUSTERS[strategy]
+    recipe = _recipe(tmp_path, "run", data, model, strategy=strategy_section, cluster=cluster)
+    process = mw.launch(recipe)
+    try:
+        out = mw.finish(process, timeout_s=500)
+    finally:
+        mw.kill_tree(process.pid)
+    assert process.returncode == 0, out[-6000:]
+    result = mw.metrics(tmp_path / "run")
+    assert result["strategy"] == strategy and result["num_replicas"] == 2, result
+    assert result["shard_policy"] == POLICY[kind], result["shard_policy"]
+    assert result["global_steps"] == 2 * result["steps_per_epoch"] > 0, result
+    assert result["evaluation"]["accuracy"] >= 0.85, result["evaluation"]

@@ -100,6 +100,7 @@ def test_targets_met_missed_and_missing_rows():
                         "multi_worker_best_vs_plain_keras": "MISSED",  # 0.64 < 0.75
                         "parameter_server_vs_plain_keras": "MET",
                         "default_vs_plain_keras": "MET",
+                        "stream_vs_in_memory": "n/a (rows missing)",
                         "coordinator_kerasdist_vs_tf_keras": "n/a (rows missing)"}
     table = markdown_table(result)
     assert "| default >= 1.2x plain Keras | MET | 1.250x plain_keras |" in table
@@ -211,3 +212,39 @@ def test_bench_multi_worker_bf16_row_differs_from_multi_worker_only_in_compressi
     assert (mw.strategy.gradient_compression, bf16.strategy.gradient_compression) == ("none", "bf16")
     assert mw.strategy.model_copy(update={"gradient_compression": "bf16"}) == bf16.strategy
     assert bf16.cluster == mw.cluster
+
+
+def test_the_stream_row_reads_the_default_rows_examples_from_tfrecord_files(tmp_path):
+    """default_stream: the recipe's splits written as MNIST-layout TFRecords, read back as a
+    stream (whole split names), example for example those of the default row; its ratio and
+    verdict are against the default row of the same run."""
+    import numpy as np
+
+    from kerasdist.bench.command import stream_data
+    from kerasdist.bench.runner import strategy_recipe
+    from kerasdist.config import validate_recipe
+    from kerasdist.config.data_configs import streams
+    from kerasdist.data import load_split
+
+    recipe = load_recipe(str(RECIPE), ["data.train_split=test[:300]", "data.eval_split=test[300:400]"])
+    raw = stream_data(recipe.model_dump(mode="json"), recipe, tmp_path)
+    row = validate_recipe(strategy_recipe(raw, "default_stream", workers=2, run_dir=tmp_path / "r"))
+    assert row.strategy.kind == "default" and streams(row.data, row.data.train_split)
+    for mine, theirs in (("train", "test[:300]"), ("test", "test[300:400]")):
+        ours = load_split(row.data, f"{mine}[:100%]")  # the files, read whole to compare
+        for a, b in zip(ours, load_split(recipe.data, theirs), strict=True):
+            np.testing.assert_array_equal(a, b)
+    result = _assembled({"default": [_run("d0", 1000.0)], "default_stream": [_run("s0", 990.0)]})
+    assert result["rows"]["default_stream"]["summary"]["ratio_examples_per_sec"] == {
+        "default": pytest.approx(0.99)}
+    (verdict,) = [t for t in result["targets"] if t["name"] == "stream_vs_in_memory"]
+    assert verdict["value"] == pytest.approx(0.99)
+
+
+def test_the_stream_row_refuses_data_that_are_not_square_images(tmp_path):
+    from kerasdist.bench.command import stream_data
+    from kerasdist.errors import RecipeError
+
+    recipe = load_recipe(str(Path(RECIPE).parent / "linear_mwms.yaml"))
+    with pytest.raises(RecipeError, match="needs uint8 square images"):
+        stream_data(recipe.model_dump(mode="json"), recipe, tmp_path)

@@ -351,3 +351,41 @@ def test_reduce_lr_on_plateau_lowers_the_rate_and_a_resume_keeps_the_lowered_rat
     lrs = [json.loads(line)["lr"] for line in (run_dir / "lr.jsonl").read_text().splitlines()]
     # epochs 2 and 3 do not improve by 1e9: halved; epoch 4 (a new callback, no best yet) keeps it
     assert lrs == pytest.approx([0.1, 0.05, 0.025, 0.025])
+
+
+def _board_step_calls(monkeypatch, tmp_path, **board):
+    """How often Keras's own ``TensorBoard.on_train_batch_end`` ran in a 2 x 5-step fit with
+    kerasdist's :class:`EpochTensorBoard`; and the tags of the train event file."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from kerasdist.keras.callbacks import EpochTensorBoard
+
+    calls = []
+    original = keras.callbacks.TensorBoard.on_train_batch_end
+    monkeypatch.setattr(keras.callbacks.TensorBoard, "on_train_batch_end",
+                        lambda self, batch, logs=None: (calls.append(batch),
+                                                        original(self, batch, logs)))
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    x = np.ones((20, 3), np.float32)
+    model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0,
+              callbacks=[EpochTensorBoard(log_dir=str(tmp_path / "tb"), **board)])
+    tags = set()
+    for path in (tmp_path / "tb" / "train").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            tags |= {value.tag for value in event.summary.value}
+    return len(calls), tags
+
+
+def test_epoch_tensorboard_skips_the_step_hooks_that_write_nothing(monkeypatch, tmp_path):
+    calls, tags = _board_step_calls(monkeypatch, tmp_path)
+    assert calls == 1  # the first step (it writes the graph), then none of the 10
+    assert "epoch_loss" in tags  # the epoch summaries are still written
+
+
+def test_epoch_tensorboard_is_kerass_own_when_it_profiles_or_writes_per_step(monkeypatch, tmp_path):
+    assert _board_step_calls(monkeypatch, tmp_path / "a", profile_batch=2)[0] == 10
+    calls, tags = _board_step_calls(monkeypatch, tmp_path / "b", update_freq=1)
+    assert calls == 10 and "batch_loss" in tags
