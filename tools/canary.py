@@ -1,7 +1,8 @@
 """The upgrade canary (issue 32): kerasdist on a given TensorFlow/Keras pair in a scratch venv.
 
 For one pair it builds (or reuses) a virtual environment, installs ``tensorflow==TF``,
-``keras==KERAS`` and this checkout (``-e .``, the ``test`` extras), then
+``keras==KERAS``, kerasdist's other requirements and ``test`` extras (keras-hub left out) and this
+checkout (``-e . --no-deps``, so a pair outside the pins installs too), then
 
 * reads every probe of :mod:`kerasdist._compat` there (``_compat.probes()``) and prints the ones
   that *flipped* against the probes of the interpreter running this script (the baseline);
@@ -73,14 +74,27 @@ def probe(python: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def requirements() -> list[str]:
+    """kerasdist's dependencies and ``test`` extras from ``pyproject.toml``, less TensorFlow and
+    Keras (given exactly instead) and keras-hub (its tensorflow-text follows TF's minor; only the
+    full matrix's KerasHub case needs it), so that a pair outside the pins still installs."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
+    return [r for r in wanted if not re.match(r"(tensorflow|keras|keras-hub)\b(?![-_])", r)]
+
+
 def build(venv: Path, tf: str, keras: str) -> float:
-    """Create ``venv`` (if absent) and install the pair and this checkout; returns seconds."""
+    """Create ``venv`` (if absent), install the pair, kerasdist's other requirements and this
+    checkout (``--no-deps``: its pins would refuse a newer pair); returns seconds."""
     start = time.monotonic()
     if not (venv / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--pre",
-                    f"tensorflow=={tf}", f"keras=={keras}", "-e", f"{ROOT}[test]"],
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, f"tensorflow=={tf}", f"keras=={keras}", *requirements()],
                    check=True, timeout=3600)
+    subprocess.run([*pip, "--no-deps", "-e", str(ROOT)], check=True, timeout=1800)
     return time.monotonic() - start
 
 

@@ -205,4 +205,23 @@ def probes() -> dict[str, bool | str]:
     return result
 
 
-__all__ = ["ENABLE_MENDS", "MENDS", "OTHER_PROBES", "apply", "probes", "status"]
+
+
+def targets() -> list[tuple[str, str, object, str]]:
+    """Every symbol a mend patches: ``(mend name, "module.Class.attribute", owner, attribute)``
+    for :data:`MENDS`, :data:`ENABLE_MENDS` and the parameter-server dispatch, whether installed or
+    not (imports Keras/TF; runs no TF op). ``tests/unit/test_compat.py`` probes each one."""
+    from kerasdist._compat import _patch, keras_ps_dispatch
+
+    found = []
+    for module_name in MENDS + ENABLE_MENDS:
+        module = importlib.import_module(module_name)
+        found += [(module.NAME, _patch._name(p.owner, p.attribute), p.owner, p.attribute)
+                  for p in module._patches()]
+    trainer = keras_ps_dispatch._trainer_class()
+    found += [(keras_ps_dispatch.NAME, _patch._name(trainer, name), trainer, name)
+              for name in ("fit", "evaluate", "predict")]
+    return found
+
+
+__all__ = ["ENABLE_MENDS", "MENDS", "OTHER_PROBES", "apply", "probes", "status", "targets"]

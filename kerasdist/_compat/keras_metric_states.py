@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from kerasdist._compat import _patch
 from kerasdist._compat._fakes import is_multi_worker
 
 NAME = "keras-metric-states"
@@ -127,25 +128,21 @@ def _mended(original):
     return get_metrics_result
 
 
+def _patches():
+    return [_patch.Patch(_trainer_class(), "get_metrics_result", _mended)]
+
+
 def installed() -> bool:
     """True when the mend is in place."""
-    trainer = _trainer_class()
-    return getattr(trainer.__dict__.get("get_metrics_result"), _MARK, None) == NAME
+    return _patch.installed(NAME, _patches())
 
 
 def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    trainer = _trainer_class()
-    trainer.get_metrics_result = _mended(trainer.__dict__["get_metrics_result"])
-    return True
+    """Install the mend if the bug is present (idempotent, thread-safe; kerasdist._compat._patch).
+    Returns True when it is in effect."""
+    return _patch.install(NAME, _patches(), bug_present)
 
 
 def uninstall() -> None:
-    """Restore Keras's method (tests only)."""
-    if installed():
-        trainer = _trainer_class()
-        trainer.get_metrics_result = trainer.__dict__["get_metrics_result"].__wrapped__
+    """Put back what the mend replaced (tests only)."""
+    _patch.uninstall(NAME)

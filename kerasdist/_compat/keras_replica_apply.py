@@ -39,6 +39,8 @@ import contextlib
 import functools
 import inspect
 
+from kerasdist._compat import _patch
+
 NAME = "keras-optimizer-replica-apply"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
@@ -135,22 +137,23 @@ def _mended(original):
     return _backend_apply_gradients
 
 
+def _patches():
+    # The class inherits Keras's method; uninstall() deletes the override again.
+    return [_patch.Patch(_optimizer_class(), "_backend_apply_gradients",
+                         lambda _: _mended(_base_method()))]
+
+
 def installed() -> bool:
     """True when the mend is in place."""
-    return getattr(_optimizer_class().__dict__.get("_backend_apply_gradients"), _MARK, None) == NAME
+    return _patch.installed(NAME, _patches())
 
 
 def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    _optimizer_class()._backend_apply_gradients = _mended(_base_method())
-    return True
+    """Install the mend if the bug is present (idempotent, thread-safe; kerasdist._compat._patch).
+    Returns True when it is in effect."""
+    return _patch.install(NAME, _patches(), bug_present)
 
 
 def uninstall() -> None:
-    """Remove the mend (tests only): the class inherits Keras's method again."""
-    if installed():
-        del _optimizer_class()._backend_apply_gradients
+    """Put back what the mend replaced (tests only)."""
+    _patch.uninstall(NAME)

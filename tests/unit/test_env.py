@@ -44,7 +44,7 @@ def test_report_names_versions_devices_and_mends(capsys, monkeypatch):
     from kerasdist import _compat
 
     # Every mend of the index is reported, by name, with whether it is installed or needed.
-    modules = [importlib.import_module(name) for name in _compat.MENDS]
+    modules = [importlib.import_module(name) for name in _compat.MENDS + _compat.ENABLE_MENDS]
     assert set(report["mends"]) == {module.NAME for module in modules}
     assert {"keras#20585", "tensorflow#72388", "keras#20582"} <= set(report["mends"])
     states = {"active", "needed", "not needed", "not applicable"}
