@@ -130,3 +130,26 @@ def signature(obj) -> str:
         return str(inspect.signature(obj))
     except (TypeError, ValueError):
         return type(obj).__name__
+
+
+def functions(module_name: str):
+    """``(installed, install, uninstall)`` for the mend module ``module_name``, which defines
+    ``NAME``, ``bug_present()`` and ``_patches()`` (a list of :class:`Patch`; both looked up at
+    call time). ``install()`` replaces the targets when the probe shows the bug (idempotent,
+    thread-safe) and returns whether the mend is in effect; ``uninstall()`` (tests only) puts back
+    what was replaced."""
+    import sys
+
+    def module():
+        return sys.modules[module_name]
+
+    def installed_() -> bool:
+        return installed(module().NAME, module()._patches())
+
+    def install_() -> bool:
+        return install(module().NAME, module()._patches(), module().bug_present)
+
+    def uninstall_() -> None:
+        uninstall(module().NAME)
+
+    return installed_, install_, uninstall_

@@ -143,17 +143,6 @@ def _patches():
                          lambda _: _mended(_base_method()))]
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return _patch.installed(NAME, _patches())
-
-
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent, thread-safe; kerasdist._compat._patch).
-    Returns True when it is in effect."""
-    return _patch.install(NAME, _patches(), bug_present)
-
-
-def uninstall() -> None:
-    """Put back what the mend replaced (tests only)."""
-    _patch.uninstall(NAME)
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

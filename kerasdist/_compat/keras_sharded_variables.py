@@ -83,9 +83,9 @@ def _patched():
             (TFOptimizer, "_distributed_tf_update_step"))
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return _patch.installed(NAME, _patches())
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
 
 
 def sharded_value(variable):
@@ -153,19 +153,6 @@ def _patches():
 
 def _wrapped(make, original):
     return functools.wraps(original)(make(original))
-
-
-def install() -> bool:
-    """Patch, process-wide: ``tape.gradient``'s source unwrapping (TF ``backprop``), the TF
-    backend's ``take``, ``TFOptimizer.add_variable_from_reference``, the parameter-server
-    strategy's ``extended.update`` (``_update``) and Keras's TF ``Variable._initialize``; each
-    patch changes nothing for a variable that is not sharded. Idempotent, thread-safe
-    (:mod:`kerasdist._compat._patch`).
-
-    Returns:
-        Whether the mend is in effect (False when :func:`bug_present` is False).
-    """
-    return _patch.install(NAME, _patches(), bug_present)
 
 
 def _handle_or_self(original):
@@ -303,12 +290,6 @@ def _initialize(original):
             self.__class__ = _sharded_class(type(self))
 
     return initialize
-
-
-def uninstall() -> None:
-    """Put every upstream function back (tests only). Variables that already took the sharded
-    subclass keep it."""
-    _patch.uninstall(NAME)
 
 
 @functools.lru_cache(maxsize=None)
