@@ -342,6 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     _log.configure(getattr(args, "verbose", None))
     from kerasdist import _exit
+    from kerasdist._compat import versions
+
+    versions.warn_if_untested(_log.get_logger("compat"))  # one line; metadata only, no TF import
 
     failed = functools.partial(_failed, command=args.command)
     try:

@@ -6,7 +6,11 @@
 * ``environment``: ``KERAS_BACKEND``, ``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``,
   ``CUDA_VISIBLE_DEVICES`` as set (None when unset);
 * ``devices``: TensorFlow's physical devices (``CPU:0``, ``GPU:0`` ...);
-* ``mends``: each :mod:`kerasdist._compat` mend and whether the installed Keras/TF need it;
+* ``mends``: each :mod:`kerasdist._compat` mend and its state on the installed Keras/TF:
+  ``active``, ``needed``, ``not needed`` (fixed upstream) or ``not applicable``, each read as
+  ``unknown version: <state>`` on a TensorFlow/Keras outside the tested range;
+* ``supported``: the tested TensorFlow/Keras ranges, and ``warning``: the untested-version
+  line (None inside the range);
 * ``cluster``: where a role would come from (``flags``, ``TF_CONFIG``, ``slurm`` or ``none``), and
   either the validated role (task, chief or not, tasks per job) or the error that validation gave.
 """
@@ -70,6 +74,7 @@ def collect(*, flags: dict[str, Any] | None = None, devices: bool = True) -> dic
         devices: list TensorFlow's physical devices (imports TensorFlow, a few seconds).
     """
     from kerasdist import _compat
+    from kerasdist._compat import versions
     from kerasdist._version import __version__
 
     report: dict[str, Any] = {
@@ -80,6 +85,8 @@ def collect(*, flags: dict[str, Any] | None = None, devices: bool = True) -> dic
         "environment": {name: os.environ.get(name) for name in ENV_VARS},
         "devices": None,
         "mends": _compat.status(),
+        "supported": dict(versions.SUPPORTED),
+        "warning": versions.warning_line(),
         "cluster": _cluster(flags),
     }
     if devices:
@@ -93,15 +100,17 @@ def collect(*, flags: dict[str, Any] | None = None, devices: bool = True) -> dic
 def format_text(report: dict[str, Any]) -> str:
     """The report as aligned ``key  value`` lines, one section per block."""
     lines = []
-    for section in ("versions", "environment", "mends"):
+    if report.get("warning"):
+        lines.append(f"warning: {report['warning']}")
+    for section in ("versions", "supported", "environment", "mends"):
         lines.append(f"{section}:")
         for key, value in report[section].items():
-            lines.append(f"  {key:<22} {'-' if value is None else value}")
+            lines.append(f"  {key:<30} {'-' if value is None else value}")
     devices = report["devices"]
     lines.append(f"devices:\n  {', '.join(devices) if devices else '-'}")
     lines.append("cluster:")
     for key, value in report["cluster"].items():
-        lines.append(f"  {key:<22} {'-' if value is None else value}")
+        lines.append(f"  {key:<30} {'-' if value is None else value}")
     return "\n".join(lines)
 
 

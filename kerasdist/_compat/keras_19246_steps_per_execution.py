@@ -32,6 +32,8 @@ from __future__ import annotations
 import functools
 import inspect
 
+from kerasdist._compat import _patch
+
 NAME = "keras#19246"
 ISSUE = "https://github.com/keras-team/keras/issues/19246"
 _MARK = "_kerasdist_mend"
@@ -137,25 +139,10 @@ def _mended(original):
     return _make_function
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    trainer = _trainer_module().TensorFlowTrainer
-    return getattr(trainer.__dict__.get("_make_function"), _MARK, None) == NAME
+def _patches():
+    return [_patch.Patch(_trainer_module().TensorFlowTrainer, "_make_function", _mended)]
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    trainer = _trainer_module().TensorFlowTrainer
-    trainer._make_function = _mended(trainer.__dict__["_make_function"])
-    return True
-
-
-def uninstall() -> None:
-    """Restore Keras's function (tests only)."""
-    if installed():
-        trainer = _trainer_module().TensorFlowTrainer
-        trainer._make_function = trainer.__dict__["_make_function"].__wrapped__
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

@@ -70,6 +70,8 @@ import contextlib
 import functools
 import inspect
 
+from kerasdist._compat import _patch
+
 NAME = "keras#20582"
 ISSUE = "https://github.com/keras-team/keras/issues/20582"
 _MARK = "_kerasdist_mend"
@@ -192,23 +194,11 @@ def _mended(original):
     return apply
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return getattr(_optimizer_class().__dict__.get("apply"), _MARK, None) == NAME
+def _patches():
+    # TFOptimizer inherits Keras's ``apply``; uninstall() deletes the override again.
+    return [_patch.Patch(_optimizer_class(), "apply", lambda _: _mended(_base_apply()))]
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent; runs no TF op). Returns True when it is
-    in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    _optimizer_class().apply = _mended(_base_apply())
-    return True
-
-
-def uninstall() -> None:
-    """Remove the mend (tests only): the TF optimizer inherits Keras's ``apply`` again."""
-    if installed():
-        del _optimizer_class().apply
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 
+from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, fake_per_replica
 
 NAME = "keras#20585"
@@ -91,9 +92,13 @@ def _mended(original):
     return _maybe_symbolic_build
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return getattr(_trainer_class()._maybe_symbolic_build, _MARK, None) == NAME
+def _patches():
+    return [_patch.Patch(_trainer_class(), "_maybe_symbolic_build", _mended)]
+
+
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
 
 
 def _original():
@@ -122,21 +127,3 @@ def bug_present() -> bool:
     except (AttributeError, TypeError):
         return False
     return any(tf.nest.is_nested(call.value) for call in strategy.calls)
-
-
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    trainer = _trainer_class()
-    trainer._maybe_symbolic_build = _mended(trainer._maybe_symbolic_build)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the upstream method (tests only)."""
-    if installed():
-        trainer = _trainer_class()
-        trainer._maybe_symbolic_build = trainer._maybe_symbolic_build.__wrapped__

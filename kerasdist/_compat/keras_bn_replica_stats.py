@@ -32,6 +32,8 @@ import functools
 import inspect
 import textwrap
 
+from kerasdist._compat import _patch
+
 NAME = "keras-bn-replica-stats"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
@@ -81,23 +83,10 @@ def _original_build():
     return _layer_class().build
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return getattr(_layer_class().__dict__.get("add_weight"), _MARK, None) == NAME
+def _patches():
+    return [_patch.Patch(_layer_class(), "add_weight", _mended)]  # inherited: removed again
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    layer = _layer_class()
-    layer.add_weight = _mended(layer.add_weight)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the inherited ``add_weight`` (tests only)."""
-    if installed():
-        del _layer_class().add_weight
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

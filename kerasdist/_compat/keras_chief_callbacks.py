@@ -40,8 +40,8 @@ import functools
 import os
 import shutil
 import tempfile
-import threading
 
+from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
 
 NAME = "keras-chief-callbacks"
@@ -51,7 +51,6 @@ ISSUE = ("no upstream issue for the multi-worker race (reproduction: tests/scrip
 _MARK = "_kerasdist_mend"
 STAGING_PREFIX = ".kerasdist-staging-"
 _SINGLE, _CHIEF, _OTHER = "single", "chief", "other"
-_LOCK = threading.Lock()
 
 
 def _classes():
@@ -252,9 +251,17 @@ def _patches():
             (backup, "on_train_end", _backup_cleanup), (checkpoint, "_save_model", _checkpoint_save))
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return all(getattr(cls.__dict__[name], _MARK, None) == NAME for cls, name, _ in _patches())
+def _patches():
+    backup, checkpoint = _classes()
+    return [_patch.Patch(backup, "_save_model", _backup_save),
+            _patch.Patch(backup, "on_train_begin", _backup_restore),
+            _patch.Patch(backup, "on_train_end", _backup_cleanup),
+            _patch.Patch(checkpoint, "_save_model", _checkpoint_save)]
+
+
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
 
 
 def _original(cls, name: str):
@@ -315,24 +322,3 @@ def bug_present() -> bool:
             return False
         shared = {checkpoint.filepath, backup._weights_path}
     return bool(shared & set(model.paths))
-
-
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent, thread-safe). Returns True when it is
-    in effect."""
-    with _LOCK:
-        if installed():
-            return True
-        if not bug_present():
-            return False
-        for cls, name, wrap in _patches():
-            if getattr(cls.__dict__[name], _MARK, None) != NAME:
-                setattr(cls, name, wrap(cls.__dict__[name]))
-        return True
-
-
-def uninstall() -> None:
-    """Restore the upstream methods (tests only)."""
-    with _LOCK:
-        for cls, name, _ in _patches():
-            setattr(cls, name, _original(cls, name))

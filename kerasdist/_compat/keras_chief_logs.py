@@ -23,14 +23,13 @@ import inspect
 import os
 import shutil
 import tempfile
-import threading
 
+from kerasdist._compat import _patch
 from kerasdist._compat.keras_chief_callbacks import role
 
 NAME = "keras-chief-logs"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
-_LOCK = threading.Lock()
 _OTHER = "other"
 
 
@@ -96,28 +95,14 @@ def _patches():
             (csv_logger, "on_train_end", _cleanup_after))
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return all(getattr(cls.__dict__[name], _MARK, None) == NAME for cls, name, _ in _patches())
+def _patches():
+    tensorboard, csv_logger = _classes()
+    return [_patch.Patch(tensorboard, "set_model", _tensorboard_set_model),
+            _patch.Patch(tensorboard, "on_train_end", _cleanup_after),
+            _patch.Patch(csv_logger, "on_train_begin", _csv_train_begin),
+            _patch.Patch(csv_logger, "on_train_end", _cleanup_after)]
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    with _LOCK:
-        if installed():
-            return True
-        if not bug_present():
-            return False
-        for cls, name, wrap in _patches():
-            if getattr(cls.__dict__[name], _MARK, None) != NAME:
-                setattr(cls, name, wrap(cls.__dict__[name]))
-        return True
-
-
-def uninstall() -> None:
-    """Restore the upstream methods (tests only)."""
-    with _LOCK:
-        for cls, name, _ in _patches():
-            method = cls.__dict__[name]
-            if getattr(method, _MARK, None) == NAME:
-                setattr(cls, name, method.__wrapped__)
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

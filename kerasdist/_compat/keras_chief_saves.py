@@ -29,8 +29,8 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import threading
 
+from kerasdist._compat import _patch
 from kerasdist._compat import keras_chief_callbacks as chief
 from kerasdist._compat._fakes import is_multi_worker
 from kerasdist._compat._save_scope import inside, passthrough
@@ -38,7 +38,6 @@ from kerasdist._compat._save_scope import inside, passthrough
 NAME = "keras-chief-saves"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
-_LOCK = threading.Lock()
 _METHODS = ("save", "save_weights", "export")
 
 
@@ -149,34 +148,12 @@ def _original(cls, name: str):
     return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
+def _patches():
     model = _model_class()
-    return all(getattr(model.__dict__[name], _MARK, None) == NAME for name in _METHODS)
+    return ([_patch.Patch(model, name, _method) for name in _METHODS]
+            + [_patch.Patch(module, "save_model", _function) for module in _saving_modules()])
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent, thread-safe). True when in effect."""
-    with _LOCK:
-        if installed():
-            return True
-        if not bug_present():
-            return False
-        model = _model_class()
-        for name in _METHODS:
-            setattr(model, name, _method(model.__dict__[name]))
-        for module in _saving_modules():
-            if getattr(module.save_model, _MARK, None) != NAME:
-                module.save_model = _function(module.save_model)
-        return True
-
-
-def uninstall() -> None:
-    """Restore Keras's methods (tests only)."""
-    with _LOCK:
-        model = _model_class()
-        for name in _METHODS:
-            setattr(model, name, _original(model, name))
-        for module in _saving_modules():
-            if getattr(module.save_model, _MARK, None) == NAME:
-                module.save_model = module.save_model.__wrapped__
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

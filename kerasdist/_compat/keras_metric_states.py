@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import inspect
 
+from kerasdist._compat import _patch
 from kerasdist._compat._fakes import is_multi_worker
 
 NAME = "keras-metric-states"
@@ -127,25 +128,10 @@ def _mended(original):
     return get_metrics_result
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    trainer = _trainer_class()
-    return getattr(trainer.__dict__.get("get_metrics_result"), _MARK, None) == NAME
+def _patches():
+    return [_patch.Patch(_trainer_class(), "get_metrics_result", _mended)]
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    trainer = _trainer_class()
-    trainer.get_metrics_result = _mended(trainer.__dict__["get_metrics_result"])
-    return True
-
-
-def uninstall() -> None:
-    """Restore Keras's method (tests only)."""
-    if installed():
-        trainer = _trainer_class()
-        trainer.get_metrics_result = trainer.__dict__["get_metrics_result"].__wrapped__
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

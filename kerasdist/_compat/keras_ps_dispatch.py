@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
+
+from kerasdist._compat import _patch
 
 NAME = "keras-ps-fit"
 ISSUE = "Keras 3 has no ParameterServerStrategy support (reproduction in this module's docstring)"
 
-_LOCK = threading.Lock()
-_ORIGINALS: dict[str, object] = {}
-_MARK = "_kerasdist_original"
 
 
 def _trainer_class():
@@ -79,7 +77,6 @@ def _wrap(name: str, original, target):
         arguments.update(arguments.pop("kwargs", {}))
         return target(self, **arguments)
 
-    setattr(method, _MARK, original)
     method.__name__ = name
     return method
 
@@ -94,27 +91,18 @@ def enable(*, fit, evaluate, predict=None) -> None:
     Idempotent and thread-safe.
     """
     trainer = _trainer_class()
-    with _LOCK:
-        targets = (("fit", fit), ("evaluate", evaluate)) + (
-            (("predict", predict),) if predict is not None else ())
-        for name, target in targets:
-            current = trainer.__dict__[name]
-            if hasattr(current, _MARK):
-                continue
-            _ORIGINALS[name] = current
-            setattr(trainer, name, _wrap(name, current, target))
+    targets = (("fit", fit), ("evaluate", evaluate)) + (
+        (("predict", predict),) if predict is not None else ())
+    _patch.install(NAME, [_patch.Patch(trainer, name, functools.partial(_wrap, name, target=target))
+                          for name, target in targets])
 
 
 def disable() -> None:
     """Put Keras's own ``fit``/``evaluate``/``predict`` back (the ``_compat`` mends stay).
     Idempotent."""
-    trainer = _trainer_class()
-    with _LOCK:
-        for name, original in list(_ORIGINALS.items()):
-            setattr(trainer, name, original)
-            del _ORIGINALS[name]
+    _patch.uninstall(NAME)
 
 
 def is_enabled() -> bool:
     """Whether :func:`enable` is in effect."""
-    return hasattr(_trainer_class().__dict__["fit"], _MARK)
+    return _patch.is_patched(_trainer_class(), "fit", NAME)

@@ -31,6 +31,8 @@ import functools
 import inspect
 import threading
 
+from kerasdist._compat import _patch
+
 NAME = "keras-replica-add-loss"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
@@ -91,27 +93,11 @@ def bug_present() -> bool:
     return "self._losses.extend" in inspect.getsource(_layer_class().add_loss)
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
+def _patches():
     layer = _layer_class()
-    return all(getattr(layer.__dict__.get(n), _MARK, None) == NAME for n in _METHODS)
+    return [_patch.Patch(layer, name, functools.partial(_mended, name)) for name in _METHODS]
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    layer = _layer_class()
-    for name in _METHODS:
-        setattr(layer, name, _mended(name, layer.__dict__[name]))
-    return True
-
-
-def uninstall() -> None:
-    """Restore Keras's methods (tests only)."""
-    if installed():
-        layer = _layer_class()
-        for name in _METHODS:
-            setattr(layer, name, layer.__dict__[name].__wrapped__)
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

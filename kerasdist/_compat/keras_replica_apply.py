@@ -41,6 +41,8 @@ import contextlib
 import functools
 import inspect
 
+from kerasdist._compat import _patch
+
 NAME = "keras-optimizer-replica-apply"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
@@ -142,22 +144,12 @@ def _mended(original):
     return _backend_apply_gradients
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return getattr(_optimizer_class().__dict__.get("_backend_apply_gradients"), _MARK, None) == NAME
+def _patches():
+    # The class inherits Keras's method; uninstall() deletes the override again.
+    return [_patch.Patch(_optimizer_class(), "_backend_apply_gradients",
+                         lambda _: _mended(_base_method()))]
 
 
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    _optimizer_class()._backend_apply_gradients = _mended(_base_method())
-    return True
-
-
-def uninstall() -> None:
-    """Remove the mend (tests only): the class inherits Keras's method again."""
-    if installed():
-        del _optimizer_class()._backend_apply_gradients
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

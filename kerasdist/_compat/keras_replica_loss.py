@@ -31,6 +31,8 @@ import functools
 import inspect
 import threading
 
+from kerasdist._compat import _patch
+
 NAME = "keras-replica-loss"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
@@ -223,34 +225,19 @@ def _wrap_maker(original, attribute: str):
     return make
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return getattr(getattr(_loss_module(), _FUNCTIONS[0]), _MARK, None) == NAME
-
-
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
+def _patches():
     module, trainer = _loss_module(), _trainer_class()
-    for name in _FUNCTIONS:
-        setattr(module, name, _identity_in_steps(getattr(module, name)))
-    module.reduce_values = _exact_reduce(module.reduce_values)
-    for maker, attribute in (("make_train_function", "train_function"),
-                             ("make_test_function", "test_function")):
-        setattr(trainer, maker, _wrap_maker(trainer.__dict__[maker], attribute))
-    return True
+    return ([_patch.Patch(module, name, _identity_in_steps) for name in _FUNCTIONS]
+            + [_patch.Patch(module, "reduce_values", _exact_reduce)]
+            + [_patch.Patch(trainer, maker, functools.partial(_maker, attribute))
+               for maker, attribute in (("make_train_function", "train_function"),
+                                        ("make_test_function", "test_function"))])
 
 
-def uninstall() -> None:
-    """Restore the upstream functions (tests only)."""
-    if not installed():
-        return
-    module, trainer = _loss_module(), _trainer_class()
-    for name in _FUNCTIONS:
-        setattr(module, name, getattr(module, name).__wrapped__)
-    module.reduce_values = module.reduce_values.__wrapped__
-    for maker in ("make_train_function", "make_test_function"):
-        setattr(trainer, maker, trainer.__dict__[maker].__wrapped__)
+def _maker(attribute, original):
+    return _wrap_maker(original, attribute)
+
+
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""

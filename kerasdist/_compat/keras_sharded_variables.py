@@ -54,10 +54,11 @@ from __future__ import annotations
 import functools
 import inspect
 
+from kerasdist._compat import _patch
+
 NAME = "keras-sharded-variables"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 _MARK = "_kerasdist_mend"
-_ORIGINALS: dict = {}  # (owner, attribute) -> the upstream function, for uninstall()
 
 
 def bug_present() -> bool:
@@ -82,8 +83,9 @@ def _patched():
             (TFOptimizer, "_distributed_tf_update_step"))
 
 
-def installed() -> bool:
-    return all(getattr(getattr(owner, name), _MARK, False) for owner, name in _patched())
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
 
 
 def sharded_value(variable):
@@ -142,28 +144,15 @@ def _gradient_source_class():
     return ShardedGradientSource
 
 
-def install() -> bool:
-    """Patch, process-wide: ``tape.gradient``'s source unwrapping (TF ``backprop``), the TF
-    backend's ``take``, ``TFOptimizer.add_variable_from_reference``, the parameter-server
-    strategy's ``extended.update`` (``_update``) and Keras's TF ``Variable._initialize``; each
-    patch changes nothing for a variable that is not sharded. Idempotent.
-
-    Returns:
-        Whether the mend is in effect (False when :func:`bug_present` is False).
-    """
-    if not bug_present():
-        return False
-    if installed():
-        return True
+def _patches():
     makers = (_handle_or_self, _take, _add_variable_from_reference, _update, _initialize,
               _update_step_by_shard)
-    for make, (owner, attribute) in zip(makers, _patched(), strict=True):
-        original = getattr(owner, attribute)
-        function = functools.wraps(original)(make(original))
-        setattr(function, _MARK, True)
-        _ORIGINALS[(owner, attribute)] = original
-        setattr(owner, attribute, function)
-    return True
+    return [_patch.Patch(owner, attribute, functools.partial(_wrapped, make))
+            for make, (owner, attribute) in zip(makers, _patched(), strict=True)]
+
+
+def _wrapped(make, original):
+    return functools.wraps(original)(make(original))
 
 
 def _handle_or_self(original):
@@ -301,14 +290,6 @@ def _initialize(original):
             self.__class__ = _sharded_class(type(self))
 
     return initialize
-
-
-def uninstall() -> None:
-    """Put every upstream function back (tests only). Variables that already took the sharded
-    subclass keep it."""
-    for (owner, attribute), original in _ORIGINALS.items():
-        setattr(owner, attribute, original)
-    _ORIGINALS.clear()
 
 
 @functools.lru_cache(maxsize=None)

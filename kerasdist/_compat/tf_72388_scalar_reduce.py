@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 
+from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
 
 NAME = "tensorflow#72388"
@@ -99,9 +100,13 @@ def _mended(original):
     return reduce_per_replica
 
 
-def installed() -> bool:
-    """True when the mend is in place."""
-    return getattr(_trainer_module().reduce_per_replica, _MARK, None) == NAME
+def _patches():
+    return [_patch.Patch(_trainer_module(), "reduce_per_replica", _mended)]
+
+
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
 
 
 def _original():
@@ -131,21 +136,3 @@ def bug_present() -> bool:
         return False
     return any(c.axis == 0 and getattr(getattr(c.value, "shape", None), "rank", None) == 0
                for c in strategy.calls)
-
-
-def install() -> bool:
-    """Install the mend if the bug is present (idempotent). Returns True when it is in effect."""
-    if installed():
-        return True
-    if not bug_present():
-        return False
-    module = _trainer_module()
-    module.reduce_per_replica = _mended(module.reduce_per_replica)
-    return True
-
-
-def uninstall() -> None:
-    """Restore the upstream function (tests only)."""
-    if installed():
-        module = _trainer_module()
-        module.reduce_per_replica = module.reduce_per_replica.__wrapped__

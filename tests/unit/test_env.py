@@ -44,10 +44,12 @@ def test_report_names_versions_devices_and_mends(capsys, monkeypatch):
     from kerasdist import _compat
 
     # Every mend of the index is reported, by name, with whether it is installed or needed.
-    modules = [importlib.import_module(name) for name in _compat.MENDS]
+    modules = [importlib.import_module(name) for name in _compat.MENDS + _compat.ENABLE_MENDS]
     assert set(report["mends"]) == {module.NAME for module in modules}
     assert {"keras#20585", "tensorflow#72388", "keras#20582"} <= set(report["mends"])
-    assert set(report["mends"].values()) <= {"installed", "needed", "not needed"}
+    states = {"active", "needed", "not needed", "not applicable"}
+    assert set(report["mends"].values()) <= states | {f"unknown version: {s}" for s in states}
+    assert report["supported"] == {"tensorflow": ">=2.19,<2.22", "keras": ">=3.15,<3.16"}
     assert report["cluster"]["source"] == "none"
 
 

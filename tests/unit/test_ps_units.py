@@ -188,7 +188,9 @@ def test_enable_is_idempotent_and_leaves_other_strategies_to_keras(restore_dispa
     dispatch.enable()
     wrapped = TensorFlowTrainer.__dict__["fit"]
     assert dispatch.is_enabled() and wrapped is not keras_fit
-    assert wrapped._kerasdist_original is keras_fit
+    from kerasdist._compat import _patch
+
+    assert _patch.original(TensorFlowTrainer, "fit") is keras_fit
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     history = model.fit(np.ones((8, 2)), np.ones((8, 1)), epochs=2, verbose=0)
