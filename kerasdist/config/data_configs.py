@@ -1,11 +1,11 @@
 """The ``data`` section of a recipe: :class:`DataConfig` and its :class:`FeatureSpec`.
 
-In-memory sources (``embedded``, ``idx``, ``npz``, ``synthetic_*``; ``tfrecord`` with the default
-spec and a sliced split such as ``test[:80%]``) are read whole into NumPy arrays. Streaming sources read their
-files with ``tf.data`` and never hold a split in memory:
+In-memory sources (``embedded``, ``idx``, ``npz``, ``synthetic_*``) are read whole into NumPy
+arrays. Streaming sources read their files with ``tf.data`` and never hold a split in memory:
 
-* ``tfrecord`` (a whole split name): ``tf.train.Example`` records parsed with the feature spec
-  ``data.features`` (default: the MNIST layout ``image_raw`` + ``label``);
+* ``tfrecord`` (a whole split name, or a TFDS slice such as ``test[:80%]``, read as pieces of
+  files): ``tf.train.Example`` records parsed with the feature spec ``data.features`` (default:
+  the MNIST layout ``image_raw`` + ``label``);
 * ``csv``: CSV files with a header row; ``data.label`` names the label column;
 * ``image_folder``: ``<path>/<split>/<class_name>/*.png|jpg`` (the layout of
   ``keras.utils.image_dataset_from_directory``);
@@ -30,7 +30,7 @@ DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_li
                      "synthetic_clicks", "csv", "image_folder", "python"]
 AutoShard = Literal["auto", "off", "data", "file"]
 STREAMING_SOURCES = ("tfrecord", "csv", "image_folder", "python", "tfds")
-"""Sources read with ``tf.data`` from files (``tfrecord`` only for whole split names or a spec)."""
+"""Sources read with ``tf.data`` from files (``tfrecord``: whole splits and slices)."""
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -71,8 +71,9 @@ MNIST_FEATURES = {"image_raw": FeatureSpec(dtype="string", shape=[28, 28], encod
 class DataConfig(Frozen):
     """``data``: where examples come from, how they are split, batched and shuffled.
 
-    Splits use TFDS slicing syntax (``test[:80%]``, ``train[10:200]``) for in-memory sources;
-    streaming sources take a whole split name (``train``). ``batch_size`` is the global batch
+    Splits use TFDS slicing syntax (``test[:80%]``, ``train[10:200]``) for in-memory sources,
+    ``tfrecord``, ``tfds`` and ``python``; ``csv`` and ``image_folder`` take a whole split name
+    (``train``). ``batch_size`` is the global batch
     size. Training batches drop the remainder so that every step consumes exactly ``batch_size``
     examples.
     """
@@ -185,10 +186,11 @@ class DataConfig(Frozen):
         source = self.source
         for field in ("train_split", "eval_split"):
             split = getattr(self, field)
-            if split is not None and streams(self, split) and source not in ("python", "tfds") \
-                    and not is_whole_split(split):  # a data.function gets the split as written
+            if split is not None and source in ("csv", "image_folder") \
+                    and not is_whole_split(split):  # tfrecord: pieces of files; python, tfds: as written
                 raise ValueError(f"data.{field} of a streaming source ('{source}') is a whole split "
-                                 f"name (slices are for in-memory sources). Received: "
+                                 f"name (slices are for tfrecord, tfds, python and in-memory "
+                                 f"sources). Received: "
                                  f"{field}={split!r}")
         if min(self.image_size) < 1:
             raise ValueError(f"data.image_size must be [height, width] >= 1. Received: "
@@ -220,6 +222,4 @@ def streams(config: DataConfig, split: str) -> bool:
     """Whether ``split`` of ``config`` is read as a stream of files (never whole in memory)."""
     if config.source in ("csv", "image_folder", "python", "tfds"):
         return True
-    if config.source == "tfrecord":
-        return config.features is not None or is_whole_split(split)
-    return False
+    return config.source == "tfrecord"  # whole splits and slices (pieces of files)

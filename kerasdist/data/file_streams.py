@@ -1,5 +1,5 @@
-"""Resumable training streams and evaluation inputs of the streaming sources (``tfrecord`` with
-a whole split name or a feature spec, ``csv``, ``image_folder``, ``python``).
+"""Resumable training streams and evaluation inputs of the streaming sources (``tfrecord``: whole
+splits and TFDS slices, as pieces of files; ``csv``, ``image_folder``, ``python``, ``tfds``).
 
 A split is never read whole into memory: files are read record by record with ``tf.data``.
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kerasdist._log import get_logger
-from kerasdist.config.data_configs import streams
 from kerasdist.data.pipeline import preprocess
 from kerasdist.errors import RecipeError
 
@@ -159,8 +158,7 @@ def _build_files(recipe, pipelines: int) -> Streaming:
     if isinstance(source, ImageFolderSource):
         source.set_classes(config.train_split)
     train_units = source.check(config.train_split)
-    eval_units = source.check(config.eval_split) if config.eval_split and streams(
-        config, config.eval_split) else None  # a sliced tfrecord eval split: in memory (caller)
+    eval_units = source.check(config.eval_split) if config.eval_split else None
     if isinstance(source, CsvSource):
         source.load_schema(train_units, recipe.output.run_dir)
     policy = _policy(config, len(train_units), pipelines,
@@ -299,11 +297,12 @@ def evaluation_dataset(config, split: str, *, run_dir):
     return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
 
 
-def sample_split(config, split: str, limit: int | None, *, run_dir=None):
+def sample_split(config, split: str, limit: int | None, *, run_dir=None, preprocessed=True):
     """The first ``limit`` examples (None: all) of a streaming split as NumPy ``(x, y)``, decoded
     as training sees them (for the bad-input checks and reference evaluations in one process);
-    ``x`` is a dict of arrays for a tfrecord spec with several inputs. Training never calls it
-    with ``limit=None``: it streams (:func:`build_streaming`).
+    ``x`` is a dict of arrays for a tfrecord spec with several inputs; ``preprocessed=False``:
+    as decoded, before the uint8-to-float conversion. Training never calls it with
+    ``limit=None``: it streams (:func:`build_streaming`).
 
     Raises:
         DataError: as :func:`build_streaming`; or a split with no examples.
@@ -319,8 +318,9 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None):
     if limit is not None:
         ds = ds.take(limit)
     xs, ys = [], []
+    ds = ds.batch(1024)
     try:
-        for x, y in ds.batch(1024).map(preprocess(config.normalize)):
+        for x, y in (ds.map(preprocess(config.normalize)) if preprocessed else ds):
             xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
             ys.append(y.numpy())
     except tf.errors.OpError as err:

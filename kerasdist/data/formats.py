@@ -89,16 +89,86 @@ class FileSource:
 
 
 # ------------------------------------------------------------------------------------ tfrecord
+PIECE_SEP = "\x00"
+"""Separates a file from its record range in a unit of a sliced tfrecord split (``path``, or
+``path<SEP>start<SEP>stop``: records ``start`` to ``stop - 1`` of the file)."""
+
+
+def _piece_records(unit):
+    """The raw records of one tfrecord unit: a whole file, or a piece of one (see
+    :data:`PIECE_SEP`), read with ``tf.data.TFRecordDataset`` and ``skip``/``take``."""
+    import tensorflow as tf
+
+    parts = tf.strings.split(tf.strings.join([unit, f"{PIECE_SEP}0{PIECE_SEP}-1"]), PIECE_SEP)
+    start = tf.strings.to_number(parts[1], tf.int64)
+    stop = tf.strings.to_number(parts[2], tf.int64)
+    return tf.data.TFRecordDataset(parts[0]).skip(start).take(
+        tf.where(stop >= 0, stop - start, tf.constant(-1, tf.int64)))
+
+
+def _file_of(unit: str) -> str:
+    return unit.split(PIECE_SEP)[0]
+
+
 class TFRecordSource(FileSource):
-    """``tf.train.Example`` records parsed with ``data.features`` (default: MNIST layout)."""
+    """``tf.train.Example`` records parsed with ``data.features`` (default: MNIST layout).
+
+    A split is a whole split name (its files are the units) or a TFDS slice such as
+    ``train[:80%]`` or ``train[:1000]+test[-500:]``: the slice is taken over the split's records
+    in file order (each file's records counted once, in one pass, before training), and its units
+    are the pieces of files it covers (``file``, first record, end), which the streams shuffle,
+    shard and skip as they do whole files. No record is held in memory."""
 
     def units(self, split):
-        return split_files(self.config, split, "*.tfrecord*")
+        from kerasdist.config.data_configs import is_whole_split
+
+        if is_whole_split(split):
+            return split_files(self.config, split, "*.tfrecord*")
+        return self._pieces(split)
+
+    def _pieces(self, split: str) -> list[str]:
+        import re
+        import types
+
+        import tensorflow_datasets as tfds
+
+        try:
+            instruction = tfds.core.ReadInstruction.from_spec(split)
+        except (ValueError, AssertionError) as err:
+            raise DataError(f"bad split string {split!r}: {err}. Received: split={split!r}") \
+                from None
+        names = {re.match(r"\s*([\w-]+)", part).group(1) for part in split.split("+")}
+        files = {name: split_files(self.config, name, "*.tfrecord*") for name in names}
+        missing = sorted(name for name, found in files.items() if not found)
+        if missing:
+            return []  # check() names the split
+        counts = {name: self.count(found) for name, found in files.items()}
+        infos = {name: types.SimpleNamespace(num_examples=sum(c), shard_lengths=c)
+                 for name, c in counts.items()}
+        try:
+            absolute = instruction.to_absolute(infos)
+        except (ValueError, AssertionError) as err:
+            raise DataError(f"split {split!r}: {err}. Received: split={split!r}") from None
+        pieces = []
+        for part in absolute:
+            offset, first = 0, part.from_ or 0
+            last = sum(counts[part.splitname]) if part.to is None else part.to
+            for path, count in zip(files[part.splitname], counts[part.splitname], strict=True):
+                start, stop = max(first, offset), min(last, offset + count)
+                if start < stop:
+                    pieces.append(f"{path}{PIECE_SEP}{start - offset}{PIECE_SEP}{stop - offset}")
+                offset += count
+        if not pieces:
+            raise DataError(f"split {split!r} selects no examples. Received: split={split!r}")
+        return pieces
 
     def records(self, units):
         import tensorflow as tf
 
-        return tf.data.TFRecordDataset(units)
+        units = tf.convert_to_tensor(units, tf.string)
+        if units.shape.rank == 0:
+            units = tf.reshape(units, [1])
+        return tf.data.Dataset.from_tensor_slices(units).flat_map(_piece_records)
 
     def _parse_spec(self) -> dict:
         """``tf.io.parse_example``'s spec of ``data.features``."""
@@ -147,8 +217,15 @@ class TFRecordSource(FileSource):
         import numpy as np
         import tensorflow as tf
 
-        return [int(tf.data.TFRecordDataset(u).reduce(np.int64(0), lambda n, _: n + 1).numpy())
-                for u in units]
+        counts = []
+        for unit in units:
+            piece = unit.split(PIECE_SEP)
+            if len(piece) == 3:
+                counts.append(int(piece[2]) - int(piece[1]))
+            else:
+                counts.append(int(tf.data.TFRecordDataset(unit).reduce(
+                    np.int64(0), lambda n, _: n + 1).numpy()))
+        return counts
 
     def check(self, split):
         import tensorflow as tf
@@ -158,13 +235,13 @@ class TFRecordSource(FileSource):
         for unit in units:
             index = 0
             try:
-                for record in tf.data.TFRecordDataset(unit).take(CHECKED_RECORDS):
+                for record in self.records([unit]).take(CHECKED_RECORDS):
                     index += 1
                     decode(record)
             except (tf.errors.OpError, ValueError) as err:
                 detail = getattr(err, "message", str(err)).splitlines()[0][:300]
                 raise DataError(
-                    f"data.features does not match file '{unit}' (record {index}): {detail}. "
+                    f"data.features does not match file '{_file_of(unit)}' (record {index}): {detail}. "
                     f"Received: features={_spec_text(self.config)}") from None
         return units
 

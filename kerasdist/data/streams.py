@@ -301,9 +301,6 @@ def _streaming_input(recipe, *, replicas: int, pipelines: int, pipeline_batch: i
     if asynchronous and not recipe.trainer.steps_per_epoch:
         steps *= pipelines
     eval_fn, num_eval = built.eval_fn, built.num_eval
-    if config.eval_split and eval_fn is None:  # a sliced split of the default tfrecord layout
-        ex, ey = load_split(config, config.eval_split)
-        eval_fn, num_eval = _eval_fn(ex, ey, config, shard=built.policy != "off"), len(ex)
     log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
              f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
              f"'{built.policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")

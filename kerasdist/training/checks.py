@@ -94,15 +94,14 @@ def _loss_name(recipe: Recipe) -> str:
 
 def _load(data_config, split: str) -> Split:
     from kerasdist.config.data_configs import streams
-    from kerasdist.data.sources import load_split, sample_tfrecord_split
+    from kerasdist.data.sources import load_split
 
-    if streams(data_config, split) and not (data_config.source == "tfrecord"
-                                            and data_config.features is None):
+    if streams(data_config, split):
         from kerasdist.data.file_streams import sample_split
 
-        return sample_split(data_config, split, MAX_CHECKED_RECORDS)
-    if data_config.source == "tfrecord" and split.strip().isidentifier():
-        return sample_tfrecord_split(Path(data_config.path), split.strip(), MAX_CHECKED_RECORDS)
+        # the default tfrecord layout is checked as the in-memory sources are, on raw arrays
+        raw = data_config.source == "tfrecord" and data_config.features is None
+        return sample_split(data_config, split, MAX_CHECKED_RECORDS, preprocessed=not raw)
     return load_split(data_config, split)
 
 

@@ -67,6 +67,19 @@ def _tfrecords(folder):
             {"name": CNN, "params": {"image_size": [8, 8], "channels": 1, "num_classes": 3}})
 
 
+def _sliced_tfrecords(folder):
+    """The default (MNIST) layout in 2 files, trained and evaluated on slices of one split."""
+    from kerasdist.data.sources import write_tfrecord
+
+    labels = np.arange(384) % 3
+    images = np.repeat((80 * labels).astype(np.uint8)[:, None, None], 8, 1).repeat(8, 2)
+    for k in range(2):
+        write_tfrecord(images[k::2], labels[k::2], folder / f"mixed-{k}.tfrecord")
+    return ({"source": "tfrecord", "path": str(folder), "train_split": "mixed[:75%]",
+             "eval_split": "mixed[75%:]"},
+            {"name": CNN, "params": {"image_size": [8, 8], "channels": 1, "num_classes": 3}})
+
+
 def _python(folder, monkeypatch):
     (folder / "user_stream_data.py").write_text(textwrap.dedent("""
         import tensorflow as tf
@@ -93,7 +106,8 @@ def _make(kind, tmp_path, monkeypatch):
     folder.mkdir()
     if kind == "python":
         return _python(folder, monkeypatch)
-    return {"csv": _csv, "image_folder": _images, "tfrecord": _tfrecords}[kind](folder)
+    return {"csv": _csv, "image_folder": _images, "tfrecord": _tfrecords,
+            "tfrecord_slices": _sliced_tfrecords}[kind](folder)
 
 
 def _recipe(tmp_path, data, model, **trainer):
@@ -106,7 +120,7 @@ def _recipe(tmp_path, data, model, **trainer):
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("kind, gate", [("csv", 0.85), ("image_folder", 0.9), ("tfrecord", 0.9),
-                                        ("python", 0.85)])
+                                        ("tfrecord_slices", 0.9), ("python", 0.85)])
 def test_each_streaming_source_trains_a_recipe(kind, gate, tmp_path, monkeypatch):
     data, model = _make(kind, tmp_path, monkeypatch)
     result = fit(_recipe(tmp_path, data, model))

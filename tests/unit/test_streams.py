@@ -99,3 +99,28 @@ def test_shard_policy_auto_and_errors(tmp_path):
     assert resolve_shard_policy(_config(auto_shard="off"), num_workers=2) == "off"
     with pytest.raises(RecipeError, match="Received: auto_shard='file'"):
         resolve_shard_policy(_config(auto_shard="file"), num_workers=2)
+
+
+def test_a_sliced_tfrecord_split_streams_pieces_of_files_and_resumes(tmp_path, monkeypatch):
+    """``train[2:10]+test[:25%]`` of the default layout: the records of the slice, never the
+    split read into memory; sharded by piece of file and resumed exactly."""
+    import kerasdist.data.sources as sources
+
+    images = np.zeros((4, 2, 2), np.uint8)
+    for part in range(3):  # train: labels 0..11 in 3 files of 4; test: labels 100..103
+        write_tfrecord(images, np.arange(4) + 4 * part, tmp_path / f"train-{part}.tfrecord")
+    write_tfrecord(images, np.arange(4) + 100, tmp_path / "test-0.tfrecord")
+    monkeypatch.setattr(sources, "load_tfrecord_split", lambda *a: pytest.fail("read whole"))
+    recipe = validate_recipe({"data": {"batch_size": 2, "source": "tfrecord", "path": str(tmp_path),
+                                       "train_split": "train[2:10]+test[:25%]",
+                                       "eval_split": "train[-2:]", "shuffle_buffer": 4},
+                              "strategy": {"kind": "multi_worker"},
+                              "cluster": {"kind": "local", "workers": 2}})
+    built = build_streaming(recipe, pipelines=2)
+    assert built.policy == "file" and built.num_eval == 2  # 4 pieces: 2-3, 4-7, 8-9, 100
+    streams = [_labels(built.train_fn(_ctx(i), 0), 8) for i in (0, 1)]
+    assert set(sum(streams[0], []) + sum(streams[1], [])) == {*range(2, 10), 100}
+    assert set(sum(streams[0], [])) & set(sum(streams[1], [])) == set()
+    assert _labels(built.train_fn(_ctx(1), 3), 5) == streams[1][3:]
+    evaluated = [b[1].numpy().tolist() for b in built.eval_fn(_ctx(0, 1))]
+    assert sum(evaluated, []) == [10, 11]
