@@ -100,15 +100,28 @@ def lost_tasks(message: str, task_name: str) -> list[str]:
     return sorted(found)
 
 
+def _addresses(tf_config) -> dict[str, str]:
+    return {f"{job}:{index}": address for job, addresses in tf_config.cluster.items()
+            for index, address in enumerate(addresses)}
+
+
 def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedError:
-    """The :class:`TaskFailedError` for a failed collective, naming the lost task: from TF's
-    message, else (a bare collective timeout) from a liveness probe of the peers
-    (:mod:`kerasdist.cluster.probe`)."""
+    """The :class:`TaskFailedError` for a failed collective, naming each lost task with its state
+    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): the tasks TF's message names, else
+    (a bare collective timeout) those a liveness probe of the peers finds not alive
+    (:mod:`kerasdist.cluster.probe`: ``dead``, ``hung`` or ``unreachable``). When TF's message
+    names several tasks and the probe finds some of them alive, only the others are named (TF's
+    chained messages also mention tasks that merely relayed the error)."""
     from kerasdist.cluster.probe import unresponsive_peers
 
     states = unresponsive_peers(tf_config)
-    lost = lost_tasks(err.message, tf_config.task_name) or sorted(states)
-    named = [f"{task} ({states[task]})" if task in states else task for task in lost]
+    lost = lost_tasks(err.message, tf_config.task_name)
+    if any(task in states for task in lost):
+        lost = [task for task in lost if task in states]
+    lost = lost or sorted(states)
+    where = _addresses(tf_config)
+    named = [f"{task} ({', '.join(p for p in (states.get(task), where.get(task)) if p)})"
+             for task in lost]
     who = f"lost task {', '.join(named)}" if lost else "lost contact with a peer task"
     lines = [line.strip() for line in err.message.splitlines() if line.strip()]
     telling = [line for line in lines
