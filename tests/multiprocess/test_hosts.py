@@ -370,3 +370,51 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
           f"verified {result['restore_verified']}, accuracy {result['evaluation']['accuracy']:.3f}")
     assert result["start_step"] == saved and result["global_steps"] == steps, result
 
+
+PS_RECIPE = REPO / "recipes" / "mnist_cnn_ps.yaml"
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(480)
+def test_parameter_server_recipe_on_three_hosts(tmp_path):
+    """The parameter-server recipe as users run it on 3 machines: host 0 runs the chief
+    (coordinator) and the ps, hosts 1 and 2 a worker each; every task is the same
+    ``kerasdist fit ... --set cluster.kind=tf_config`` with its own TF_CONFIG. The chief trains,
+    evaluates and exits 0; ps and workers serve until the orchestrator (here: the test) ends
+    them, as TF's servers do."""
+    steps = 60
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        port = portpicker.pick_unused_port
+        cluster = {"chief": [f"{hosts.address(0)}:{port()}"], "ps": [f"{hosts.address(0)}:{port()}"],
+                   "worker": [f"{hosts.address(1)}:{port()}", f"{hosts.address(2)}:{port()}"]}
+        settings = {"cluster.kind": "tf_config", "cluster.threads_per_task": 1,
+                    "trainer.epochs": 1, "trainer.steps_per_epoch": steps,
+                    "trainer.checkpoint.every_steps": 20, "output.tensorboard": False,
+                    "output.run_dir": str(tmp_path / "run")}
+        argv = [sys.executable, "-m", "kerasdist", "fit", str(PS_RECIPE), "--verbose", "0"]
+        for key, value in settings.items():
+            argv += ["--set", f"{key}={value}"]
+        roles = [(0, "ps", 0), (1, "worker", 0), (2, "worker", 1), (0, "chief", 0)]
+        started = time.monotonic()
+        processes = {}
+        for host, job, index in roles:
+            tf_config = {"cluster": cluster, "task": {"type": job, "index": index}}
+            processes[f"{job}:{index}"] = hosts.run(
+                host, argv, dict(TASK_ENV, TF_CONFIG=json.dumps(tf_config)), timeout_s=420, cwd=REPO)
+        chief = processes["chief:0"]
+        _wait([chief], started + 420)
+        elapsed = time.monotonic() - started
+        servers_alive = [name for name, p in processes.items() if name != "chief:0" and p.poll() is None]
+        logs = "\n".join(f"--- {name} (exit {p.poll()}):\n{hosts.output(p)[-3000:]}"
+                         for name, p in processes.items())
+    print(f"\nps on {cluster['ps'][0]}, workers {cluster['worker']}, chief {cluster['chief'][0]}: "
+          f"chief exit {chief.returncode} after {elapsed:.0f} s; servers still serving: {servers_alive}")
+    assert chief.returncode == 0, logs
+    assert servers_alive == ["ps:0", "worker:0", "worker:1"], logs
+    result = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    print(f"held-out accuracy {result['evaluation']['accuracy']:.4f}, "
+          f"{result['throughput']['examples_per_sec']:.0f} examples/s, global steps "
+          f"{result['global_steps']}, wall time {result['wall_time_s']:.0f} s")
+    assert result["strategy"] == "parameter_server" and result["global_steps"] >= steps, result
+    assert result["evaluation"]["accuracy"] > 0.8, result
