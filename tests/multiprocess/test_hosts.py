@@ -374,9 +374,6 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
 PS_RECIPE = REPO / "recipes" / "mnist_cnn_ps.yaml"
 
 
-@pytest.mark.slow
-@pytest.mark.extended
-@pytest.mark.timeout(480)
 def _start_ps_cluster(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: float,
                       **overrides) -> tuple[dict[str, subprocess.Popen], dict]:
     """The parameter-server recipe on 3 hosts: chief (coordinator) and ps on host 0, a worker on
@@ -401,6 +398,9 @@ def _start_ps_cluster(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: 
     return processes, cluster
 
 
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(480)
 def test_parameter_server_recipe_on_three_hosts(tmp_path):
     """The parameter-server recipe as users run it on 3 machines: host 0 runs the chief
     (coordinator) and the ps, hosts 1 and 2 a worker each; every task is the same
