@@ -33,7 +33,8 @@ from keras.src.utils.python_utils import pythonify_logs
 
 __all__ = [
     "backing_variable", "backup_initial_epoch", "call_has_training_arg", "class_weight_to_sample_weights",
-    "cluster_resolver", "compute_loss", "compute_output_spec", "convert_to_np_if_not_ragged",
+    "cluster_resolver", "compute_loss", "compute_output_spec", "configure_coordination_heartbeat",
+    "convert_to_np_if_not_ragged",
     "flatten_layers", "flatten_metrics_in_order", "learning_rate_setting", "loss_tracker",
     "make_class_weight_map_fn", "potentially_ragged_concat", "pythonify_logs",
     "remote_value_event", "symbolic_build", "unscale_loss_for_distribution",
@@ -106,3 +107,31 @@ def learning_rate_setting(optimizer):
     """The learning rate as given to the optimizer: a ``LearningRateSchedule`` or the variable
     (``BaseOptimizer._learning_rate``; the public ``learning_rate`` evaluates a schedule)."""
     return optimizer._learning_rate
+
+
+def configure_coordination_heartbeat(cluster_spec, *, heartbeat_timeout_s: float) -> bool:
+    """Configure TensorFlow's coordination service (the chief/worker heartbeats of
+    ``MultiWorkerMirroredStrategy``) as the strategy itself would, but with a heartbeat timeout
+    of ``heartbeat_timeout_s`` seconds instead of TF's fixed 10 s; call it before the strategy is
+    built (the strategy configures the service only when nobody has:
+    ``CollectiveAllReduceExtended._initialize_multi_worker``). No public API sets the timeout
+    (``tf.config`` has no coordination options; ``context.configure_coordination_service`` is
+    ``tensorflow.python``).
+
+    Returns:
+        False, configuring nothing, when the service is already configured in this process or
+        the cluster has no chief/worker job.
+    """
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    jobs = [coordination_config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    if ctx.coordination_service is not None or not jobs:
+        return False
+    ctx.configure_coordination_service(
+        service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000))
+    return True

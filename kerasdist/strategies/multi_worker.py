@@ -62,7 +62,8 @@ def build(config, *, cluster_resolver=None, **_):
     Args:
         config: a ``MultiWorkerStrategyConfig`` (``communication``: auto/ring/nccl;
             ``bytes_per_pack``: all-reduce pack size, bytes, 0 = automatic; ``timeout_s``:
-            collective timeout, seconds); see :func:`communication_options`.
+            collective timeout, seconds, also the heartbeat timeout of TF's coordination service,
+            see :func:`configure_heartbeat`); see :func:`communication_options`.
         cluster_resolver: this task's cluster and role, e.g. ``TFConfig.cluster_resolver()``
             or a ``SlurmClusterResolver``; ``None`` reads ``TF_CONFIG`` (TF's default).
 
@@ -75,7 +76,9 @@ def build(config, *, cluster_resolver=None, **_):
     """
     import tensorflow as tf
 
+    resolver = cluster_resolver or tf.distribute.cluster_resolver.TFConfigClusterResolver()
     try:
+        configure_heartbeat(resolver, config.timeout_s)
         return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=cluster_resolver, communication_options=communication_options(config))
     except RuntimeError as err:
@@ -84,6 +87,30 @@ def build(config, *, cluster_resolver=None, **_):
             task = f"task {cluster_resolver.task_type}:{cluster_resolver.task_id}"
         raise ClusterError(f"strategy 'multi_worker': cannot start on {task}: {err}. Create the "
                            "strategy before any other TensorFlow op runs in the process.") from None
+
+
+def configure_heartbeat(cluster_resolver, timeout_s: float) -> bool:
+    """Make TF's coordination service wait ``timeout_s`` seconds (``strategy.timeout_s``) for a
+    task's heartbeat before it declares the task lost, instead of TF's fixed 10 s.
+
+    Why: the chief's coordination service declares a worker lost when no heartbeat RPC arrived
+    for the heartbeat timeout, and a heartbeat RPC that takes longer fails with
+    ``DeadlineExceeded``. With TF's 10 s, a heartbeat queued behind the initial broadcast of the
+    variables on a slow link (13 MB float32 at 10 Mbit/s: ~10.5 s) or stalled on CPU-starved
+    hosts failed healthy runs (tests/multiprocess/test_hosts.py). One timeout for both the
+    collectives and the heartbeats keeps a single bound, ``timeout_s``, on how long a lost peer
+    goes unnoticed. Only a cluster with chief/worker tasks is configured; a process whose
+    coordination service is already configured is left as it is.
+
+    Returns:
+        Whether the service was configured here.
+    """
+    from kerasdist._compat import internals
+
+    spec = cluster_resolver.cluster_spec()
+    if sum(spec.num_tasks(job) for job in ("chief", "worker") if job in spec.jobs) < 2:
+        return False
+    return internals.configure_coordination_heartbeat(spec, heartbeat_timeout_s=timeout_s)
 
 
 def num_workers(tf_strategy) -> int:
@@ -100,15 +127,28 @@ def lost_tasks(message: str, task_name: str) -> list[str]:
     return sorted(found)
 
 
+def _addresses(tf_config) -> dict[str, str]:
+    return {f"{job}:{index}": address for job, addresses in tf_config.cluster.items()
+            for index, address in enumerate(addresses)}
+
+
 def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedError:
-    """The :class:`TaskFailedError` for a failed collective, naming the lost task: from TF's
-    message, else (a bare collective timeout) from a liveness probe of the peers
-    (:mod:`kerasdist.cluster.probe`)."""
+    """The :class:`TaskFailedError` for a failed collective, naming each lost task with its state
+    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): the tasks TF's message names, else
+    (a bare collective timeout) those a liveness probe of the peers finds not alive
+    (:mod:`kerasdist.cluster.probe`: ``dead``, ``hung`` or ``unreachable``). When TF's message
+    names several tasks and the probe finds some of them alive, only the others are named (TF's
+    chained messages also mention tasks that merely relayed the error)."""
     from kerasdist.cluster.probe import unresponsive_peers
 
     states = unresponsive_peers(tf_config)
-    lost = lost_tasks(err.message, tf_config.task_name) or sorted(states)
-    named = [f"{task} ({states[task]})" if task in states else task for task in lost]
+    lost = lost_tasks(err.message, tf_config.task_name)
+    if any(task in states for task in lost):
+        lost = [task for task in lost if task in states]
+    lost = lost or sorted(states)
+    where = _addresses(tf_config)
+    named = [f"{task} ({', '.join(p for p in (states.get(task), where.get(task)) if p)})"
+             for task in lost]
     who = f"lost task {', '.join(named)}" if lost else "lost contact with a peer task"
     lines = [line.strip() for line in err.message.splitlines() if line.strip()]
     telling = [line for line in lines

@@ -281,8 +281,11 @@ def test_a_partitioned_worker_host_fails_the_survivors_within_the_timeout(tmp_pa
     assert all(t < 2 * timeout_s + 30 for t in detected.values()), (detected, logs)
     for i in (0, 1):
         own = logs.split(f"--- host {i} ")[1].split("--- host ")[0]
-        # host 1 also named worker:0 (alive) in 2 of 3 runs here: TF's chained message mentions it
-        assert re.search(r"lost task [^\n]*worker:2", own), logs
+        # the cut-off task with its state and address; worker:0 is named too only if it had
+        # already exited when worker:1 probed it ("dead"), never while alive
+        assert re.search(rf"lost task [^\n]*worker:2 \(unreachable, {re.escape(workers[2])}\)",
+                         own), logs
+        assert not re.search(r"lost task [^\n]*worker:0 \((hung|unreachable)", own), logs
 
 
 @pytest.mark.slow
@@ -290,10 +293,10 @@ def test_a_partitioned_worker_host_fails_the_survivors_within_the_timeout(tmp_pa
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("cap_mbit", [
     50,
-    pytest.param(10, marks=pytest.mark.xfail(strict=False, reason=(
-        "measured here (3 runs of 3): at 10 Mbit/s all 3 hosts exited 1 while the chief "
-        "broadcast the initial variables (~13 MB float32, ~10 s at 10 Mbit/s): worker:2's "
-        "CoordinationService heartbeat RPC hit its deadline and TF declared it unhealthy (issue 31)"))),
+    # TF's fixed 10 s coordination heartbeat failed 3 runs of 3 here while the chief broadcast
+    # the initial variables (~13 MB, ~10.5 s at 10 Mbit/s); kerasdist now sets it to
+    # strategy.timeout_s (kerasdist.strategies.multi_worker.configure_heartbeat)
+    10,
 ])
 def test_a_slow_link_slows_the_run_without_a_false_failure(tmp_path, cap_mbit):
     """Host 2's link capped: the ring all-reduce of the CNN's bf16 gradients (6.6 MB) sends
@@ -324,10 +327,11 @@ def test_a_slow_link_slows_the_run_without_a_false_failure(tmp_path, cap_mbit):
 @pytest.mark.extended
 @pytest.mark.timeout(720)
 @pytest.mark.xfail(strict=False, reason=(
-    "measured here: with one output.run_dir shared by the 3 tf_config hosts and --verbose 0 "
-    "the run fails at its end (all hosts exit 1 after a collective timeout, no model.keras), also "
-    "with no fault (2 runs of 2; with --verbose 2: 1 pass of 1; a run_dir per host: 4 passes "
-    "of 4); the relaunch here resumed at step 10, saved ckpt-50, then failed so (issue 31)"))
+    "on a loaded machine (load average 18-30 here) the relaunched run resumes at the saved step "
+    "and saves ckpt-50, then fails at its end: dropping fit's training iterator stalls in "
+    "tf.data's RootDataset::Iterator destructor (15 s to minutes, native stacks in "
+    "docs/hosts.md) while a peer times out in evaluate's first collective; not the shared "
+    "run_dir, not --verbose (issue 31)"))
 def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_path):
     """As an orchestrator would: host 2 partitioned mid-run, the survivors exit 1, host 2's
     processes are killed and its link comes back; the same command on each host again (a run_dir
@@ -365,3 +369,96 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
     print(f"start_step {result['start_step']}, global_steps {result['global_steps']}, restore "
           f"verified {result['restore_verified']}, accuracy {result['evaluation']['accuracy']:.3f}")
     assert result["start_step"] == saved and result["global_steps"] == steps, result
+
+
+PS_RECIPE = REPO / "recipes" / "mnist_cnn_ps.yaml"
+
+
+def _start_ps_cluster(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: float,
+                      **overrides) -> tuple[dict[str, subprocess.Popen], dict]:
+    """The parameter-server recipe on 3 hosts: chief (coordinator) and ps on host 0, a worker on
+    hosts 1 and 2; one ``kerasdist fit`` per task with its TF_CONFIG. Returns the processes by
+    task name and the cluster spec."""
+    port = portpicker.pick_unused_port
+    cluster = {"chief": [f"{hosts.address(0)}:{port()}"], "ps": [f"{hosts.address(0)}:{port()}"],
+               "worker": [f"{hosts.address(1)}:{port()}", f"{hosts.address(2)}:{port()}"]}
+    settings = {"cluster.kind": "tf_config", "cluster.threads_per_task": 1,
+                "trainer.epochs": 1, "trainer.steps_per_epoch": steps,
+                "trainer.checkpoint.every_steps": 20, "output.tensorboard": False,
+                "output.run_dir": str(tmp_path / "run"), **overrides}
+    argv = [sys.executable, "-m", "kerasdist", "fit", str(PS_RECIPE), "--verbose", "0"]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    processes = {}
+    for host, job, index in [(0, "ps", 0), (1, "worker", 0), (2, "worker", 1), (0, "chief", 0)]:
+        tf_config = {"cluster": cluster, "task": {"type": job, "index": index}}
+        processes[f"{job}:{index}"] = hosts.run(
+            host, argv, dict(TASK_ENV, TF_CONFIG=json.dumps(tf_config)), timeout_s=timeout_s,
+            cwd=REPO)
+    return processes, cluster
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(480)
+def test_parameter_server_recipe_on_three_hosts(tmp_path):
+    """The parameter-server recipe as users run it on 3 machines: host 0 runs the chief
+    (coordinator) and the ps, hosts 1 and 2 a worker each; every task is the same
+    ``kerasdist fit ... --set cluster.kind=tf_config`` with its own TF_CONFIG. The chief trains,
+    evaluates and exits 0; ps and workers serve until the orchestrator (here: the test) ends
+    them, as TF's servers do."""
+    steps = 60
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        started = time.monotonic()
+        processes, cluster = _start_ps_cluster(hosts, tmp_path, steps=steps, timeout_s=420)
+        chief = processes["chief:0"]
+        _wait([chief], started + 420)
+        elapsed = time.monotonic() - started
+        servers_alive = [name for name, p in processes.items() if name != "chief:0" and p.poll() is None]
+        logs = "\n".join(f"--- {name} (exit {p.poll()}):\n{hosts.output(p)[-3000:]}"
+                         for name, p in processes.items())
+    print(f"\nps on {cluster['ps'][0]}, workers {cluster['worker']}, chief {cluster['chief'][0]}: "
+          f"chief exit {chief.returncode} after {elapsed:.0f} s; servers still serving: {servers_alive}")
+    assert chief.returncode == 0, logs
+    assert servers_alive == ["ps:0", "worker:0", "worker:1"], logs
+    result = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    print(f"held-out accuracy {result['evaluation']['accuracy']:.4f}, "
+          f"{result['throughput']['examples_per_sec']:.0f} examples/s, global steps "
+          f"{result['global_steps']}, wall time {result['wall_time_s']:.0f} s")
+    assert result["strategy"] == "parameter_server" and result["global_steps"] >= steps, result
+    assert result["evaluation"]["accuracy"] > 0.8, result
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(480)
+@pytest.mark.xfail(strict=False, reason=(
+    "measured here (1 run of 1): after worker:1's host was cut at checkpoint step 20 the chief "
+    "neither exited nor saved another checkpoint for 180 s: TF's ClusterCoordinator waits for "
+    "the lost worker to come back, and on cluster.kind tf_config no kerasdist supervisor probes "
+    "the tasks (strategy.task_timeout_s acts in the local launcher only) (issue 31)"))
+def test_a_partitioned_parameter_server_worker_host_ends_the_coordinator_in_bounded_time(tmp_path):
+    """Under parameter_server on 3 hosts, worker:1's host (host 2) partitioned after the chief's
+    checkpoint at step 20: the coordinator (chief) should exit non-zero within a bound, naming the
+    lost task, with the checkpoint kept (what an orchestrator restarts from)."""
+    steps = 400
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        processes, cluster = _start_ps_cluster(hosts, tmp_path, steps=steps, timeout_s=420)
+        chief = processes["chief:0"]
+        deadline = time.monotonic() + 300
+        while _chief_step(tmp_path / "run") < 20:
+            assert chief.poll() is None, hosts.output(chief)
+            assert time.monotonic() < deadline, "no checkpoint at step >= 20\n" + hosts.output(chief)
+            time.sleep(0.2)
+        saved = _chief_step(tmp_path / "run")
+        hosts.link_down(2)
+        cut = time.monotonic()
+        _wait([chief], cut + 180)
+        detected = time.monotonic() - cut
+        code = chief.poll()
+        log = hosts.output(chief)
+    lines = [line for line in log.splitlines() if "kerasdist" in line and "fail" in line]
+    print(f"\nworker:1's host ({cluster['worker'][1]}) cut after checkpoint step {saved}: chief "
+          f"exit {code} after {detected:.1f} s; {lines[-1][:400] if lines else 'no failure line'}")
+    assert code not in (None, 0), log[-4000:]
+    assert detected < 150, log[-4000:]

@@ -216,7 +216,8 @@ def test_hung_worker_fails_the_cluster_in_bounded_time_naming_it(tmp_path):
     assert "task worker:0" in out and "lost task worker:1" in out, out[-4000:]
     assert "failed after 1 attempt" in out
     log = (run_dir / "logs" / "worker-0.log").read_text()
-    assert re.search(r"task worker:0: lost task worker:1( \(hung\))? during training", log), log[-3000:]
+    assert re.search(r"task worker:0: lost task worker:1 \((hung, )?localhost:\d+\) during training",
+                     log), log[-3000:]
     psutil.wait_procs([p for p in (hung, survivor) if p.is_running()], timeout=15)
     assert mw.no_processes_left([hung.pid, survivor.pid])
     assert not temp_dir(run_dir / "checkpoints", "worker:1").exists()  # the launcher cleaned it

@@ -66,3 +66,48 @@ def test_unchecked_config_is_still_refused_with_the_field_named():
     bad_kind = MultiWorkerStrategyConfig.model_construct(communication="mpi")
     with pytest.raises(RecipeError, match=r"strategy.communication.*Received: communication='mpi'"):
         communication_options(bad_kind)
+
+
+HEARTBEAT_PROBE = """
+import json, os, sys
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+from kerasdist.strategies.multi_worker import configure_heartbeat
+import tensorflow as tf
+from tensorflow.python.eager import context
+
+def resolver(workers):
+    spec = tf.train.ClusterSpec({"worker": [f"localhost:{i + 1}" for i in range(workers)]})
+    return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="worker", task_id=0)
+
+out = {}
+for workers in (1, 2):  # one task first: it must leave the (process-wide) service unconfigured
+    done = configure_heartbeat(resolver(workers), float(sys.argv[1]))
+    service = context.context().coordination_service
+    out[workers] = {"configured": done, "timeout_ms": service and service.heartbeat_timeout_in_ms,
+                    "leader": service and service.service_leader,
+                    "jobs": service and [[j.name, j.num_tasks] for j in service.coordinated_job_list]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(120)
+def test_the_coordination_heartbeat_timeout_is_strategy_timeout_s():
+    """TF's coordination service gets strategy.timeout_s as its heartbeat timeout (TF's own: a
+    fixed 10 s, which failed 3 runs of 3 at 10 Mbit/s in tests/multiprocess/test_hosts.py), with
+    the leader and jobs TF itself would configure; a one-task cluster is left alone. In a child
+    process (the setting is process-wide): 10-38 s of TensorFlow start-up here, so left out of
+    the README suite (extended)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", HEARTBEAT_PROBE, "37.5"], capture_output=True,
+                          text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["1"] == {"configured": False, "timeout_ms": None, "leader": None, "jobs": None}, out
+    assert out["2"] == {"configured": True, "timeout_ms": 37500,
+                        "leader": "/job:worker/replica:0/task:0", "jobs": [["worker", 2]]}, out
