@@ -33,19 +33,23 @@ def pytest_summary(path: Path) -> str:
         counts = ", ".join(c for c in counts.rstrip(", ").split(", ") if "deselected" not in c
                            and "warning" not in c)
         return f"{counts} in {float(seconds):.0f} s"
-    if "+ Timeout +" in text:
-        return "stopped by pytest-timeout (a test over its limit)"
-    verbose = re.findall(r"^(tests/\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL)", text, re.M)
-    if verbose:  # a -v run stopped before its end: what it reached
+    verbose = re.findall(r"^(tests/\S+?(?:\[.*?\])?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL)", text, re.M)
+    timed_out = re.findall(r"^(tests/\S+) \++ Timeout", text, re.M)
+    if verbose or timed_out:  # a -v run that did not reach its end: what it reached
         counts = {o: sum(1 for _, x in verbose if x == o) for o in ("PASSED", "FAILED", "ERROR")}
         failed = [t for t, x in verbose if x in ("FAILED", "ERROR")]
-        return (f"unfinished: {counts['PASSED']} passed, {counts['FAILED']} failed, "
-                f"{counts['ERROR']} errors when stopped" + (f" ({', '.join(failed)})" if failed else ""))
+        line = (f"unfinished: {counts['PASSED']} passed, {counts['FAILED'] + counts['ERROR']} failed"
+                + (f" ({', '.join(failed)})" if failed else ""))
+        if timed_out:
+            line += f"; then pytest-timeout ended the run in {timed_out[-1]}"
+        return line
+    if "+ Timeout +" in text:
+        return "ended by pytest-timeout (a test over its limit)"
     return "no closing line"
 
 
 def rows(canaries: list[dict], logs: dict, notes: dict, signatures: dict) -> list[str]:
-    lines = ["| TensorFlow | Keras | install note | fast subset | core matrix | mends active "
+    lines = ["| TensorFlow | Keras | install note | fast subset | core matrix | mends "
              "needed by their probes | probes flipped against the newest supported pair | patched symbols "
              "whose signature differs |",
              "|---|---|---|---|---|---|---|---|"]
