@@ -5,7 +5,8 @@ For one pair it builds (or reuses) a virtual environment, installs ``tensorflow=
 checkout (``-e . --no-deps``, so a pair outside the pins installs too), then
 
 * reads every probe of :mod:`kerasdist._compat` there (``_compat.probes()``) and prints the ones
-  that *flipped* against the probes of the interpreter running this script (the baseline);
+  that *flipped* against the probes of the interpreter running this script (the baseline), and
+  the patched symbols whose signature differs from ``tests/unit/compat_targets.json``;
 * prints ``kerasdist env``'s mends table there (active / needed / not needed / unknown version);
 * unless ``--no-matrix``, runs the core conformance matrix there (``kerasdist conformance`` on
   the 14 cases of ``tests/conformance/test_matrix_core.py``) and prints the cells whose verdict
@@ -162,6 +163,14 @@ def main(argv=None) -> int:
     python = str(venv / "bin" / "python")
     base = probe(sys.executable)
     here = probe(python)
+    signatures = subprocess.run(
+        [python, str(ROOT / "tools" / "compat_targets.py"), "--check"], capture_output=True,
+        text=True, timeout=900, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if signatures.returncode == 0:
+        result["signatures"] = json.loads(signatures.stdout.strip().splitlines()[-1])
+        print("canary: patched symbols whose signature differs from tests/unit/compat_targets.json:"
+              + ("".join(f"\n  {k}" for k in result["signatures"]["differ"]) or " none")
+              + f" (of {result['signatures']['symbols']})")
     result.update(baseline_versions=base["versions"], versions=here["versions"],
                   probes=here["probes"], mends=here["mends"], warning=here["warning"],
                   flipped=flipped(base["probes"], here["probes"]))

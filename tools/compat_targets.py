@@ -5,7 +5,8 @@ name and the upstream signature on the installed Keras/TF (issue 32: a probe per
 checks the installed versions against it, one test per symbol. Regenerate it (and read the
 mends of every symbol whose signature changed) when the supported range moves::
 
-    python tools/compat_targets.py
+    python tools/compat_targets.py            # write the table
+    python tools/compat_targets.py --check    # print {"symbols": N, "differ": {...}} (tools/canary.py)
 """
 
 from __future__ import annotations
@@ -26,7 +27,18 @@ def table() -> dict[str, dict[str, str]]:
             for mend, name, owner, attribute in _compat.targets()}
 
 
+def check() -> dict:
+    """The symbols whose mend or signature differs from the table: ``{name: [table, here]}``."""
+    now, ref = table(), json.loads(OUT.read_text())
+    return {"symbols": len(now),
+            "differ": {k: [ref.get(k), now.get(k)] for k in sorted(set(ref) | set(now))
+                       if ref.get(k) != now.get(k)}}
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(OUT.parent.parent.parent))
-    OUT.write_text(json.dumps(table(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {OUT}")
+    if sys.argv[1:] == ["--check"]:
+        print(json.dumps(check()))
+    else:
+        OUT.write_text(json.dumps(table(), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {OUT}")

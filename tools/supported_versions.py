@@ -33,22 +33,37 @@ def pytest_summary(path: Path) -> str:
         counts = ", ".join(c for c in counts.rstrip(", ").split(", ") if "deselected" not in c
                            and "warning" not in c)
         return f"{counts} in {float(seconds):.0f} s"
+    verbose = re.findall(r"^(tests/\S+?(?:\[.*?\])?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL)", text, re.M)
+    timed_out = re.findall(r"^(tests/\S+) \++ Timeout", text, re.M)
+    if verbose or timed_out:  # a -v run that did not reach its end: what it reached
+        counts = {o: sum(1 for _, x in verbose if x == o) for o in ("PASSED", "FAILED", "ERROR")}
+        failed = [t for t, x in verbose if x in ("FAILED", "ERROR")]
+        line = (f"unfinished: {counts['PASSED']} passed, {counts['FAILED'] + counts['ERROR']} failed"
+                + (f" ({', '.join(failed)})" if failed else ""))
+        if timed_out:
+            line += f"; then pytest-timeout ended the run in {timed_out[-1]}"
+        return line
     if "+ Timeout +" in text:
-        return "stopped by pytest-timeout (a test over its limit)"
+        return "ended by pytest-timeout (a test over its limit)"
     return "no closing line"
 
 
-def rows(canaries: list[dict], logs: dict, notes: dict) -> list[str]:
-    lines = ["| TensorFlow | Keras | install note | fast subset | core matrix | mends active "
-             "(of 13) | probes flipped against the newest supported pair |",
-             "|---|---|---|---|---|---|---|"]
+def rows(canaries: list[dict], logs: dict, notes: dict, signatures: dict) -> list[str]:
+    lines = ["| TensorFlow | Keras | install note | fast subset | core matrix | mends "
+             "needed by their probes | probes flipped against the newest supported pair | patched symbols "
+             "whose signature differs |",
+             "|---|---|---|---|---|---|---|---|"]
     for c in sorted(canaries, key=lambda c: [int(p) if p.isdigit() else p for p in
                                              re.split(r"[.]", c["tensorflow"])]):
         tf, keras = c["tensorflow"], c["keras"]
         if c.get("install") == "failed":
-            lines.append(f"| {tf} | {keras} | install failed | - | - | - | - |")
+            lines.append(f"| {tf} | {keras} | install failed | - | - | - | - | - |")
             continue
         needed = sum(1 for v in c["mends"].values() if v.split(": ")[-1] in ("needed", "active"))
+        needed = f"{needed} of {len(c['mends'])}"
+        sig = signatures.get(tf, c.get("signatures"))
+        sig = "-" if sig is None else (f"none of {sig['symbols']}" if not sig["differ"] else
+                                       ", ".join(sig["differ"]))
         flipped = ", ".join(f"{k} {a}->{b}" for k, (a, b) in c["flipped"].items()) or "none"
         matrix = logs.get((tf, "matrix"))
         if matrix is None and "cells" in c:
@@ -57,7 +72,7 @@ def rows(canaries: list[dict], logs: dict, notes: dict) -> list[str]:
                       + (": " + ", ".join(changed) if changed else ""))
         unknown = " (untested version)" if c.get("warning") else ""
         lines.append(f"| {tf}{unknown} | {keras} | {notes.get(tf, '-')} | "
-                     f"{logs.get((tf, 'fast'), '-')} | {matrix or '-'} | {needed} | {flipped} |")
+                     f"{logs.get((tf, 'fast'), '-')} | {matrix or '-'} | {needed} | {flipped} | {sig} |")
     return lines
 
 
@@ -67,6 +82,9 @@ def main(argv=None) -> int:
     parser.add_argument("--log", action="append", default=[],
                         help="TF:fast=path or TF:matrix=path (a pytest log)")
     parser.add_argument("--note", action="append", default=[], help="TF:text")
+    parser.add_argument("--signatures", action="append", default=[],
+                        help="TF=path: a JSON {symbols, differ} of the patched symbols' signatures "
+                             "against tests/unit/compat_targets.json")
     parser.add_argument("--date", required=True, help="the day of the runs (YYYY-MM-DD)")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "architecture.md")
     args = parser.parse_args(argv)
@@ -77,6 +95,8 @@ def main(argv=None) -> int:
         logs[(tf, kind)] = pytest_summary(Path(path))
     notes = dict(item.split(":", 1) for item in args.note)
     canaries = [json.loads(p.read_text()) for p in args.canary]
+    signatures = {tf: json.loads(Path(path).read_text().strip().splitlines()[-1])
+                  for tf, path in (item.split("=", 1) for item in args.signatures)}
     base = canaries[0].get("baseline_versions", {})
     table = "\n".join([
         BEGIN,
@@ -84,7 +104,7 @@ def main(argv=None) -> int:
         "2-core machine: the times are that day's, not a quiet machine's). Probes are compared "
         f"with tensorflow {base.get('tensorflow')} / keras {base.get('keras')}, the newest "
         "supported pair (`.ci/run` runs the full suite on it).", "",
-        *rows(canaries, logs, notes), END])
+        *rows(canaries, logs, notes, signatures), END])
     text = args.out.read_text()
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + table + text[text.index(END) + len(END):]
