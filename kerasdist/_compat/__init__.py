@@ -61,7 +61,7 @@ its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream fixe
 mend" once a release fixes it. Single-process training runs the unmodified Keras code.
 
 Versions: every mend applies to the whole tested range,
-:data:`kerasdist._compat.versions.SUPPORTED` (TensorFlow 2.19 to 2.21 with Keras 3.15: each probe
+:data:`kerasdist._compat.versions.SUPPORTED` (TensorFlow 2.20 to 2.21 with Keras 3.15: each probe
 shows its bug on 2.19.1, 2.20.0 and 2.21.0, ``tools/canary.py``, ``docs/benchmarks-log.md``); a
 mend that applies to less states it as ``APPLIES_TO = {"tensorflow": spec, "keras": spec}``.
 Where its probe finds the bug fixed (``not needed``) or cannot reach its target

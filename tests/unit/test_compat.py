@@ -522,7 +522,7 @@ def test_an_untested_version_gets_one_warning_line_and_unknown_version_states(mo
     with caplog.at_level(logging.WARNING, logger="kerasdist.compat"):
         first = versions.warn_if_untested(logger)
         assert versions.warn_if_untested(logger) is None  # once per process
-    assert first == ("untested version: tensorflow 2.99.0rc0 (tested: >=2.19,<2.22); the mends "
+    assert first == ("untested version: tensorflow 2.99.0rc0 (tested: >=2.20,<2.22); the mends "
                      "install by their probes, see `kerasdist env` for which are active")
     assert [r.getMessage() for r in caplog.records if r.name == "kerasdist.compat"] == [first]
     assert all(state.startswith("unknown version: ") for state in _compat.status().values())
