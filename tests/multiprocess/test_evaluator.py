@@ -27,6 +27,7 @@ def _kerasdist(*args: str, **kwargs) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 111 s in the README suite (2026-11-26): moved out for CI time
 @pytest.mark.timeout(480)
 def test_watching_evaluator_follows_a_ps_fit_and_agrees_with_a_single_evaluation(tmp_path):
     run_dir = tmp_path / "run"

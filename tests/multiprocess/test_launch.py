@@ -54,6 +54,7 @@ def test_multi_worker_script_runs_on_every_worker_to_95_percent(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # 129 s in the README suite (2026-11-26): moved out for CI time
 @pytest.mark.timeout(480)
 def test_parameter_server_script_runs_as_the_coordinator_to_95_percent(tmp_path):
     # gate: docs/recipe-accuracy.md (asynchronous, no seed; 8 draws 0.974-0.9895, sd 0.0042)

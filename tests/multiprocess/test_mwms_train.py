@@ -24,6 +24,8 @@ from kerasdist.launch.processes import LocalLauncher
 pytestmark = pytest.mark.multiprocess
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # 272 s in the README suite (2026-11-26): moved out for CI time
 @pytest.mark.timeout(420)
 def test_mnist_cnn_two_workers_reach_accuracy_with_identical_weights(tmp_path):
     run_dir = tmp_path / "mnist"
