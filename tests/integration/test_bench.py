@@ -19,6 +19,7 @@ TINY = ["--set", "trainer.epochs=2", "--set", "trainer.steps_per_epoch=4",
         "--set", "data.eval_split=test[9000:9128]", "--set", "data.batch_size=32"]
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
 def test_bench_tiny_recipe_writes_every_field_and_plots(tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["bench", str(REPO / "recipes" / "mnist_cnn.yaml"), *TINY,
@@ -110,6 +111,7 @@ def test_bench_sweep_needs_a_cluster_strategy(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
 def test_coordinator_scaling_mode_writes_points_verdict_and_plot(tmp_path, capsys):
     from kerasdist.bench import scaling
     from kerasdist.launch import isolation

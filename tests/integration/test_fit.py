@@ -30,6 +30,7 @@ def _cnn_recipe(run_dir, **overrides):
     return validate_recipe(raw)
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
 @pytest.mark.timeout(240)
 def test_mirrored_on_two_logical_cpus_trains_in_sync(tmp_path):
     recipe = _cnn_recipe(tmp_path / "run", strategy={"kind": "mirrored", "logical_cpus": 2},
@@ -68,6 +69,7 @@ class _Interrupt(keras.callbacks.Callback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
 @pytest.mark.timeout(240)
 def test_resume_after_interruption_continues_from_checkpoint(tmp_path, capsys):
     recipe = _cnn_recipe(tmp_path / "run", trainer={"epochs": 3})
@@ -129,6 +131,7 @@ def test_user_written_keras_code_under_mirrored_strategy():
                for v in model.trainable_variables)
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
 @pytest.mark.timeout(300)
 def test_cli_end_to_end_on_embedded_real_mnist(tmp_path):
     """`kerasdist fit recipes/mnist_cnn.yaml` (2 epochs here) reaches >= 0.97 held-out accuracy."""

@@ -162,6 +162,8 @@ def test_metrics_json_is_strict_json_with_null_for_non_finite(tmp_path):
         "a": [1.0, None], "b": None}
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
+@pytest.mark.multiprocess
 def test_sigterm_during_a_single_process_run_exits_130(write_recipe, tmp_path):
     run_dir = tmp_path / "run"
     recipe = _recipe(write_recipe, run_dir, epochs=2000)

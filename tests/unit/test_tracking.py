@@ -31,6 +31,7 @@ output: {{run_dir: '{run_dir}', tensorboard: false, tracking: {{kind: mlflow}}}}
 """
 
 
+@pytest.mark.slow  # over 30 s: not in the fast subset
 def test_default_tracking_is_one_mlflow_run_in_the_run_dir_that_a_resume_continues(
         write_recipe, tmp_path):
     run_dir = tmp_path / "run"
