@@ -103,6 +103,20 @@ class _Filter:
 _ACTIVE: _Filter | None = None
 
 
+def enable_crash_traces() -> None:
+    """Print every thread's Python stack when this process dies of a fatal signal (SIGSEGV,
+    SIGFPE, SIGABRT, SIGBUS, SIGILL; :mod:`faulthandler`) to the real stderr: with the filter on,
+    to a duplicate of the descriptor the filter writes to (its thread dies with the process, so
+    the pipe would lose the trace). A crash inside TensorFlow then names the Python call it came
+    from, in the task's log. Idempotent; nothing changes when the process does not crash."""
+    import faulthandler
+
+    if faulthandler.is_enabled():
+        return
+    fd = os.dup(_ACTIVE.saved) if _ACTIVE is not None else 2  # kept open: the handler's own
+    faulthandler.enable(file=fd, all_threads=True)
+
+
 def filter_native_stderr(verbose) -> bool:
     """Drop :data:`NOISE` lines from this process's stderr (file descriptor 2) until exit, unless
     ``verbose == 2`` or ``KERASDIST_RAW_STDERR`` is set. Idempotent.

@@ -325,6 +325,7 @@ def console(argv: Sequence[str] | None = None) -> int:
     verbose = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--verbose"), None)
     verbose = next((a.split("=", 1)[1] for a in argv if a.startswith("--verbose=")), verbose)
     _native_log.filter_native_stderr(2 if verbose == "2" else None)
+    _native_log.enable_crash_traces()
     return main(argv)
 
 

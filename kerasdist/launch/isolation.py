@@ -378,6 +378,9 @@ def main(argv=None) -> int:
         loopback_up()
         os.execvp(args.exec[0], args.exec)
     _log.configure(args.verbose)
+    from kerasdist import _native_log
+
+    _native_log.enable_crash_traces()  # a crash of the launcher (the PS coordinator) shows where
     failure: BaseException | None = None
     with terminate_on_sigterm(), _exit.reporting_to(lambda err: _report(args.result_fd, err)):
         try:

@@ -87,3 +87,25 @@ def test_a_stopped_parameter_server_clusters_teardown_flood_is_dropped_real_erro
     dropper = NoiseDropper()
     kept = [line for line in flood * 3 + [REAL] + flood + real if dropper.keep(line)]
     assert kept == [REAL, *real]
+
+
+@pytest.mark.parametrize("verbose", [None, 2])
+def test_a_crash_prints_the_python_stack_through_the_filter(verbose):
+    """A fatal signal in a kerasdist process (here SIGSEGV from a NULL read, as a crash inside
+    TensorFlow would be) prints every thread's Python stack to the real stderr, the filter on or
+    off: the filter's thread dies with the process, so a trace written into its pipe is lost."""
+    code = textwrap.dedent(f"""
+        import ctypes
+        from kerasdist import _native_log
+        _native_log.filter_native_stderr({verbose!r})
+        _native_log.enable_crash_traces()
+
+        def crashing_call():
+            ctypes.string_at(0)
+
+        crashing_call()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == -11, done
+    assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr
+    assert "in crashing_call" in done.stderr, done.stderr
