@@ -611,6 +611,7 @@ def test_a_host_that_comes_back_after_the_cluster_restarted_without_it_corrupts_
         if "lost task" in line:
             print(line.strip()[:300])
     assert codes == {"chief:0": 1, "worker:1": 1}, logs
+    assert left_on_host_2 == [], logs  # no stale task left to come back
     assert all(t < PS_TASK_TIMEOUT_S + 30 for t in ended.values()), (ended, logs)
     own = logs.split("--- worker:1 ")[1].split("--- ")[0]
     assert re.search(rf"lost task ps:0 \(unreachable, {re.escape(cluster['ps'][0])}\)", own), logs
