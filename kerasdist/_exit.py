@@ -75,4 +75,8 @@ def abandon(err: BaseException) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    with contextlib.suppress(Exception):
+        from kerasdist import _native_log
+
+        _native_log.drain()  # the failure line may still sit in the stderr filter's pipe
     os._exit(errors.exit_code(errors.classify(err)))

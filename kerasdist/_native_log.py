@@ -135,3 +135,15 @@ def filter_native_stderr(verbose) -> bool:
         return False
     atexit.register(_ACTIVE.close)
     return True
+
+
+def drain() -> None:
+    """Pass on what the filter still holds and give file descriptor 2 back (waits up to 2 s for
+    the filter's thread). For a process about to end with ``os._exit`` (:func:`kerasdist._exit.
+    abandon`), which runs no ``atexit`` hook: without it, the failure just written to stderr can
+    be lost in the pipe. Idempotent."""
+    global _ACTIVE
+    active, _ACTIVE = _ACTIVE, None
+    if active is not None:
+        atexit.unregister(active.close)
+        active.close()

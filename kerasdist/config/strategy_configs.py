@@ -159,8 +159,10 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
         "process runs but TF's coordinator would wait on it for ever) before it is treated as "
         "lost: killed, then restarted while cluster.max_restarts lasts, or left behind with "
         "cluster.min_workers (a ps ends the run). Detection takes this plus up to 7 s (probe "
-        "period and timeout). null = never (TF waits for ever). Tasks on other machines "
-        "(tf_config, slurm) are not watched: their orchestrator's health checks must do it.")
+        "period and timeout). On clusters kerasdist does not launch (tf_config, slurm) the "
+        "chief watches every ps and worker and each worker the ps tasks, counting a task "
+        "unreachable (its host cut off) or hung for this long as lost: the process exits 1 "
+        "naming it (kerasdist.cluster.watch). null = never (TF waits for ever).")
 
 
 _STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {

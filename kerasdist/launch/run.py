@@ -244,13 +244,31 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         wait_for_run(Path(recipe.output.run_dir))
         Evaluator(recipe.output.run_dir).watch()
         return None
-    if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
-        from kerasdist.cluster.server import serve
-
-        serve(tf_config, intra_op_threads=recipe.intra_op_threads())
-        return None
-    if topology == "coordinator" and tf_config.task_type != "chief":
+    if topology == "coordinator" and tf_config.task_type not in ("chief", "ps", "worker"):
         raise ClusterError(f"strategy '{recipe.strategy.kind}': task type "
                            f"'{tf_config.task_type}' has no role here (expected chief, worker or ps)")
-    return run_session(recipe, tf_config=tf_config, overwrite=overwrite, verbose=verbose,
-                       callbacks=callbacks)
+    with _task_watch(recipe, tf_config, topology):
+        if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
+            from kerasdist.cluster.server import serve
+
+            serve(tf_config, intra_op_threads=recipe.intra_op_threads())
+            return None
+        return run_session(recipe, tf_config=tf_config, overwrite=overwrite, verbose=verbose,
+                           callbacks=callbacks)
+
+
+def _task_watch(recipe: Recipe, tf_config, topology: str):
+    """A parameter-server chief or worker on a cluster kerasdist does not launch watches the
+    tasks it waits on (:class:`kerasdist.cluster.watch.TaskWatch`: a host cut off ends this
+    process in ``strategy.task_timeout_s`` plus a few seconds, exit code 1); else nothing."""
+    import contextlib
+
+    from kerasdist.cluster.watch import TaskWatch, watched_tasks
+
+    if topology != "coordinator":
+        return contextlib.nullcontext()
+    timeout_s = recipe.strategy.task_timeout_s
+    tasks = watched_tasks(tf_config, timeout_s)
+    if not tasks:
+        return contextlib.nullcontext()
+    return TaskWatch(tasks, timeout_s, task=tf_config.task_name)

@@ -72,3 +72,33 @@ def test_an_exposed_ps_library_call_runs_its_coordinator_in_a_child(
         assert went[0][1]["isolate"] is False
     with _exit.reporting_to(lambda err: None):  # the CLI: its own process, as before
         assert kerasdist.fit(_ps_recipe(tmp_path), overwrite=True) == "here"
+
+
+ABANDON_FROM_A_THREAD = """
+import sys, threading, time
+from kerasdist import _exit, _native_log
+from kerasdist.errors import TaskFailedError
+
+_native_log.filter_native_stderr(None)
+with _exit.reporting_to(lambda err: print(f"kerasdist: failed: {err}", file=sys.stderr)):
+    threading.Thread(target=_exit.abandon, args=(TaskFailedError("lost task ps:0 (unreachable, "
+                     "10.77.1.2:4001)"),), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # a busy main thread (TensorFlow's, in the real case)
+        pass
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_abandoned_process_prints_its_failure_through_the_stderr_filter():
+    """A process ended by os._exit runs no atexit hook: the failure line written to stderr must
+    still pass the native-log filter's pipe (kerasdist._native_log.drain), every time."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "KERASDIST_RAW_STDERR"}
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-c", ABANDON_FROM_A_THREAD], capture_output=True,
+                              text=True, timeout=50, env=env)
+        assert done.returncode == 1, done
+        assert "kerasdist: failed: lost task ps:0 (unreachable, 10.77.1.2:4001)" in done.stderr, done
