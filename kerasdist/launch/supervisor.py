@@ -288,7 +288,7 @@ class Supervisor:
     def _hung_before_stop(self) -> list[Task]:
         """Before a stop: the server tasks that do not answer now, killed once the members have
         stopped (:meth:`_stop_all`; a stopped process would not act on SIGTERM). The coordinator
-        goes on without their calls in flight after :data:`~kerasdist.keras.ps_loop.STOP_JOIN_S`
+        goes on without their calls in flight after :data:`~kerasdist.keras.ps_stop.STOP_JOIN_S`
         and saves at the step the ps holds: its save and its freed functions no longer wait on
         every task (:mod:`kerasdist._compat.tf_frozen_task`). Killing the frozen task before the
         save was tried and did not save (TF's failure handling of the killed worker then held

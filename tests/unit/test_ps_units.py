@@ -212,11 +212,11 @@ def test_ps_fit_refuses_a_model_of_another_strategy():
 
 def test_a_stopping_coordinator_waits_for_calls_in_flight_only_so_long(monkeypatch):
     """Issue 33 (1): ``join`` has no timeout, so a stop that joined a frozen worker's call
-    waited for ever; :func:`ps_loop._joined` gives up once a stop is asked and its bound is
+    waited for ever; :func:`ps_stop.joined` gives up once a stop is asked and its bound is
     past, and joins as before otherwise."""
     import time
 
-    from kerasdist.keras import ps_loop
+    from kerasdist.keras import ps_stop
 
     class Coordinator:
         def __init__(self, done):
@@ -231,22 +231,22 @@ def test_a_stopping_coordinator_waits_for_calls_in_flight_only_so_long(monkeypat
     stuck, finished = Coordinator(False), Coordinator(True)
     asked_at = time.monotonic() + 0.3
     start = time.monotonic()
-    assert ps_loop._joined(stuck, lambda: time.monotonic() > asked_at, 0.3) is False
+    assert ps_stop.joined(stuck, lambda: time.monotonic() > asked_at, 0.3) is False
     assert not stuck.joined and 0.6 <= time.monotonic() - start < 2.5
-    assert ps_loop._joined(finished, lambda: True, 0.3) is True and finished.joined
+    assert ps_stop.joined(finished, lambda: True, 0.3) is True and finished.joined
 
 
 def test_a_stopping_coordinator_does_not_wait_for_logs_left_on_a_frozen_worker(monkeypatch):
     """Issue 33 (1): a call's logs stay on the worker that ran it until fetched, and the copy
     from a worker frozen after its call ended never comes (``RemoteValue.fetch`` has no
-    timeout): :func:`ps_loop._fetched` gives up :data:`ps_loop.STOP_JOIN_S` after a stop was
+    timeout): :func:`ps_stop.fetched` gives up :data:`ps_stop.STOP_JOIN_S` after a stop was
     asked; without a stop it waits, and returns the logs or raises the call's error."""
     import threading
     import time
 
-    from kerasdist.keras import ps_loop
+    from kerasdist.keras import ps_stop
 
-    monkeypatch.setattr(ps_loop, "STOP_JOIN_S", 0.3)
+    monkeypatch.setattr(ps_stop, "STOP_JOIN_S", 0.3)
     frozen = threading.Event()
 
     class Value:
@@ -260,11 +260,11 @@ def test_a_stopping_coordinator_does_not_wait_for_logs_left_on_a_frozen_worker(m
         raise RuntimeError("the call failed")
 
     start = time.monotonic()
-    assert ps_loop._fetched(Value(never), lambda: True) is ps_loop._STUCK
+    assert ps_stop.fetched(Value(never), lambda: True) is ps_stop.STUCK
     assert 0.3 <= time.monotonic() - start < 2.5
-    assert ps_loop._fetched(Value(lambda: {"loss": 1.0}), lambda: False) == {"loss": 1.0}
+    assert ps_stop.fetched(Value(lambda: {"loss": 1.0}), lambda: False) == {"loss": 1.0}
     with pytest.raises(RuntimeError, match="the call failed"):
-        ps_loop._fetched(Value(fails), lambda: False)
+        ps_stop.fetched(Value(fails), lambda: False)
     frozen.set()  # the left thread ends
 
 
