@@ -1,0 +1,196 @@
+"""``cluster.kind: ray`` across simulated hosts (kerasdist.testing.hosts): a multi-node Ray cluster,
+one Ray node per host (``ray start --head`` on host 0, ``ray start --address`` on the others), the
+multi-worker recipe joining it with ``cluster.address``, and Ray Train's elastic scaling
+(``cluster.min_workers``) when a host is lost and when it comes back.
+
+Needs root (network namespaces); skipped otherwise. Heavy (3 Ray nodes + 3 TensorFlow workers on
+this 2-core machine): run alone, ``python -m pytest -q -n 0 -m "extended or not extended"
+tests/multiprocess/test_ray_hosts.py`` (docs/ray.md, "Across machines").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import portpicker
+import pytest
+
+from kerasdist.testing.hosts import HostSet, leftovers
+
+pytest.importorskip("ray.train.tensorflow")
+
+REPO = Path(__file__).parents[2]
+RECIPE = REPO / "recipes" / "mnist_cnn_ray.yaml"
+RAY = str(Path(sys.executable).parent / "ray")
+NUM_HOSTS = 3
+OBJECT_STORE_BYTES = 80 << 20  # Ray's minimum is 75 MiB; no training data goes through it
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended,
+              pytest.mark.skipif(os.geteuid() != 0, reason="simulated hosts need root")]
+
+# Every Ray process (raylet, GCS, Ray workers: the Ray Train workers too) inherits the node's
+# environment: kerasdist from this checkout, quiet TensorFlow, one thread.
+# Ray 2.60 enables token authentication by default: one random token for the nodes and clients
+# of this test (in the environment, so ~/.ray is not touched).
+NODE_ENV = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+            "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1", "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0",
+            "RAY_DEDUP_LOGS": "0"}  # every worker's lines on the driver, not "repeated 2x"
+
+# Run in host 0's namespace: wait until `n` Ray nodes are alive; prints "NODES <ips>".
+WAIT_NODES = """
+import sys, time, ray
+address, n, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + timeout
+while True:
+    alive = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
+    if len(alive) >= n or time.monotonic() > deadline:
+        break
+    time.sleep(0.5)
+print("NODES", " ".join(alive), flush=True)
+"""
+
+
+class RayHosts:
+    """A Ray cluster on a :class:`HostSet`: the head on host 0, one worker node on each other
+    host, each node with 1 logical CPU and its own temp dir (its own Unix sockets)."""
+
+    def __init__(self, hosts: HostSet):
+        self.hosts = hosts
+        self.port = portpicker.pick_unused_port()
+        self.address = f"{hosts.address(0)}:{self.port}"
+        # short: Ray's Unix socket paths must fit in 107 bytes
+        self.temp = Path(tempfile.mkdtemp(prefix="kdray-", dir="/tmp"))
+        self.nodes: dict[int, object] = {}
+
+    def start(self, host: int) -> None:
+        common = ["--block", "--node-ip-address", self.hosts.address(host), "--num-cpus", "1",
+                  "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats",
+                  "--temp-dir", str(self.temp / f"h{host}-{len(self.nodes)}")]
+        if host == 0:
+            argv = [RAY, "start", "--head", "--port", str(self.port), "--include-dashboard",
+                    "false", *common]
+        else:
+            argv = [RAY, "start", "--address", self.address, *common]
+        self.nodes[host] = self.hosts.run(host, argv, NODE_ENV, timeout_s=900, cwd=REPO)
+
+    def wait_nodes(self, n: int, timeout_s: float = 120) -> list[str]:
+        waiter = self.hosts.run(0, [sys.executable, "-c", WAIT_NODES, self.address, str(n),
+                                    str(timeout_s)], NODE_ENV, timeout_s=timeout_s + 60,
+                                capture=True)
+        out, _ = waiter.communicate(timeout=timeout_s + 70)
+        found = re.findall(r"^NODES (.*)$", out or "", re.M)
+        assert found, f"no answer from Ray at {self.address}:\n{(out or '')[-3000:]}"
+        return found[-1].split()
+
+    def close(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def ray_on_hosts(tmp_path: Path):
+    """3 hosts, a Ray node on each (all alive when the body starts); on exit every process and
+    namespace of the set is gone (HostSet.close) and so are the nodes' temp dirs."""
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        ray = RayHosts(hosts)
+        try:
+            started = time.monotonic()
+            ray.start(0)
+            assert ray.wait_nodes(1, 90) == [hosts.address(0)], _logs(hosts)
+            for host in range(1, NUM_HOSTS):
+                ray.start(host)
+            alive = ray.wait_nodes(NUM_HOSTS, 120)
+            assert sorted(alive) == sorted(hosts.address(i) for i in range(NUM_HOSTS)), \
+                _logs(hosts)
+            print(f"\nRay {NUM_HOSTS} nodes {alive} up after {time.monotonic() - started:.0f} s")
+            yield hosts, ray
+        finally:
+            suffix = hosts.suffix
+            hosts.close()
+            ray.close()
+    assert leftovers(suffix) == []
+
+
+def _logs(hosts: HostSet, *procs) -> str:
+    texts = []
+    for path in sorted(hosts.log_dir.glob("h*.log")):
+        texts.append(f"--- {path.name}:\n{path.read_text(errors='replace')[-2500:]}")
+    return "\n".join(texts)
+
+
+def _fit(hosts: HostSet, ray: RayHosts, run_dir: Path, *, steps: int, timeout_s: float,
+         **overrides):
+    """The driver: ``kerasdist fit recipes/mnist_cnn_ray.yaml --set cluster.address=...`` in host
+    0's namespace (the run_dir is on the filesystem every host shares)."""
+    settings = {"cluster.address": ray.address, "cluster.workers": NUM_HOSTS,
+                "cluster.threads_per_task": 1, "data.batch_size": 32 * NUM_HOSTS,
+                "trainer.epochs": 1, "trainer.steps_per_epoch": steps,
+                "trainer.checkpoint.every_steps": 5, "strategy.timeout_s": 20,
+                "output.tensorboard": False, "output.run_dir": str(run_dir), **overrides}
+    argv = [sys.executable, "-m", "kerasdist", "fit", str(RECIPE), "--verbose", "2"]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    return hosts.run(0, argv, NODE_ENV, timeout_s=timeout_s, cwd=REPO)
+
+
+def _records(run_dir: Path) -> dict[int, dict]:
+    out = {}
+    for path in (run_dir / "logs").glob("ray-worker-*.json"):
+        with contextlib.suppress(ValueError, OSError):
+            out[int(path.stem.rsplit("-", 1)[1])] = json.loads(path.read_text())
+    return out
+
+
+def _newest_backup(run_dir: Path) -> int:
+    steps = [int(m.group(1)) for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+             if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name))]
+    return max(steps, default=-1)
+
+
+def _wait_for(what: str, predicate, deadline: float, driver, hosts) -> None:
+    while not predicate():
+        assert driver.poll() is None, f"the driver exited {driver.poll()} before {what}:\n" + \
+            hosts.output(driver)[-6000:]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n" + \
+            hosts.output(driver)[-6000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(720)
+def test_ray_recipe_trains_across_three_hosts_one_worker_each(tmp_path):
+    """A 3-node Ray cluster on 3 simulated hosts (1 CPU each): the multi-worker recipe joins it by
+    address from host 0 and trains 3 workers in sync, one on each host (each worker's record names
+    its node's address and its TF task address on that host)."""
+    steps = 20
+    run_dir = tmp_path / "run"
+    with ray_on_hosts(tmp_path) as (hosts, ray):
+        started = time.monotonic()
+        driver = _fit(hosts, ray, run_dir, steps=steps, timeout_s=540)
+        driver.wait(timeout=560)
+        elapsed = time.monotonic() - started
+        out = hosts.output(driver)
+        records = _records(run_dir)
+    print(f"driver exit {driver.returncode} after {elapsed:.0f} s; workers "
+          f"{ {r: (v['node_ip'], v['task_address']) for r, v in sorted(records.items())} }")
+    assert driver.returncode == 0, out[-6000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    print(f"held-out accuracy {metrics['evaluation']['accuracy']:.3f}, "
+          f"{metrics['throughput']['examples_per_sec']:.0f} examples/s, wall {metrics['wall_time_s']:.0f} s")
+    assert metrics["global_steps"] == steps and metrics["num_replicas"] == NUM_HOSTS, metrics
+    addresses = [hosts.address(i) for i in range(NUM_HOSTS)]
+    assert sorted(records) == list(range(NUM_HOSTS)), records
+    assert sorted(r["node_ip"] for r in records.values()) == sorted(addresses), records
+    for record in records.values():  # TF's task server of each worker is on its own host
+        assert record["task_address"].rsplit(":", 1)[0] == record["node_ip"], record
+        assert record["world_size"] == NUM_HOSTS
+    digests = re.findall(r"done at global step \d+; weights sha256 ([0-9a-f]{64})", out)
+    assert len(digests) == NUM_HOSTS and set(digests) == {metrics["weights_sha256"]}, out[-3000:]
