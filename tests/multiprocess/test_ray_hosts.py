@@ -71,11 +71,13 @@ class RayHosts:
         # short: Ray's Unix socket paths must fit in 107 bytes
         self.temp = Path(tempfile.mkdtemp(prefix="kdray-", dir="/tmp"))
         self.nodes: dict[int, object] = {}
+        self.started = 0
 
     def start(self, host: int) -> None:
         common = ["--block", "--node-ip-address", self.hosts.address(host), "--num-cpus", "1",
                   "--object-store-memory", str(OBJECT_STORE_BYTES), "--disable-usage-stats",
-                  "--temp-dir", str(self.temp / f"h{host}-{len(self.nodes)}")]
+                  "--temp-dir", str(self.temp / f"h{host}-{self.started}")]
+        self.started += 1
         if host == 0:
             argv = [RAY, "start", "--head", "--port", str(self.port), "--include-dashboard",
                     "false", *common]
@@ -83,16 +85,42 @@ class RayHosts:
             argv = [RAY, "start", "--address", self.address, *common]
         self.nodes[host] = self.hosts.run(host, argv, NODE_ENV, timeout_s=900, cwd=REPO)
 
-    def wait_nodes(self, n: int, timeout_s: float = 120) -> list[str]:
+    def join(self, host: int, nodes: int, *, tries: int = 3) -> float:
+        """Start the node of ``host`` and wait until ``nodes`` Ray nodes are alive; return the
+        seconds it took. Ray 2.60's ``ray start`` gives up when its raylet has not registered
+        with the GCS within a fixed 30 s ("The current node timed out during startup"), which a
+        loaded 2-core machine can exceed: such a start is retried (up to ``tries`` in all)."""
+        started = time.monotonic()
+        for attempt in range(1, tries + 1):
+            self.start(host)
+            alive = self.wait_nodes(nodes, 120, stop_if_exited=self.nodes[host])
+            if len(alive) >= nodes and self.hosts.address(host) in alive:
+                return time.monotonic() - started
+            assert attempt < tries, f"host {host}'s Ray node did not join:\n{_logs(self.hosts)}"
+            print(f"host {host}'s Ray node failed to start (try {attempt}): retrying")
+            self.hosts.kill(host)
+        raise AssertionError("unreachable")
+
+    def wait_nodes(self, n: int, timeout_s: float = 120, stop_if_exited=None) -> list[str]:
         waiter = self.hosts.run(0, [sys.executable, "-c", WAIT_NODES, self.address, str(n),
                                     str(timeout_s)], NODE_ENV, timeout_s=timeout_s + 60,
                                 capture=True)
-        out, _ = waiter.communicate(timeout=timeout_s + 70)
+        deadline = time.monotonic() + timeout_s + 70
+        while waiter.poll() is None and time.monotonic() < deadline:
+            if stop_if_exited is not None and stop_if_exited.poll() is not None:
+                waiter.kill()  # the node's `ray start` gave up: no use waiting for it
+                break
+            time.sleep(0.5)
+        out, _ = waiter.communicate(timeout=30)
         found = re.findall(r"^NODES (.*)$", out or "", re.M)
-        assert found, f"no answer from Ray at {self.address}:\n{(out or '')[-3000:]}"
-        return found[-1].split()
+        return found[-1].split() if found else []
 
-    def close(self) -> None:
+    def close(self, keep_logs: Path | None = None) -> None:
+        """Remove the nodes' temp dirs; first copy their Ray logs to ``keep_logs`` (if given)."""
+        if keep_logs is not None:
+            for logs in self.temp.glob("h*/session_*/logs"):
+                shutil.copytree(logs, keep_logs / logs.parents[1].name, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.sock", "events"))
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
@@ -104,19 +132,14 @@ def ray_on_hosts(tmp_path: Path):
         ray = RayHosts(hosts)
         try:
             started = time.monotonic()
-            ray.start(0)
-            assert ray.wait_nodes(1, 90) == [hosts.address(0)], _logs(hosts)
-            for host in range(1, NUM_HOSTS):
-                ray.start(host)
-            alive = ray.wait_nodes(NUM_HOSTS, 120)
-            assert sorted(alive) == sorted(hosts.address(i) for i in range(NUM_HOSTS)), \
-                _logs(hosts)
-            print(f"\nRay {NUM_HOSTS} nodes {alive} up after {time.monotonic() - started:.0f} s")
+            for host in range(NUM_HOSTS):  # one after the other: less load at each start
+                ray.join(host, host + 1)
+            print(f"\nRay: {NUM_HOSTS} nodes up after {time.monotonic() - started:.0f} s")
             yield hosts, ray
         finally:
             suffix = hosts.suffix
             hosts.close()
-            ray.close()
+            ray.close(keep_logs=tmp_path / "ray-logs")
     assert leftovers(suffix) == []
 
 
@@ -194,3 +217,91 @@ def test_ray_recipe_trains_across_three_hosts_one_worker_each(tmp_path):
         assert record["world_size"] == NUM_HOSTS
     digests = re.findall(r"done at global step \d+; weights sha256 ([0-9a-f]{64})", out)
     assert len(digests) == NUM_HOSTS and set(digests) == {metrics["weights_sha256"]}, out[-3000:]
+
+
+def _resumed(out: str) -> list[int]:
+    """Global steps the workers resumed at (kerasdist's "resuming from checkpoint" lines), in
+    order; one per worker and attempt."""
+    return [int(s) for s in re.findall(r"resuming from checkpoint \S+ \(global step (\d+)\)", out)]
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("fault", ["node_killed", "link_down"])
+def test_a_lost_host_shrinks_the_ray_group_and_a_returning_host_grows_it_back(tmp_path, fault):
+    """cluster.min_workers=2 of 3 (Ray Train's elastic ScalingConfig(num_workers=(2, 3))): once a
+    backup at step >= 10 exists, host 2 is lost (``node_killed``: every process of its namespace,
+    Ray node and worker, SIGKILLed; ``link_down``: its link partitioned, no reset). Ray restarts
+    the group on the 2 hosts left, which resume from the newest backup at its exact global step
+    with the recipe's global batch (96: 48 per replica). Then host 2 returns (a new Ray node on it,
+    after its link is up) and Ray grows the group back to 3 (at its next resize check), which
+    resumes again from the newest backup; the run ends at exactly the requested step."""
+    steps, every = 60, 5
+    run_dir = tmp_path / "run"
+    with ray_on_hosts(tmp_path) as (hosts, ray):
+        driver = _fit(hosts, ray, run_dir, steps=steps, timeout_s=1080, **{
+            "cluster.min_workers": 2, "cluster.max_restarts": 3, "cluster.resize_check_s": 10,
+            "trainer.checkpoint.every_steps": every, "trainer.validation": False})
+        first = time.monotonic() + 400
+        _wait_for("3 workers and a backup at step >= 10", lambda: len(_records(run_dir)) == 3
+                  and _newest_backup(run_dir) >= 10, first, driver, hosts)
+        old = _records(run_dir)
+        assert {r["world_size"] for r in old.values()} == {3}, old
+        at_loss = _newest_backup(run_dir)
+        if fault == "node_killed":
+            hosts.kill(2)
+        else:
+            hosts.link_down(2)
+        lost = time.monotonic()
+        print(f"\n{fault}: host 2 lost with the newest backup at step {at_loss}")
+
+        def shrunk():
+            now = _records(run_dir)
+            return all(i in now and now[i]["pid"] != old[i]["pid"] and now[i]["world_size"] == 2
+                       for i in (0, 1))
+
+        _wait_for("the group restarted on 2 workers", shrunk, lost + 300, driver, hosts)
+        restarted = time.monotonic() - lost
+        two = _records(run_dir)
+        out = hosts.output(driver)
+        resumed_small = _resumed(out)
+        print(f"group restarted on 2 workers {restarted:.1f} s after the loss on "
+              f"{sorted(two[i]['node_ip'] for i in (0, 1))}; resumes so far {resumed_small}")
+        assert {two[i]["node_ip"] for i in (0, 1)} == {hosts.address(0), hosts.address(1)}, two
+        # host 2 returns: its link up and, its Ray node being dead (killed, or marked dead by
+        # Ray's GCS after missed health checks), a new Ray node started on it
+        backup_before_grow = _newest_backup(run_dir)
+        if fault == "link_down":
+            hosts.kill(2)
+            hosts.link_up(2)
+        returned = time.monotonic()
+        joined = ray.join(2, 3)
+        print(f"host 2's new Ray node joined in {joined:.1f} s")
+
+        def grown():
+            now = _records(run_dir)
+            return len(now) == 3 and all(now[i]["world_size"] == 3 and now[i]["pid"] != two.get(
+                i, old[i])["pid"] for i in range(3))
+
+        _wait_for("the group grown back to 3 workers", grown, returned + 300, driver, hosts)
+        grew = time.monotonic() - returned
+        three = _records(run_dir)
+        print(f"group grown back to 3 workers {grew:.1f} s after host 2's new Ray node started "
+              f"(newest backup then >= {backup_before_grow})")
+        driver.wait(timeout=max(10, 1060 - (time.monotonic() - lost)))
+        out = hosts.output(driver)
+    assert driver.returncode == 0, out[-6000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    resumed = _resumed(out)
+    print(f"resumed at {resumed}; metrics: global_steps {metrics['global_steps']}, start_step "
+          f"{metrics.get('start_step')}, replicas {metrics['num_replicas']}")
+    assert metrics["global_steps"] == steps and metrics["num_replicas"] == 3, metrics
+    assert sorted(r["node_ip"] for r in three.values()) == sorted(
+        hosts.address(i) for i in range(3)), three
+    # the 2-worker attempt resumed (both workers) at one step, the newest backup when it started,
+    # at least the one that existed at the loss: nothing before it is retrained
+    small = resumed[:2]
+    assert len(small) == 2 and small[0] == small[1] and small[0] >= at_loss, resumed
+    big = resumed[2:]
+    assert len(big) == 3 and len(set(big)) == 1 and big[0] >= max(small[0], backup_before_grow), \
+        resumed
+    assert metrics["start_step"] == big[0], metrics
