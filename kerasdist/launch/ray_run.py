@@ -11,6 +11,15 @@ newest checkpoint (copied into Ray's storage, ``<run_dir>/ray``). After a worker
 ``FailureConfig(max_failures=cluster.max_restarts)`` restarts the whole group, which resumes from
 kerasdist's last backup at its exact step (``trainer.checkpoint.every_steps``).
 
+With ``cluster.min_workers`` below ``cluster.workers`` the group is elastic through Ray Train V2's
+own scaling, ``ScalingConfig(num_workers=(min_workers, workers))``: after a failure (one of the
+``max_restarts``) Ray restarts the group with as many workers as the cluster can place, at least
+``min_workers``, and every ``cluster.resize_check_s`` (``elastic_resize_monitor_interval_s``) a
+smaller group is restarted at full size when the nodes are back (not a failure). Ray's TensorFlow
+backend writes each new group's ``TF_CONFIG``; every attempt resumes from the last backup with the
+recipe's global batch (the per-replica batch re-derived; every count from ``min_workers`` to
+``workers`` must divide it: :func:`check_elastic`). kerasdist adds no elasticity of its own here.
+
 Where Ray runs:
 
 * ``cluster.address`` unset: a local Ray is started for this run, with

@@ -11,6 +11,7 @@ tests/multiprocess/test_ray_hosts.py`` (docs/ray.md, "Across machines").
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import re
@@ -114,6 +115,20 @@ class RayHosts:
         out, _ = waiter.communicate(timeout=30)
         found = re.findall(r"^NODES (.*)$", out or "", re.M)
         return found[-1].split() if found else []
+
+    def controller_events(self) -> list[tuple[float, str]]:
+        """Ray Train's controller decisions so far (from its log on the head node), as
+        ``(unix time, first line of the message)``: failures, resize decisions, groups started."""
+        events = []
+        for path in self.temp.glob("h0-*/session_*/logs/train/ray-train-sys-controller-*.log"):
+            for line in path.read_text(errors="replace").splitlines():
+                with contextlib.suppress(ValueError, KeyError):
+                    entry = json.loads(line)
+                    stamp = datetime.datetime.strptime(entry["asctime"], "%Y-%m-%d %H:%M:%S,%f")
+                    text = " ".join(entry["message"].split("\n")[:2])
+                    if re.search(r"FailurePolicy|Deciding|Started training|timed out", text):
+                        events.append((stamp.timestamp(), text[:200]))
+        return sorted(events)
 
     def close(self, keep_logs: Path | None = None) -> None:
         """Remove the nodes' temp dirs; first copy their Ray logs to ``keep_logs`` (if given)."""
@@ -251,7 +266,7 @@ def test_a_lost_host_shrinks_the_ray_group_and_a_returning_host_grows_it_back(tm
             hosts.kill(2)
         else:
             hosts.link_down(2)
-        lost = time.monotonic()
+        lost, lost_wall = time.monotonic(), time.time()
         print(f"\n{fault}: host 2 lost with the newest backup at step {at_loss}")
 
         def shrunk():
@@ -289,6 +304,10 @@ def test_a_lost_host_shrinks_the_ray_group_and_a_returning_host_grows_it_back(tm
               f"(newest backup then >= {backup_before_grow})")
         driver.wait(timeout=max(10, 1060 - (time.monotonic() - lost)))
         out = hosts.output(driver)
+        print("Ray Train's controller, seconds after the loss:")
+        for stamp, text in ray.controller_events():
+            if stamp >= lost_wall - 1:
+                print(f"  {stamp - lost_wall:+7.1f} s  {text}")
     assert driver.returncode == 0, out[-6000:]
     metrics = json.loads((run_dir / "metrics.json").read_text())
     resumed = _resumed(out)
@@ -301,7 +320,13 @@ def test_a_lost_host_shrinks_the_ray_group_and_a_returning_host_grows_it_back(tm
     # at least the one that existed at the loss: nothing before it is retrained
     small = resumed[:2]
     assert len(small) == 2 and small[0] == small[1] and small[0] >= at_loss, resumed
+    # then the grown group of 3 resumed at one step, at least the newest backup when host 2
+    # came back. A later failure of the grown group (seen once: a collective timeout at the very
+    # end of the run under load, docs/hosts.md) restarts it within cluster.max_restarts: each
+    # such attempt resumes, again all 3 at one step, never earlier than the one before.
     big = resumed[2:]
-    assert len(big) == 3 and len(set(big)) == 1 and big[0] >= max(small[0], backup_before_grow), \
-        resumed
-    assert metrics["start_step"] == big[0], metrics
+    attempts = [big[i:i + 3] for i in range(0, len(big), 3)]
+    assert attempts and all(len(a) == 3 and len(set(a)) == 1 for a in attempts), resumed
+    assert attempts[0][0] >= max(small[0], backup_before_grow), resumed
+    assert [a[0] for a in attempts] == sorted(a[0] for a in attempts), resumed
+    assert metrics["start_step"] == attempts[-1][0], metrics
