@@ -119,7 +119,7 @@ class RayHosts:
     def controller_events(self) -> list[tuple[float, str]]:
         """Ray Train's controller decisions so far (from its log on the head node), as
         ``(unix time, first line of the message)``: failures, resize decisions, groups started."""
-        events = []
+        events = set()  # a set: session_latest is a link to the session's own folder
         for path in self.temp.glob("h0-*/session_*/logs/train/ray-train-sys-controller-*.log"):
             for line in path.read_text(errors="replace").splitlines():
                 with contextlib.suppress(ValueError, KeyError):
@@ -127,7 +127,7 @@ class RayHosts:
                     stamp = datetime.datetime.strptime(entry["asctime"], "%Y-%m-%d %H:%M:%S,%f")
                     text = " ".join(entry["message"].split("\n")[:2])
                     if re.search(r"FailurePolicy|Deciding|Started training|timed out", text):
-                        events.append((stamp.timestamp(), text[:200]))
+                        events.add((stamp.timestamp(), text[:200]))
         return sorted(events)
 
     def close(self, keep_logs: Path | None = None) -> None:
