@@ -160,8 +160,9 @@ def _launch_on_ray(args) -> int:
     from kerasdist.launch.plan import parse_worker_range
 
     if ":" in str(args.workers):
-        raise ClusterError(f"--workers MIN:MAX cannot be used with --ray (Ray Train restarts a "
-                           f"fixed group). Received: --workers {args.workers}")
+        raise ClusterError(f"--workers MIN:MAX cannot be used with --ray (an elastic Ray group "
+                           f"is not implemented for scripts; recipes have cluster.min_workers). "
+                           f"Received: --workers {args.workers}")
     args.workers = parse_worker_range(args.workers)[1]
     if args.workers < 1 or args.cpus_per_worker <= 0 or args.gpus_per_worker < 0:
         raise ClusterError(f"--ray needs --workers >= 1, --cpus-per-worker > 0 and "

@@ -148,7 +148,12 @@ class ClusterConfig(_Frozen):
                               "after a task dies (resuming from the last backup at its exact "
                               "step; on Ray: FailureConfig.max_failures).")
     min_workers: int | None = Field(
-        None, ge=1, description="local: elastic worker count. When a worker is lost and no "
+        None, ge=1, description="local, ray: elastic worker count. On ray it is Ray Train's own "
+        "elastic scaling (ScalingConfig(num_workers=(min_workers, workers))): after a lost worker "
+        "(each loss uses one of cluster.max_restarts) Ray restarts the group on as many workers "
+        "as the cluster can place, at least this many, and grows it back every "
+        "cluster.resize_check_s when more can be placed; every count must divide data.batch_size "
+        "(refused before anything starts). local: when a worker is lost and no "
         "restart is left, the run continues on the workers that are left, down to this many, from "
         "the last backup at its exact step with the same global batch (per-replica batch "
         "re-derived; a count data.batch_size does not divide is refused); a later restart tries "
@@ -183,6 +188,10 @@ class ClusterConfig(_Frozen):
         None, min_length=1, description="ray: None = start a local Ray for this run (in a private "
         "network namespace, shut down at the end); 'auto' = the Ray cluster already running on "
         "this machine; 'HOST:PORT' = that cluster's GCS address (left running).")
+    resize_check_s: float = Field(
+        60.0, gt=0, allow_inf_nan=False, description="ray, with min_workers: seconds between Ray "
+        "Train's checks whether a smaller group can grow (ScalingConfig."
+        "elastic_resize_monitor_interval_s); growing restarts the group from the last backup.")
     cpus_per_worker: float = Field(1.0, gt=0, allow_inf_nan=False,
                                    description="ray: logical CPUs each worker reserves.")
     gpus_per_worker: float = Field(0.0, ge=0, allow_inf_nan=False,
@@ -190,8 +199,9 @@ class ClusterConfig(_Frozen):
 
     @model_validator(mode="after")
     def _min_workers_within_workers(self) -> ClusterConfig:
-        if self.min_workers is not None and self.kind != "local":
-            raise ValueError("cluster.min_workers is for cluster.kind 'local' only. Received: "
+        if self.min_workers is not None and self.kind not in ("local", "ray"):
+            raise ValueError("cluster.min_workers is for cluster.kind 'local' and 'ray' only. "
+                             "Received: "
                              f"kind='{self.kind}', min_workers={self.min_workers}")
         if self.min_workers is not None and self.min_workers > self.workers:
             raise ValueError(f"cluster.min_workers must be <= cluster.workers. Received: "

@@ -11,6 +11,15 @@ newest checkpoint (copied into Ray's storage, ``<run_dir>/ray``). After a worker
 ``FailureConfig(max_failures=cluster.max_restarts)`` restarts the whole group, which resumes from
 kerasdist's last backup at its exact step (``trainer.checkpoint.every_steps``).
 
+With ``cluster.min_workers`` below ``cluster.workers`` the group is elastic through Ray Train V2's
+own scaling, ``ScalingConfig(num_workers=(min_workers, workers))``: after a failure (one of the
+``max_restarts``) Ray restarts the group with as many workers as the cluster can place, at least
+``min_workers``, and every ``cluster.resize_check_s`` (``elastic_resize_monitor_interval_s``) a
+smaller group is restarted at full size when the nodes are back (not a failure). Ray's TensorFlow
+backend writes each new group's ``TF_CONFIG``; every attempt resumes from the last backup with the
+recipe's global batch (the per-replica batch re-derived; every count from ``min_workers`` to
+``workers`` must divide it: :func:`check_elastic`). kerasdist adds no elasticity of its own here.
+
 Where Ray runs:
 
 * ``cluster.address`` unset: a local Ray is started for this run, with
@@ -61,6 +70,10 @@ class RayPlacement:
         gpus: GPUs each worker reserves (>= 0).
         address: None (start a local Ray), ``auto`` or ``HOST:PORT``.
         max_failures: restarts of the whole group after a lost worker (Ray's FailureConfig).
+        min_workers: None (a fixed group of ``workers``) or the fewest workers Ray Train's
+            elastic scaling may run the group with (``1 <= min_workers <= workers``).
+        resize_check_s: seconds between Ray's checks whether an elastic group can grow
+            (``ScalingConfig.elastic_resize_monitor_interval_s``).
     """
 
     workers: int
@@ -68,12 +81,25 @@ class RayPlacement:
     gpus: float = 0.0
     address: str | None = None
     max_failures: int = 0
+    min_workers: int | None = None
+    resize_check_s: float = 60.0
 
     @classmethod
     def of(cls, recipe: Recipe) -> RayPlacement:
         c = recipe.cluster
         return cls(workers=c.workers, cpus=c.cpus_per_worker, gpus=c.gpus_per_worker,
-                   address=c.address, max_failures=c.max_restarts)
+                   address=c.address, max_failures=c.max_restarts, min_workers=c.min_workers,
+                   resize_check_s=c.resize_check_s)
+
+    @property
+    def fewest(self) -> int:
+        """Fewest workers the group runs with (``workers`` when not elastic)."""
+        return self.workers if self.min_workers is None else self.min_workers
+
+    @property
+    def num_workers(self) -> int | tuple[int, int]:
+        """Ray Train's ``ScalingConfig(num_workers=...)``: an int, or ``(min, max)`` (elastic)."""
+        return self.workers if self.fewest == self.workers else (self.fewest, self.workers)
 
 
 def require_ray():
@@ -90,6 +116,44 @@ def require_ray():
                            f"({err}); install it with {INSTALL_HINT}. Received: "
                            "cluster.kind='ray'") from None
     return ray
+
+
+def check_elastic(recipe: Recipe) -> None:
+    """Refuse an elastic Ray group (``cluster.min_workers``) Ray Train cannot run, or whose
+    worker counts the global batch does not divide, before anything starts.
+
+    Ray Train picks any count from ``min_workers`` to ``workers`` (as many as the cluster can
+    place), and the global batch (``data.batch_size``) is kept at every count, so each count must
+    divide it (times ``trainer.gradient_accumulation_steps``). Elastic groups are Ray Train V2's
+    (the default of Ray 2.60; ``RAY_TRAIN_V2_ENABLED=0`` selects V1, which has none).
+
+    Raises:
+        RecipeError: a count in ``min_workers..workers`` does not divide the global batch (exit 2).
+        ClusterError: Ray Train V2 is disabled (exit 2).
+    """
+    from kerasdist.data.pipeline import check_batch_divisible
+    from kerasdist.errors import RecipeError
+    from kerasdist.keras.accumulation import check_divisible
+
+    c = recipe.cluster
+    if c.min_workers is None or c.min_workers == c.workers:
+        return
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if not is_v2_enabled():
+        raise ClusterError("cluster.min_workers on Ray needs Ray Train V2's elastic scaling; "
+                           "RAY_TRAIN_V2_ENABLED=0 selects V1, which has none. Received: "
+                           f"RAY_TRAIN_V2_ENABLED={os.environ.get('RAY_TRAIN_V2_ENABLED')!r}, "
+                           f"min_workers={c.min_workers}")
+    for workers in range(c.min_workers, c.workers + 1):
+        try:
+            check_batch_divisible(recipe.data.batch_size, workers)
+            check_divisible(recipe.data.batch_size, workers,
+                            recipe.trainer.gradient_accumulation_steps)
+        except RecipeError as err:
+            raise RecipeError(f"cluster.min_workers={c.min_workers}, workers={c.workers}: Ray may "
+                              f"run the group with {workers} workers, keeping the global batch: "
+                              f"{err}") from None
 
 
 def check_address(address: str | None) -> None:
@@ -162,13 +226,14 @@ def _check_fits(ray, placement: RayPlacement) -> None:
     fits = sum(min(math.floor(n.get("CPU", 0.0) / placement.cpus),
                    math.floor(n.get("GPU", 0.0) / placement.gpus) if placement.gpus else 1 << 30)
                for n in nodes)
-    if fits < placement.workers:
+    if fits < placement.fewest:
         raise ClusterError(
             f"cluster.workers: the Ray cluster can place {fits} worker(s) of {placement.cpus:g} "
             f"CPU and {placement.gpus:g} GPU each ({len(nodes)} node(s), {total['CPU']:g} CPU and "
             f"{total['GPU']:g} GPU in all), fewer than asked. Received: workers="
-            f"{placement.workers}, cpus_per_worker={placement.cpus:g}, gpus_per_worker="
-            f"{placement.gpus:g}")
+            f"{placement.workers}, " + (f"min_workers={placement.min_workers}, " if
+            placement.min_workers is not None else "") + f"cpus_per_worker={placement.cpus:g}, "
+            f"gpus_per_worker={placement.gpus:g}")
 
 
 def fit_on_ray(ray, loop, config: dict[str, Any], placement: RayPlacement, *, storage: Path,
@@ -183,10 +248,13 @@ def fit_on_ray(ray, loop, config: dict[str, Any], placement: RayPlacement, *, st
     from ray.train.tensorflow import TensorflowTrainer
 
     resources = {"CPU": placement.cpus, **({"GPU": placement.gpus} if placement.gpus else {})}
+    elastic = ({} if isinstance(placement.num_workers, int) else
+               {"elastic_resize_monitor_interval_s": placement.resize_check_s})
     trainer = TensorflowTrainer(
         loop, train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=placement.workers, use_gpu=placement.gpus > 0,
-                                     resources_per_worker=resources),
+        scaling_config=ScalingConfig(num_workers=placement.num_workers,
+                                     use_gpu=placement.gpus > 0, resources_per_worker=resources,
+                                     **elastic),
         run_config=RunConfig(name=name, storage_path=str(storage.resolve()),
                              failure_config=FailureConfig(max_failures=placement.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=keep)))
@@ -221,7 +289,7 @@ def worker_recipe(recipe: Recipe) -> dict:
     """The recipe each Ray worker runs: this one as a ``tf_config`` task (its role comes from the
     TF_CONFIG Ray writes)."""
     data = recipe.model_dump(mode="json")
-    data["cluster"].update(kind="tf_config", address=None,
+    data["cluster"].update(kind="tf_config", address=None, min_workers=None,
                            threads_per_task=recipe.intra_op_threads())
     return data
 

@@ -10,8 +10,8 @@ is installed; kerasdist trains Keras 3 models), apply :func:`kerasdist.enable`, 
   epoch's logs to Ray, and on the chief the newest checkpoint;
 * :func:`script_loop` runs a user's script as ``__main__`` (``kerasdist launch --ray``).
 
-Each worker writes ``<run_dir>/logs/ray-worker-<rank>.json`` (pid, host) so that operators (and the
-fault tests) can find its process.
+Each worker writes ``<run_dir>/logs/ray-worker-<rank>.json`` (pid, host, Ray node IP and id, group
+size, TF task address) so that operators (and the fault tests) can find its process and node.
 """
 
 from __future__ import annotations
@@ -34,10 +34,19 @@ def _prepare(config: dict) -> None:
     kerasdist.enable()
 
 
-def _record_worker(log_dir: Path, index: int) -> None:
+def _record_worker(log_dir: Path, index: int, tf_config: dict) -> None:
+    """Write ``ray-worker-<index>.json``: pid, host name, the Ray node's IP address and id, the
+    group's size and this worker's TF task address (rewritten by every attempt of the group)."""
+    import ray
+
     log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / f"ray-worker-{index}.json").write_text(
-        json.dumps({"pid": os.getpid(), "host": socket.gethostname()}), encoding="utf-8")
+    workers = tf_config.get("cluster", {}).get("worker", [])
+    record = {"pid": os.getpid(), "host": socket.gethostname(),
+              "node_ip": ray.util.get_node_ip_address(),
+              "node_id": ray.get_runtime_context().get_node_id(),
+              "world_size": len(workers),
+              "task_address": workers[index] if index < len(workers) else None}
+    (log_dir / f"ray-worker-{index}.json").write_text(json.dumps(record), encoding="utf-8")
 
 
 def recipe_loop(config: dict) -> None:
@@ -63,7 +72,8 @@ def recipe_loop(config: dict) -> None:
     from kerasdist.training.rundir import RunDir
 
     run_dir = Path(recipe.output.run_dir)
-    _record_worker(RunDir(run_dir).logs, tf_config.task_index)
+    _record_worker(RunDir(run_dir).logs, tf_config.task_index,
+                   json.loads(os.environ.get("TF_CONFIG") or "{}"))
     # --overwrite was done by the driver (it moved the old run aside under its lock): never again
     run_session(recipe, tf_config=tf_config, overwrite=False, verbose=config.get("verbose"),
                 callbacks=[ray_report(run_dir, is_chief=tf_config.is_chief)])

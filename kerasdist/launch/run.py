@@ -125,6 +125,7 @@ def _plan_ray(recipe: Recipe, callbacks) -> bool:
     from kerasdist.launch import isolation, ray_run
 
     ray_run.require_ray()
+    ray_run.check_elastic(recipe)
     if callbacks:
         raise ClusterError("extra Python callbacks cannot be sent to Ray workers. "
                            f"Received: callbacks={list(callbacks)!r}")

@@ -227,7 +227,7 @@ def test_min_workers_is_checked_against_workers_and_cluster_kind():
     with pytest.raises(RecipeError, match=r"cluster.min_workers must be <= cluster.workers. "
                                           r"Received: min_workers=4, workers=3"):
         _cluster("multi_worker", kind="local", workers=3, min_workers=4)
-    with pytest.raises(RecipeError, match=r"for cluster.kind 'local' only. Received: "
+    with pytest.raises(RecipeError, match=r"for cluster.kind 'local' and 'ray' only. Received: "
                                           r"kind='tf_config', min_workers=1"):
         _cluster("multi_worker", kind="tf_config", workers=2, min_workers=1)
     with pytest.raises(RecipeError, match="min_workers"):

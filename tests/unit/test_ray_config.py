@@ -160,3 +160,32 @@ def test_a_local_ray_is_started_even_where_another_cluster_is_advertised(monkeyp
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     assert canonicalize_bootstrap_address(fake.init_kwargs.get("address")) is None
     assert fake.init_kwargs["num_cpus"] >= 2
+
+
+def test_an_elastic_ray_recipe_needs_every_worker_count_to_divide_the_global_batch(monkeypatch):
+    """cluster.min_workers on Ray is Ray Train's ScalingConfig(num_workers=(min, max)); Ray may run
+    any count in between, so each must divide the global batch (refused before anything starts);
+    the workers run the recipe as a plain tf_config task."""
+    monkeypatch.setenv("RAY_CLIENT_MODE", "0")  # what importing Ray sets; undone after the test
+    pytest.importorskip("ray.train")
+
+    def ray_recipe(batch, **cluster):
+        return validate_recipe({**RAY, "data": {"batch_size": batch},
+                                "cluster": {"kind": "ray", **cluster}})
+
+    elastic = ray_recipe(96, workers=3, min_workers=2, resize_check_s=10)
+    ray_run.check_elastic(elastic)
+    placement = ray_run.RayPlacement.of(elastic)
+    assert placement.num_workers == (2, 3) and placement.resize_check_s == 10
+    assert ray_run.RayPlacement.of(ray_recipe(64, workers=2)).num_workers == 2
+    assert ray_run.RayPlacement.of(ray_recipe(64, workers=2, min_workers=2)).num_workers == 2
+    data = ray_run.worker_recipe(elastic)
+    assert data["cluster"]["min_workers"] is None
+    validate_recipe(data)  # what each worker validates again (min_workers refused on tf_config)
+    ray_run.check_elastic(ray_recipe(64, workers=3))  # fixed: 3 replicas checked at start-up
+    with pytest.raises(RecipeError, match=r"cluster.min_workers=2, workers=3: Ray may run the "
+                                          r"group with 3 workers.*batch_size=64"):
+        ray_run.check_elastic(ray_recipe(64, workers=3, min_workers=2))
+    monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "0")
+    with pytest.raises(ClusterError, match=r"needs Ray Train V2.*RAY_TRAIN_V2_ENABLED='0'"):
+        ray_run.check_elastic(elastic)
