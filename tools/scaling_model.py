@@ -85,18 +85,36 @@ def per_byte_s(gbps: float, cpu_s_per_byte: float) -> float:
     return 8 / (gbps * 1e9) + cpu_s_per_byte
 
 
+def shared_cores(tasks: int, cores: int | None) -> float:
+    """How much slower a CPU-bound task runs when ``tasks`` single-threaded tasks share ``cores``
+    cores: ``max(1, tasks / cores)``; 1 when ``cores`` is None (a core per task)."""
+    if cores is None:
+        return 1.0
+    if cores < 1 or tasks < 1:
+        raise ValueError(f"tasks and cores must be >= 1. Received: tasks={tasks}, cores={cores}")
+    return max(1.0, tasks / cores)
+
+
 def multi_worker(cal: Calibration, n: int, gbps: float, *, batch: int = 64, k: int = 1,
-                 bf16: bool = False) -> dict:
+                 bf16: bool = False, cores: int | None = None) -> dict:
     """One update of ``n`` synchronous workers, ``batch`` examples each per micro-batch, ``k``
-    micro-batches per all-reduce. Returns step_s (one update), examples_per_s, efficiency."""
+    micro-batches per all-reduce. ``gbps``: each worker's link, each direction (``math.inf``: no
+    wire time). ``cores``: the cores all workers share (None: a core per worker, separate
+    machines); the CPU parts (compute, the runtime's per-byte cost) stretch by
+    :func:`shared_cores`, the wire does not. Returns step_s (one update), comm_s, wire_s,
+    examples_per_s, efficiency (against one worker computing alone on its own core)."""
     nbytes = cal.gradient_bytes / (2 if bf16 else 1)
     cpu = cal.cpu_s_per_byte_bf16 if bf16 else cal.cpu_s_per_byte_f32
-    comm = 0.0
+    stretch = shared_cores(n, cores)
+    comm = wire = 0.0
     if n > 1:
-        comm = ring_allreduce_bytes(n, nbytes) * per_byte_s(gbps, cpu) + 2 * (n - 1) * cal.latency_s
-    step = k * cal.t_comp(batch) + comm
+        ring = ring_allreduce_bytes(n, nbytes)
+        wire = ring * 8 / (gbps * 1e9) + 2 * (n - 1) * cal.latency_s
+        comm = ring * cpu * stretch + wire
+    step = k * cal.t_comp(batch) * stretch + comm
     rate = n * k * batch / step
-    return {"step_s": step, "comm_s": comm, "examples_per_s": rate,
+    return {"step_s": step, "comm_s": comm, "wire_s": wire, "examples_per_s": rate,
+            "limit": "wire" if wire > step / 2 else "cpu",
             "efficiency": rate / (n * batch / cal.t_comp(batch))}
 
 
@@ -117,18 +135,26 @@ def ps_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
 
 
 def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
-                     partitioned: bool = False, batch: int = 128, k: int = 1) -> dict:
+                     partitioned: bool = False, batch: int = 128, k: int = 1,
+                     cores: int | None = None) -> dict:
     """``n`` asynchronous workers, ``num_ps`` ps tasks; ``k`` local micro-batches per pull/push
-    (hypothetical: kerasdist refuses gradient accumulation for parameter_server)."""
+    (hypothetical: kerasdist refuses gradient accumulation for parameter_server). ``cores``: the
+    cores every task shares (None: a machine per task); with it the cluster is also capped by
+    the CPU one global step needs (a worker's compute, the ps transfer's per-byte cost, the
+    coordinator's time per step) over the cores (limit ``"cpu"``)."""
     nbytes = cal.gradient_bytes
     worker_step = (k * cal.t_comp(batch) + 2 * nbytes * per_byte_s(gbps, cal.ps_cpu_s_per_byte)
                    + 2 * cal.latency_s + cal.coordinator_s)
     busiest = ps_bytes(cal, num_ps, partitioned)
     ps_steps = 1 / max(busiest * 8 / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
-    steps = min(n / worker_step, ps_steps, 1 / cal.coordinator_rate_s)
+    limits = {"workers": n / worker_step, "ps": ps_steps, "coordinator": 1 / cal.coordinator_rate_s}
+    if cores is not None:
+        cpu_per_step = (k * cal.t_comp(batch) + 2 * nbytes * cal.ps_cpu_s_per_byte
+                        + cal.coordinator_rate_s)
+        limits["cpu"] = cores / cpu_per_step
+    limit = min(limits, key=limits.get)
+    steps = limits[limit]
     rate = steps * k * batch
-    limit = ("workers" if steps == n / worker_step else
-             "ps" if steps == ps_steps else "coordinator")
     return {"step_s": n / steps, "examples_per_s": rate, "limit": limit,
             "efficiency": rate / (n * batch / cal.t_comp(batch))}
 
