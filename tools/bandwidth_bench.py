@@ -31,7 +31,8 @@ Usage::
 
     python tools/bandwidth_bench.py --out runs/bandwidth              # the whole grid
     python tools/bandwidth_bench.py --rows mw-f32 --hosts 2 --caps 100 --out /tmp/bw
-    python tools/bandwidth_bench.py --plot runs/bandwidth/bandwidth.json --png docs/bandwidth_scaling.png
+    python tools/bandwidth_bench.py --from-json runs/bandwidth/bandwidth.json --link-efficiency 0.5 \\
+        --png docs/bandwidth_scaling.png          # the table and plot again, the model recalibrated
 
 Writes ``OUT/bandwidth.json`` (every row, with the settings) after each row and prints one
 markdown table line per row as it ends. Exit codes: 0 every row ran, 1 a row failed (its error
@@ -51,7 +52,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -219,14 +220,18 @@ def bytes_per_step(samples: dict[str, list[tuple[float, float]]], t_start: float
 
 
 def model_bytes(row: Row, cal=None) -> float:
-    """Bytes the model has all hosts send per step: ring all-reduce ``n x 2 (n-1)/n x G``
-    (multi_worker, G the gradient bytes, halved by bf16); parameter_server ``2 G`` (the ps send
-    the variables to the worker, the worker sends its gradients back)."""
+    """Bytes on the wire the model has all hosts send per step, frame headers included
+    (``Calibration.frame_overhead``): ring all-reduce ``n x 2 (n-1)/n x G`` (multi_worker, G the
+    gradient bytes, halved by bf16); parameter_server ``2 G`` (the ps send the variables to the
+    worker, the worker sends its gradients back)."""
     cal = cal or sm.Calibration()
     grad = cal.gradient_bytes
     if row.strategy == "multi_worker":
-        return row.workers * sm.ring_allreduce_bytes(row.workers, grad / (2 if row.name == "mw-bf16" else 1))
-    return 2.0 * grad
+        payload = row.workers * sm.ring_allreduce_bytes(
+            row.workers, grad / (2 if row.name == "mw-bf16" else 1))
+    else:
+        payload = 2.0 * grad
+    return payload * cal.frame_overhead
 
 
 def predict(row: Row, cal=None, *, cores: int | None = CORES) -> dict:
@@ -395,7 +400,20 @@ def run_row(row: Row, out: Path, *, sample_s: float = 0.1, timeout_s: float = 30
 
 
 HEADER = ("| row | hosts | link cap | steps | examples/s | MB sent/step (all hosts) | model MB/step "
-          "| model examples/s | measured / model | model, a core per worker |\n" + "| --- " * 10 + "|")
+          "| busiest link Mbit/s | model examples/s | measured / model |\n" + "| --- " * 10 + "|")
+
+
+def remodel(r: dict, cal=None) -> dict:
+    """``r`` (a row of bandwidth.json) with the model's columns computed again with ``cal``
+    (e.g. another ``link_efficiency``); a failed row is returned as it is."""
+    if "error" in r:
+        return r
+    row = Row(r["name"], r["workers"], r["cap_mbit"])
+    cal = cal or sm.Calibration()
+    predicted = predict(row, cal)
+    return {**r, "model_bytes_per_step": model_bytes(row, cal),
+            "model_examples_per_s": predicted["examples_per_s"], "model_limit": predicted["limit"],
+            "ratio": r["examples_per_s"] / predicted["examples_per_s"]}
 
 
 def table_line(r: dict) -> str:
@@ -405,13 +423,14 @@ def table_line(r: dict) -> str:
         return f"| {r['name']} | {r['hosts']} | {cap} | failed: {r['error'][:120]} |"
     return (f"| {r['name']} | {r['hosts']} | {cap} | {r['steps']} | {r['examples_per_s']:.1f} | "
             f"{r['bytes_per_step'] / 1e6:.2f} | {r['model_bytes_per_step'] / 1e6:.2f} | "
-            f"{r['model_examples_per_s']:.1f} | {r['ratio']:.2f} | "
-            f"{r['model_separate_machines']:.1f} |")
+            f"{max(r['link_mbit_by_host']):.0f} | {r['model_examples_per_s']:.1f} | "
+            f"{r['ratio']:.2f} |")
 
 
 def plot(result: dict, png: Path) -> Path:
-    """examples/s against hosts, one panel per variant, measured (points) and the model (lines)
-    at each cap."""
+    """Measured examples/s (solid) and the model's (dashed): multi_worker float32 and bf16
+    against hosts, one line per link cap; then every row kind at its largest host count against
+    the link cap (parameter_server, bytes_per_pack beside float32)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -420,28 +439,48 @@ def plot(result: dict, png: Path) -> Path:
     rows = [r for r in result["rows"] if "error" not in r]
     if not rows:
         raise ValueError("no row without an error to plot")
-    names = [n for n in VARIANTS if any(r["name"] == n for r in rows)]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.6), squeeze=False)
+    caps = [100, 1000, None]
+    cap_names = {100: "100 Mbit/s", 1000: "1 Gbit/s", None: "uncapped"}
     colours = {100: "tab:red", 1000: "tab:blue", None: "tab:green"}
-    for ax, name in zip(axes[0], names, strict=True):
-        for cap, colour in colours.items():
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, name in zip(axes[:2], ("mw-f32", "mw-bf16"), strict=True):
+        for cap in caps:
             pts = sorted((r["hosts"], r["examples_per_s"], r["model_examples_per_s"])
                          for r in rows if r["name"] == name and r["cap_mbit"] == cap)
-            if not pts:
-                continue
-            xs = [p[0] for p in pts]
-            label = "uncapped" if cap is None else f"{cap:g} Mbit/s"
-            ax.plot(xs, [p[1] for p in pts], "o-", color=colour, label=f"{label} measured")
-            ax.plot(xs, [p[2] for p in pts], "x--", color=colour, alpha=0.6, label=f"{label} model")
-        ax.set(title=VARIANTS[name], xlabel="hosts", ylabel="examples/s", yscale="log")
-        ax.title.set_fontsize(8)
-        ax.set_xticks(sorted({r["hosts"] for r in rows if r["name"] == name}))
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle("kerasdist on simulated hosts (one 2-core machine): measured vs scaling model",
-                 fontsize=9)
+            if pts:
+                xs = [p[0] for p in pts]
+                ax.plot(xs, [p[1] for p in pts], "o-", color=colours[cap],
+                        label=f"{cap_names[cap]} measured")
+                ax.plot(xs, [p[2] for p in pts], "x--", color=colours[cap], alpha=0.6,
+                        label=f"{cap_names[cap]} model")
+        ax.set(title=f"multi_worker, {VARIANTS[name]}", xlabel="hosts (1 worker each)",
+               ylabel="examples/s", yscale="log")
+        ax.set_xticks(sorted({r["hosts"] for r in rows if r["name"] == name}) or [2])
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    markers = {"ps1": ("tab:purple", "ps 1 ps (3 hosts)"), "ps2": ("tab:brown", "ps 2 ps (4 hosts)"),
+               "mw-f32": ("tab:gray", "mw float32"), "mw-pack": ("tab:olive", "mw bytes_per_pack")}
+    for name, (colour, label) in markers.items():
+        sized = [r for r in rows if r["name"] == name]
+        if not sized:
+            continue
+        most = max(r["hosts"] for r in sized)
+        pts = [(caps.index(r["cap_mbit"]), r["examples_per_s"], r["model_examples_per_s"])
+               for r in sized if r["hosts"] == most and r["cap_mbit"] in caps]
+        pts.sort()
+        if name.startswith("mw"):
+            label += f" ({most} hosts)"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=colour, label=label)
+        ax.plot([p[0] for p in pts], [p[2] for p in pts], "x--", color=colour, alpha=0.5)
+    ax.set_xticks(range(3), [cap_names[c] for c in caps])
+    ax.set(title="by link cap (dashed: model)", ylabel="examples/s", yscale="log")
+    ax.legend(fontsize=7)
+    eff = result.get("calibration", {}).get("link_efficiency", 1.0)
+    fig.suptitle("kerasdist on simulated hosts sharing one 2-core machine: measured (solid) vs "
+                 f"scaling model (dashed, link_efficiency {eff:g})", fontsize=10)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=110)
+    fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
 
@@ -456,12 +495,26 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds per row")
     parser.add_argument("--full", action="store_true",
                         help="every host count for bf16 and bytes_per_pack too (see TRIMMED_HOSTS)")
-    parser.add_argument("--plot", type=Path, help="only plot this bandwidth.json (no runs)")
+    parser.add_argument("--from-json", type=Path, help="no runs: print the table of this "
+                        "bandwidth.json with the model computed again (--link-efficiency) and plot it")
+    parser.add_argument("--link-efficiency", type=float, default=1.0,
+                        help="the model's Calibration.link_efficiency (0 < x <= 1; default 1)")
     parser.add_argument("--png", type=Path, default=None, help="plot file (default OUT/bandwidth.png)")
     args = parser.parse_args(argv)
-    if args.plot:
-        result = json.loads(args.plot.read_text(encoding="utf-8"))
-        print(plot(result, args.png or args.plot.with_suffix(".png")))
+    if not 0 < args.link_efficiency <= 1:
+        print(f"bandwidth_bench: error: --link-efficiency must be within (0, 1]. Received: "
+              f"{args.link_efficiency}", file=sys.stderr)
+        return 2
+    cal = replace(sm.Calibration(), link_efficiency=args.link_efficiency)
+    if args.from_json:
+        result = json.loads(args.from_json.read_text(encoding="utf-8"))
+        result["rows"] = [remodel(r, cal) for r in result["rows"]]
+        result["calibration"] = asdict(cal)
+        print(f"{result['command']} ({result['date']}), model link_efficiency "
+              f"{args.link_efficiency:g}\n{HEADER}")
+        for r in result["rows"]:
+            print(table_line(r))
+        print(plot(result, args.png or args.from_json.with_suffix(".png")))
         return 0
     try:
         names = [n.strip() for n in args.rows.split(",") if n.strip()]
@@ -486,11 +539,11 @@ def main(argv=None) -> int:
     rows = grid(names, counts, caps, trim=not args.full)
     result = {"command": " ".join(["python", "tools/bandwidth_bench.py", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": CORES,
-              "calibration": asdict(sm.Calibration()), "rows": []}
+              "calibration": asdict(cal), "rows": []}
     print(f"{len(rows)} rows on {CORES} cores\n{HEADER}", flush=True)
     started = time.monotonic()
     for row in rows:
-        r = run_row(row, out, sample_s=args.sample_s, timeout_s=args.timeout)
+        r = remodel(run_row(row, out, sample_s=args.sample_s, timeout_s=args.timeout), cal)
         result["rows"].append(r)
         print(table_line(r) + f" <!-- {r['wall_s']:.0f} s -->", flush=True)
         (out / "bandwidth.json").write_text(json.dumps(result, indent=1), encoding="utf-8")

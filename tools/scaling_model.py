@@ -62,6 +62,14 @@ class Calibration:
     latency_s: float = 50e-6         # per message on a data-centre network (assumed, not measured)
     variables: tuple[int, ...] = SEED_VARIABLES
     bytes_per_element: int = 4
+    # Bytes on the wire per byte of payload: a full 1500-byte-MTU TCP segment carries 1448 bytes
+    # in a 1514-byte Ethernet frame (14 Ethernet + 20 IPv4 + 32 TCP with timestamps). Measured
+    # on simulated hosts: 1.046-1.048 x the ring all-reduce's bytes (docs/benchmarks.md).
+    frame_overhead: float = 1514 / 1448
+    # The fraction of a link's rate TF's gRPC runtime keeps busy while it moves tensors (1.0:
+    # the whole link). Measured on simulated hosts (docs/benchmarks.md): much less than 1 on a
+    # CPU-loaded machine; give the figure measured on yours.
+    link_efficiency: float = 1.0
 
     @property
     def gradient_bytes(self) -> int:
@@ -80,9 +88,18 @@ def ring_allreduce_bytes(n: int, nbytes: float) -> float:
     return 2 * (n - 1) / n * nbytes
 
 
-def per_byte_s(gbps: float, cpu_s_per_byte: float) -> float:
-    """Seconds per byte moved: the wire (8 bits / bandwidth) plus the runtime's CPU per byte."""
-    return 8 / (gbps * 1e9) + cpu_s_per_byte
+def per_byte_s(gbps: float, cpu_s_per_byte: float, wire_factor: float = 1.0) -> float:
+    """Seconds per byte moved: the wire (8 bits / bandwidth, times ``wire_factor``) plus the
+    runtime's CPU per byte."""
+    return 8 * wire_factor / (gbps * 1e9) + cpu_s_per_byte
+
+
+def wire_factor(cal: Calibration) -> float:
+    """Wire time per payload byte over the ideal ``8 / bandwidth``: the frame headers over the
+    link efficiency."""
+    if not 0 < cal.link_efficiency <= 1:
+        raise ValueError(f"link_efficiency must be within (0, 1]. Received: {cal.link_efficiency}")
+    return cal.frame_overhead / cal.link_efficiency
 
 
 def shared_cores(tasks: int, cores: int | None) -> float:
@@ -109,7 +126,7 @@ def multi_worker(cal: Calibration, n: int, gbps: float, *, batch: int = 64, k: i
     comm = wire = 0.0
     if n > 1:
         ring = ring_allreduce_bytes(n, nbytes)
-        wire = ring * 8 / (gbps * 1e9) + 2 * (n - 1) * cal.latency_s
+        wire = ring * 8 * wire_factor(cal) / (gbps * 1e9) + 2 * (n - 1) * cal.latency_s
         comm = ring * cpu * stretch + wire
     step = k * cal.t_comp(batch) * stretch + comm
     rate = n * k * batch / step
@@ -143,10 +160,12 @@ def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
     the CPU one global step needs (a worker's compute, the ps transfer's per-byte cost, the
     coordinator's time per step) over the cores (limit ``"cpu"``)."""
     nbytes = cal.gradient_bytes
-    worker_step = (k * cal.t_comp(batch) + 2 * nbytes * per_byte_s(gbps, cal.ps_cpu_s_per_byte)
+    factor = wire_factor(cal)
+    worker_step = (k * cal.t_comp(batch)
+                   + 2 * nbytes * per_byte_s(gbps, cal.ps_cpu_s_per_byte, factor)
                    + 2 * cal.latency_s + cal.coordinator_s)
     busiest = ps_bytes(cal, num_ps, partitioned)
-    ps_steps = 1 / max(busiest * 8 / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
+    ps_steps = 1 / max(busiest * 8 * factor / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
     limits = {"workers": n / worker_step, "ps": ps_steps, "coordinator": 1 / cal.coordinator_rate_s}
     if cores is not None:
         cpu_per_step = (k * cal.t_comp(batch) + 2 * nbytes * cal.ps_cpu_s_per_byte

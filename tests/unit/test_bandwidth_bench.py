@@ -77,7 +77,7 @@ def test_bytes_per_step_is_the_counter_delta_over_the_window():
 
 
 def test_model_bytes_per_step_ring_and_parameter_server():
-    grad = sm.Calibration().gradient_bytes  # 13,098,536 B: float32 seed CNN
+    grad = sm.Calibration().gradient_bytes * 1514 / 1448  # float32 seed CNN, in 1500-MTU frames
     assert bb.model_bytes(bb.Row("mw-f32", 2, 100)) == pytest.approx(2 * grad)
     assert bb.model_bytes(bb.Row("mw-f32", 4, 100)) == pytest.approx(6 * grad)  # 2 (n-1) G
     assert bb.model_bytes(bb.Row("mw-bf16", 4, 100)) == pytest.approx(3 * grad)
@@ -100,7 +100,7 @@ def test_rows_hosts_batches_and_the_trimmed_grid():
 def test_prediction_a_capped_link_is_wire_bound_and_shared_cores_slow_the_cpu():
     cal = sm.Calibration()
     capped = bb.predict(bb.Row("mw-f32", 2, 100), cal, cores=2)
-    wire = 2 * cal.gradient_bytes * 1 / 2 * 8 / 100e6  # ring bytes of 2 workers: G each
+    wire = cal.gradient_bytes * 1514 / 1448 * 8 / 100e6  # ring bytes of 2 workers: G each
     assert capped["wire_s"] == pytest.approx(wire + 2 * cal.latency_s)
     assert capped["limit"] == "wire"
     assert capped["examples_per_s"] == pytest.approx(64 / capped["step_s"])

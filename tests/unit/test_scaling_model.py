@@ -63,3 +63,20 @@ def test_parameter_server_is_capped_by_its_busiest_ps():
     few = sm.parameter_server(CAL, 128, 10, num_ps=1)
     many = sm.parameter_server(CAL, 128, 10, num_ps=8, partitioned=True)
     assert few["limit"] == "ps" and many["examples_per_s"] > few["examples_per_s"]
+
+
+def test_wire_time_counts_frame_headers_and_the_link_efficiency():
+    """Measured on simulated hosts (docs/benchmarks.md): 1.046-1.048 x the payload crossed the
+    links, the 1514/1448 of full TCP segments in 1500-byte-MTU frames."""
+    cal = sm.Calibration()
+    ring = sm.ring_allreduce_bytes(2, cal.gradient_bytes)
+    wire = sm.multi_worker(cal, 2, 0.1)["wire_s"] - 2 * cal.latency_s
+    assert wire == pytest.approx(ring * 1514 / 1448 * 8 / 0.1e9)
+    half = sm.multi_worker(sm.replace(cal, link_efficiency=0.5), 2, 0.1)["wire_s"] - 2 * cal.latency_s
+    assert half == pytest.approx(2 * wire)
+    ps = sm.parameter_server(cal, 2, 0.1)
+    ps_half = sm.parameter_server(sm.replace(cal, link_efficiency=0.5), 2, 0.1)
+    assert ps_half["examples_per_s"] < 0.55 * ps["examples_per_s"]
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="link_efficiency"):
+            sm.multi_worker(sm.replace(cal, link_efficiency=bad), 2, 0.1)
