@@ -222,15 +222,16 @@ def bytes_per_step(samples: dict[str, list[tuple[float, float]]], t_start: float
 def model_bytes(row: Row, cal=None) -> float:
     """Bytes on the wire the model has all hosts send per step, frame headers included
     (``Calibration.frame_overhead``): ring all-reduce ``n x 2 (n-1)/n x G`` (multi_worker, G the
-    gradient bytes, halved by bf16); parameter_server ``2 G`` (the ps send the variables to the
-    worker, the worker sends its gradients back)."""
+    gradient bytes, halved by bf16); parameter_server ``G`` (the ps send the variables to the
+    worker) plus what the worker sends back (:func:`scaling_model.ps_push_bytes`: ``G`` with 1
+    ps, more with partitioned variables)."""
     cal = cal or sm.Calibration()
     grad = cal.gradient_bytes
     if row.strategy == "multi_worker":
         payload = row.workers * sm.ring_allreduce_bytes(
             row.workers, grad / (2 if row.name == "mw-bf16" else 1))
     else:
-        payload = 2.0 * grad
+        payload = grad + sm.ps_push_bytes(cal, row.num_ps, row.num_ps > 1)
     return payload * cal.frame_overhead
 
 

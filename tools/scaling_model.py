@@ -151,6 +151,20 @@ def ps_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
     return max(load)
 
 
+def ps_push_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
+    """Bytes a worker sends per step: every gradient once, except that the gradient of a
+    partitioned variable (over 256 KiB, ``num_ps`` > 1) crosses the worker's link once per shard.
+    Measured on simulated hosts (docs/benchmarks.md): with 2 ps and ``variable_partitioning:
+    min_size`` each worker sent 2.0 x its 13.1 MB of gradients per step, while the ps sent the
+    variables once; with 1 ps, 1.0 x."""
+    total = 0.0
+    for elements in cal.variables:
+        nbytes = elements * cal.bytes_per_element
+        copies = num_ps if partitioned and num_ps > 1 and nbytes > 256 << 10 else 1
+        total += copies * nbytes
+    return total
+
+
 def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
                      partitioned: bool = False, batch: int = 128, k: int = 1,
                      cores: int | None = None) -> dict:
@@ -161,8 +175,9 @@ def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
     coordinator's time per step) over the cores (limit ``"cpu"``)."""
     nbytes = cal.gradient_bytes
     factor = wire_factor(cal)
+    moved = nbytes + ps_push_bytes(cal, num_ps, partitioned)  # variables in, gradients out
     worker_step = (k * cal.t_comp(batch)
-                   + 2 * nbytes * per_byte_s(gbps, cal.ps_cpu_s_per_byte, factor)
+                   + moved * per_byte_s(gbps, cal.ps_cpu_s_per_byte, factor)
                    + 2 * cal.latency_s + cal.coordinator_s)
     busiest = ps_bytes(cal, num_ps, partitioned)
     ps_steps = 1 / max(busiest * 8 * factor / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)

@@ -82,7 +82,10 @@ def test_model_bytes_per_step_ring_and_parameter_server():
     assert bb.model_bytes(bb.Row("mw-f32", 4, 100)) == pytest.approx(6 * grad)  # 2 (n-1) G
     assert bb.model_bytes(bb.Row("mw-bf16", 4, 100)) == pytest.approx(3 * grad)
     assert bb.model_bytes(bb.Row("mw-pack", 3, None)) == pytest.approx(4 * grad)
-    assert bb.model_bytes(bb.Row("ps2", 2, 1000)) == pytest.approx(2 * grad)
+    assert bb.model_bytes(bb.Row("ps1", 2, 1000)) == pytest.approx(2 * grad)
+    # 2 ps, partitioned: the 3136x1024 dense kernel's gradient (12.8 MB) crosses twice
+    assert bb.model_bytes(bb.Row("ps2", 2, 1000)) == pytest.approx(
+        2 * grad + 3136 * 1024 * 4 * 1514 / 1448)
 
 
 def test_rows_hosts_batches_and_the_trimmed_grid():

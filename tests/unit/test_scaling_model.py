@@ -80,3 +80,17 @@ def test_wire_time_counts_frame_headers_and_the_link_efficiency():
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="link_efficiency"):
             sm.multi_worker(sm.replace(cal, link_efficiency=bad), 2, 0.1)
+
+
+def test_a_partitioned_variable_gradient_crosses_the_worker_link_once_per_shard():
+    """Measured on simulated hosts (docs/benchmarks.md): 2 ps, variable_partitioning min_size,
+    each worker sent 2.0 x its gradients per step."""
+    cal = sm.Calibration()
+    grad = cal.gradient_bytes
+    assert sm.ps_push_bytes(cal, 1, False) == grad
+    assert sm.ps_push_bytes(cal, 2, False) == grad
+    assert sm.ps_push_bytes(cal, 1, True) == grad
+    assert sm.ps_push_bytes(cal, 2, True) == grad + 3136 * 1024 * 4  # only the dense kernel > 256 KiB
+    one = sm.parameter_server(cal, 2, 0.1, num_ps=1)
+    two = sm.parameter_server(cal, 2, 0.1, num_ps=2, partitioned=True)
+    assert two["limit"] == "workers" and two["examples_per_s"] < 0.8 * one["examples_per_s"]
