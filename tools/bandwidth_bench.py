@@ -31,6 +31,7 @@ Usage::
 
     python tools/bandwidth_bench.py --out runs/bandwidth              # the whole grid
     python tools/bandwidth_bench.py --rows mw-f32 --hosts 2 --caps 100 --out /tmp/bw
+    python tools/bandwidth_bench.py --link-check --caps 100,1000   # plain TCP on the same links
     python tools/bandwidth_bench.py --from-json runs/bandwidth/bandwidth.json --link-efficiency 0.5 \\
         --png docs/bandwidth_scaling.png          # the table and plot again, the model recalibrated
 
@@ -486,7 +487,75 @@ def plot(result: dict, png: Path) -> Path:
     return png
 
 
-def main(argv=None) -> int:
+# --link-check: what a capped link carries without TensorFlow (plain TCP from Python).
+_SERVER = r"""
+import socket, sys, threading
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], int(sys.argv[2]))); srv.listen(8); print("listening", flush=True)
+def serve(c):
+    first = c.recv(16)
+    if first.strip() == b"sink":                 # a stream: read to EOF, answer
+        while c.recv(1 << 16):
+            pass
+        c.sendall(b"ok")
+    else:                                        # pulls: each request names a size, send it
+        data, req = b"y" * (64 << 20), first
+        while req:
+            c.sendall(data[:int(req)]); req = c.recv(16)
+    c.close()
+while True:
+    conn, _ = srv.accept(); threading.Thread(target=serve, args=(conn,), daemon=True).start()
+"""
+_CLIENT = r"""
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2]))); mode, size = sys.argv[3], int(sys.argv[4])
+t, done = time.monotonic(), 0
+if mode == "stream":
+    s.sendall(b"sink".rjust(16)); buf = b"x" * (1 << 20)
+    while done < size:
+        s.sendall(buf); done += len(buf)
+    s.shutdown(socket.SHUT_WR); s.recv(8)
+else:
+    chunk = int(mode)
+    while done < size:
+        s.sendall(str(chunk).encode().rjust(16)); need = chunk
+        while need:
+            need -= len(s.recv(min(need, 1 << 20)))
+        done += chunk
+print(done * 8 / (time.monotonic() - t) / 1e6, flush=True)
+"""
+
+
+def link_check(rate_mbit: float, *, size: int = 26 << 20, pull: int = 2 << 20) -> dict:
+    """Payload Mbit/s plain TCP reaches between 2 simulated hosts whose links are capped at
+    ``rate_mbit``: one stream one way; a stream each way at once; ``pull``-byte request/response
+    pulls each way at once (the pattern of TF's RecvTensor)."""
+    import portpicker
+
+    from kerasdist.testing.hosts import HostSet
+
+    with HostSet(2, rate_mbit=rate_mbit, prefix="kdbw") as hosts:
+        ports = [portpicker.pick_unused_port() for _ in range(2)]
+        servers = [hosts.run(i, [sys.executable, "-c", _SERVER, hosts.address(i), str(ports[i])],
+                             timeout_s=300) for i in range(2)]
+        deadline = time.monotonic() + 30
+        while not all("listening" in hosts.output(p) for p in servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the link-check servers did not start")
+            time.sleep(0.05)
+
+        def go(mode: str, pairs) -> list[float]:
+            procs = [hosts.run(a, [sys.executable, "-c", _CLIENT, hosts.address(b), str(ports[b]),
+                                   mode, str(size)], timeout_s=120, capture=True)
+                     for a, b in pairs]
+            return [float(p.communicate(timeout=130)[0].strip().splitlines()[-1]) for p in procs]
+
+        return {"rate_mbit": rate_mbit, "stream_one_way": go("stream", [(0, 1)]),
+                "stream_both_ways": go("stream", [(0, 1), (1, 0)]),
+                f"pulls_of_{pull >> 20}MiB_both_ways": go(str(pull), [(0, 1), (1, 0)])}
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=",".join(VARIANTS), help="comma list of: " + ", ".join(VARIANTS))
     parser.add_argument("--hosts", default="2,3,4", help="multi_worker host counts (2-8)")
@@ -498,53 +567,59 @@ def main(argv=None) -> int:
                         help="every host count for bf16 and bytes_per_pack too (see TRIMMED_HOSTS)")
     parser.add_argument("--from-json", type=Path, help="no runs: print the table of this "
                         "bandwidth.json with the model computed again (--link-efficiency) and plot it")
+    parser.add_argument("--link-check", action="store_true",
+                        help="no TensorFlow: plain TCP over 2 hosts at each capped --caps value")
     parser.add_argument("--link-efficiency", type=float, default=1.0,
                         help="the model's Calibration.link_efficiency (0 < x <= 1; default 1)")
     parser.add_argument("--png", type=Path, default=None, help="plot file (default OUT/bandwidth.png)")
-    args = parser.parse_args(argv)
-    if not 0 < args.link_efficiency <= 1:
-        print(f"bandwidth_bench: error: --link-efficiency must be within (0, 1]. Received: "
-              f"{args.link_efficiency}", file=sys.stderr)
-        return 2
-    cal = replace(sm.Calibration(), link_efficiency=args.link_efficiency)
-    if args.from_json:
-        result = json.loads(args.from_json.read_text(encoding="utf-8"))
-        result["rows"] = [remodel(r, cal) for r in result["rows"]]
-        result["calibration"] = asdict(cal)
-        print(f"{result['command']} ({result['date']}), model link_efficiency "
-              f"{args.link_efficiency:g}\n{HEADER}")
-        for r in result["rows"]:
-            print(table_line(r))
-        print(plot(result, args.png or args.from_json.with_suffix(".png")))
-        return 0
+    return parser
+
+
+def parse_grid(rows: str, hosts: str, caps: str) -> tuple[list[str], list[int], list[float | None]]:
+    """``--rows``, ``--hosts``, ``--caps`` as lists.
+
+    Raises:
+        ValueError: an unknown row name, a host count outside 2..8, a cap <= 0 or not a number
+            (the message shows what was received).
+    """
     try:
-        names = [n.strip() for n in args.rows.split(",") if n.strip()]
+        names = [n.strip() for n in rows.split(",") if n.strip()]
         bad = [n for n in names if n not in VARIANTS]
-        counts = [int(h) for h in args.hosts.split(",")]
-        caps = [None if c.strip().lower() == "none" else float(c) for c in args.caps.split(",")]
+        counts = [int(h) for h in hosts.split(",")]
+        cap_list = [None if c.strip().lower() == "none" else float(c) for c in caps.split(",")]
         if bad or not names or any(not 2 <= h <= 8 for h in counts) or any(
-                c is not None and c <= 0 for c in caps):
+                c is not None and c <= 0 for c in cap_list):
             raise ValueError(f"unknown rows {bad}" if bad else "hosts 2-8, caps > 0")
     except ValueError as err:
-        print(f"bandwidth_bench: error: --rows/--hosts/--caps: {err}. Received: --rows "
-              f"{args.rows!r} --hosts {args.hosts!r} --caps {args.caps!r}", file=sys.stderr)
-        return 2
-    if os.geteuid() != 0:
-        print("bandwidth_bench: error: simulated hosts need root", file=sys.stderr)
-        return 2
-    # SIGTERM (a timeout, an orchestrator) unwinds like an exception, so the HostSet of the row
-    # running removes its namespaces and processes
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        raise ValueError(f"--rows/--hosts/--caps: {err}. Received: --rows {rows!r} --hosts "
+                         f"{hosts!r} --caps {caps!r}") from err
+    return names, counts, cap_list
+
+
+def _from_json(path: Path, cal, png: Path | None) -> int:
+    result = json.loads(path.read_text(encoding="utf-8"))
+    result["rows"] = [remodel(r, cal) for r in result["rows"]]
+    result["calibration"] = asdict(cal)
+    print(f"{result['command']} ({result['date']}), model link_efficiency "
+          f"{cal.link_efficiency:g}\n{HEADER}")
+    for r in result["rows"]:
+        print(table_line(r))
+    print(plot(result, png or path.with_suffix(".png")))
+    return 0
+
+
+def _run_grid(rows: list[Row], args, argv, cal) -> int:
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    rows = grid(names, counts, caps, trim=not args.full)
     result = {"command": " ".join(["python", "tools/bandwidth_bench.py", *(argv or sys.argv[1:])]),
               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": CORES,
               "calibration": asdict(cal), "rows": []}
     print(f"{len(rows)} rows on {CORES} cores\n{HEADER}", flush=True)
     started = time.monotonic()
     for row in rows:
+        load = os.getloadavg()[0]
         r = remodel(run_row(row, out, sample_s=args.sample_s, timeout_s=args.timeout), cal)
+        r["load_average_1min"] = [load, os.getloadavg()[0]]  # before and after the row
         result["rows"].append(r)
         print(table_line(r) + f" <!-- {r['wall_s']:.0f} s -->", flush=True)
         (out / "bandwidth.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
@@ -554,6 +629,33 @@ def main(argv=None) -> int:
         plot(result, args.png or out / "bandwidth.png")
     print(f"total {result['total_s']:.0f} s")
     return 1 if any("error" in r for r in result["rows"]) else 0
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if not 0 < args.link_efficiency <= 1:
+            raise ValueError(f"--link-efficiency must be within (0, 1]. Received: "
+                             f"{args.link_efficiency}")
+        names, counts, caps = parse_grid(args.rows, args.hosts, args.caps)
+    except ValueError as err:
+        print(f"bandwidth_bench: error: {err}", file=sys.stderr)
+        return 2
+    cal = replace(sm.Calibration(), link_efficiency=args.link_efficiency)
+    if args.from_json:
+        return _from_json(args.from_json, cal, args.png)
+    if os.geteuid() != 0:
+        print("bandwidth_bench: error: simulated hosts need root", file=sys.stderr)
+        return 2
+    # SIGTERM (a timeout, an orchestrator) unwinds like an exception, so the HostSet of the row
+    # running removes its namespaces and processes
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.link_check:
+        for cap in caps:
+            if cap is not None:
+                print(json.dumps(link_check(cap)), flush=True)
+        return 0
+    return _run_grid(grid(names, counts, caps, trim=not args.full), args, argv, cal)
 
 
 if __name__ == "__main__":

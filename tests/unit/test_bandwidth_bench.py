@@ -143,3 +143,15 @@ def test_host_set_name_prefix_is_checked_and_used(tmp_path):
     for bad in ("k", "kdbwxy", "Kd", "1k", "k-d", None):
         with pytest.raises(ValueError, match="prefix must be 2 to 5"):
             HostSet(2, prefix=bad, log_dir=tmp_path)
+
+
+def test_bad_arguments_name_the_option_and_exit_2(capsys):
+    assert bb.parse_grid("mw-f32,ps1", "2,4", "100,none") == (["mw-f32", "ps1"], [2, 4], [100.0, None])
+    for rows, hosts, caps in (("mw-f64", "2", "100"), ("mw-f32", "1", "100"),
+                              ("mw-f32", "2", "-5"), ("mw-f32", "two", "100")):
+        with pytest.raises(ValueError, match="Received: --rows"):
+            bb.parse_grid(rows, hosts, caps)
+    assert bb.main(["--hosts", "9"]) == 2
+    assert "--hosts '9'" in capsys.readouterr().err
+    assert bb.main(["--link-efficiency", "0"]) == 2
+    assert "--link-efficiency must be within (0, 1]" in capsys.readouterr().err
