@@ -236,22 +236,26 @@ def model_bytes(row: Row, cal=None) -> float:
     return payload * cal.frame_overhead
 
 
-def predict(row: Row, cal=None, *, cores: int | None = CORES) -> dict:
+def predict(row: Row, cal=None, *, cores: int | None = CORES,
+            cpu_step_s: float | None = None) -> dict:
     """The scaling model's examples/s for ``row`` (``tools/scaling_model.py``).
 
     The link's cap is the model's bandwidth (uncapped: no wire time). ``cores``: the CPU cores
     every task of the row shares (all hosts simulated on one machine): the model's per-worker
     CPU time (compute plus per-byte runtime cost) is stretched by ``tasks / cores`` when more
     compute-bound tasks than cores run (:func:`scaling_model.shared_cores`); None: each worker
-    has a core of its own (the model as written for separate machines).
+    has a core of its own (the model as written for separate machines). ``cpu_step_s``: the
+    measured seconds per step of the same row uncapped, in place of the model's CPU parts
+    (only the wire time is then modelled).
     """
     cal = cal or sm.Calibration()
     gbps = math.inf if row.cap_mbit is None else row.cap_mbit / 1e3
     if row.strategy == "multi_worker":
         return sm.multi_worker(cal, row.workers, gbps, batch=MW_BATCH_PER_WORKER,
-                               bf16=row.name == "mw-bf16", cores=cores)
+                               bf16=row.name == "mw-bf16", cores=cores, cpu_step_s=cpu_step_s)
     return sm.parameter_server(cal, row.workers, gbps, num_ps=row.num_ps,
-                               partitioned=row.num_ps > 1, batch=PS_BATCH, cores=cores)
+                               partitioned=row.num_ps > 1, batch=PS_BATCH, cores=cores,
+                               cpu_step_s=cpu_step_s)
 
 
 # -- running a row -----------------------------------------------------------------------------
@@ -402,20 +406,35 @@ def run_row(row: Row, out: Path, *, sample_s: float = 0.1, timeout_s: float = 30
 
 
 HEADER = ("| row | hosts | link cap | steps | examples/s | MB sent/step (all hosts) | model MB/step "
-          "| busiest link Mbit/s | model examples/s | measured / model |\n" + "| --- " * 10 + "|")
+          "| busiest link Mbit/s | model examples/s | measured / model "
+          "| model on the uncapped step | measured / that |\n" + "| --- " * 12 + "|")
 
 
-def remodel(r: dict, cal=None) -> dict:
+def uncapped_steps(rows: list[dict]) -> dict[tuple[str, int], float]:
+    """``{(name, workers): seconds per step}`` of the uncapped rows that ran."""
+    return {(r["name"], r["workers"]): r["global_batch"] / r["examples_per_s"]
+            for r in rows if r["cap_mbit"] is None and "error" not in r}
+
+
+def remodel(r: dict, cal=None, uncapped: dict | None = None) -> dict:
     """``r`` (a row of bandwidth.json) with the model's columns computed again with ``cal``
-    (e.g. another ``link_efficiency``); a failed row is returned as it is."""
+    (e.g. another ``link_efficiency``), and, when ``uncapped`` (:func:`uncapped_steps`) holds
+    the same row uncapped, the model with that measured step as its CPU part
+    (``model_on_uncapped_examples_per_s``); a failed row is returned as it is."""
     if "error" in r:
         return r
     row = Row(r["name"], r["workers"], r["cap_mbit"])
     cal = cal or sm.Calibration()
     predicted = predict(row, cal)
-    return {**r, "model_bytes_per_step": model_bytes(row, cal),
-            "model_examples_per_s": predicted["examples_per_s"], "model_limit": predicted["limit"],
-            "ratio": r["examples_per_s"] / predicted["examples_per_s"]}
+    out = {**r, "model_bytes_per_step": model_bytes(row, cal),
+           "model_examples_per_s": predicted["examples_per_s"], "model_limit": predicted["limit"],
+           "ratio": r["examples_per_s"] / predicted["examples_per_s"]}
+    step = (uncapped or {}).get((row.name, row.workers))
+    if step is not None:
+        hybrid = predict(row, cal, cpu_step_s=step)["examples_per_s"]
+        out.update(model_on_uncapped_examples_per_s=hybrid,
+                   ratio_on_uncapped=r["examples_per_s"] / hybrid)
+    return out
 
 
 def table_line(r: dict) -> str:
@@ -423,10 +442,13 @@ def table_line(r: dict) -> str:
         f"{r['cap_mbit'] / 1000:g} Gbit/s" if r["cap_mbit"] >= 1000 else f"{r['cap_mbit']:g} Mbit/s")
     if "error" in r:
         return f"| {r['name']} | {r['hosts']} | {cap} | failed: {r['error'][:120]} |"
+    hybrid = r.get("model_on_uncapped_examples_per_s")
+    on_uncapped = (f"{hybrid:.1f} | {r['ratio_on_uncapped']:.2f}" if hybrid and r["cap_mbit"]
+                   else "– | –")
     return (f"| {r['name']} | {r['hosts']} | {cap} | {r['steps']} | {r['examples_per_s']:.1f} | "
             f"{r['bytes_per_step'] / 1e6:.2f} | {r['model_bytes_per_step'] / 1e6:.2f} | "
             f"{max(r['link_mbit_by_host']):.0f} | {r['model_examples_per_s']:.1f} | "
-            f"{r['ratio']:.2f} |")
+            f"{r['ratio']:.2f} | {on_uncapped} |")
 
 
 def plot(result: dict, png: Path) -> Path:
@@ -598,7 +620,8 @@ def parse_grid(rows: str, hosts: str, caps: str) -> tuple[list[str], list[int], 
 
 def _from_json(path: Path, cal, png: Path | None) -> int:
     result = json.loads(path.read_text(encoding="utf-8"))
-    result["rows"] = [remodel(r, cal) for r in result["rows"]]
+    uncapped = uncapped_steps(result["rows"])
+    result["rows"] = [remodel(r, cal, uncapped) for r in result["rows"]]
     result["calibration"] = asdict(cal)
     print(f"{result['command']} ({result['date']}), model link_efficiency "
           f"{cal.link_efficiency:g}\n{HEADER}")
@@ -624,6 +647,8 @@ def _run_grid(rows: list[Row], args, argv, cal) -> int:
         print(table_line(r) + f" <!-- {r['wall_s']:.0f} s -->", flush=True)
         (out / "bandwidth.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     result["total_s"] = time.monotonic() - started
+    uncapped = uncapped_steps(result["rows"])
+    result["rows"] = [remodel(r, cal, uncapped) for r in result["rows"]]
     (out / "bandwidth.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     if any("error" not in r for r in result["rows"]):
         plot(result, args.png or out / "bandwidth.png")

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -113,12 +114,15 @@ def shared_cores(tasks: int, cores: int | None) -> float:
 
 
 def multi_worker(cal: Calibration, n: int, gbps: float, *, batch: int = 64, k: int = 1,
-                 bf16: bool = False, cores: int | None = None) -> dict:
+                 bf16: bool = False, cores: int | None = None,
+                 cpu_step_s: float | None = None) -> dict:
     """One update of ``n`` synchronous workers, ``batch`` examples each per micro-batch, ``k``
     micro-batches per all-reduce. ``gbps``: each worker's link, each direction (``math.inf``: no
     wire time). ``cores``: the cores all workers share (None: a core per worker, separate
     machines); the CPU parts (compute, the runtime's per-byte cost) stretch by
-    :func:`shared_cores`, the wire does not. Returns step_s (one update), comm_s, wire_s,
+    :func:`shared_cores`, the wire does not. ``cpu_step_s``: a measured step time without wire
+    time (e.g. the same cluster on uncapped links) in place of the calibrated CPU parts, so
+    that only the wire time is modelled. Returns step_s (one update), comm_s, wire_s,
     examples_per_s, efficiency (against one worker computing alone on its own core)."""
     nbytes = cal.gradient_bytes / (2 if bf16 else 1)
     cpu = cal.cpu_s_per_byte_bf16 if bf16 else cal.cpu_s_per_byte_f32
@@ -129,6 +133,8 @@ def multi_worker(cal: Calibration, n: int, gbps: float, *, batch: int = 64, k: i
         wire = ring * 8 * wire_factor(cal) / (gbps * 1e9) + 2 * (n - 1) * cal.latency_s
         comm = ring * cpu * stretch + wire
     step = k * cal.t_comp(batch) * stretch + comm
+    if cpu_step_s is not None:
+        step = cpu_step_s + wire
     rate = n * k * batch / step
     return {"step_s": step, "comm_s": comm, "wire_s": wire, "examples_per_s": rate,
             "limit": "wire" if wire > step / 2 else "cpu",
@@ -167,12 +173,15 @@ def ps_push_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
 
 def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
                      partitioned: bool = False, batch: int = 128, k: int = 1,
-                     cores: int | None = None) -> dict:
+                     cores: int | None = None, cpu_step_s: float | None = None) -> dict:
     """``n`` asynchronous workers, ``num_ps`` ps tasks; ``k`` local micro-batches per pull/push
     (hypothetical: kerasdist refuses gradient accumulation for parameter_server). ``cores``: the
     cores every task shares (None: a machine per task); with it the cluster is also capped by
     the CPU one global step needs (a worker's compute, the ps transfer's per-byte cost, the
-    coordinator's time per step) over the cores (limit ``"cpu"``)."""
+    coordinator's time per step) over the cores (limit ``"cpu"``). ``cpu_step_s``: the measured
+    seconds per global step of the same cluster without wire time (uncapped links) in place of
+    the calibrated CPU parts: a worker's step is then ``n x cpu_step_s`` plus its wire time, and
+    the cluster is capped at ``1 / cpu_step_s`` steps/s (limit ``"cpu"``)."""
     nbytes = cal.gradient_bytes
     factor = wire_factor(cal)
     moved = nbytes + ps_push_bytes(cal, num_ps, partitioned)  # variables in, gradients out
@@ -182,7 +191,12 @@ def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
     busiest = ps_bytes(cal, num_ps, partitioned)
     ps_steps = 1 / max(busiest * 8 * factor / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
     limits = {"workers": n / worker_step, "ps": ps_steps, "coordinator": 1 / cal.coordinator_rate_s}
-    if cores is not None:
+    if cpu_step_s is not None:
+        wire = moved * 8 * factor / (gbps * 1e9) + 2 * cal.latency_s
+        ps_wire = busiest * 8 * factor / (gbps * 1e9)
+        limits = {"workers": n / (n * cpu_step_s + wire),
+                  "ps": 1 / ps_wire if ps_wire > 0 else math.inf, "cpu": 1 / cpu_step_s}
+    elif cores is not None:
         cpu_per_step = (k * cal.t_comp(batch) + 2 * nbytes * cal.ps_cpu_s_per_byte
                         + cal.coordinator_rate_s)
         limits["cpu"] = cores / cpu_per_step

@@ -155,3 +155,20 @@ def test_bad_arguments_name_the_option_and_exit_2(capsys):
     assert "--hosts '9'" in capsys.readouterr().err
     assert bb.main(["--link-efficiency", "0"]) == 2
     assert "--link-efficiency must be within (0, 1]" in capsys.readouterr().err
+
+
+def test_the_uncapped_row_gives_the_capped_rows_their_cpu_step():
+    base = {"name": "mw-f32", "workers": 2, "hosts": 2, "global_batch": 64, "steps": 6,
+            "bytes_per_step": 2.7e7, "link_mbit_by_host": [40, 40]}
+    rows = [dict(base, cap_mbit=100, examples_per_s=23.5), dict(base, cap_mbit=None, examples_per_s=64.0),
+            dict(base, name="ps1", cap_mbit=100, error="RuntimeError: worker:0 exited 1")]
+    uncapped = bb.uncapped_steps(rows)
+    assert uncapped == {("mw-f32", 2): pytest.approx(1.0)}
+    capped = bb.remodel(rows[0], sm.Calibration(), uncapped)
+    wire = sm.Calibration().gradient_bytes * 1514 / 1448 * 8 / 100e6 + 2 * sm.Calibration().latency_s
+    assert capped["model_on_uncapped_examples_per_s"] == pytest.approx(64 / (1.0 + wire))
+    assert capped["ratio_on_uncapped"] == pytest.approx(23.5 / capped["model_on_uncapped_examples_per_s"])
+    assert bb.remodel(rows[2], sm.Calibration(), uncapped) is rows[2]
+    line = bb.table_line(capped)
+    assert line.startswith("| mw-f32 | 2 | 100 Mbit/s | 6 | 23.5 | 27.00 | 27.39 | 40 |")
+    assert line.count("|") == 13 and "failed" in bb.table_line(rows[2])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -94,3 +95,19 @@ def test_a_partitioned_variable_gradient_crosses_the_worker_link_once_per_shard(
     one = sm.parameter_server(cal, 2, 0.1, num_ps=1)
     two = sm.parameter_server(cal, 2, 0.1, num_ps=2, partitioned=True)
     assert two["limit"] == "workers" and two["examples_per_s"] < 0.8 * one["examples_per_s"]
+
+
+def test_a_measured_cpu_step_replaces_the_calibrated_cpu_parts():
+    """The simulated-hosts check (docs/benchmarks.md): a capped row's step = the same row's
+    uncapped step + the modelled wire time."""
+    cal = sm.Calibration()
+    mw = sm.multi_worker(cal, 2, 0.1, batch=32, cpu_step_s=1.0)
+    assert mw["step_s"] == pytest.approx(1.0 + mw["wire_s"])
+    assert mw["examples_per_s"] == pytest.approx(64 / (1.0 + mw["wire_s"]))
+    assert sm.multi_worker(cal, 2, math.inf, batch=32, cpu_step_s=1.0)["step_s"] == pytest.approx(
+        1.0 + 2 * cal.latency_s)
+    wire = 2 * cal.gradient_bytes * cal.frame_overhead * 8 / 0.1e9 + 2 * cal.latency_s
+    ps = sm.parameter_server(cal, 2, 0.1, batch=64, cpu_step_s=0.25)
+    assert ps["examples_per_s"] == pytest.approx(2 / (2 * 0.25 + wire) * 64)
+    free = sm.parameter_server(cal, 2, math.inf, batch=64, cpu_step_s=0.25)
+    assert free["examples_per_s"] == pytest.approx(64 / 0.25, rel=1e-3)
