@@ -477,6 +477,12 @@ def plot(result: dict, png: Path) -> Path:
                         label=f"{cap_names[cap]} measured")
                 ax.plot(xs, [p[2] for p in pts], "x--", color=colours[cap], alpha=0.6,
                         label=f"{cap_names[cap]} model")
+            hybrid = sorted((r["hosts"], r["model_on_uncapped_examples_per_s"]) for r in rows
+                            if r["name"] == name and r["cap_mbit"] == cap and cap is not None
+                            and r.get("model_on_uncapped_examples_per_s"))
+            if hybrid:
+                ax.plot([p[0] for p in hybrid], [p[1] for p in hybrid], "+:", color=colours[cap],
+                        label=f"{cap_names[cap]} uncapped step + wire")
         ax.set(title=f"multi_worker, {VARIANTS[name]}", xlabel="hosts (1 worker each)",
                ylabel="examples/s", yscale="log")
         ax.set_xticks(sorted({r["hosts"] for r in rows if r["name"] == name}) or [2])
@@ -500,8 +506,9 @@ def plot(result: dict, png: Path) -> Path:
     ax.set(title="by link cap (dashed: model)", ylabel="examples/s", yscale="log")
     ax.legend(fontsize=7)
     eff = result.get("calibration", {}).get("link_efficiency", 1.0)
-    fig.suptitle("kerasdist on simulated hosts sharing one 2-core machine: measured (solid) vs "
-                 f"scaling model (dashed, link_efficiency {eff:g})", fontsize=10)
+    fig.suptitle("kerasdist on simulated hosts sharing one 2-core machine: measured (solid), "
+                 f"scaling model (dashed, link_efficiency {eff:g}), the row's uncapped step + "
+                 "modelled wire time (dotted)", fontsize=10)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)
