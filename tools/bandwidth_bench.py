@@ -261,12 +261,14 @@ def predict(row: Row, cal=None, *, cores: int | None = CORES,
 # -- running a row -----------------------------------------------------------------------------
 class Sampler(threading.Thread):
     """Polls the switch namespace's port counters every ``interval_s``: ``samples[port]`` is a
-    list of ``(time.time(), rx_bytes)`` (the bytes the host on that port sent)."""
+    list of ``(time.time(), rx_bytes)`` (the bytes the host on that port sent), ``received[port]``
+    the same with ``tx_bytes`` (the bytes delivered to the host)."""
 
     def __init__(self, switch_ns: str, ports: list[str], interval_s: float):
         super().__init__(daemon=True)
         self.switch_ns, self.ports, self.interval_s = switch_ns, ports, interval_s
         self.samples: dict[str, list[tuple[float, float]]] = {p: [] for p in ports}
+        self.received: dict[str, list[tuple[float, float]]] = {p: [] for p in ports}
         self._halt = threading.Event()
 
     def sample(self) -> None:
@@ -278,6 +280,7 @@ class Sampler(threading.Thread):
             for p in self.ports:
                 if p in counters:
                     self.samples[p].append((now, counters[p][0]))
+                    self.received[p].append((now, counters[p][1]))
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -392,6 +395,7 @@ def run_row(row: Row, out: Path, *, sample_s: float = 0.1, timeout_s: float = 30
         result.update(
             steps=steps, seconds=t1 - t0, examples_per_s=steps * row.global_batch / (t1 - t0),
             bytes_per_step=sent, bytes_per_step_by_host=list(per_link.values()),
+            received_per_step_by_host=list(bytes_per_step(sampler.received, t0, t1, steps).values()),
             link_mbit_by_host=[b * 8 * steps / (t1 - t0) / 1e6 for b in per_link.values()],
             model_bytes_per_step=model_bytes(row), model_examples_per_s=predicted["examples_per_s"],
             model_limit=predicted.get("limit"),

@@ -23,7 +23,9 @@ Model (every assumption is a parameter of :class:`Calibration` or of the functio
   The cluster is capped by the busiest ps (its link and its CPU carry its variables' bytes in and
   out per step, for every worker's step) and by the coordinator's sustained scheduling rate.
   Without partitioning TF places whole variables round-robin over the ps tasks; with
-  ``variable_partitioning`` each variable over 256 KiB is split evenly over the ps tasks.
+  ``variable_partitioning`` each variable over 256 KiB is split evenly over the ps tasks, yet
+  every ps holding a shard receives the variable's whole gradient from each worker step
+  (measured on simulated hosts with 2 ps): partitioning spreads the reads, not the writes.
 * Scaling efficiency = examples/s of n workers / (n * examples/s of one worker computing alone).
 
 Usage::
@@ -157,12 +159,29 @@ def ps_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
     return max(load)
 
 
+def ps_in_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
+    """Gradient bytes the busiest ps task receives per worker step: its whole variables'
+    gradients, and the *whole* gradient of every partitioned variable (over 256 KiB, ``num_ps``
+    > 1), not just its shard's. Measured on simulated hosts (docs/benchmarks.md): 2 ps,
+    ``variable_partitioning: min_size``, each ps received 12.9-13.1 MB per step of 13.1 MB of
+    gradients."""
+    load = [0.0] * num_ps
+    for i, elements in enumerate(cal.variables):
+        nbytes = elements * cal.bytes_per_element
+        if partitioned and num_ps > 1 and nbytes > 256 << 10:
+            load = [x + nbytes for x in load]
+        else:
+            load[i % num_ps] += nbytes
+    return max(load)
+
+
 def ps_push_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
-    """Bytes a worker sends per step: every gradient once, except that the gradient of a
-    partitioned variable (over 256 KiB, ``num_ps`` > 1) crosses the worker's link once per shard.
-    Measured on simulated hosts (docs/benchmarks.md): with 2 ps and ``variable_partitioning:
-    min_size`` each worker sent 2.0 x its 13.1 MB of gradients per step, while the ps sent the
-    variables once; with 1 ps, 1.0 x."""
+    """Bytes a worker sends per step: every gradient once, except that the whole gradient of a
+    partitioned variable (over 256 KiB, ``num_ps`` > 1) goes to every ps holding a shard of it
+    (:func:`ps_in_bytes`). Measured on simulated hosts (docs/benchmarks.md): with 2 ps and
+    ``variable_partitioning: min_size`` each worker sent 2.0 x its 13.1 MB of gradients per
+    step, while the ps sent the variables once; with 1 ps, 1.0 x. More than 2 ps: not measured,
+    the same rule assumed."""
     total = 0.0
     for elements in cal.variables:
         nbytes = elements * cal.bytes_per_element
@@ -188,7 +207,7 @@ def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
     worker_step = (k * cal.t_comp(batch)
                    + moved * per_byte_s(gbps, cal.ps_cpu_s_per_byte, factor)
                    + 2 * cal.latency_s + cal.coordinator_s)
-    busiest = ps_bytes(cal, num_ps, partitioned)
+    busiest = max(ps_bytes(cal, num_ps, partitioned), ps_in_bytes(cal, num_ps, partitioned))
     ps_steps = 1 / max(busiest * 8 * factor / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
     limits = {"workers": n / worker_step, "ps": ps_steps, "coordinator": 1 / cal.coordinator_rate_s}
     if cpu_step_s is not None:

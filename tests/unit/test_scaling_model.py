@@ -92,6 +92,11 @@ def test_a_partitioned_variable_gradient_crosses_the_worker_link_once_per_shard(
     assert sm.ps_push_bytes(cal, 2, False) == grad
     assert sm.ps_push_bytes(cal, 1, True) == grad
     assert sm.ps_push_bytes(cal, 2, True) == grad + 3136 * 1024 * 4  # only the dense kernel > 256 KiB
+    # ... and every ps holding a shard receives it whole: partitioning does not spread the writes
+    assert sm.ps_in_bytes(cal, 2, True) == 3136 * 1024 * 4 + max(
+        sum(e * 4 for i, e in enumerate(sm.SEED_VARIABLES) if i % 2 == r and i != 4) for r in (0, 1))
+    assert sm.ps_in_bytes(cal, 1, False) == grad
+    assert sm.ps_bytes(cal, 2, True) < 0.6 * grad  # while each ps sends about half the variables
     one = sm.parameter_server(cal, 2, 0.1, num_ps=1)
     two = sm.parameter_server(cal, 2, 0.1, num_ps=2, partitioned=True)
     assert two["limit"] == "workers" and two["examples_per_s"] < 0.8 * one["examples_per_s"]
