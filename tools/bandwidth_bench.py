@@ -69,6 +69,8 @@ MW_HOSTS = (2, 3, 4)
 PACK_BYTES = 4 << 20
 MW_BATCH_PER_WORKER = 32
 PS_BATCH = 64
+EMB_BATCH = 256  # recipes/embedding_ps.yaml's global batch
+EMB_EXAMPLES = 20_000
 PS_WORKERS = 2
 SKIP_STEPS = 2  # steps at the start of the measured epoch left out (tracing, set-up)
 CORES = os.cpu_count() or 1
@@ -76,7 +78,9 @@ TASK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREA
 VARIANTS = {"ps1": "parameter_server, 2 workers, 1 ps",
             "ps2": "parameter_server, 2 workers, 2 ps, variable_partitioning min_size",
             "mw-f32": "float32 gradients", "mw-bf16": "bf16 gradient compression",
-            "mw-pack": f"float32, bytes_per_pack {PACK_BYTES >> 20} MiB"}
+            "mw-pack": f"float32, bytes_per_pack {PACK_BYTES >> 20} MiB",
+            "emb": "recipes/embedding_ps.yaml, 2 workers, 2 ps (no model figures)"}
+DEFAULT_ROWS = ("ps1", "ps2", "mw-f32", "mw-bf16", "mw-pack")  # emb: asked for by name
 
 
 @dataclass(frozen=True)
@@ -90,10 +94,12 @@ class Row:
 
     @property
     def strategy(self) -> str:
-        return "parameter_server" if self.name.startswith("ps") else "multi_worker"
+        return "parameter_server" if self.name.startswith(("ps", "emb")) else "multi_worker"
 
     @property
     def num_ps(self) -> int:
+        if self.name == "emb":
+            return 2
         return int(self.name[2:]) if self.strategy == "parameter_server" else 0
 
     @property
@@ -103,6 +109,8 @@ class Row:
 
     @property
     def global_batch(self) -> int:
+        if self.name == "emb":
+            return EMB_BATCH
         return PS_BATCH if self.num_ps else MW_BATCH_PER_WORKER * self.workers
 
     @property
@@ -130,13 +138,13 @@ class Row:
 TRIMMED_HOSTS = {"mw-bf16": (2, 4), "mw-pack": (4,)}
 
 
-def grid(names=tuple(VARIANTS), hosts=MW_HOSTS, caps=CAPS_MBIT, *, trim: bool = True) -> list[Row]:
+def grid(names=DEFAULT_ROWS, hosts=MW_HOSTS, caps=CAPS_MBIT, *, trim: bool = True) -> list[Row]:
     """The rows in run order: per cap, every variant (parameter_server first) and host count;
     ``trim`` keeps only :data:`TRIMMED_HOSTS`' host counts of those variants."""
     rows = []
     for cap in caps:
         for name in names:
-            counts = [PS_WORKERS] if name.startswith("ps") else hosts
+            counts = [PS_WORKERS] if name.startswith(("ps", "emb")) else hosts
             if trim and name in TRIMMED_HOSTS:
                 counts = [n for n in counts if n in TRIMMED_HOSTS[name]]
             rows += [Row(name, n, cap) for n in counts]
@@ -296,9 +304,12 @@ class Sampler(threading.Thread):
 def _recipe(row: Row, run_dir: Path) -> dict:
     import yaml
 
-    base = "mnist_cnn_ps.yaml" if row.num_ps else "mnist_cnn_mwms.yaml"
+    base = ("embedding_ps.yaml" if row.name == "emb" else
+            "mnist_cnn_ps.yaml" if row.num_ps else "mnist_cnn_mwms.yaml")
     recipe = yaml.safe_load((REPO / "recipes" / base).read_text(encoding="utf-8"))
     recipe["data"].update(batch_size=row.global_batch, eval_split=None)
+    if row.name == "emb":  # fewer generated impressions: the start-up, not the table, shrinks
+        recipe["data"].update(num_examples=EMB_EXAMPLES, shuffle_buffer=EMB_EXAMPLES)
     recipe["cluster"] = {"kind": "tf_config", "threads_per_task": 1}
     recipe["trainer"] = {"epochs": 1, "steps_per_epoch": row.steps_per_epoch, "seed": 42,
                          "validation": False, "checkpoint": {"enabled": False}}
@@ -428,6 +439,9 @@ def remodel(r: dict, cal=None, uncapped: dict | None = None) -> dict:
     if "error" in r:
         return r
     row = Row(r["name"], r["workers"], r["cap_mbit"])
+    if row.name == "emb":  # the model knows the seed CNN's dense variables only
+        return {**r, "model_bytes_per_step": None, "model_examples_per_s": None,
+                "model_limit": None, "ratio": None}
     cal = cal or sm.Calibration()
     predicted = predict(row, cal)
     out = {**r, "model_bytes_per_step": model_bytes(row, cal),
@@ -449,6 +463,10 @@ def table_line(r: dict) -> str:
     hybrid = r.get("model_on_uncapped_examples_per_s")
     on_uncapped = (f"{hybrid:.1f} | {r['ratio_on_uncapped']:.2f}" if hybrid and r["cap_mbit"]
                    else "– | –")
+    if r.get("model_examples_per_s") is None:
+        return (f"| {r['name']} | {r['hosts']} | {cap} | {r['steps']} | {r['examples_per_s']:.1f} | "
+                f"{r['bytes_per_step'] / 1e6:.2f} | – | {max(r['link_mbit_by_host']):.0f} | – | – "
+                "| – | – |")
     return (f"| {r['name']} | {r['hosts']} | {cap} | {r['steps']} | {r['examples_per_s']:.1f} | "
             f"{r['bytes_per_step'] / 1e6:.2f} | {r['model_bytes_per_step'] / 1e6:.2f} | "
             f"{max(r['link_mbit_by_host']):.0f} | {r['model_examples_per_s']:.1f} | "
@@ -590,7 +608,8 @@ def link_check(rate_mbit: float, *, size: int = 26 << 20, pull: int = 2 << 20) -
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", default=",".join(VARIANTS), help="comma list of: " + ", ".join(VARIANTS))
+    parser.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                        help="comma list of: " + ", ".join(VARIANTS))
     parser.add_argument("--hosts", default="2,3,4", help="multi_worker host counts (2-8)")
     parser.add_argument("--caps", default="100,1000,none", help="link caps in Mbit/s; none = uncapped")
     parser.add_argument("--out", type=Path, default=Path("runs/bandwidth"))

@@ -172,3 +172,14 @@ def test_the_uncapped_row_gives_the_capped_rows_their_cpu_step():
     line = bb.table_line(capped)
     assert line.startswith("| mw-f32 | 2 | 100 Mbit/s | 6 | 23.5 | 27.00 | 27.39 | 40 |")
     assert line.count("|") == 13 and "failed" in bb.table_line(rows[2])
+
+
+def test_the_embedding_row_has_no_model_figures():
+    emb = bb.Row("emb", 2, 100)
+    assert (emb.strategy, emb.num_ps, emb.num_hosts, emb.global_batch) == ("parameter_server", 2, 4, 256)
+    assert "emb" not in bb.DEFAULT_ROWS and all(r.name != "emb" for r in bb.grid())
+    r = {"name": "emb", "workers": 2, "hosts": 4, "cap_mbit": None, "global_batch": 256, "steps": 26,
+         "examples_per_s": 900.0, "bytes_per_step": 1e5, "link_mbit_by_host": [1, 2, 3, 4]}
+    out = bb.remodel(r, sm.Calibration(), {})
+    assert out["model_examples_per_s"] is None and out["ratio"] is None
+    assert bb.table_line(out) == "| emb | 4 | uncapped | 26 | 900.0 | 0.10 | – | 4 | – | – | – | – |"
