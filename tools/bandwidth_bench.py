@@ -6,7 +6,8 @@ the scaling model's prediction (``tools/scaling_model.py``). Needs root.
 Each row is one cluster run as users run it on machines: one ``python -m kerasdist fit RECIPE
 --set cluster.kind=tf_config`` per task, with its ``TF_CONFIG`` naming the hosts' addresses, one
 worker per host (parameter_server: the chief and ps:0 on host 0, ps:1 on its own host, a worker
-on each other host). Rows (``--rows``, comma list of row names, default all of :func:`grid`):
+on each other host). Rows (``--rows``, comma list of row names; default :data:`DEFAULT_ROWS`, trimmed by
+:func:`grid`):
 
 * ``mw-f32``, ``mw-bf16``, ``mw-pack``: ``recipes/mnist_cnn_mwms.yaml`` (32 examples per worker
   per step), float32 gradients, ``strategy.gradient_compression: bf16``, float32 with
@@ -14,6 +15,8 @@ on each other host). Rows (``--rows``, comma list of row names, default all of :
 * ``ps1``, ``ps2``: ``recipes/mnist_cnn_ps.yaml`` (64 examples per worker step), 2 workers,
   1 ps, or 2 ps with ``strategy.variable_partitioning: min_size``; ``steps_per_execution: 1``
   (the recipe's 4 would stamp every 4th step only);
+* ``emb`` (only when named in ``--rows``): ``recipes/embedding_ps.yaml``, 2 workers, 2 ps, 20,000
+  generated impressions; measured figures only (the model knows dense variables only);
 
 each at ``--hosts`` (multi_worker) and ``--caps``.
 
@@ -24,8 +27,9 @@ collectives' start-up left out):
 ``bandwidth_stamps:StepStamps`` callback) and **bytes sent per step**: every host's link
 counter (the switch port's ``rx_bytes``, what the host sent, sampled every ``--sample-s`` from
 ``ip -s -j link`` in the switch namespace) at those step ends, interpolated, summed over the
-hosts, divided by the steps. Beside it: the model's bytes and examples/s (:func:`predict`) and
-the ratio measured / model.
+hosts, divided by the steps (and the same with ``tx_bytes``: what each host received). Beside
+it: the model's bytes and examples/s (:func:`predict`), the ratio measured / model, and for a
+capped row the model with the same row's uncapped step as its CPU part (:func:`remodel`).
 
 Usage::
 
