@@ -23,7 +23,9 @@ Model (every assumption is a parameter of :class:`Calibration` or of the functio
   The cluster is capped by the busiest ps (its link and its CPU carry its variables' bytes in and
   out per step, for every worker's step) and by the coordinator's sustained scheduling rate.
   Without partitioning TF places whole variables round-robin over the ps tasks; with
-  ``variable_partitioning`` each variable over 256 KiB is split evenly over the ps tasks.
+  ``variable_partitioning`` each variable over 256 KiB is split evenly over the ps tasks, yet
+  every ps holding a shard receives the variable's whole gradient from each worker step
+  (measured on simulated hosts with 2 ps): partitioning spreads the reads, not the writes.
 * Scaling efficiency = examples/s of n workers / (n * examples/s of one worker computing alone).
 
 Usage::
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -62,6 +65,14 @@ class Calibration:
     latency_s: float = 50e-6         # per message on a data-centre network (assumed, not measured)
     variables: tuple[int, ...] = SEED_VARIABLES
     bytes_per_element: int = 4
+    # Bytes on the wire per byte of payload: a full 1500-byte-MTU TCP segment carries 1448 bytes
+    # in a 1514-byte Ethernet frame (14 Ethernet + 20 IPv4 + 32 TCP with timestamps). Measured
+    # on simulated hosts: 1.046-1.048 x the ring all-reduce's bytes (docs/benchmarks.md).
+    frame_overhead: float = 1514 / 1448
+    # The fraction of a link's rate TF's gRPC runtime keeps busy while it moves tensors (1.0:
+    # the whole link). Measured on simulated hosts (docs/benchmarks.md): much less than 1 on a
+    # CPU-loaded machine; give the figure measured on yours.
+    link_efficiency: float = 1.0
 
     @property
     def gradient_bytes(self) -> int:
@@ -80,23 +91,55 @@ def ring_allreduce_bytes(n: int, nbytes: float) -> float:
     return 2 * (n - 1) / n * nbytes
 
 
-def per_byte_s(gbps: float, cpu_s_per_byte: float) -> float:
-    """Seconds per byte moved: the wire (8 bits / bandwidth) plus the runtime's CPU per byte."""
-    return 8 / (gbps * 1e9) + cpu_s_per_byte
+def per_byte_s(gbps: float, cpu_s_per_byte: float, wire_factor: float = 1.0) -> float:
+    """Seconds per byte moved: the wire (8 bits / bandwidth, times ``wire_factor``) plus the
+    runtime's CPU per byte."""
+    return 8 * wire_factor / (gbps * 1e9) + cpu_s_per_byte
+
+
+def wire_factor(cal: Calibration) -> float:
+    """Wire time per payload byte over the ideal ``8 / bandwidth``: the frame headers over the
+    link efficiency."""
+    if not 0 < cal.link_efficiency <= 1:
+        raise ValueError(f"link_efficiency must be within (0, 1]. Received: {cal.link_efficiency}")
+    return cal.frame_overhead / cal.link_efficiency
+
+
+def shared_cores(tasks: int, cores: int | None) -> float:
+    """How much slower a CPU-bound task runs when ``tasks`` single-threaded tasks share ``cores``
+    cores: ``max(1, tasks / cores)``; 1 when ``cores`` is None (a core per task)."""
+    if cores is None:
+        return 1.0
+    if cores < 1 or tasks < 1:
+        raise ValueError(f"tasks and cores must be >= 1. Received: tasks={tasks}, cores={cores}")
+    return max(1.0, tasks / cores)
 
 
 def multi_worker(cal: Calibration, n: int, gbps: float, *, batch: int = 64, k: int = 1,
-                 bf16: bool = False) -> dict:
+                 bf16: bool = False, cores: int | None = None,
+                 cpu_step_s: float | None = None) -> dict:
     """One update of ``n`` synchronous workers, ``batch`` examples each per micro-batch, ``k``
-    micro-batches per all-reduce. Returns step_s (one update), examples_per_s, efficiency."""
+    micro-batches per all-reduce. ``gbps``: each worker's link, each direction (``math.inf``: no
+    wire time). ``cores``: the cores all workers share (None: a core per worker, separate
+    machines); the CPU parts (compute, the runtime's per-byte cost) stretch by
+    :func:`shared_cores`, the wire does not. ``cpu_step_s``: a measured step time without wire
+    time (e.g. the same cluster on uncapped links) in place of the calibrated CPU parts, so
+    that only the wire time is modelled. Returns step_s (one update), comm_s, wire_s,
+    examples_per_s, efficiency (against one worker computing alone on its own core)."""
     nbytes = cal.gradient_bytes / (2 if bf16 else 1)
     cpu = cal.cpu_s_per_byte_bf16 if bf16 else cal.cpu_s_per_byte_f32
-    comm = 0.0
+    stretch = shared_cores(n, cores)
+    comm = wire = 0.0
     if n > 1:
-        comm = ring_allreduce_bytes(n, nbytes) * per_byte_s(gbps, cpu) + 2 * (n - 1) * cal.latency_s
-    step = k * cal.t_comp(batch) + comm
+        ring = ring_allreduce_bytes(n, nbytes)
+        wire = ring * 8 * wire_factor(cal) / (gbps * 1e9) + 2 * (n - 1) * cal.latency_s
+        comm = ring * cpu * stretch + wire
+    step = k * cal.t_comp(batch) * stretch + comm
+    if cpu_step_s is not None:
+        step = cpu_step_s + wire
     rate = n * k * batch / step
-    return {"step_s": step, "comm_s": comm, "examples_per_s": rate,
+    return {"step_s": step, "comm_s": comm, "wire_s": wire, "examples_per_s": rate,
+            "limit": "wire" if wire > step / 2 else "cpu",
             "efficiency": rate / (n * batch / cal.t_comp(batch))}
 
 
@@ -116,19 +159,69 @@ def ps_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
     return max(load)
 
 
+def ps_in_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
+    """Gradient bytes the busiest ps task receives per worker step: its whole variables'
+    gradients, and the *whole* gradient of every partitioned variable (over 256 KiB, ``num_ps``
+    > 1), not just its shard's. Measured on simulated hosts (docs/benchmarks.md): 2 ps,
+    ``variable_partitioning: min_size``, each ps received 12.9-13.1 MB per step of 13.1 MB of
+    gradients."""
+    load = [0.0] * num_ps
+    for i, elements in enumerate(cal.variables):
+        nbytes = elements * cal.bytes_per_element
+        if partitioned and num_ps > 1 and nbytes > 256 << 10:
+            load = [x + nbytes for x in load]
+        else:
+            load[i % num_ps] += nbytes
+    return max(load)
+
+
+def ps_push_bytes(cal: Calibration, num_ps: int, partitioned: bool) -> float:
+    """Bytes a worker sends per step: every gradient once, except that the whole gradient of a
+    partitioned variable (over 256 KiB, ``num_ps`` > 1) goes to every ps holding a shard of it
+    (:func:`ps_in_bytes`). Measured on simulated hosts (docs/benchmarks.md): with 2 ps and
+    ``variable_partitioning: min_size`` each worker sent 2.0 x its 13.1 MB of gradients per
+    step, while the ps sent the variables once; with 1 ps, 1.0 x. More than 2 ps: not measured,
+    the same rule assumed."""
+    total = 0.0
+    for elements in cal.variables:
+        nbytes = elements * cal.bytes_per_element
+        copies = num_ps if partitioned and num_ps > 1 and nbytes > 256 << 10 else 1
+        total += copies * nbytes
+    return total
+
+
 def parameter_server(cal: Calibration, n: int, gbps: float, *, num_ps: int = 1,
-                     partitioned: bool = False, batch: int = 128, k: int = 1) -> dict:
+                     partitioned: bool = False, batch: int = 128, k: int = 1,
+                     cores: int | None = None, cpu_step_s: float | None = None) -> dict:
     """``n`` asynchronous workers, ``num_ps`` ps tasks; ``k`` local micro-batches per pull/push
-    (hypothetical: kerasdist refuses gradient accumulation for parameter_server)."""
+    (hypothetical: kerasdist refuses gradient accumulation for parameter_server). ``cores``: the
+    cores every task shares (None: a machine per task); with it the cluster is also capped by
+    the CPU one global step needs (a worker's compute, the ps transfer's per-byte cost, the
+    coordinator's time per step) over the cores (limit ``"cpu"``). ``cpu_step_s``: the measured
+    seconds per global step of the same cluster without wire time (uncapped links) in place of
+    the calibrated CPU parts: a worker's step is then ``n x cpu_step_s`` plus its wire time, and
+    the cluster is capped at ``1 / cpu_step_s`` steps/s (limit ``"cpu"``)."""
     nbytes = cal.gradient_bytes
-    worker_step = (k * cal.t_comp(batch) + 2 * nbytes * per_byte_s(gbps, cal.ps_cpu_s_per_byte)
+    factor = wire_factor(cal)
+    moved = nbytes + ps_push_bytes(cal, num_ps, partitioned)  # variables in, gradients out
+    worker_step = (k * cal.t_comp(batch)
+                   + moved * per_byte_s(gbps, cal.ps_cpu_s_per_byte, factor)
                    + 2 * cal.latency_s + cal.coordinator_s)
-    busiest = ps_bytes(cal, num_ps, partitioned)
-    ps_steps = 1 / max(busiest * 8 / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
-    steps = min(n / worker_step, ps_steps, 1 / cal.coordinator_rate_s)
+    busiest = max(ps_bytes(cal, num_ps, partitioned), ps_in_bytes(cal, num_ps, partitioned))
+    ps_steps = 1 / max(busiest * 8 * factor / (gbps * 1e9), 2 * busiest * cal.ps_cpu_s_per_byte)
+    limits = {"workers": n / worker_step, "ps": ps_steps, "coordinator": 1 / cal.coordinator_rate_s}
+    if cpu_step_s is not None:
+        wire = moved * 8 * factor / (gbps * 1e9) + 2 * cal.latency_s
+        ps_wire = busiest * 8 * factor / (gbps * 1e9)
+        limits = {"workers": n / (n * cpu_step_s + wire),
+                  "ps": 1 / ps_wire if ps_wire > 0 else math.inf, "cpu": 1 / cpu_step_s}
+    elif cores is not None:
+        cpu_per_step = (k * cal.t_comp(batch) + 2 * nbytes * cal.ps_cpu_s_per_byte
+                        + cal.coordinator_rate_s)
+        limits["cpu"] = cores / cpu_per_step
+    limit = min(limits, key=limits.get)
+    steps = limits[limit]
     rate = steps * k * batch
-    limit = ("workers" if steps == n / worker_step else
-             "ps" if steps == ps_steps else "coordinator")
     return {"step_s": n / steps, "examples_per_s": rate, "limit": limit,
             "efficiency": rate / (n * batch / cal.t_comp(batch))}
 

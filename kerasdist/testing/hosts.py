@@ -30,9 +30,12 @@ What the kernel of the machine this was written on offers (Linux 6.18, checked a
   reported "No route to host" after a failed ARP: a connect times out and an established TCP
   connection retransmits until its own timeout, with no reset and no ICMP error.
 
-Names: every namespace and interface carries the set's random suffix (``HostSet.suffix``, 6 hex
-digits), so sets created by tests running in parallel never collide; their private subnets
-may be equal since each set's namespaces are separate networks.
+Names: every namespace and interface name is the set's prefix (``prefix``, default ``kd``; a
+benchmark or test may take its own, e.g. ``kdbw``, to tell its namespaces apart in ``ip netns
+list``) followed by its random suffix (``HostSet.suffix``, 6 hex digits), so sets created by
+tests running in parallel do not collide; should a name exist already, ``ip netns add`` fails
+and the set removes only what it created itself. Their private subnets may be equal since each
+set's namespaces are separate networks (nothing is routed between sets or to the machine).
 
 Errors: :class:`HostSimulatorError` (a subclass of ``RuntimeError``) when a command of ``ip``,
 ``tc`` or ``bridge`` fails (its stderr is in the message), when not run as root, or for an
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -53,7 +57,7 @@ from typing import Mapping, Sequence
 
 __all__ = ["HostSet", "HostSimulatorError", "leftovers"]
 
-PREFIX = "kd"  # every namespace and interface name of a set starts with this
+PREFIX = "kd"  # the default start of every namespace and interface name of a set
 DEFAULT_PROCESS_TIMEOUT_S = 600.0
 _CMD_TIMEOUT_S = 30.0
 
@@ -105,16 +109,19 @@ class HostSet:
         burst_bytes: the shaper's bucket (bytes); default ``max(16 KiB, 4 ms at the rate)``.
         log_dir: where :meth:`run` writes each process's output; default a new temporary
             directory (kept after :meth:`close`, so a failed test can show the logs).
+        prefix: how every namespace and interface name of the set begins: 2 to 5 lowercase
+            letters or digits starting with a letter; default ``"kd"``.
 
     Raises:
         HostSimulatorError: not root, or a network command failed (whatever had been created is
             removed before the error propagates from ``__enter__``).
-        ValueError: ``num_hosts`` out of range, a bad ``subnet``, ``shaper`` or ``rate_mbit``.
+        ValueError: ``num_hosts`` out of range, a bad ``subnet``, ``shaper``, ``rate_mbit`` or
+            ``prefix``.
     """
 
     def __init__(self, num_hosts: int, *, rate_mbit: float | Sequence[float | None] | None = None,
                  subnet: str | None = None, shaper: str = "tbf", burst_bytes: int | None = None,
-                 log_dir: str | os.PathLike | None = None):
+                 log_dir: str | os.PathLike | None = None, prefix: str = PREFIX):
         if not 1 <= num_hosts <= 250:
             raise ValueError(f"num_hosts must be within 1..250. Received: {num_hosts}")
         if shaper not in ("tbf", "htb"):
@@ -123,6 +130,10 @@ class HostSet:
         if len(rates) != num_hosts or any(r is not None and r <= 0 for r in rates):
             raise ValueError(f"rate_mbit must be None, a positive number or {num_hosts} of them. "
                              f"Received: {rate_mbit!r}")
+        if not isinstance(prefix, str) or not re.fullmatch(r"[a-z][a-z0-9]{1,4}", prefix):
+            raise ValueError("prefix must be 2 to 5 lowercase letters or digits, starting with a "
+                             f"letter (interface names are at most 15 characters). Received: "
+                             f"{prefix!r}")
         network = ipaddress.ip_network(subnet or f"10.77.{secrets.randbelow(256)}.0/24")
         if network.version != 4 or network.prefixlen != 24 or not network.is_private:
             raise ValueError(f"subnet must be a private IPv4 /24. Received: {subnet!r}")
@@ -131,8 +142,9 @@ class HostSet:
         self.network = network
         self.shaper = shaper
         self.burst_bytes = burst_bytes
+        self.prefix = prefix
         self.suffix = secrets.token_hex(3)
-        self.switch_ns = f"{PREFIX}{self.suffix}sw"
+        self.switch_ns = f"{prefix}{self.suffix}sw"
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix=f"hosts-{self.suffix}-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._processes: dict[int, list[subprocess.Popen]] = {i: [] for i in range(num_hosts)}
@@ -143,7 +155,7 @@ class HostSet:
     def namespace(self, host: int) -> str:
         """The network namespace name of ``host`` (``ip netns exec <name> ...`` runs there)."""
         self._check(host)
-        return f"{PREFIX}{self.suffix}h{host}"
+        return f"{self.prefix}{self.suffix}h{host}"
 
     def address(self, host: int) -> str:
         """The IPv4 address of ``host`` (a string, e.g. ``"10.77.5.1"``)."""
@@ -153,12 +165,12 @@ class HostSet:
     def host_if(self, host: int) -> str:
         """The interface name of ``host``'s link inside its namespace."""
         self._check(host)
-        return f"{PREFIX}{self.suffix}v{host}"
+        return f"{self.prefix}{self.suffix}v{host}"
 
     def switch_if(self, host: int) -> str:
         """The bridge port of ``host``'s link, in the switch namespace."""
         self._check(host)
-        return f"{PREFIX}{self.suffix}p{host}"
+        return f"{self.prefix}{self.suffix}p{host}"
 
     def mac(self, host: int) -> str:
         self._check(host)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
@@ -63,3 +64,55 @@ def test_parameter_server_is_capped_by_its_busiest_ps():
     few = sm.parameter_server(CAL, 128, 10, num_ps=1)
     many = sm.parameter_server(CAL, 128, 10, num_ps=8, partitioned=True)
     assert few["limit"] == "ps" and many["examples_per_s"] > few["examples_per_s"]
+
+
+def test_wire_time_counts_frame_headers_and_the_link_efficiency():
+    """Measured on simulated hosts (docs/benchmarks.md): 1.046-1.048 x the payload crossed the
+    links, the 1514/1448 of full TCP segments in 1500-byte-MTU frames."""
+    cal = sm.Calibration()
+    ring = sm.ring_allreduce_bytes(2, cal.gradient_bytes)
+    wire = sm.multi_worker(cal, 2, 0.1)["wire_s"] - 2 * cal.latency_s
+    assert wire == pytest.approx(ring * 1514 / 1448 * 8 / 0.1e9)
+    half = sm.multi_worker(sm.replace(cal, link_efficiency=0.5), 2, 0.1)["wire_s"] - 2 * cal.latency_s
+    assert half == pytest.approx(2 * wire)
+    ps = sm.parameter_server(cal, 2, 0.1)
+    ps_half = sm.parameter_server(sm.replace(cal, link_efficiency=0.5), 2, 0.1)
+    assert ps_half["examples_per_s"] < 0.55 * ps["examples_per_s"]
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="link_efficiency"):
+            sm.multi_worker(sm.replace(cal, link_efficiency=bad), 2, 0.1)
+
+
+def test_a_partitioned_variable_gradient_crosses_the_worker_link_once_per_shard():
+    """Measured on simulated hosts (docs/benchmarks.md): 2 ps, variable_partitioning min_size,
+    each worker sent 2.0 x its gradients per step."""
+    cal = sm.Calibration()
+    grad = cal.gradient_bytes
+    assert sm.ps_push_bytes(cal, 1, False) == grad
+    assert sm.ps_push_bytes(cal, 2, False) == grad
+    assert sm.ps_push_bytes(cal, 1, True) == grad
+    assert sm.ps_push_bytes(cal, 2, True) == grad + 3136 * 1024 * 4  # only the dense kernel > 256 KiB
+    # ... and every ps holding a shard receives it whole: partitioning does not spread the writes
+    assert sm.ps_in_bytes(cal, 2, True) == 3136 * 1024 * 4 + max(
+        sum(e * 4 for i, e in enumerate(sm.SEED_VARIABLES) if i % 2 == r and i != 4) for r in (0, 1))
+    assert sm.ps_in_bytes(cal, 1, False) == grad
+    assert sm.ps_bytes(cal, 2, True) < 0.6 * grad  # while each ps sends about half the variables
+    one = sm.parameter_server(cal, 2, 0.1, num_ps=1)
+    two = sm.parameter_server(cal, 2, 0.1, num_ps=2, partitioned=True)
+    assert two["limit"] == "workers" and two["examples_per_s"] < 0.8 * one["examples_per_s"]
+
+
+def test_a_measured_cpu_step_replaces_the_calibrated_cpu_parts():
+    """The simulated-hosts check (docs/benchmarks.md): a capped row's step = the same row's
+    uncapped step + the modelled wire time."""
+    cal = sm.Calibration()
+    mw = sm.multi_worker(cal, 2, 0.1, batch=32, cpu_step_s=1.0)
+    assert mw["step_s"] == pytest.approx(1.0 + mw["wire_s"])
+    assert mw["examples_per_s"] == pytest.approx(64 / (1.0 + mw["wire_s"]))
+    assert sm.multi_worker(cal, 2, math.inf, batch=32, cpu_step_s=1.0)["step_s"] == pytest.approx(
+        1.0 + 2 * cal.latency_s)
+    wire = 2 * cal.gradient_bytes * cal.frame_overhead * 8 / 0.1e9 + 2 * cal.latency_s
+    ps = sm.parameter_server(cal, 2, 0.1, batch=64, cpu_step_s=0.25)
+    assert ps["examples_per_s"] == pytest.approx(2 / (2 * 0.25 + wire) * 64)
+    free = sm.parameter_server(cal, 2, math.inf, batch=64, cpu_step_s=0.25)
+    assert free["examples_per_s"] == pytest.approx(64 / 0.25, rel=1e-3)
