@@ -12,12 +12,9 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from kerasdist._log import get_logger
-
-if TYPE_CHECKING:
-    from kerasdist.keras.ps_loop import PSRun
 
 log = get_logger("training")
 
@@ -74,7 +71,7 @@ def joined(coordinator, stopping, timeout_s: float | None = None) -> bool:
     return True
 
 
-def left_in_flight(run: "PSRun", asked) -> bool:
+def left_in_flight(run: Any, asked) -> bool:  # run: ps_loop.PSRun (not imported: no cycle)
     """Join every scheduled call (False), unless a stop is asked (``asked()``, or
     ``model.stop_training``) and the calls in flight have not ended :data:`STOP_JOIN_S` later
     (a worker that does not answer: True)."""
@@ -82,7 +79,7 @@ def left_in_flight(run: "PSRun", asked) -> bool:
     return not joined(run.coordinator, lambda: model.stop_training or asked())
 
 
-def go_on_without(run: "PSRun", pending) -> None:
+def go_on_without(run: Any, pending) -> None:
     """Leave the calls in flight of a worker that does not answer: sets ``run.stuck`` and
     ``model.stop_training`` (validation is skipped and the save does not wait for them); says so
     once."""
