@@ -357,7 +357,7 @@ def test_sigterm_saves_without_waiting_on_a_frozen_worker(tmp_path):
     """Issue 33 (1): SIGTERM to the launcher while worker:2 is frozen (before the hang bound)
     used to log "saving a checkpoint" and then wait on the frozen worker until the namespace
     child was killed at its grace (exit 130 after 92 s, nothing saved). Wanted: exit 130 with a
-    checkpoint past the first one, within the launcher's grace (see the xfail reason)."""
+    checkpoint past the first one, within the launcher's grace."""
     run_dir, log = tmp_path / "run", tmp_path / "out.log"
     proc = _start(run_dir, log, cluster__workers=3, cluster__min_workers=2,
                   cluster__max_restarts=0, data__batch_size=48, strategy__task_timeout_s=600)
