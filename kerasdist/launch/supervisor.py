@@ -52,13 +52,7 @@ from typing import Any, Callable
 from kerasdist._log import get_logger
 from kerasdist._signals import terminate_on_sigterm
 from kerasdist.cluster.spec import TFConfig, check_ports_free
-from kerasdist.errors import (
-    BAD_INPUT,
-    EXIT_INTERRUPTED,
-    RETRYABLE,
-    TaskFailedError,
-    TrainingError,
-)
+from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, TaskFailedError
 from kerasdist.launch import status
 from kerasdist.launch.echo import Echo
 from kerasdist.launch.hang import HangWatch
@@ -68,11 +62,11 @@ from kerasdist.launch.plan import (
     LaunchSpec,
     TaskPlan,
     TaskState,
-    bad_input_error,
     stop_line,
     why,
 )
 from kerasdist.launch.processes import LocalLauncher, Task, describe_exit, network_note
+from kerasdist.launch.retry import next_attempt
 
 log = get_logger("launch")
 
@@ -140,36 +134,13 @@ class Supervisor:
             label = (f"attempt {number}/{spec.max_restarts + 1}" if number <= spec.max_restarts + 1
                      else f"attempt {number}")
             log.warning(f"{label} failed: {failure.report}")
-            if failure.failure_class == BAD_INPUT:  # e.g. a task's port taken: exit 2, like the task
-                raise bad_input_error(failure.error)(f"{failure.first_line}: {failure.message}")
-            if not failure.retryable:
-                error = f"{failure.error}: " if failure.error else ""
-                raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
-                                    f"error fails the same way again): {error}{failure.message}")
-            left = workers - len(failure.lost)  # a preemption loses no worker: never a shrink
-            can_shrink = bool(failure.lost) and spec.fewest <= left < workers
-            again = set(failure.lost) & previous_lost  # lost again right after its restart
+            nxt = next_attempt(failure, workers=workers, full=spec.workers, fewest=spec.fewest,
+                               restarts_left=self.restarts_left, previous_lost=previous_lost,
+                               number=number, what=spec.what)
             previous_lost = set(failure.lost)
-            if can_shrink and again:
-                log.warning(f"{', '.join(sorted(again))} was lost again after its restart: "
-                            f"continuing on {left} workers (min_workers={spec.fewest}), resuming "
-                            "from the last backup at its exact step with the same global batch")
-                workers = left
-                continue
-            if self.restarts_left > 0:
-                self.restarts_left -= 1
-                workers = spec.workers  # a restart tries the full size again (grows back)
-                log.warning(f"restarting the cluster ({self.restarts_left} restart(s) left): "
-                            f"{workers} workers, resuming from the last backup")
-                continue
-            if can_shrink:
-                log.warning(f"no restart left for {', '.join(failure.lost) or 'the lost task'}: "
-                            f"continuing on {left} workers (min_workers={spec.fewest}), "
-                            "resuming from the last backup at its exact step with the same "
-                            "global batch")
-                workers = left
-                continue
-            raise TaskFailedError(f"{spec.what} failed after {number} attempt(s): {failure.report}")
+            self.restarts_left -= 1 if nxt.restart else 0
+            workers = nxt.workers
+            log.warning(nxt.message)
 
     # ---------------------------------------------------------------------------- one attempt
     def _attempt(self, number: int, workers: int, body, record: AttemptRecord):

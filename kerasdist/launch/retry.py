@@ -1,0 +1,79 @@
+"""What the supervisor does after a failed attempt: the restart and shrink rules, as one pure
+function (no process is touched here; :class:`kerasdist.launch.supervisor.Supervisor` acts on
+the answer).
+
+The rules (the supervisor's module docs tell the whole story):
+
+* a failure the same input repeats ends the run with the task's own message: class
+  ``bad_input`` (e.g. a task's port taken) raises the task's own error class (exit 2), any other
+  class that is not retryable (``fatal``) raises :class:`~kerasdist.errors.TrainingError`;
+* a worker lost again in the attempt right after its restart, with ``min_workers`` allowing it:
+  go on with the workers left, spending no restart (shrink);
+* while restarts are left: restart at the full size (grow back), spending one;
+* with no restart left and ``min_workers`` allowing it: go on with the workers left;
+* otherwise the run fails (:class:`~kerasdist.errors.TaskFailedError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kerasdist.errors import BAD_INPUT, TaskFailedError, TrainingError
+from kerasdist.launch.plan import Failure, bad_input_error
+
+
+@dataclass(frozen=True)
+class NextAttempt:
+    """The next attempt: its worker count, whether it spends a restart, and the log line."""
+
+    workers: int
+    restart: bool
+    message: str
+
+
+def next_attempt(failure: Failure, *, workers: int, full: int, fewest: int, restarts_left: int,
+                 previous_lost: set[str], number: int, what: str) -> NextAttempt:
+    """Decide the attempt after attempt ``number`` failed with ``failure``.
+
+    Args:
+        failure: how the attempt failed (its class and the worker tasks it lost).
+        workers: workers of the failed attempt; ``full``: the run's ``workers``; ``fewest``:
+            its ``min_workers`` (``full`` when not elastic).
+        restarts_left: restarts left before this decision (>= 0).
+        previous_lost: worker tasks the attempt before the failed one lost (empty for the first).
+        number: the failed attempt's number (1 for the first); ``what``: the run, for messages.
+
+    Returns:
+        The :class:`NextAttempt`.
+
+    Raises:
+        KerasdistError subclass named by the task (bad input, exit 2), TrainingError (a
+        ``fatal`` failure), TaskFailedError (no restart left and no shrink allowed).
+    """
+    if failure.failure_class == BAD_INPUT:
+        raise bad_input_error(failure.error)(f"{failure.first_line}: {failure.message}")
+    if not failure.retryable:
+        error = f"{failure.error}: " if failure.error else ""
+        raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
+                            f"error fails the same way again): {error}{failure.message}")
+    left = workers - len(failure.lost)  # a preemption loses no worker: never a shrink
+    can_shrink = bool(failure.lost) and fewest <= left < workers
+    again = set(failure.lost) & previous_lost
+    if can_shrink and again:
+        return NextAttempt(left, False, (
+            f"{', '.join(sorted(again))} was lost again after its restart: continuing on {left} "
+            f"workers (min_workers={fewest}), resuming from the last backup at its exact step "
+            "with the same global batch"))
+    if restarts_left > 0:
+        return NextAttempt(full, True, (
+            f"restarting the cluster ({restarts_left - 1} restart(s) left): {full} workers, "
+            "resuming from the last backup"))
+    if can_shrink:
+        return NextAttempt(left, False, (
+            f"no restart left for {', '.join(failure.lost) or 'the lost task'}: continuing on "
+            f"{left} workers (min_workers={fewest}), resuming from the last backup at its exact "
+            "step with the same global batch"))
+    raise TaskFailedError(f"{what} failed after {number} attempt(s): {failure.report}")
+
+
+__all__ = ["NextAttempt", "next_attempt"]
