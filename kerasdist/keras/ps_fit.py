@@ -29,7 +29,7 @@ parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i
 :class:`~kerasdist.keras.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
 
 ``class_weight`` becomes per-example weights on the workers' pipelines with Keras's own mappings
-(:func:`kerasdist.keras.ps_input.class_weighted`), refused as Keras 3 refuses it: together with
+(:func:`kerasdist.keras.ps_class_weight.class_weighted`), refused as Keras 3 refuses it: together with
 ``sample_weight``, or for a model with several outputs. ``predict`` is
 :func:`kerasdist.keras.ps_predict.predict` (rows in input order; tf_keras refused predict here).
 
@@ -49,6 +49,7 @@ from kerasdist._compat import internals, keras_ps_atomic_assign
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop, ps_steps
 from kerasdist.keras.callbacks import MetricsProgbar
+from kerasdist.keras.ps_class_weight import class_weighted
 
 __all__ = ["cluster_spec", "evaluate", "fit", "is_parameter_server", "refuse_unsupported"]
 
@@ -259,9 +260,9 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
                                                              validation_data)
     run = _start(model, training=True)
     if class_weight:
-        train_in = ps_data.class_weighted(x, y, sample_weight=sample_weight,
-                                          class_weight=class_weight, batch_size=batch_size,
-                                          shuffle=shuffle, num_workers=run.num_workers)
+        train_in = class_weighted(x, y, sample_weight=sample_weight, class_weight=class_weight,
+                                  batch_size=batch_size, shuffle=shuffle,
+                                  num_workers=run.num_workers)
     else:
         train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
                                        shuffle=shuffle, num_workers=run.num_workers)

@@ -29,16 +29,16 @@ def test_nested_custom_step_logs_are_flattened_like_keras():
 def test_class_weight_becomes_per_example_weights():
     import tensorflow as tf
 
-    from kerasdist.keras import ps_input
+    from kerasdist.keras import ps_class_weight, ps_input
 
     base = ps_input.PSInput(
         lambda ctx: tf.data.Dataset.from_tensor_slices(
             (np.zeros((4, 2), np.float32), np.array([0, 1, 2, 1]))).batch(4), 1, "dataset")
-    weighted = ps_input.with_class_weight(base, {0: 0.0, 1: 2.0, 2: 0.5})
+    weighted = ps_class_weight.with_class_weight(base, {0: 0.0, 1: 2.0, 2: 0.5})
     _, _, weights = next(iter(weighted.dataset_fn(None)))
     np.testing.assert_allclose(weights.numpy(), [0.0, 2.0, 0.5, 2.0])
     with pytest.raises(ValueError, match="class_weight"):
-        ps_input.with_class_weight(base, {"a": 1.0})
+        ps_class_weight.with_class_weight(base, {"a": 1.0})
 
 
 @pytest.mark.parametrize("option", [{"use_ema": True}, {"gradient_accumulation_steps": 2}])
