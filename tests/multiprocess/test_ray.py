@@ -234,7 +234,7 @@ exit $code
 """
 
 
-EPOCHS = 80  # of 4 steps, 0.5 s of sleep each from epoch 1: the resize comes well before the end
+EPOCHS = 120  # of 4 steps, 0.5 s of sleep each from epoch 1: the resize comes well before the end
 
 
 @pytest.mark.extended
