@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def add_parsers(sub, add_role_args) -> None:
                        "kerasdist.enable() is applied first)")
     launch.add_argument("--workers", default="2", help="worker tasks: N, or MIN:MAX to go on "
                         "with as few as MIN when a lost worker cannot be restarted within "
-                        "--max-restarts (default 2)")
+                        "--max-restarts (with --ray: Ray Train's elastic group, from MIN to MAX "
+                        "workers) (default 2)")
     launch.add_argument("--ps", type=int, default=0, help="parameter-server tasks; > 0 runs the "
                         "script once as the coordinator (chief) and servers on the ps/workers")
     launch.add_argument("--chief", action="store_true",
@@ -70,6 +72,9 @@ def add_parsers(sub, add_role_args) -> None:
                         help="--ray: logical CPUs each worker reserves (default 1)")
     launch.add_argument("--gpus-per-worker", type=float, default=0.0,
                         help="--ray: GPUs each worker reserves (default 0)")
+    launch.add_argument("--resize-check-s", type=float, default=60.0,
+                        help="--ray with --workers MIN:MAX: seconds between Ray Train's checks "
+                             "whether a smaller group can grow (default 60)")
     add_role_args(launch)
     launch.add_argument("script", help="your Python script")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -147,11 +152,12 @@ def _cmd_launch(args) -> int:
 
 def _launch_on_ray(args) -> int:
     """``kerasdist launch --ray``: checks, then (a local Ray: in a private network namespace)
-    :func:`kerasdist.launch.ray_run.launch_script`."""
+    :func:`kerasdist.launch.ray_run.launch_script`. ``--workers MIN:MAX`` makes the group elastic
+    through Ray Train's own scaling (``ScalingConfig(num_workers=(MIN, MAX))``)."""
     from kerasdist.errors import ClusterError
     from kerasdist.launch import ray_run
 
-    for flag, value in (("--ps", args.ps), ("--chief", args.chief), ("--dry-run", args.dry_run)):
+    for flag, value in (("--ps", args.ps), ("--chief", args.chief)):
         if value:
             raise ClusterError(f"{flag} cannot be used with --ray: Ray Train runs one group of "
                                f"identical workers (worker 0 is the chief). Received: {flag}="
@@ -159,29 +165,37 @@ def _launch_on_ray(args) -> int:
     from kerasdist.launch.isolation import isolated_here, run_command_isolated
     from kerasdist.launch.plan import parse_worker_range
 
-    if ":" in str(args.workers):
-        raise ClusterError(f"--workers MIN:MAX cannot be used with --ray (an elastic Ray group "
-                           f"is not implemented for scripts; recipes have cluster.min_workers). "
-                           f"Received: --workers {args.workers}")
-    args.workers = parse_worker_range(args.workers)[1]
-    if args.workers < 1 or args.cpus_per_worker <= 0 or args.gpus_per_worker < 0:
-        raise ClusterError(f"--ray needs --workers >= 1, --cpus-per-worker > 0 and "
-                           f"--gpus-per-worker >= 0. Received: workers={args.workers}, "
-                           f"cpus_per_worker={args.cpus_per_worker}, "
-                           f"gpus_per_worker={args.gpus_per_worker}")
+    low, high = parse_worker_range(args.workers)
+    for flag, value, low_ok in (("--cpus-per-worker", args.cpus_per_worker, False),
+                                ("--gpus-per-worker", args.gpus_per_worker, True),
+                                ("--resize-check-s", args.resize_check_s, False)):
+        if not math.isfinite(value) or value < 0 or (value == 0 and not low_ok):
+            raise ClusterError(f"--ray needs {flag} {'>= 0' if low_ok else '> 0'} (a finite "
+                               f"number). Received: {flag} {value:g}")
+    if args.max_restarts < 0:
+        raise ClusterError(f"--max-restarts must be >= 0. Received: --max-restarts "
+                           f"{args.max_restarts}")
     if not Path(args.script).is_file():
         raise ClusterError(f"script: no such file. Received: {args.script!r}")
-    ray_run.require_ray()
-    ray_run.check_address(args.ray_address)
-    placement = ray_run.RayPlacement(workers=args.workers, cpus=args.cpus_per_worker,
+    placement = ray_run.RayPlacement(workers=high, cpus=args.cpus_per_worker,
                                      gpus=args.gpus_per_worker, address=args.ray_address,
-                                     max_failures=args.max_restarts)
+                                     max_failures=args.max_restarts,
+                                     min_workers=low if low < high else None,
+                                     resize_check_s=args.resize_check_s)
+    if args.dry_run:
+        print(ray_run.script_dry_run(args.script, list(args.script_args), placement,
+                                     log_dir=Path(args.log_dir), threads=args.threads_per_task))
+        return EXIT_OK
+    ray_run.require_ray()
+    ray_run.check_elastic_v2(placement, flag=f"--workers {args.workers}")
+    ray_run.check_address(args.ray_address)
     if args.ray_address is None and not args.allow_network_exposure and not isolated_here():
         return run_command_isolated(
             ["launch", "--ray", "--workers", str(args.workers), "--max-restarts",
              str(args.max_restarts), "--log-dir", str(Path(args.log_dir).resolve()),
              "--threads-per-task", str(args.threads_per_task), "--cpus-per-worker",
              str(args.cpus_per_worker), "--gpus-per-worker", str(args.gpus_per_worker),
+             "--resize-check-s", str(args.resize_check_s),
              str(Path(args.script).resolve()), *args.script_args])
     ray_run.launch_script(args.script, list(args.script_args), placement,
                           log_dir=Path(args.log_dir), threads=args.threads_per_task)

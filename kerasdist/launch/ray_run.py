@@ -138,13 +138,8 @@ def check_elastic(recipe: Recipe) -> None:
     c = recipe.cluster
     if c.min_workers is None or c.min_workers == c.workers:
         return
-    from ray.train.v2._internal.constants import is_v2_enabled
-
-    if not is_v2_enabled():
-        raise ClusterError("cluster.min_workers on Ray needs Ray Train V2's elastic scaling; "
-                           "RAY_TRAIN_V2_ENABLED=0 selects V1, which has none. Received: "
-                           f"RAY_TRAIN_V2_ENABLED={os.environ.get('RAY_TRAIN_V2_ENABLED')!r}, "
-                           f"min_workers={c.min_workers}")
+    check_elastic_v2(RayPlacement.of(recipe), flag=f"min_workers={c.min_workers}",
+                     what="cluster.min_workers")
     for workers in range(c.min_workers, c.workers + 1):
         try:
             check_batch_divisible(recipe.data.batch_size, workers)
@@ -154,6 +149,29 @@ def check_elastic(recipe: Recipe) -> None:
             raise RecipeError(f"cluster.min_workers={c.min_workers}, workers={c.workers}: Ray may "
                               f"run the group with {workers} workers, keeping the global batch: "
                               f"{err}") from None
+
+
+def check_elastic_v2(placement: RayPlacement, *, flag: str,
+                     what: str = "--workers MIN:MAX") -> None:
+    """Refuse an elastic group (``placement.min_workers`` below ``workers``) where Ray Train V2,
+    the only version with elastic scaling, is switched off (``RAY_TRAIN_V2_ENABLED=0``).
+
+    Args:
+        flag: the setting as the user gave it, for the message (``--workers 1:2``).
+        what: the setting's name (``cluster.min_workers``, ``--workers MIN:MAX``).
+
+    Raises:
+        ClusterError: Ray Train V2 is disabled (exit 2).
+    """
+    if isinstance(placement.num_workers, int):
+        return
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if not is_v2_enabled():
+        raise ClusterError(f"{what} on Ray needs Ray Train V2's elastic scaling; "
+                           "RAY_TRAIN_V2_ENABLED=0 selects V1, which has none. Received: "
+                           f"RAY_TRAIN_V2_ENABLED={os.environ.get('RAY_TRAIN_V2_ENABLED')!r}, "
+                           f"{flag}")
 
 
 def check_address(address: str | None) -> None:
@@ -325,6 +343,36 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     return RunResult.from_metrics(run_dir.metrics)
 
 
+def script_dry_run(script: str, args: list[str], placement: RayPlacement, *, log_dir: Path,
+                   threads: int = 0) -> str:
+    """What ``kerasdist launch --ray --dry-run`` prints: the Ray worker group (Ray Train's
+    ``ScalingConfig`` and ``FailureConfig``), where Ray runs, and each worker's command. Nothing
+    is imported from Ray, connected to or started; the ``TF_CONFIG`` of each worker is Ray's."""
+    resources = {"CPU": placement.cpus, **({"GPU": placement.gpus} if placement.gpus else {})}
+    n = placement.num_workers
+    if isinstance(n, int):
+        size = f"num_workers={n}"
+        group = f"{n} worker(s), fixed"
+    else:
+        size = (f"num_workers=({n[0]}, {n[1]}), elastic_resize_monitor_interval_s="
+                f"{placement.resize_check_s:g}")
+        group = (f"elastic: {n[0]} to {n[1]} workers (Ray Train V2; after a lost worker the group "
+                 f"restarts on as many as Ray can place, at least {n[0]}; every "
+                 f"{placement.resize_check_s:g} s a smaller group checks whether it can grow)")
+    where = ("a local Ray started for this run (private network namespace), stopped at the end"
+             if placement.address is None else f"the Ray cluster at {placement.address}")
+    command = " ".join([str(Path(script).resolve()), *args])
+    return "\n".join([
+        f"[ray] {group}",
+        f"  ScalingConfig({size}, resources_per_worker={resources}, "
+        f"use_gpu={placement.gpus > 0})",
+        f"  FailureConfig(max_failures={placement.max_failures})  (--max-restarts)",
+        f"  Ray: {where}; Ray storage {Path(log_dir).resolve() / 'ray'}",
+        "[worker:<rank>] TF_CONFIG written by Ray (worker-only, index = rank; worker:0 is the "
+        "chief)" + (f"; TF_NUM_INTRAOP_THREADS={threads}" if threads else ""),
+        f"  kerasdist.enable(); runpy {command}"])
+
+
 def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_dir: Path,
                   threads: int = 0) -> None:
     """``kerasdist launch --ray``: run a user's script on every Ray worker with kerasdist enabled
@@ -341,7 +389,9 @@ def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_
     log_dir.mkdir(parents=True, exist_ok=True)
     config = {"script": str(Path(script).resolve()), "args": list(args), "threads": threads}
     with ray_session(placement) as ray:
-        log.info(f"Ray: running {script} on {placement.workers} workers; Ray storage "
+        size = (placement.workers if isinstance(placement.num_workers, int) else
+                f"{placement.fewest} to {placement.workers} (elastic)")
+        log.info(f"Ray: running {script} on {size} workers; Ray storage "
                  f"{log_dir / 'ray'}")
         fit_on_ray(ray, script_loop, config, placement, storage=log_dir / "ray", name="launch",
                    keep=1)

@@ -166,30 +166,38 @@ TASK_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREA
 
 
 def _start_workers(hosts: HostSet, tmp_path: Path, *, steps: int, timeout_s: float,
-                   shared_run_dir: Path | None = None,
+                   shared_run_dir: Path | None = None, num_hosts: int = NUM_HOSTS,
+                   workers: list[str] | None = None,
                    **overrides) -> tuple[list[subprocess.Popen], list[Path], list[str]]:
     """One ``python -m kerasdist fit recipes/mnist_cnn_mwms.yaml --set cluster.kind=tf_config``
-    per host, each with its TF_CONFIG naming the hosts' addresses and its own run_dir (its own
-    "disk"), or ``shared_run_dir`` for all (a filesystem every host mounts). Returns the
+    on each of hosts ``0 .. num_hosts - 1``, each with its TF_CONFIG naming those hosts' addresses
+    and its own run_dir (its own "disk"), or ``shared_run_dir`` for all (a filesystem every host
+    mounts); ``workers`` gives the addresses (default: a free port on each host). Returns the
     processes, run dirs and the cluster's worker addresses."""
-    workers = [f"{hosts.address(i)}:{portpicker.pick_unused_port()}" for i in range(NUM_HOSTS)]
+    workers = workers or [f"{hosts.address(i)}:{portpicker.pick_unused_port()}"
+                          for i in range(num_hosts)]
+    processes, run_dirs = [], []
+    for i in range(num_hosts):
+        run_dir = shared_run_dir or tmp_path / f"host{i}" / "run"
+        run_dirs.append(run_dir)
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
+        processes.append(hosts.run(i, _worker_argv(run_dir, steps, **overrides),
+                                   dict(TASK_ENV, TF_CONFIG=json.dumps(tf_config)),
+                                   timeout_s=timeout_s, cwd=REPO))
+    return processes, run_dirs, workers
+
+
+def _worker_argv(run_dir: Path, steps: int, **overrides) -> list[str]:
+    """The multi-worker recipe's command on each host (global batch 96: 2 and 3 workers divide
+    it)."""
     settings = {"cluster.kind": "tf_config", "cluster.threads_per_task": 1,
                 "data.batch_size": 32 * NUM_HOSTS, "trainer.epochs": 1,
                 "trainer.steps_per_epoch": steps, "trainer.checkpoint.every_steps": 10,
                 "strategy.timeout_s": 20, "output.tensorboard": False, **overrides}
-    processes, run_dirs = [], []
-    for i in range(NUM_HOSTS):
-        run_dir = shared_run_dir or tmp_path / f"host{i}" / "run"
-        run_dirs.append(run_dir)
-        sets = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in
-                {**settings, "output.run_dir": str(run_dir)}.items()]
-        argv = [sys.executable, "-m", "kerasdist", "fit", str(RECIPE), "--verbose", "0"]
-        for item in sets:
-            argv += ["--set", item]
-        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}}
-        processes.append(hosts.run(i, argv, dict(TASK_ENV, TF_CONFIG=json.dumps(tf_config)),
-                                   timeout_s=timeout_s, cwd=REPO))
-    return processes, run_dirs, workers
+    argv = [sys.executable, "-m", "kerasdist", "fit", str(RECIPE), "--verbose", "0"]
+    for k, v in {**settings, "output.run_dir": str(run_dir)}.items():
+        argv += ["--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+    return argv
 
 
 def _outputs(hosts: HostSet, processes) -> str:
@@ -369,6 +377,117 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
     print(f"start_step {result['start_step']}, global_steps {result['global_steps']}, restore "
           f"verified {result['restore_verified']}, accuracy {result['evaluation']['accuracy']:.3f}")
     assert result["start_step"] == saved and result["global_steps"] == steps, result
+
+
+WRITES = re.compile(r"\b(open|openat|creat|mkdir|mkdirat|rename|renameat2?|unlink|unlinkat|"
+                    r"rmdir|truncate|link|linkat|symlink|symlinkat)\(")
+
+
+def _writes_under(trace: Path, folder: Path) -> list[str]:
+    """System calls in an ``strace -f`` output that create, change or remove something under
+    ``folder`` (opens for writing, mkdir, rename, unlink, ...); opens for reading are left out."""
+    found = []
+    for line in trace.read_text(errors="replace").splitlines():
+        if str(folder) not in line or not WRITES.search(line):
+            continue
+        if re.search(r"\bopen(at)?\(", line) and not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC",
+                                                                line):
+            continue
+        found.append(line.strip()[:300])
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_a_multi_worker_host_that_comes_back_after_the_cluster_restarted_without_it_corrupts_nothing(
+        tmp_path):
+    """Multi-worker on 3 hosts, one run_dir every host mounts; host 2 (worker:2) cut off after the
+    checkpoint at step 10: the survivors exit 1 within the collective timeout, naming worker:2,
+    and the cut-off worker ends itself too, so no stale task is left running. As an orchestrator
+    would, the cluster is relaunched without host 2: 2 workers on hosts 0 and 1 at the SAME
+    addresses and ports as before, the same global batch. While it trains, host 2's link comes
+    back and its old command (the 3-worker TF_CONFIG of the first run, which names the relaunched
+    tasks' live addresses) starts again under strace: it writes nothing into the run dir (no
+    file created, opened for writing, renamed or removed there), the relaunched chief's
+    coordination service refuses it (a task not in its cluster spec) and it exits 1 before the
+    relaunched run ends, having trained nothing; the relaunched run resumes
+    at the checkpoint's exact step and ends at the requested step on 2 replicas, both hosts
+    exiting 0. The relaunch runs with strategy.timeout_s 90: on a loaded machine dropping fit's
+    training iterator can stall a worker 15-35 s (docs/hosts.md), which a 20 s collective
+    timeout turns into a failure at the run's very end (the cut and its detection use 20 s)."""
+    steps, timeout_s = 50, 20
+    shared = tmp_path / "shared" / "run"
+    trace = tmp_path / "stale.strace"
+    with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
+        first, _, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
+                                           shared_run_dir=shared)
+        deadline = time.monotonic() + 300
+        while _chief_step(shared) < 10:
+            assert all(p.poll() is None for p in first), _outputs(hosts, first)
+            assert time.monotonic() < deadline, "no checkpoint at step >= 10\n" + _outputs(hosts, first)
+            time.sleep(0.2)
+        hosts.link_down(2)
+        cut = time.monotonic()
+        named = {f"host {i}": p for i, p in enumerate(first)}
+        ended = _exit_times(named, list(named), cut, cut + 2 * timeout_s + 90)
+        codes = [p.poll() for p in first]
+        logs = _outputs(hosts, first)
+        saved = _chief_step(shared)
+        left_on_host_2 = hosts.pids(2)
+        for host in (0, 1):  # the orchestrator relaunches the cluster without host 2
+            hosts.kill(host)
+        relaunched = time.monotonic()
+        second, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=420,
+                                      shared_run_dir=shared, num_hosts=2, workers=workers[:2],
+                                      **{"strategy.timeout_s": 90})
+        time.sleep(5)
+        hosts.link_up(2)  # host 2 comes back, with its old task's command
+        stale_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": 2}}
+        stale_started = time.monotonic()
+        stale = hosts.run(2, ["strace", "-f", "-qq", "-o", str(trace), "-e",
+                              "trace=%file", *_worker_argv(shared, steps)],
+                          dict(TASK_ENV, TF_CONFIG=json.dumps(stale_config)), timeout_s=420,
+                          cwd=REPO)
+        stale_s = None
+        while time.monotonic() < relaunched + 420 and any(p.poll() is None for p in second):
+            if stale_s is None and stale.poll() is not None:
+                stale_s = time.monotonic() - stale_started
+            time.sleep(0.2)
+        codes2 = [p.poll() for p in second]
+        stale_code = stale.poll()
+        stale_log = hosts.output(stale)
+        logs2 = _outputs(hosts, second) + f"\n--- stale worker:2 (exit {stale_code}):\n" + \
+            stale_log[-4000:]
+    print(f"\nhost 2 ({workers[2]}) cut after checkpoint step {saved}: exits {codes} after "
+          + ", ".join(f"{n}: {t:.1f} s" for n, t in sorted(ended.items()))
+          + f" (strategy.timeout_s {timeout_s}); processes left on host 2: {len(left_on_host_2)}")
+    assert codes == [1, 1, 1], logs
+    assert left_on_host_2 == [], logs  # no stale task left to come back
+    assert all(ended[f"host {i}"] < 2 * timeout_s + 30 for i in (0, 1)), (ended, logs)
+    for i in (0, 1):
+        own = logs.split(f"--- host {i} ")[1].split("--- host ")[0]
+        assert re.search(rf"lost task [^\n]*worker:2 \(unreachable, {re.escape(workers[2])}\)",
+                         own), logs
+    written = _writes_under(trace, shared)
+    result = json.loads((shared / "metrics.json").read_text()) if codes2 == [0, 0] else {}
+    stale_lines = [line.strip()[:200] for line in stale_log.splitlines()
+                   if re.search(r"error|lost|timed out|unavailable|failed", line, re.I)][-3:]
+    print(f"relaunched on hosts 0 and 1 at the same addresses: exits {codes2} after "
+          f"{time.monotonic() - relaunched:.0f} s, start_step {result.get('start_step')}, "
+          f"global_steps {result.get('global_steps')}, replicas {result.get('num_replicas')}; "
+          f"stale worker:2: exit {stale_code} "
+          + (f"{stale_s:.1f} s after its start" if stale_s is not None else "(still running)")
+          + f", {len(written)} write(s) under the run dir; its last lines: {stale_lines}")
+    assert written == [], written  # the stale task created, changed or removed nothing there
+    assert codes2 == [0, 0], logs2
+    assert result["start_step"] == saved and result["global_steps"] == steps, result
+    assert result["num_replicas"] == 2 and result["task"] == "worker:0", result
+    assert result["restore_verified"] is True, result
+    # refused by the relaunched cluster's coordination service (not in its cluster spec), it
+    # ends itself before the relaunched run does: exit 1, nothing trained
+    assert stale_code == 1 and stale_s is not None, logs2
+    assert "done at global step" not in stale_log, logs2
 
 
 PS_RECIPE = REPO / "recipes" / "mnist_cnn_ps.yaml"

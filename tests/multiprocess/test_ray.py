@@ -203,3 +203,94 @@ def test_launch_ray_refuses_parameter_server_and_chief_flags(tmp_path, flags):
                           text=True, timeout=200, cwd=tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"{flags[0]} cannot be used with --ray" in done.stderr
+
+
+# launch --ray --workers 1:2 on a Ray cluster of this machine that grows by a node: in a private
+# network namespace, a head node of 1 CPU; the script's group starts with 1 worker; once its first
+# backup is on disk a second node of 1 CPU joins and Ray Train grows the group to 2 workers.
+GROW = """
+set -u
+ray={ray}; out={out}
+$ray start --head --port {port} --num-cpus 1 --include-dashboard false --disable-usage-stats \\
+  --dashboard-agent-listen-port {agent0} --temp-dir {temp} > {logs}/head.log 2>&1 || exit 90
+{python} -m kerasdist launch --ray --ray-address 127.0.0.1:{port} --workers 1:2 \\
+  --resize-check-s 5 --max-restarts 0 --threads-per-task 1 --log-dir {logs} \\
+  {script} {data} $out {epochs} 1 &
+launch=$!
+for i in $(seq 1 1200); do
+  [ -f $out/backup/training_metadata.json ] && break
+  kill -0 $launch 2>/dev/null || break
+  sleep 0.25
+done
+echo "NODE2 $(date +%s.%N) $(cat $out/backup/training_metadata.json 2>/dev/null)"
+$ray start --address 127.0.0.1:{port} --num-cpus 1 --disable-usage-stats \\
+  --dashboard-agent-listen-port {agent1} > {logs}/node2.log 2>&1 || echo "NODE2 FAILED"
+echo "NODE2 UP $(date +%s.%N)"
+wait $launch
+code=$?
+echo "END $(date +%s.%N)"
+$ray stop --force > /dev/null 2>&1
+exit $code
+"""
+
+
+EPOCHS = 120  # of 4 steps, 0.5 s of sleep each from epoch 1: the resize comes well before the end
+
+
+@pytest.mark.extended
+@pytest.mark.slow
+@pytest.mark.timeout(720)
+def test_launch_ray_workers_min_max_grows_the_group_and_the_script_resumes_from_its_backup(
+        tmp_path):
+    """``kerasdist launch --ray --workers 1:2`` is Ray Train's elastic group: on a Ray cluster with
+    room for one worker the script starts on 1 worker; when a second node joins, Ray (every
+    ``--resize-check-s``) restarts the group on 2 workers, and the unchanged script resumes
+    from its own ``keras.callbacks.BackupAndRestore`` backup at the epoch it had reached, its
+    ``TF_CONFIG`` now naming 2 workers; both end with the same weights."""
+    import tempfile
+
+    import numpy as np
+    import portpicker
+
+    from kerasdist.launch.isolation import isolated_argv
+
+    before = _ray_processes()
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    logs.mkdir()
+    temp = Path(tempfile.mkdtemp(prefix="kdr-", dir="/tmp"))  # Ray's socket paths: <= 107 bytes
+    script = GROW.format(ray=Path(sys.executable).parent / "ray", out=out, logs=logs, temp=temp,
+                         port=portpicker.pick_unused_port(),
+                         agent0=portpicker.pick_unused_port(),
+                         agent1=portpicker.pick_unused_port(), python=sys.executable,
+                         script=REPO / "tests" / "scripts" / "mwms_backup_restore.py", data=DATA,
+                         epochs=EPOCHS)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.urandom(16).hex(),
+           "RAY_ADDRESS": "", "RAY_USAGE_STATS_ENABLED": "0", "TF_CPP_MIN_LOG_LEVEL": "3",
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}"
+           f"{os.environ.get('PYTHONPATH', '')}"}
+    started = time.monotonic()
+    try:
+        done = subprocess.run(isolated_argv(["bash", "-c", script]), capture_output=True,
+                              text=True, timeout=660, env=env)
+    finally:
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
+    text = done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, text
+    assert "NODE2 FAILED" not in done.stdout, (logs / "node2.log").read_text()[-3000:]
+    starts = {name: [int(v) for v in (out / f"started-{name}.txt").read_text().split()]
+              for name in ("worker-0", "worker-1")}
+    # worker 0 trained from epoch 0 on 1 worker, then from its backup's epoch on 2 workers;
+    # worker 1 only ever ran in the grown group, from that same epoch
+    assert len(starts["worker-0"]) == 2 and starts["worker-0"][0] == 0, (starts, text)
+    assert 0 < starts["worker-0"][1] < EPOCHS and starts["worker-1"] == starts["worker-0"][1:], starts
+    final = [np.load(out / f"final-worker-{i}.npy") for i in (0, 1)]
+    np.testing.assert_array_equal(final[0], final[1])
+    assert not (_ray_processes() - before), "a Ray process outlived the run"
+    node2 = float(re.search(r"NODE2 UP ([\d.]+)", done.stdout).group(1))
+    end = float(re.search(r"END ([\d.]+)", done.stdout).group(1))
+    grown = (out / "started-worker-1.txt").stat().st_mtime  # the grown group's first epoch
+    print(f"\nresumed at epoch {starts['worker-0'][1]} of {EPOCHS} on 2 workers, "
+          f"{grown - node2:.1f} s after node 2 was up; the run ended {end - grown:.1f} s later; "
+          f"test {time.monotonic() - started:.1f} s")

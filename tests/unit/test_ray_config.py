@@ -189,3 +189,74 @@ def test_an_elastic_ray_recipe_needs_every_worker_count_to_divide_the_global_bat
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "0")
     with pytest.raises(ClusterError, match=r"needs Ray Train V2.*RAY_TRAIN_V2_ENABLED='0'"):
         ray_run.check_elastic(elastic)
+
+
+def test_launch_ray_workers_min_max_is_rays_elastic_group_and_dry_run_shows_it(tmp_path, capsys):
+    """``launch --ray --workers 1:3``: Ray Train's ScalingConfig(num_workers=(1, 3)) with the
+    resize interval; ``--dry-run`` prints it and starts, connects to and writes nothing."""
+    from kerasdist.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit(3)\n")
+    logs = tmp_path / "logs"
+    assert main(["launch", "--ray", "--workers", "1:3", "--resize-check-s", "7.5",
+                 "--max-restarts", "2", "--ray-address", "127.0.0.1:1", "--log-dir", str(logs),
+                 "--dry-run", str(script), "--epochs", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "elastic: 1 to 3 workers" in out
+    assert "ScalingConfig(num_workers=(1, 3), elastic_resize_monitor_interval_s=7.5" in out
+    assert "FailureConfig(max_failures=2)" in out and "127.0.0.1:1" in out
+    assert f"{script.resolve()} --epochs 4" in out
+    assert main(["launch", "--ray", "--workers", "2", "--log-dir", str(logs), "--dry-run",
+                 str(script)]) == 0
+    out = capsys.readouterr().out
+    assert "2 worker(s), fixed" in out and "ScalingConfig(num_workers=2," in out
+    assert "elastic" not in out and not logs.exists()
+    placement = ray_run.RayPlacement(workers=3, min_workers=1, resize_check_s=7.5)
+    assert placement.num_workers == (1, 3)
+    assert ray_run.RayPlacement(workers=2, min_workers=None).num_workers == 2
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--workers", "2:1"], "--workers '2:1'"), (["--workers", "0:2"], "--workers '0:2'"),
+    (["--workers", "1:x"], "--workers '1:x'"), (["--workers", "1:"], "--workers '1:'"),
+    (["--workers", "0"], "--workers '0'"),
+    (["--workers", "1:2", "--resize-check-s", "0"], "--resize-check-s 0"),
+    (["--workers", "1:2", "--resize-check-s", "nan"], "--resize-check-s nan"),
+    (["--workers", "1:2", "--cpus-per-worker", "0"], "--cpus-per-worker 0"),
+    (["--workers", "1:2", "--max-restarts", "-1"], "--max-restarts -1")])
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_launch_ray_bad_worker_range_exits_2_naming_flag_and_value_before_anything(
+        tmp_path, capsys, monkeypatch, flags, named, dry_run):
+    from kerasdist.cli import EXIT_BAD_INPUT, main
+
+    def started(*args, **kwargs):
+        raise AssertionError("Ray was started or joined")
+
+    monkeypatch.setattr(ray_run, "ray_session", started)
+    monkeypatch.setattr(ray_run, "launch_script", started)
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit(3)\n")
+    logs = tmp_path / "logs"
+    assert main(["launch", "--ray", *flags, "--log-dir", str(logs), *(["--dry-run"] * dry_run),
+                 str(script)]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert named in captured.err and not captured.out
+    assert not logs.exists()
+
+
+def test_launch_ray_workers_min_max_without_ray_train_v2_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RAY_CLIENT_MODE", "0")  # what importing Ray sets; undone after the test
+    pytest.importorskip("ray.train")
+    from kerasdist.cli import EXIT_BAD_INPUT, main
+
+    monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "0")
+    monkeypatch.setattr(ray_run, "ray_session", None)  # never reached
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit(3)\n")
+    assert main(["launch", "--ray", "--workers", "1:2", "--log-dir", str(tmp_path / "logs"),
+                 str(script)]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "--workers MIN:MAX on Ray needs Ray Train V2" in err
+    assert "RAY_TRAIN_V2_ENABLED='0'" in err and "--workers 1:2" in err
+    assert not (tmp_path / "logs").exists()
