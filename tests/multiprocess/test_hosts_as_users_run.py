@@ -154,3 +154,119 @@ def test_this_task_runs_a_parameter_server_script_on_three_hosts(tmp_path):
     assert len(losses) == epochs and losses[-1] < losses[0], logs
     assert float(accuracy) >= 0.9, logs
     assert (out / "model.keras").is_file(), logs
+
+
+# ------------------------------------------------ the recipes' full accuracy targets on 3 hosts
+def _target(recipe: Path) -> float:
+    """The held-out accuracy the recipe promises on its ``# Target:`` line."""
+    (value,) = re.findall(r"^# Target: held-out accuracy >= ([\d.]+)", recipe.read_text(), re.M)
+    return float(value)
+
+
+def _fit_argv(recipe: Path, settings: dict) -> list[str]:
+    argv = [sys.executable, "-m", "kerasdist", "fit", str(recipe), "--verbose", "0"]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}"]
+    return argv
+
+
+@pytest.mark.timeout(1500)
+def test_the_multi_worker_recipe_reaches_its_target_on_three_hosts(tmp_path):
+    """``recipes/mnist_cnn_mwms.yaml`` in full (5 epochs) on 3 hosts, one ``kerasdist fit ...
+    --set cluster.kind=tf_config`` per host with its TF_CONFIG and its own run_dir: every host
+    exits 0 and the chief's held-out accuracy meets the recipe's target. The one change besides
+    the cluster kind: the global batch is 96 (the recipe's 32 per replica on 3 workers; its 64 is
+    not divisible by 3)."""
+    recipe = REPO / "recipes" / "mnist_cnn_mwms.yaml"
+    target = _target(recipe)
+    with HostSet(3, log_dir=tmp_path / "logs") as hosts:
+        suffix = hosts.suffix
+        cluster = _cluster(hosts, MW_LAYOUT)
+        started = time.monotonic()
+        processes = {}
+        for name, host in MW_LAYOUT.items():  # each host its own "disk"
+            argv = _fit_argv(recipe, {"cluster.kind": "tf_config", "data.batch_size": 96,
+                                      "output.run_dir": tmp_path / f"host{host}" / "run"})
+            processes.update(_start(hosts, {name: host}, cluster, argv, timeout_s=1400))
+        _wait(processes.values(), started + 1400)
+        elapsed = time.monotonic() - started
+        codes = {name: p.poll() for name, p in processes.items()}
+        logs = _logs(hosts, processes)
+    assert leftovers(suffix) == []
+    print(f"\n{recipe.name} on 3 hosts {cluster['worker']}: exits {codes} after {elapsed:.0f} s")
+    assert codes == dict.fromkeys(MW_LAYOUT, 0), logs
+    result = json.loads((tmp_path / "host0" / "run" / "metrics.json").read_text())
+    accuracy = result["evaluation"]["accuracy"]
+    print(f"held-out accuracy {accuracy:.4f} (target {target}), global steps "
+          f"{result['global_steps']}, {result['throughput']['examples_per_sec']:.0f} examples/s, "
+          f"wall time {result['wall_time_s']:.0f} s")
+    assert result["num_replicas"] == 3 and result["global_steps"] == 5 * (8000 // 96), result
+    assert accuracy >= target, result
+
+
+def _json_list(text: str) -> list:
+    """The JSON list ``kerasdist evaluate --json`` prints last (log lines come before it)."""
+    lines = text.splitlines()
+    start = max(i for i, line in enumerate(lines) if line == "[")
+    return json.loads("\n".join(lines[start:]))
+
+
+PS_LAYOUT = {"ps:0": 0, "worker:0": 1, "worker:1": 2, "chief:0": 0}
+EVALUATOR_HOST = 3
+
+
+@pytest.mark.timeout(1500)
+def test_the_ps_recipe_reaches_its_target_on_three_hosts_and_a_sidecar_evaluator_follows(tmp_path):
+    """``recipes/mnist_cnn_ps.yaml`` in full (5 x 125 global steps, unchanged but for
+    ``cluster.kind=tf_config``) on 3 hosts: the chief (coordinator) and the ps on host 0, a worker
+    on hosts 1 and 2, one ``kerasdist fit`` per task with its TF_CONFIG, the run_dir on a
+    filesystem every host mounts. On a 4th host, with a host name of its own (as another machine
+    has: the run-directory lock is then held "from another machine"), ``kerasdist evaluate
+    RUN_DIR --watch``, started before the run, evaluates each new checkpoint and ends when the
+    run ends. The chief meets the recipe's target; the evaluator exits 0, its last evaluation is
+    the final step's checkpoint with the chief's own held-out accuracy."""
+    recipe = REPO / "recipes" / "mnist_cnn_ps.yaml"
+    target = _target(recipe)
+    run_dir = tmp_path / "run"
+    argv = _fit_argv(recipe, {"cluster.kind": "tf_config", "output.run_dir": run_dir})
+    with HostSet(4, log_dir=tmp_path / "logs") as hosts:
+        suffix = hosts.suffix
+        watch = (f"hostname kd-evaluator && exec {sys.executable} -m kerasdist evaluate {run_dir} "
+                 "--watch --poll-s 1 --json --idle-timeout-s 900")
+        evaluator = hosts.run(EVALUATOR_HOST, ["unshare", "--uts", "sh", "-c", watch],
+                              dict(TASK_ENV), timeout_s=1400, cwd=REPO)
+        cluster = _cluster(hosts, PS_LAYOUT)
+        started = time.monotonic()
+        processes = _start(hosts, PS_LAYOUT, cluster, argv, timeout_s=1400)
+        chief = processes["chief:0"]
+        _wait([chief], started + 1400)
+        elapsed = time.monotonic() - started
+        _wait([evaluator], time.monotonic() + 120)
+        after = time.monotonic() - started - elapsed
+        serving = [name for name, p in processes.items() if name != "chief:0" and p.poll() is None]
+        logs = _logs(hosts, {**processes, "evaluator": evaluator})
+        watched_out = hosts.output(evaluator)
+    assert leftovers(suffix) == []
+    print(f"\n{recipe.name}: ps {cluster['ps']}, workers {cluster['worker']}, chief "
+          f"{cluster['chief']}: chief exit {chief.returncode} after {elapsed:.0f} s; evaluator "
+          f"(host {EVALUATOR_HOST}) exit {evaluator.returncode} {after:.0f} s later")
+    assert chief.returncode == 0, logs
+    assert serving == ["ps:0", "worker:0", "worker:1"], logs
+    result = json.loads((run_dir / "metrics.json").read_text())
+    accuracy = result["evaluation"]["accuracy"]
+    print(f"held-out accuracy {accuracy:.4f} (target {target}), global steps "
+          f"{result['global_steps']}, {result['throughput']['examples_per_sec']:.0f} examples/s, "
+          f"wall time {result['wall_time_s']:.0f} s")
+    assert result["global_steps"] >= 5 * 125, result
+    assert accuracy >= target, result
+    assert evaluator.returncode == 0, logs
+    watched = _json_list(watched_out)
+    print("sidecar: " + ", ".join(f"step {r['global_step']} accuracy {r['accuracy']:.4f}"
+                                  for r in watched))
+    assert len(watched) >= 2, watched  # it evaluated checkpoints while the run trained
+    steps = [r["global_step"] for r in watched]
+    assert steps == sorted(set(steps)), watched
+    assert steps[-1] == result["global_steps"], (watched, result)
+    assert watched[-1]["accuracy"] == pytest.approx(accuracy, abs=1e-6), (watched, result)
+    recorded = json.loads((run_dir / "eval.json").read_text())["evaluations"]
+    assert {r["checkpoint"] for r in watched} <= {r["checkpoint"] for r in recorded}
