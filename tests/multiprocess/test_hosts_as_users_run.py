@@ -239,7 +239,11 @@ def test_the_ps_recipe_reaches_its_target_on_three_hosts_and_a_sidecar_evaluator
         started = time.monotonic()
         processes = _start(hosts, PS_LAYOUT, cluster, argv, timeout_s=1400)
         chief = processes["chief:0"]
-        _wait([chief], started + 1400)
+        first_evaluation = None  # seconds from the start to the sidecar's first evaluation
+        while chief.poll() is None and time.monotonic() < started + 1400:
+            if first_evaluation is None and (run_dir / "eval.json").exists():
+                first_evaluation = time.monotonic() - started
+            time.sleep(0.5)
         elapsed = time.monotonic() - started
         _wait([evaluator], time.monotonic() + 120)
         after = time.monotonic() - started - elapsed
@@ -249,7 +253,8 @@ def test_the_ps_recipe_reaches_its_target_on_three_hosts_and_a_sidecar_evaluator
     assert leftovers(suffix) == []
     print(f"\n{recipe.name}: ps {cluster['ps']}, workers {cluster['worker']}, chief "
           f"{cluster['chief']}: chief exit {chief.returncode} after {elapsed:.0f} s; evaluator "
-          f"(host {EVALUATOR_HOST}) exit {evaluator.returncode} {after:.0f} s later")
+          f"(host {EVALUATOR_HOST}) exit {evaluator.returncode} {after:.0f} s later; its first "
+          f"evaluation written {first_evaluation or -1:.0f} s after the start (-1: none)")
     assert chief.returncode == 0, logs
     assert serving == ["ps:0", "worker:0", "worker:1"], logs
     result = json.loads((run_dir / "metrics.json").read_text())
@@ -263,7 +268,8 @@ def test_the_ps_recipe_reaches_its_target_on_three_hosts_and_a_sidecar_evaluator
     watched = _json_list(watched_out)
     print("sidecar: " + ", ".join(f"step {r['global_step']} accuracy {r['accuracy']:.4f}"
                                   for r in watched))
-    assert len(watched) >= 2, watched  # it evaluated checkpoints while the run trained
+    assert len(watched) >= 2, watched
+    assert first_evaluation is not None, logs  # it evaluated while the run trained
     steps = [r["global_step"] for r in watched]
     assert steps == sorted(set(steps)), watched
     assert steps[-1] == result["global_steps"], (watched, result)
