@@ -205,17 +205,20 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     kinds: dict[str, str] = {name: "strategy" for name in strategies}
     streamed = stream_data(raw, recipe, out) if "default_stream" in strategies else None
     # Round-robin: repeat r of every row runs before repeat r+1 of any, so a slow spell of the
-    # machine (other load, thermal or host noise) lands on all rows alike instead of on one.
+    # machine (other load, thermal or host noise) lands on all rows alike instead of on one; the
+    # order alternates between repeats (repeat_order), so no row always runs first or right
+    # after the same other row.
     for rep in range(repeats):
-        for name in baselines:
-            per_kind = CLUSTER_STRATEGIES if name == "tf_keras" else strategies
-            for m in _run_baseline(raw, name, workers=workers, out=out, tag=f"{name}-r{rep}",
-                                   timeout_s=timeout_s, kinds=per_kind):
-                row = (m.name.rsplit("-r", 1)[0] if name not in ("tf_keras", "keras_enable")
-                       else f"{name}_" + m.name.split("-", 2)[-1])
-                rows.setdefault(row, []).append(m)
-                kinds[row] = "baseline"
-        for name in strategies:
+        for kind, name in repeat_order(baselines, strategies, rep):
+            if kind == "baseline":
+                per_kind = CLUSTER_STRATEGIES if name == "tf_keras" else strategies
+                for m in _run_baseline(raw, name, workers=workers, out=out, tag=f"{name}-r{rep}",
+                                       timeout_s=timeout_s, kinds=per_kind):
+                    row = (m.name.rsplit("-r", 1)[0] if name not in ("tf_keras", "keras_enable")
+                           else f"{name}_" + m.name.split("-", 2)[-1])
+                    rows.setdefault(row, []).append(m)
+                    kinds[row] = "baseline"
+                continue
             tag = f"{name}-r{rep}"
             if name == "legacy":
                 m = _run_legacy(recipe, workers=workers, out=out, tag=tag, timeout_s=timeout_s)
@@ -238,6 +241,14 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
     report.write_all(result, out)
     return result
+
+
+def repeat_order(baselines, strategies, rep: int) -> list[tuple[str, str]]:
+    """The order of the rows in repeat ``rep`` (0-based): ``("baseline", name)`` and
+    ``("strategy", name)`` pairs, baselines first in even repeats, the whole list reversed in odd
+    ones (a row that runs first, or after a given row, in one repeat does not in the next)."""
+    order = [("baseline", name) for name in baselines] + [("strategy", name) for name in strategies]
+    return order if rep % 2 == 0 else order[::-1]
 
 
 def _sweep(raw, strategies, sweep_workers, *, rows, workers, repeats, out, target,
