@@ -205,6 +205,17 @@ def _outputs(hosts: HostSet, processes) -> str:
                      for i, p in enumerate(processes))
 
 
+def _wait_for_checkpoint(shared, step: int, hosts, processes, *, timeout_s: float) -> None:
+    """Until the chief's checkpoint in ``shared`` is at ``step`` or later; fails when a process
+    ends first or after ``timeout_s``, with every host's output."""
+    deadline = time.monotonic() + timeout_s
+    while _chief_step(shared) < step:
+        assert all(p.poll() is None for p in processes), _outputs(hosts, processes)
+        assert time.monotonic() < deadline, (f"no checkpoint at step >= {step}\n"
+                                             + _outputs(hosts, processes))
+        time.sleep(0.2)
+
+
 def _wait(processes, deadline: float) -> None:
     for proc in processes:
         try:
@@ -350,11 +361,7 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
     with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
         first, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
                                      shared_run_dir=shared)
-        deadline = time.monotonic() + 300
-        while _chief_step(shared) < 10:
-            assert all(p.poll() is None for p in first), _outputs(hosts, first)
-            assert time.monotonic() < deadline, "no checkpoint at step >= 10\n" + _outputs(hosts, first)
-            time.sleep(0.2)
+        _wait_for_checkpoint(shared, 10, hosts, first, timeout_s=300)
         hosts.link_down(2)
         cut = time.monotonic()
         _wait(first[:2], cut + 120)
@@ -422,11 +429,7 @@ def test_a_multi_worker_host_that_comes_back_after_the_cluster_restarted_without
     with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
         first, _, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
                                            shared_run_dir=shared)
-        deadline = time.monotonic() + 300
-        while _chief_step(shared) < 10:
-            assert all(p.poll() is None for p in first), _outputs(hosts, first)
-            assert time.monotonic() < deadline, "no checkpoint at step >= 10\n" + _outputs(hosts, first)
-            time.sleep(0.2)
+        _wait_for_checkpoint(shared, 10, hosts, first, timeout_s=300)
         hosts.link_down(2)
         cut = time.monotonic()
         named = {f"host {i}": p for i, p in enumerate(first)}

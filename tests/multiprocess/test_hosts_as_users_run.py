@@ -21,6 +21,7 @@ from pathlib import Path
 
 import portpicker
 import pytest
+from test_hosts import _wait
 
 from kerasdist.testing.hosts import HostSet, leftovers
 
@@ -58,13 +59,6 @@ def _start(hosts: HostSet, layout: dict[str, int], cluster: dict, argv: list[str
                                     timeout_s=timeout_s, cwd=REPO)
     return processes
 
-
-def _wait(processes, deadline: float) -> None:
-    for proc in processes:
-        try:
-            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _logs(hosts: HostSet, processes: dict, tail: int = 3000) -> str:
