@@ -32,6 +32,21 @@ def threads_per_task(text: str) -> int:
     return value
 
 
+def task_timeout_s(text: str) -> float | None:
+    """``--task-timeout-s``: seconds (> 0, at most a day) a watched task may stay unreachable or
+    hung before this task counts it as lost; ``none`` (or ``0``) turns the watch off."""
+    if text.strip().lower() in ("none", "null", "0"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86_400:
+        raise argparse.ArgumentTypeError(
+            f"must be seconds, more than 0 and at most 86400, or 'none'. Received: {text!r}")
+    return value
+
+
 def add_parsers(sub, add_role_args) -> None:
     """Add the ``launch``, ``evaluate`` and ``env`` sub-commands to ``sub``."""
     launch = sub.add_parser(
@@ -62,6 +77,13 @@ def add_parsers(sub, add_role_args) -> None:
                         help="on a real cluster: run only this machine's task, its role from "
                              "TF_CONFIG, the Slurm job or the role flags (ps/worker tasks of a "
                              "parameter-server cluster serve; the others run the script)")
+    launch.add_argument("--task-timeout-s", type=task_timeout_s, default=60.0,
+                        help="parameter-server clusters (--ps, or --this-task): seconds a ps or "
+                             "worker task may stay unreachable or hung (frozen) before it is "
+                             "lost: a local cluster kills and restarts it (--max-restarts); "
+                             "with --this-task the chief (watching every ps and worker) or a "
+                             "worker (watching the ps) exits 1 naming it; 'none': never (TF "
+                             "waits for ever) (default 60, as strategy.task_timeout_s)")
     launch.add_argument("--ray", action="store_true",
                         help="run the workers as Ray Train workers (pip install 'kerasdist[ray]'; "
                              "multi-worker scripts only)")
@@ -100,7 +122,10 @@ def add_parsers(sub, add_role_args) -> None:
 def _this_task(args) -> int:
     """``launch --this-task``: this process's role of a real cluster; the script reads the
     ``TF_CONFIG`` set here (from the role flags or Slurm) or given by the environment."""
+    import contextlib
+
     from kerasdist.cluster.spec import from_flags, parse_tf_config
+    from kerasdist.cluster.watch import TaskWatch, watched_tasks
     from kerasdist.launch.script_task import run_script, serve
 
     if args.job_name is not None:
@@ -115,11 +140,22 @@ def _this_task(args) -> int:
         spec = parse_tf_config(os.environ.get("TF_CONFIG"))
     os.environ["TF_CONFIG"] = spec.to_json()  # this process's own role, read by the script
     serves = spec.num("ps") > 0 and spec.task_type in ("ps", "worker")
+    watched = watched_tasks(spec, args.task_timeout_s) if spec.num("ps") > 0 else {}
     if args.dry_run:
         print(f"[{spec.task_name}]\n  TF_CONFIG='{spec.to_json()}'\n  "
               f"{'serve' if serves else ' '.join([args.script, *args.script_args])}")
+        if watched:
+            print(f"  watches {', '.join(sorted(watched))} (lost after "
+                  f"{args.task_timeout_s:g} s unreachable or hung: exit 1)")
         return EXIT_OK
-    return serve() if serves else run_script(args.script, list(args.script_args))
+    # a parameter-server chief or worker watches the tasks it waits on, as a recipe's do on a
+    # cluster kerasdist does not launch (kerasdist.cluster.watch: TF's coordinator would wait for
+    # ever on a cut-off host)
+    watch = TaskWatch(watched, args.task_timeout_s, task=spec.task_name,
+                      setting="--task-timeout-s") if watched else \
+        contextlib.nullcontext()
+    with watch:
+        return serve() if serves else run_script(args.script, list(args.script_args))
 
 
 def _cmd_launch(args) -> int:
@@ -143,7 +179,8 @@ def _cmd_launch(args) -> int:
     cluster = ScriptCluster(script=args.script, args=tuple(args.script_args),
                             workers=high, min_workers=low if low < high else None, ps=args.ps,
                             chief=args.chief, max_restarts=args.max_restarts,
-                            log_dir=Path(args.log_dir), threads_per_task=args.threads_per_task)
+                            log_dir=Path(args.log_dir), threads_per_task=args.threads_per_task,
+                            task_timeout_s=args.task_timeout_s)
     if args.dry_run:
         print(dry_run(cluster))
         return EXIT_OK

@@ -59,6 +59,8 @@ class TaskWatch:
         period_s: seconds between two rounds of probes (default: a quarter of ``timeout_s``,
             between 1 and 5 s).
         prober: ``prober(address, timeout_s=...)`` -> a probe state (tests).
+        setting: the name of the bound in the messages (default ``strategy.task_timeout_s``;
+            ``--task-timeout-s`` for ``kerasdist launch``).
 
     Detection takes ``timeout_s`` plus at most ``period_s`` and two probe timeouts per task
     probed in a round.
@@ -66,14 +68,17 @@ class TaskWatch:
 
     def __init__(self, addresses: Mapping[str, str], timeout_s: float, *,
                  on_lost: Callable[[str, str, str, float], object] | None = None,
-                 task: str = "this task", period_s: float | None = None, prober=None):
+                 task: str = "this task", period_s: float | None = None, prober=None,
+                 setting: str = "strategy.task_timeout_s"):
         from kerasdist.cluster.probe import probe
 
         self.addresses = dict(addresses)
         self.timeout_s = float(timeout_s)
         self.period_s = period_s if period_s is not None else min(5.0, max(1.0, timeout_s / 4))
         self.task = task
-        self.on_lost = on_lost or (lambda *lost: abandon_on_loss(task, timeout_s, *lost))
+        self.setting = setting
+        self.on_lost = on_lost or (lambda *lost: abandon_on_loss(task, timeout_s, *lost,
+                                                                 setting=setting))
         self._probe = prober or probe
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kerasdist-task-watch", daemon=True)
@@ -89,7 +94,7 @@ class TaskWatch:
     def start(self) -> None:
         if self.addresses:
             log.info(f"task {self.task}: watching {', '.join(sorted(self.addresses))} (lost after "
-                     f"{self.timeout_s:g} s unreachable or hung: strategy.task_timeout_s)")
+                     f"{self.timeout_s:g} s unreachable or hung: {self.setting})")
             self._thread.start()
 
     def stop(self) -> None:
@@ -114,7 +119,8 @@ class TaskWatch:
             self._stop.wait(self.period_s)
 
 
-def lost_error(task: str, timeout_s: float, name: str, state: str, address: str, silent_s: float):
+def lost_error(task: str, timeout_s: float, name: str, state: str, address: str, silent_s: float,
+               setting: str = "strategy.task_timeout_s"):
     """The :class:`~kerasdist.errors.TaskFailedError` of a lost task (class ``peer_lost``, exit 1)."""
     from kerasdist.errors import TaskFailedError
 
@@ -122,7 +128,7 @@ def lost_error(task: str, timeout_s: float, name: str, state: str, address: str,
         "it accepts connections but does not answer"
     failure = TaskFailedError(
         f"task {task}: lost task {name} ({state}, {address}) during training: no answer for "
-        f"{silent_s:.0f} s ({what}; strategy.task_timeout_s={timeout_s:g}). Restart the cluster "
+        f"{silent_s:.0f} s ({what}; {setting}={timeout_s:g}). Restart the cluster "
         "(with the task's host back, or a cluster spec without it) to resume from the last "
         "checkpoint")
     failure.lost_tasks = [name]
@@ -130,12 +136,12 @@ def lost_error(task: str, timeout_s: float, name: str, state: str, address: str,
 
 
 def abandon_on_loss(task: str, timeout_s: float, name: str, state: str, address: str,
-                    silent_s: float) -> None:
+                    silent_s: float, setting: str = "strategy.task_timeout_s") -> None:
     """End this process with the lost task's failure (:func:`kerasdist._exit.abandon`: exit
     code 1 in a process kerasdist owns; a library call only logs it)."""
     from kerasdist import _exit
 
-    _exit.abandon(lost_error(task, timeout_s, name, state, address, silent_s))
+    _exit.abandon(lost_error(task, timeout_s, name, state, address, silent_s, setting))
 
 
 def watched_tasks(tf_config, timeout_s: float | None) -> dict[str, str]:

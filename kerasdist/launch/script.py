@@ -53,7 +53,10 @@ STOP_GRACE_S = 30.0
 @dataclass(frozen=True)
 class ScriptCluster:
     """What ``kerasdist launch`` runs (the launch spec the CLI builds). ``workers`` >= 1 (at
-    most; ``min_workers``, default ``workers``, at least); ``ps`` >= 0 (0: multi-worker)."""
+    most; ``min_workers``, default ``workers``, at least); ``ps`` >= 0 (0: multi-worker).
+    ``task_timeout_s`` (seconds, None: never): with ps tasks, a ps or worker server that answers no
+    liveness probe for that long is lost, as with a recipe's ``strategy.task_timeout_s``
+    (:mod:`kerasdist.launch.hang`)."""
 
     script: str
     args: tuple[str, ...] = ()
@@ -65,6 +68,7 @@ class ScriptCluster:
     threads_per_task: int = 0
     start_timeout_s: float = 120.0
     min_workers: int | None = None
+    task_timeout_s: float | None = 60.0
 
     def __post_init__(self):
         if not Path(self.script).is_file():
@@ -106,6 +110,7 @@ class ScriptCluster:
         return LaunchSpec(plan=plan, workers=self.workers, min_workers=self.min_workers,
                           max_restarts=self.max_restarts, log_dir=self.log_dir,
                           threads_per_task=self.threads_per_task,
+                          hang_timeout_s=self.task_timeout_s if self.parameter_server else None,
                           start_timeout_s=self.start_timeout_s, stop_grace_s=STOP_GRACE_S,
                           survivor_grace_s=2.0, echo=True, what="kerasdist launch")
 
@@ -116,6 +121,8 @@ class ScriptCluster:
         return ["launch", "--workers", workers, "--ps", str(self.ps), "--max-restarts",
                 str(self.max_restarts), "--log-dir", str(Path(self.log_dir).resolve()),
                 "--threads-per-task", str(self.threads_per_task), *(["--chief"] * self.chief),
+                "--task-timeout-s", "none" if self.task_timeout_s is None else
+                f"{self.task_timeout_s:g}",
                 "--allow-oversubscription", str(Path(self.script).resolve()), *self.args]
 
 

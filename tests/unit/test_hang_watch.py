@@ -46,3 +46,22 @@ def test_probes_are_spaced_by_the_period():
     watch.overdue([_task("worker:0")])
     watch.overdue([_task("worker:0")])
     assert len(calls) == 1
+
+
+def test_a_ps_script_cluster_watches_its_servers_and_passes_the_bound_to_its_namespace_child(
+        tmp_path):
+    """``kerasdist launch --ps N`` scripts get the recipes' frozen-server watch
+    (``--task-timeout-s``, default 60 s); multi-worker scripts have no server tasks to watch."""
+    from kerasdist.launch.script import ScriptCluster
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    ps = ScriptCluster(script=str(script), ps=1, task_timeout_s=12.5)
+    assert ps.launch_spec().hang_timeout_s == 12.5
+    args = ps.cli_args()
+    assert args[args.index("--task-timeout-s") + 1] == "12.5"
+    assert ScriptCluster(script=str(script), ps=1).launch_spec().hang_timeout_s == 60.0
+    off = ScriptCluster(script=str(script), ps=1, task_timeout_s=None)
+    assert off.launch_spec().hang_timeout_s is None
+    assert off.cli_args()[off.cli_args().index("--task-timeout-s") + 1] == "none"
+    assert ScriptCluster(script=str(script), ps=0).launch_spec().hang_timeout_s is None
