@@ -330,3 +330,73 @@ def test_a_lost_host_shrinks_the_ray_group_and_a_returning_host_grows_it_back(tm
     assert attempts[0][0] >= max(small[0], backup_before_grow), resumed
     assert [a[0] for a in attempts] == sorted(a[0] for a in attempts), resumed
     assert metrics["start_step"] == attempts[-1][0], metrics
+
+
+# Run in host 0's namespace: poll until the alive Ray nodes are exactly `want` (a space-separated
+# list of addresses) or the timeout passes; prints "ALIVE <ips>" then "AFTER <seconds>".
+ALIVE_WHEN = """
+import sys, time, ray
+address, want, timeout = sys.argv[1], sorted(sys.argv[2].split()), float(sys.argv[3])
+ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+started = time.monotonic()
+while True:
+    alive = sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
+    if alive == want or time.monotonic() - started > timeout:
+        break
+    time.sleep(0.5)
+print("ALIVE", " ".join(alive), flush=True)
+print("AFTER", round(time.monotonic() - started, 1), flush=True)
+"""
+
+
+def _alive_when(hosts: HostSet, ray: RayHosts, want: list[str], timeout_s: float) -> tuple:
+    """``(alive addresses, seconds waited)`` once Ray's alive nodes are ``want`` (or timed out)."""
+    waiter = hosts.run(0, [sys.executable, "-c", ALIVE_WHEN, ray.address, " ".join(want),
+                           str(timeout_s)], NODE_ENV, timeout_s=timeout_s + 90, capture=True)
+    out, _ = waiter.communicate(timeout=timeout_s + 90)
+    alive = re.findall(r"^ALIVE ?(.*)$", out or "", re.M)
+    after = re.findall(r"^AFTER (\S+)$", out or "", re.M)
+    assert alive and after, out
+    return alive[-1].split(), float(after[-1])
+
+
+@pytest.mark.timeout(600)
+def test_a_partitioned_ray_node_is_marked_dead_and_does_not_rejoin_when_its_link_returns(
+        tmp_path):
+    """What Ray itself does with a host partitioned longer than its health checks allow (no
+    training: the fact docs/ray.md builds on). Host 1's link goes down: Ray's GCS marks its node
+    dead. The link comes back: that node's raylet does not come back as an alive node of the
+    cluster (it learns it was marked dead and ends), so a returning host needs a new
+    ``ray start --address`` (what test_a_lost_host_shrinks... does) before Ray Train can grow the
+    group back on it."""
+    with HostSet(2, log_dir=tmp_path / "logs") as hosts:
+        ray = RayHosts(hosts)
+        try:
+            ray.join(0, 1)
+            ray.join(1, 2)
+            both = sorted(hosts.address(i) for i in range(2))
+            hosts.link_down(1)
+            cut = time.monotonic()
+            alive, _ = _alive_when(hosts, ray, [hosts.address(0)], 180)
+            marked_dead = time.monotonic() - cut
+            assert alive == [hosts.address(0)], f"host 1's node still alive:\n{_logs(hosts)}"
+            down_for = time.monotonic() - cut
+            hosts.link_up(1)
+            back = time.monotonic()
+            alive_after, _ = _alive_when(hosts, ray, both, 60)
+            node = ray.nodes[1]
+            deadline = time.monotonic() + 30
+            while node.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            ended = node.poll()
+            print(f"\nhost 1's node marked dead {marked_dead:.1f} s after its link went down "
+                  f"(link down {down_for:.1f} s); {time.monotonic() - back:.0f} s after the link "
+                  f"came back: alive nodes {alive_after}, host 1's `ray start --block` "
+                  f"{'exited ' + str(ended) if ended is not None else 'still running'}")
+            log = _logs(hosts)
+        finally:
+            suffix = hosts.suffix
+            hosts.close()
+            ray.close(keep_logs=tmp_path / "ray-logs")
+    assert leftovers(suffix) == []
+    assert alive_after == [hosts.address(0)], log  # the partitioned node did not rejoin
