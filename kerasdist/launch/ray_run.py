@@ -165,9 +165,10 @@ def check_elastic_v2(placement: RayPlacement, *, flag: str,
     """
     if isinstance(placement.num_workers, int):
         return
-    from ray.train.v2._internal.constants import is_v2_enabled
-
-    if not is_v2_enabled():
+    # Ray's documented switch, read as Ray 2.60 reads it (on unless set to something other than
+    # '1' or 'true'); read here rather than through Ray's private constants module
+    setting = os.environ.get("RAY_TRAIN_V2_ENABLED")
+    if setting is not None and setting.lower() not in ("1", "true"):
         raise ClusterError(f"{what} on Ray needs Ray Train V2's elastic scaling; "
                            "RAY_TRAIN_V2_ENABLED=0 selects V1, which has none. Received: "
                            f"RAY_TRAIN_V2_ENABLED={os.environ.get('RAY_TRAIN_V2_ENABLED')!r}, "

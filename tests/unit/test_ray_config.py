@@ -260,3 +260,24 @@ def test_launch_ray_workers_min_max_without_ray_train_v2_exits_2(tmp_path, capsy
     assert "--workers MIN:MAX on Ray needs Ray Train V2" in err
     assert "RAY_TRAIN_V2_ENABLED='0'" in err and "--workers 1:2" in err
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize("value, refused", [(None, False), ("1", False), ("TRUE", False),
+                                            ("0", True), ("false", True), ("off", True)])
+def test_the_v2_switch_is_read_as_ray_reads_it(monkeypatch, value, refused):
+    """``RAY_TRAIN_V2_ENABLED`` as Ray 2.60 reads it (its private ``is_v2_enabled``, not imported
+    by kerasdist): unset, '1' or 'true' keep V2 on; anything else selects V1 (no elastic group)."""
+    pytest.importorskip("ray")
+    from ray.train.v2._internal.constants import is_v2_enabled
+
+    if value is None:
+        monkeypatch.delenv("RAY_TRAIN_V2_ENABLED", raising=False)
+    else:
+        monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", value)
+    assert is_v2_enabled() is not refused  # kerasdist's reading agrees with Ray's
+    placement = ray_run.RayPlacement(workers=2, min_workers=1)
+    if refused:
+        with pytest.raises(ClusterError, match="needs Ray Train V2"):
+            ray_run.check_elastic_v2(placement, flag="--workers 1:2")
+    else:
+        ray_run.check_elastic_v2(placement, flag="--workers 1:2")
