@@ -150,6 +150,66 @@ def test_this_task_runs_a_parameter_server_script_on_three_hosts(tmp_path):
     assert (out / "model.keras").is_file(), logs
 
 
+SCRIPT_TASK_TIMEOUT_S = 20
+"""``--task-timeout-s`` of the cut-off ps test (the watch probes every 5 s at this bound)."""
+
+
+@pytest.mark.timeout(420)
+def test_this_task_ps_script_tasks_exit_1_naming_a_cut_off_ps_within_the_task_timeout(tmp_path):
+    """The parameter-server script of the test above under ``launch --this-task
+    --task-timeout-s 20`` (30 epochs, far more than the test waits for), ps:0 on host 0 cut off
+    (its link down: packets dropped, no reset) once the chief has saved its first epoch's
+    ``model.keras``: the chief (host 1) and both workers (hosts 1, 2), whose TF calls to the ps
+    would wait for ever, exit 1 within the bound plus the probe slack (kerasdist.cluster.watch:
+    a probe period of 5 s and a 2 s handshake timeout per unreachable task), each naming
+    ``ps:0 (unreachable, <its address>)``; nothing is left running on hosts 1 and 2. The cut-off
+    ps serves on (it watches nothing: its orchestrator ends it) until the host set is removed.
+    Before ``--task-timeout-s`` (or with ``none``) the chief waited for ever (docs/hosts.md)."""
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "kerasdist", "launch", "--this-task", "--task-timeout-s",
+            str(SCRIPT_TASK_TIMEOUT_S), str(SCRIPTS / "mnist_parameter_server.py"), str(DATA),
+            str(out), "30"]
+    watchers = ["chief:0", "worker:0", "worker:1"]
+    with HostSet(3, log_dir=tmp_path / "logs") as hosts:
+        suffix = hosts.suffix
+        cluster = _cluster(hosts, PS_SCRIPT_LAYOUT)
+        processes = _start(hosts, PS_SCRIPT_LAYOUT, cluster, argv, timeout_s=400)
+        deadline = time.monotonic() + 240
+        while not (out / "model.keras").is_file():  # the first epoch's checkpoint
+            assert all(p.poll() is None for p in processes.values()), _logs(hosts, processes)
+            assert time.monotonic() < deadline, "no epoch in 240 s\n" + _logs(hosts, processes)
+            time.sleep(0.2)
+        hosts.link_down(0)
+        cut = time.monotonic()
+        ended: dict[str, float] = {}
+        while len(ended) < len(watchers) and time.monotonic() < cut + SCRIPT_TASK_TIMEOUT_S + 90:
+            for name in watchers:
+                if name not in ended and processes[name].poll() is not None:
+                    ended[name] = time.monotonic() - cut
+            time.sleep(0.1)
+        codes = {name: p.poll() for name, p in processes.items()}
+        left = {host: hosts.pids(host) for host in (1, 2)}
+        logs = _logs(hosts, processes)
+        own = {name: hosts.output(p) for name, p in processes.items()}
+    assert leftovers(suffix) == []
+    print(f"\n--this-task --task-timeout-s {SCRIPT_TASK_TIMEOUT_S}, ps:0's host "
+          f"({cluster['ps'][0]}) cut after epoch 1: exits {codes} after "
+          + ", ".join(f"{n}: {t:.1f} s" for n, t in sorted(ended.items()))
+          + f"; processes left on hosts 1, 2: {left}")
+    for line in logs.splitlines():
+        if "lost task" in line:
+            print(line.strip()[:300])
+    assert sorted(ended) == watchers, "a task waited on the cut-off ps:\n" + logs
+    assert {name: codes[name] for name in watchers} == dict.fromkeys(watchers, 1), logs
+    assert codes["ps:0"] is None, logs  # the cut-off ps serves on until its orchestrator ends it
+    # the bound, plus a 5 s probe period and 2 s probe timeouts (watch.py), plus exit slack
+    assert all(t < SCRIPT_TASK_TIMEOUT_S + 20 for t in ended.values()), (ended, logs)
+    assert left == {1: [], 2: []}, logs
+    for name in watchers:
+        assert re.search(rf"lost task ps:0 \(unreachable, {re.escape(cluster['ps'][0])}\)",
+                         own[name]), logs
+
+
 # ------------------------------------------------ the recipes' full accuracy targets on 3 hosts
 def _target(recipe: Path) -> float:
     """The held-out accuracy the recipe promises on its ``# Target:`` line."""
