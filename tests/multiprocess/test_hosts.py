@@ -205,7 +205,7 @@ def _outputs(hosts: HostSet, processes) -> str:
                      for i, p in enumerate(processes))
 
 
-def _wait_for_checkpoint(shared, step: int, hosts, processes, *, timeout_s: float) -> None:
+def _wait_for_shared_checkpoint(shared, step: int, hosts, processes, *, timeout_s: float) -> None:
     """Until the chief's checkpoint in ``shared`` is at ``step`` or later; fails when a process
     ends first or after ``timeout_s``, with every host's output."""
     deadline = time.monotonic() + timeout_s
@@ -361,7 +361,7 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
     with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
         first, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
                                      shared_run_dir=shared)
-        _wait_for_checkpoint(shared, 10, hosts, first, timeout_s=300)
+        _wait_for_shared_checkpoint(shared, 10, hosts, first, timeout_s=300)
         hosts.link_down(2)
         cut = time.monotonic()
         _wait(first[:2], cut + 120)
@@ -429,7 +429,7 @@ def test_a_multi_worker_host_that_comes_back_after_the_cluster_restarted_without
     with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
         first, _, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
                                            shared_run_dir=shared)
-        _wait_for_checkpoint(shared, 10, hosts, first, timeout_s=300)
+        _wait_for_shared_checkpoint(shared, 10, hosts, first, timeout_s=300)
         hosts.link_down(2)
         cut = time.monotonic()
         named = {f"host {i}": p for i, p in enumerate(first)}
