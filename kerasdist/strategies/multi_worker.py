@@ -158,8 +158,8 @@ def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedE
                if re.search(r"task:\d|aborted|unhealthy|[Tt]ime(d )?out|[Dd]eadline", line)]
     first = (telling or lines or [""])[0]
     failure = TaskFailedError(
-        f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; collective "
-        f"timeout {timeout_s:.0f} s, started at global step {start_step}); restart the cluster "
+        f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; "
+        f"strategy.timeout_s {timeout_s:.0f} s, started at global step {start_step}); restart the cluster "
         f"to resume from the last backup. Received: {first[:300]}")
     failure.lost_tasks = lost
     return failure
