@@ -135,3 +135,15 @@ def configure_coordination_heartbeat(cluster_spec, *, heartbeat_timeout_s: float
         service_type="standalone", service_leader=multi_worker_util.coordination_leader(cluster_spec),
         coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000))
     return True
+
+
+def abort_collective_ops(message: str) -> None:
+    """Make every collective op of this process fail now with ``DeadlineExceededError(message)``,
+    the ongoing ones included (``context.abort_collective_ops``, what
+    ``MultiWorkerMirroredStrategy``'s own check-health thread calls on a lost peer; no public API
+    does it). Later collectives of this process fail too: only a new process can run them again.
+    """
+    from tensorflow.python.eager import context
+    from tensorflow.python.framework import errors
+
+    context.context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)

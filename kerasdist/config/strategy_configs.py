@@ -100,8 +100,9 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
     Every worker runs the same program on its own data shard; gradients are all-reduced with
     collective ops every step. Worker 0 is the chief (writes the outputs).
 
-    The all-reduce settings (``communication``, ``bytes_per_pack``, ``timeout_s``) become the
-    strategy's ``tf.distribute.experimental.CommunicationOptions``; ``gradient_compression`` casts
+    The all-reduce settings (``communication``, ``bytes_per_pack``) become the strategy's
+    ``tf.distribute.experimental.CommunicationOptions`` (``timeout_s`` does not: see
+    :mod:`kerasdist.keras.collective_watchdog`); ``gradient_compression`` casts
     the gradients before the all-reduce (:mod:`kerasdist.keras.compression`).
     Sources: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy,
     https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/CommunicationOptions
@@ -117,10 +118,13 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
     bytes_per_pack: int = Field(
         0, ge=0, le=1 << 34, description="Pack the gradients into all-reduces of about this many "
         "bytes each (fewer, larger collectives); 0 = TF's automatic choice. Bytes, <= 16 GiB.")
-    timeout_s: float = Field(60.0, gt=0, le=86_400, description="Collective-op timeout: a lost "
-                             "peer fails the survivors after this many seconds (<= 1 day). At "
-                             "epoch boundaries (before each epoch's first step and each "
-                             "validation) the workers wait up to 3 x timeout_s for each other.")
+    timeout_s: float = Field(60.0, gt=0, le=86_400, description="Seconds a worker waits for "
+                             "its peers in one training or validation step before the run fails "
+                             "naming the lost task (<= 1 day); also TF's heartbeat timeout for a "
+                             "dead, frozen or partitioned task. At epoch boundaries (each epoch's "
+                             "and each evaluation's first step and the barrier before it) the "
+                             "bound is 3 x timeout_s. Enforced by one watchdog thread per worker, "
+                             "not by TF's per-collective timeout.")
     gradient_compression: Literal["none", "bf16", "fp16"] = Field(
         "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
         "see kerasdist.keras.compression.")

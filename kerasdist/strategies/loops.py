@@ -46,12 +46,19 @@ class KerasFitLoop:
 
     Args:
         boundary_callbacks: ``fn(run) -> list`` of Keras callbacks placed after every other
-            callback (multi-worker: :func:`kerasdist.strategies.multi_worker.boundary_barrier`);
-            default none.
+            callback, in ``fit`` and in the held-out ``evaluate`` (multi-worker: the epoch-boundary
+            barrier and the collective watchdog's step guard,
+            :mod:`kerasdist.strategies.multi_worker`); made once per loop; default none.
     """
 
     def __init__(self, *, boundary_callbacks=None):
         self.boundary_callbacks = boundary_callbacks
+        self._boundary = None
+
+    def _boundary_callbacks(self, run) -> list:
+        if self._boundary is None:
+            self._boundary = list(self.boundary_callbacks(run)) if self.boundary_callbacks else []
+        return self._boundary
 
     def train(self, run: RunContext) -> dict[str, list[float]]:
         """Fit from ``run.start_step`` to ``epochs * steps_per_epoch``; returns the history.
@@ -77,7 +84,7 @@ class KerasFitLoop:
                 else []
             callbacks = [StopOnNonFiniteLoss(), *run.state_callbacks, backup, *digest,
                          *run.callbacks,
-                         *(self.boundary_callbacks(run) if self.boundary_callbacks else ())]
+                         *self._boundary_callbacks(run)]
             for first, last, steps, stream_step in fit_phases(
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
@@ -102,7 +109,7 @@ class KerasFitLoop:
         if eval_ds is None:
             return {}
         logs = run.model.evaluate(eval_ds, steps=run.recipe.trainer.validation_steps, verbose=0,
-                                  return_dict=True)
+                                  return_dict=True, callbacks=self._boundary_callbacks(run))
         return {key: float(value) for key, value in logs.items()}
 
 

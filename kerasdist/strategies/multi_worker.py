@@ -12,6 +12,7 @@ program startup").
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 from kerasdist.config.schema import MultiWorkerStrategyConfig
@@ -29,9 +30,10 @@ def communication_options(config):
     * ``bytes_per_pack=config.bytes_per_pack`` (bytes; 0 = TF's automatic packing): TF splits a
       batch of gradients into packs of about that size and runs one collective per pack, so a
       larger value means fewer, larger all-reduces.
-    * ``timeout_seconds=config.timeout_s`` bounds every collective: when a peer dies or hangs, the
-      survivors' next all-reduce fails after at most that many seconds instead of waiting forever
-      (TF's coordination service usually notices a dead peer sooner, from missed heartbeats).
+    * no ``timeout_seconds``: TF would start a thread per collective that sleeps the whole
+      timeout (hundreds per worker); ``config.timeout_s`` is enforced by one watchdog per process
+      instead (:mod:`kerasdist.keras.collective_watchdog`) and by TF's coordination-service
+      heartbeats (:func:`configure_heartbeat`).
 
     Raises:
         RecipeError: a value TF refuses (the pydantic model refuses them first; this guards
@@ -48,12 +50,10 @@ def communication_options(config):
                              IMPLEMENTATIONS[config.communication])
     try:
         return tf.distribute.experimental.CommunicationOptions(
-            implementation=implementation, bytes_per_pack=int(config.bytes_per_pack),
-            timeout_seconds=float(config.timeout_s))
+            implementation=implementation, bytes_per_pack=int(config.bytes_per_pack))
     except ValueError as err:
         raise RecipeError(f"strategy: TensorFlow refused the all-reduce options ({err}). Received: "
-                          f"bytes_per_pack={config.bytes_per_pack}, "
-                          f"timeout_s={config.timeout_s}") from None
+                          f"bytes_per_pack={config.bytes_per_pack}") from None
 
 
 def build(config, *, cluster_resolver=None, **_):
@@ -62,8 +62,9 @@ def build(config, *, cluster_resolver=None, **_):
     Args:
         config: a ``MultiWorkerStrategyConfig`` (``communication``: auto/ring/nccl;
             ``bytes_per_pack``: all-reduce pack size, bytes, 0 = automatic; ``timeout_s``:
-            collective timeout, seconds, also the heartbeat timeout of TF's coordination service,
-            see :func:`configure_heartbeat`); see :func:`communication_options`.
+            seconds, the heartbeat timeout of TF's coordination service, see
+            :func:`configure_heartbeat`; kerasdist's loop also bounds each step's collectives
+            with it, see :class:`MultiWorkerStrategy`); see :func:`communication_options`.
         cluster_resolver: this task's cluster and role, e.g. ``TFConfig.cluster_resolver()``
             or a ``SlurmClusterResolver``; ``None`` reads ``TF_CONFIG`` (TF's default).
 
@@ -98,9 +99,11 @@ def configure_heartbeat(cluster_resolver, timeout_s: float) -> bool:
     ``DeadlineExceeded``. With TF's 10 s, a heartbeat queued behind the initial broadcast of the
     variables on a slow link (13 MB float32 at 10 Mbit/s: ~10.5 s) or stalled on CPU-starved
     hosts failed healthy runs (tests/multiprocess/test_hosts.py). One timeout for both the
-    collectives and the heartbeats keeps a single bound, ``timeout_s``, on how long a lost peer
-    goes unnoticed. Only a cluster with chief/worker tasks is configured; a process whose
-    coordination service is already configured is left as it is.
+    heartbeats and kerasdist's collective watchdog keeps a single bound, ``timeout_s``, on how
+    long a lost peer goes unnoticed: a task that misses its heartbeats for ``timeout_s`` makes
+    the service abort every other task's collectives (``UnavailableError`` naming it). Only a
+    cluster with chief/worker tasks is configured; a process whose coordination service is
+    already configured is left as it is.
 
     Returns:
         Whether the service was configured here.
@@ -155,15 +158,17 @@ def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedE
                if re.search(r"task:\d|aborted|unhealthy|[Tt]ime(d )?out|[Dd]eadline", line)]
     first = (telling or lines or [""])[0]
     failure = TaskFailedError(
-        f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; collective "
-        f"timeout {timeout_s:.0f} s, started at global step {start_step}); restart the cluster "
+        f"task {tf_config.task_name}: {who} during training ({type(err).__name__}; "
+        f"strategy.timeout_s {timeout_s:.0f} s, started at global step {start_step}); restart the cluster "
         f"to resume from the last backup. Received: {first[:300]}")
     failure.lost_tasks = lost
     return failure
 
 
-def check_same_step(tf_strategy, step: int, *, task: str, run_dir) -> None:
-    """Collective: every worker restored the same global step, else ClusterError naming them."""
+def check_same_step(tf_strategy, step: int, *, task: str, run_dir, watchdog=None) -> None:
+    """Collective: every worker restored the same global step, else ClusterError naming them.
+    ``watchdog`` (a :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog`) bounds the
+    wait for the other workers to :data:`BOUNDARY_TIMEOUT_FACTOR` x its ``timeout_s``."""
     import tensorflow as tf
 
     @tf.function
@@ -171,7 +176,10 @@ def check_same_step(tf_strategy, step: int, *, task: str, run_dir) -> None:
         return tf_strategy.gather(tf_strategy.run(lambda v: tf.reshape(v, [1]), args=(value,)),
                                   axis=0)
 
-    steps = [int(s) for s in gather(tf.constant(step, tf.int64)).numpy()]
+    guard = contextlib.nullcontext() if watchdog is None else watchdog.guard(
+        "the restored-step check", BOUNDARY_TIMEOUT_FACTOR * watchdog.timeout_s)
+    with guard:
+        steps = [int(s) for s in gather(tf.constant(step, tf.int64)).numpy()]
     if len(set(steps)) > 1:
         per_replica = ", ".join(f"replica {i}: step {s}" for i, s in enumerate(steps))
         raise ClusterError(
@@ -183,15 +191,17 @@ BOUNDARY_TIMEOUT_FACTOR = 3
 """An epoch boundary's barrier waits up to this many times ``strategy.timeout_s``."""
 
 
-def boundary_barrier(tf_strategy, timeout_s: float):
+def boundary_barrier(tf_strategy, timeout_s: float, watchdog=None):
     """A Keras callback: every worker meets the others (one all-reduce of a scalar) before each
-    epoch's first step and before each validation, waiting up to ``timeout_s`` seconds.
+    epoch's first step and before each validation, waiting up to ``timeout_s`` seconds (bounded
+    by ``watchdog``, a :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog`; None:
+    unbounded).
 
     Between two collectives each worker works alone: at an epoch's end it reads its metrics,
     builds the validation iterator and runs the callbacks; at the next epoch's start the chief
     alone writes its checkpoint, its logs; a resumed run also ends a ``fit`` call there (its
     half-done first epoch). A worker that spends longer there than its peer (a loaded host, a
-    pause of the process) makes the peer's next collective -- under ``strategy.timeout_s``, set
+    pause of the process) makes the peer's next step -- bounded by ``strategy.timeout_s``, set
     for one step -- time out: measured on a loaded 2-core machine (issue 33, item 8), 10.4 s
     between a worker's last training step and its validation, with ``timeout_s: 10``. The
     barrier gives those stretches their own, longer bound (a peer hung right there is found after
@@ -201,6 +211,7 @@ def boundary_barrier(tf_strategy, timeout_s: float):
         tf_strategy: the ``MultiWorkerMirroredStrategy``.
         timeout_s: seconds the barrier waits for every worker (kerasdist passes
             :data:`BOUNDARY_TIMEOUT_FACTOR` x ``strategy.timeout_s``).
+        watchdog: the process's collective watchdog, armed for ``timeout_s`` around the barrier.
 
     Returns:
         A ``keras.callbacks.Callback`` (one traced function, run at ``on_epoch_begin`` and
@@ -209,22 +220,26 @@ def boundary_barrier(tf_strategy, timeout_s: float):
     import keras
     import tensorflow as tf
 
-    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=float(timeout_s))
-
     @tf.function
-    def meet():
+    def all_reduce():
         def replica():
             return tf.distribute.get_replica_context().all_reduce(
-                tf.distribute.ReduceOp.SUM, tf.constant(1.0), options=options)
+                tf.distribute.ReduceOp.SUM, tf.constant(1.0))
 
         return tf_strategy.run(replica)
 
+    def meet(where):
+        if watchdog is None:
+            return all_reduce()
+        with watchdog.guard(f"the barrier {where}", timeout_s):
+            return all_reduce()
+
     class BoundaryBarrier(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            meet()
+            meet(f"before epoch {epoch + 1}")
 
         def on_test_begin(self, logs=None):
-            meet()
+            meet("before evaluation")
 
     return BoundaryBarrier()
 
@@ -253,13 +268,24 @@ def uneven_eval_fn(eval_fn):
 
 class MultiWorkerStrategy(Strategy):
     """``strategy.kind: multi_worker``: every worker task runs the lifecycle; Keras ``model.fit``
-    in lockstep; the chief writes the outputs."""
+    in lockstep; the chief writes the outputs.
+
+    ``strategy.timeout_s`` bounds each wait for the other workers through one
+    :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog` per process: every training
+    and validation step (the first of each epoch or evaluation: :data:`BOUNDARY_TIMEOUT_FACTOR` x),
+    each epoch-boundary barrier and the restored-step check (:data:`BOUNDARY_TIMEOUT_FACTOR` x).
+    Past it, the worker's collectives are aborted and the run fails naming the lost task."""
 
     kind = "multi_worker"
     config_class = MultiWorkerStrategyConfig
+    watchdog = None
 
     def build(self, config, *, cluster_resolver=None):
-        return build(config, cluster_resolver=cluster_resolver)
+        from kerasdist.keras.collective_watchdog import CollectiveWatchdog
+
+        tf_strategy = build(config, cluster_resolver=cluster_resolver)
+        self.watchdog = CollectiveWatchdog(float(config.timeout_s))
+        return tf_strategy
 
     def replicas_before_start(self, recipe) -> int | None:
         # One replica per CPU worker; with GPUs the replicas are a multiple of the workers, so the
@@ -281,8 +307,14 @@ class MultiWorkerStrategy(Strategy):
         from kerasdist.strategies.loops import KerasFitLoop
 
         def barrier(run):
-            timeout_s = BOUNDARY_TIMEOUT_FACTOR * float(run.recipe.strategy.timeout_s)
-            return [boundary_barrier(run.tf_strategy, timeout_s)]
+            from kerasdist.keras.collective_watchdog import CollectiveWatchdog, step_guard
+
+            timeout_s = float(run.recipe.strategy.timeout_s)
+            if self.watchdog is None:  # a strategy built elsewhere
+                self.watchdog = CollectiveWatchdog(timeout_s)
+            return [boundary_barrier(run.tf_strategy, BOUNDARY_TIMEOUT_FACTOR * timeout_s,
+                                     self.watchdog),
+                    step_guard(self.watchdog, first_step_factor=BOUNDARY_TIMEOUT_FACTOR)]
 
         return KerasFitLoop(boundary_callbacks=barrier)
 
@@ -292,7 +324,7 @@ class MultiWorkerStrategy(Strategy):
         compress_gradients(model.optimizer, config.gradient_compression)
 
     def after_restore(self, tf_strategy, step: int, *, task, run_dir) -> None:
-        check_same_step(tf_strategy, step, task=task, run_dir=run_dir)
+        check_same_step(tf_strategy, step, task=task, run_dir=run_dir, watchdog=self.watchdog)
 
     def explain_failure(self, err, *, config, tf_config, start_step: int):
         from kerasdist.errors import PEER_LOST, classify

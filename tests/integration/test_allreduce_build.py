@@ -23,7 +23,7 @@ def test_built_strategy_carries_the_options_and_all_reduces_in_packs():
     strategy = MultiWorkerStrategy().build(config)  # no TF_CONFIG: one worker, one replica
     options = strategy.extended._communication_options  # what TF's collectives read
     assert (options.implementation.name, options.bytes_per_pack, options.timeout_seconds) == \
-        ("RING", 1 << 10, 30.0)
+        ("RING", 1 << 10, None)  # timeout_s: the collective watchdog, not TF's per-op timeout
 
     values = [tf.fill([600], 1.5), tf.fill([2, 300], -2.0)]  # 2.4 KB each: packed, 1 KiB packs
 
