@@ -284,6 +284,8 @@ class MultiWorkerStrategy(Strategy):
         from kerasdist.keras.collective_watchdog import CollectiveWatchdog
 
         tf_strategy = build(config, cluster_resolver=cluster_resolver)
+        if self.watchdog is not None:  # an earlier run of this process (the object is shared):
+            self.watchdog.close()      # a deadline it left armed (a failed step) must not fire
         self.watchdog = CollectiveWatchdog(float(config.timeout_s))
         return tf_strategy
 

@@ -91,3 +91,24 @@ def test_step_guard_arms_each_step_and_gives_the_first_of_an_epoch_the_boundary_
     assert armed == [("training step 1 of the epoch", 30), ("disarm", None),
                      ("training step 2 of the epoch", 10), ("disarm", None),
                      ("validation step 1", 30), ("disarm", None)]
+
+
+def test_a_new_run_closes_the_watchdog_an_earlier_run_left_armed(monkeypatch):
+    """The registered strategy object is shared by the runs of a process: building it again
+    closes the earlier run's watchdog, so a deadline a failed step left armed never aborts the
+    collectives of the next run."""
+    from kerasdist.strategies import multi_worker
+
+    fired = []
+    monkeypatch.setattr(multi_worker, "build", lambda config, cluster_resolver=None: object())
+    strategy = multi_worker.MultiWorkerStrategy()
+    config = multi_worker.MultiWorkerStrategyConfig(timeout_s=0.2)
+    strategy.build(config)
+    first = strategy.watchdog
+    first._abort = fired.append
+    first.arm("training step 3 of the epoch")  # the step raised: never disarmed
+    strategy.build(config)
+    assert strategy.watchdog is not first
+    time.sleep(0.5)
+    assert fired == []
+    strategy.watchdog.close()
