@@ -111,6 +111,9 @@ def test_bench_sweep_needs_a_cluster_strategy(tmp_path, capsys):
     assert not out.exists()
 
 
+# 64 s in the README suite (2026-11-27): the extended tier; the suite keeps the bench's own
+# smoke test (test_bench_tiny_recipe_writes_every_field_and_plots) and the mode's bad input.
+@pytest.mark.extended
 @pytest.mark.slow  # over 30 s: not in the fast subset
 def test_coordinator_scaling_mode_writes_points_verdict_and_plot(tmp_path, capsys):
     from kerasdist.bench import scaling

@@ -21,7 +21,9 @@ import pytest
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.launch.processes import LocalLauncher
 
-pytestmark = pytest.mark.multiprocess
+# The extended tier (28 s, 2026-11-27): the README suite's conformance core has the
+# gradient_accumulation case under multi_worker (tests/conformance/test_matrix_core.py).
+pytestmark = [pytest.mark.multiprocess, pytest.mark.extended]
 
 WORKER = textwrap.dedent("""
     import hashlib, json

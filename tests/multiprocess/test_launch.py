@@ -37,6 +37,10 @@ def _left_behind(marker: str) -> list[str]:
     return found
 
 
+# 163 s in the README suite (2026-11-27): the extended tier. The suite keeps launch's
+# multi-worker path (test_this_task_runs_the_same_script_on_a_real_cluster, the workers min:max
+# test below) and a user's model.fit under MWMS to a threshold (test_mwms_train.py).
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_multi_worker_script_runs_on_every_worker_to_95_percent(tmp_path):
@@ -253,6 +257,9 @@ def test_workers_min_max_goes_on_with_the_workers_left(tmp_path):
     assert not_elastic.returncode == 1 and "failed after 1 attempt(s)" in not_elastic.stderr
 
 
+# 99 s in the README suite (2026-11-27): the extended tier; the suite keeps the multi-worker
+# min:max test above and the recipe path's lost PS worker (test_ps_faults.py).
+@pytest.mark.extended
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_parameter_server_workers_min_max_restarts_the_script_on_the_workers_left(tmp_path):

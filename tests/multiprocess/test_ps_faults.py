@@ -108,7 +108,9 @@ def _finish(proc: subprocess.Popen, timeout: float) -> int:
         raise
 
 
-@pytest.mark.timeout(300)
+# 79 s alone, 191 s in the README suite beside the other xdist worker (2026-11-27): 300 s left
+# too little room on a loaded machine
+@pytest.mark.timeout(420)
 def test_killed_worker_is_restarted_and_training_completes(tmp_path):
     run_dir, log = tmp_path / "run", tmp_path / "out.log"
     proc = _start(run_dir, log)
