@@ -8,7 +8,10 @@ import mwms_support as mw
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+# The extended tier (115 s in the README suite, 2026-11-27): the suite keeps accumulation under
+# a sync strategy on two replicas against the unaccumulated run (tests/integration/
+# test_accumulation.py, mirrored) and Keras's own accumulation under multi_worker (the core matrix).
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.extended]
 
 
 def _run(tmp_path, name: str, steps: int):

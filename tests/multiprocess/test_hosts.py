@@ -216,6 +216,17 @@ def _wait_for_shared_checkpoint(shared, step: int, hosts, processes, *, timeout_
         time.sleep(0.2)
 
 
+def _cut_host_2_after_a_checkpoint(hosts: HostSet, tmp_path: Path, shared: Path, steps: int):
+    """The two partition scenarios' start: the recipe on every host with ``shared`` as the run
+    dir, host 2's link cut once the chief's checkpoint reaches step 10. Returns the processes,
+    the workers' addresses and the ``time.monotonic()`` of the cut."""
+    first, _, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
+                                       shared_run_dir=shared)
+    _wait_for_shared_checkpoint(shared, 10, hosts, first, timeout_s=300)
+    hosts.link_down(2)
+    return first, workers, time.monotonic()
+
+
 def _wait(processes, deadline: float) -> None:
     for proc in processes:
         try:
@@ -353,11 +364,7 @@ def test_after_a_partition_the_relaunched_cluster_resumes_at_the_exact_step(tmp_
     steps = 50
     shared = tmp_path / "shared" / "run"
     with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
-        first, _, _ = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
-                                     shared_run_dir=shared)
-        _wait_for_shared_checkpoint(shared, 10, hosts, first, timeout_s=300)
-        hosts.link_down(2)
-        cut = time.monotonic()
+        first, _, cut = _cut_host_2_after_a_checkpoint(hosts, tmp_path, shared, steps)
         _wait(first[:2], cut + 120)
         detected = time.monotonic() - cut
         codes = [p.poll() for p in first]
@@ -422,11 +429,7 @@ def test_a_multi_worker_host_that_comes_back_after_the_cluster_restarted_without
     shared = tmp_path / "shared" / "run"
     trace = tmp_path / "stale.strace"
     with HostSet(NUM_HOSTS, log_dir=tmp_path / "logs") as hosts:
-        first, _, workers = _start_workers(hosts, tmp_path, steps=steps, timeout_s=300,
-                                           shared_run_dir=shared)
-        _wait_for_shared_checkpoint(shared, 10, hosts, first, timeout_s=300)
-        hosts.link_down(2)
-        cut = time.monotonic()
+        first, workers, cut = _cut_host_2_after_a_checkpoint(hosts, tmp_path, shared, steps)
         named = {f"host {i}": p for i, p in enumerate(first)}
         ended = _exit_times(named, list(named), cut, cut + 2 * timeout_s + 90)
         codes = [p.poll() for p in first]
