@@ -211,7 +211,7 @@ KILLED_ONCE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)  # two launches of at most 150 s each: a slow one fails, not a killed worker
 def test_a_lost_task_restarts_the_cluster_within_max_restarts(tmp_path):
     script = tmp_path / "killed_once.py"
     script.write_text(KILLED_ONCE)
@@ -239,7 +239,7 @@ GONE_AT_THREE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(330)  # two launches of at most 150 s each: a slow one fails, not a killed worker
 def test_workers_min_max_goes_on_with_the_workers_left(tmp_path):
     script = tmp_path / "gone.py"
     script.write_text(GONE_AT_THREE)
