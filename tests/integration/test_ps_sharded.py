@@ -92,7 +92,9 @@ def test_sharded_dense_step_equals_a_strategy_free_step(inprocess_ps_cluster):
 
     history = model.fit(make_dataset_fn(FEATURES, TARGETS, global_batch_size=BATCH,
                                         training=True, repeat=True),
-                        epochs=3, steps_per_epoch=20, verbose=0)
+                        epochs=6, steps_per_epoch=20, verbose=0)
+    # 3 epochs left too little margin under asynchronous steps: 1.141 -> 0.614 failed (TF 2.20,
+    # .ci/other-versions, 2026-11-27)
     assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
 
 
