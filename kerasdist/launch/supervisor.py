@@ -191,23 +191,34 @@ class Supervisor:
 
     def _watch(self) -> Task | None:
         """The monitor loop of an attempt without a body: None when every member exited 0, else
-        the first failed task (one killed by a signal first)."""
+        the first failed task (one killed by a signal first).
+
+        Each poll reads every task's exit code **once** (:meth:`_poll`) and decides on that one
+        reading: a member that exits 0 between two reads of one poll would otherwise be seen
+        running by the first and down by the second, and a finished cluster counted as failed
+        (issue 39; ``tests/unit/test_supervisor_poll.py``)."""
         while True:
             self._kill_hung()
-            for task in self._live():
-                code = task.returncode()
+            codes = self._poll()
+            for task, code in codes:
                 if code == 0 and task in self._members:
                     self._states[id(task)] = TaskState.SUCCEEDED
             if self._members and all(self._states[id(t)] is TaskState.SUCCEEDED
                                      for t in self._members):
                 return None
-            down = [t for t in self._live() if t.returncode() is not None]
-            down = [t for t in down if not self._server_worker_down(t)]
+            down = [(t, c) for t, c in codes if c is not None
+                    and self._states[id(t)] is TaskState.RUNNING]
+            down = [(t, c) for t, c in down if not self._server_worker_down(t)]
             if down:
-                for task in down:
+                for task, _ in down:
                     self._states[id(task)] = TaskState.FAILED
-                return min(down, key=lambda t: (t.returncode() >= 0, self._launcher.tasks.index(t)))
+                order = self._launcher.tasks.index
+                return min(down, key=lambda tc: (tc[1] >= 0, order(tc[0])))[0]
             time.sleep(0.2)
+
+    def _poll(self) -> list[tuple[Task, int | None]]:
+        """``(task, exit code or None)`` of every running task, each read once."""
+        return [(task, task.returncode()) for task in self._live()]
 
     def _server_worker_down(self, task: Task) -> bool:
         """A dead server worker: restarted alone while the budget lasts. True when handled (the
