@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "<run_dir>.old-<time> (nothing is deleted)")
     fit.add_argument("--verbose", type=int, choices=[0, 1, 2], default=None,
                      help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
+    fit.add_argument("--debug", action="store_true",
+                     help="on a failure, also print the Python traceback (also: KERASDIST_DEBUG=1)")
     _add_role_args(fit)
 
     validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
@@ -243,8 +245,15 @@ def _fit_recipe(args):
     return recipe, tf_config
 
 
+_RUN: dict = {}
+"""What the closing paragraph of a failed ``fit`` needs: ``run_dir``, ``max_restarts``."""
+
+
 def _cmd_fit(args) -> int:
     recipe, tf_config = _fit_recipe(args)
+    restarted = recipe.cluster.kind in ("local", "ray")
+    _RUN.update(run_dir=recipe.output.run_dir,
+                max_restarts=recipe.cluster.max_restarts if restarted else None)
     from kerasdist.training.checks import check_run_dir_path
 
     # Here only where this machine writes the outputs (one process, the local launcher, the
@@ -347,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     versions.warn_if_untested(_log.get_logger("compat"))  # one line; metadata only, no TF import
 
-    failed = functools.partial(_failed, command=args.command)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("KERASDIST_DEBUG") == "1"
+    failed = functools.partial(_failed, command=args.command, debug=debug)
     try:
         with _exit.reporting_to(failed):  # a run abandoned while blocked in TF (kerasdist._exit)
             return COMMANDS[args.command](args)
@@ -355,24 +365,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return failed(err)
 
 
-def _failed(err: BaseException, command: str | None = None) -> int:
+def _failed(err: BaseException, command: str | None = None, debug: bool = False) -> int:
     """Report a failure (stderr, and the task's status file under a kerasdist launcher) and
-    return its exit code. Bad input shows only the message; an unexpected error during training
-    (class ``fatal``) shows its original type and message, with no advice to restart. An
-    interrupted ``fit`` says its checkpoint is kept; another command only that it stopped."""
+    return its exit code. Bad input shows only the message; an interrupted ``fit`` says its
+    checkpoint is kept, another command only that it stopped. A failure during training shows
+    the error's own message (shortened: first and last lines) and, for ``fit``, ends with the
+    closing paragraph of :mod:`kerasdist.launch.explain` (task, step, whether a re-run helps, the
+    logs); the Python traceback only with ``debug`` (``--debug``, ``KERASDIST_DEBUG=1``)."""
     from kerasdist.launch import status
 
     failure = status.report(err)
     if isinstance(err, KeyboardInterrupt):
         kept = "; the latest checkpoint is kept, re-run to resume" if command == "fit" else ""
         print(f"kerasdist: interrupted{kept}. {err}", file=sys.stderr)
-    elif failure == BAD_INPUT:
+        return exit_code(failure)
+    if failure == BAD_INPUT:
         print(f"kerasdist: error: {err}", file=sys.stderr)
-    elif isinstance(err, KerasdistError):  # TaskFailedError, TrainingError: their message
-        print(f"kerasdist: failed: {err}", file=sys.stderr)
-    else:
+        return exit_code(failure)
+    if debug:
         import traceback
 
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
-        print(f"kerasdist: failed: {type(err).__name__}: {err}", file=sys.stderr)
+    from kerasdist.launch.explain import brief, paragraph
+
+    if isinstance(err, KerasdistError):  # TaskFailedError, TrainingError: their message
+        print(f"kerasdist: failed: {err}", file=sys.stderr)
+    else:
+        print(f"kerasdist: failed: {type(err).__name__}: {brief(err)}", file=sys.stderr)
+    if command == "fit" and os.environ.get(status.STATUS_ENV) is None:  # not a launcher's task
+        run_dir = _RUN.get("run_dir")
+        print(paragraph(err, run_dir=run_dir, max_restarts=_RUN.get("max_restarts")),
+              file=sys.stderr)
     return exit_code(failure)

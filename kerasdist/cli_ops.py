@@ -97,6 +97,9 @@ def add_parsers(sub, add_role_args) -> None:
     launch.add_argument("--resize-check-s", type=float, default=60.0,
                         help="--ray with --workers MIN:MAX: seconds between Ray Train's checks "
                              "whether a smaller group can grow (default 60)")
+    launch.add_argument("--debug", action="store_true",
+                        help="on a failure, also print the Python traceback (also: "
+                             "KERASDIST_DEBUG=1)")
     add_role_args(launch)
     launch.add_argument("script", help="your Python script")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")

@@ -16,7 +16,8 @@ class               what                                          exit   retried
 ``peer_lost``       :class:`TaskFailedError`, or a TensorFlow     1      yes
                     ``UnavailableError`` / ``DeadlineExceeded``
                     / ``Aborted`` / ``Cancelled``: a task died,
-                    hung or was unreachable
+                    hung or was unreachable; also a transient
+                    RPC error (:func:`is_transient_rpc_error`)
 ``fatal``           any other error during training, e.g.         1      no
                     ``InvalidArgumentError`` (a label out of
                     range), a shape mismatch, out of memory: the
@@ -25,6 +26,12 @@ class               what                                          exit   retried
 ``preempted``       SIGTERM or Ctrl-C (a checkpoint is saved      130    yes
                     first where the strategy can)
 ==================  ============================================  =====  ==========
+
+The one exception to "by type": TensorFlow reports a request garbled or cut on its way between
+two tasks as ``InternalError``/``UnknownError`` -- the classes of genuine internal bugs too -- so
+those two classes count as a lost peer only when their message carries the RPC layer's own words
+(:data:`TRANSIENT_RPC_MARKERS`; issue 39: ``INTERNAL: Unable to parse request`` from
+``EagerService/RunComponentFunction``).
 
 Exit code 1 for a lost peer keeps schedulers that retry failed jobs retrying it; kerasdist's own
 launcher learns the class from the task's status file (:mod:`kerasdist.launch.status`), not from its
@@ -44,6 +51,13 @@ RETRYABLE = frozenset({PEER_LOST, PREEMPTED})
 """Failure classes after which restarting the cluster can succeed."""
 
 _PEER_ERROR_NAMES = ("UnavailableError", "DeadlineExceededError", "AbortedError", "CancelledError")
+_RPC_ERROR_NAMES = ("InternalError", "UnknownError")
+TRANSIENT_RPC_MARKERS = ("Unable to parse request", "EagerService/", "WorkerService/",
+                         "Socket closed", "Connection reset by peer", "Stream removed",
+                         "failed to connect to all addresses")
+"""Words of TensorFlow's gRPC layer (``grpc_util.h``, ``eager_service.proto`` method names) that
+mark an ``InternalError``/``UnknownError`` as a request lost or garbled between two tasks, not an
+error of the computation: re-running the step on a fresh connection succeeds."""
 
 
 class KerasdistError(Exception):
@@ -110,11 +124,22 @@ def _is_peer_error(err: BaseException) -> bool:
                for cls in type(err).__mro__)
 
 
+def is_transient_rpc_error(err: BaseException) -> bool:
+    """A TensorFlow ``InternalError``/``UnknownError`` that came from the RPC layer between tasks
+    (its message holds one of :data:`TRANSIENT_RPC_MARKERS`), e.g. ``INTERNAL: Unable to parse
+    request`` from ``/tensorflow.eager.EagerService/RunComponentFunction``."""
+    if not any(cls.__name__ in _RPC_ERROR_NAMES and cls.__module__.startswith("tensorflow")
+               for cls in type(err).__mro__):
+        return False
+    text = str(err)
+    return any(marker in text for marker in TRANSIENT_RPC_MARKERS)
+
+
 def classify(err: BaseException) -> str:
     """The failure class of ``err``: ``bad_input``, ``peer_lost``, ``fatal`` or ``preempted``."""
     if isinstance(err, KeyboardInterrupt):
         return PREEMPTED
-    if isinstance(err, TaskFailedError) or _is_peer_error(err):
+    if isinstance(err, TaskFailedError) or _is_peer_error(err) or is_transient_rpc_error(err):
         return PEER_LOST
     if isinstance(err, KerasdistError) and not isinstance(err, TrainingError):
         return BAD_INPUT

@@ -120,14 +120,15 @@ class LaunchSpec:
 @dataclass(frozen=True)
 class Failure:
     """How one attempt failed: the report (first failed task, what the others did, log tail),
-    the failure class of the task that caused it, its error class name and message, and the
-    worker tasks it lost (a killed task, the peers the others reported lost)."""
+    the failure class of the task that caused it, its error class name and message, the worker
+    tasks it lost (a killed task, the peers the others reported lost), and that task's name."""
 
     report: str
     failure_class: str
     message: str = ""
     error: str = ""
     lost: tuple[str, ...] = ()
+    task: str = ""
 
     @property
     def retryable(self) -> bool:
@@ -185,6 +186,14 @@ def stop_line(task: Task, state: TaskState) -> str:
     return f"  {task.name:<10} {how}"
 
 
+def tagged(err: BaseException, failure: Failure) -> BaseException:
+    """``err`` with the failed task's name (``err.task``), its own error class name
+    (``err.error``) and message (``err.detail``), read by the CLI's closing paragraph
+    (:mod:`kerasdist.launch.explain`)."""
+    err.task, err.error, err.detail = failure.task, failure.error, failure.message
+    return err
+
+
 def bad_input_error(name: str) -> type[KerasdistError]:
     """The kerasdist error class a task reported by name (bad input), else ClusterError."""
     found = getattr(errors, name, None)
@@ -223,4 +232,4 @@ def parse_worker_range(text: str) -> tuple[int, int]:
 
 __all__ = ["STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure", "LaunchSpec",
            "TaskPlan", "TaskState", "bad_input_error", "clean_scratch", "parse_worker_range",
-           "stop_line", "why"]
+           "stop_line", "tagged", "why"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kerasdist.errors import BAD_INPUT, TaskFailedError, TrainingError
-from kerasdist.launch.plan import Failure, bad_input_error
+from kerasdist.launch.plan import Failure, bad_input_error, tagged
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,9 @@ def next_attempt(failure: Failure, *, workers: int, full: int, fewest: int, rest
         raise bad_input_error(failure.error)(f"{failure.first_line}: {failure.message}")
     if not failure.retryable:
         error = f"{failure.error}: " if failure.error else ""
-        raise TrainingError(f"{failure.first_line}; not restarted (a {failure.failure_class} "
-                            f"error fails the same way again): {error}{failure.message}")
+        raise tagged(TrainingError(f"{failure.first_line}; not restarted (a "
+                                   f"{failure.failure_class} error fails the same way again): "
+                                   f"{error}{failure.message}"), failure)
     left = workers - len(failure.lost)  # a preemption loses no worker: never a shrink
     can_shrink = bool(failure.lost) and fewest <= left < workers
     again = set(failure.lost) & previous_lost
@@ -73,7 +74,8 @@ def next_attempt(failure: Failure, *, workers: int, full: int, fewest: int, rest
             f"no restart left for {', '.join(failure.lost) or 'the lost task'}: continuing on "
             f"{left} workers (min_workers={fewest}), resuming from the last backup at its exact "
             "step with the same global batch"))
-    raise TaskFailedError(f"{what} failed after {number} attempt(s): {failure.report}")
+    raise tagged(TaskFailedError(f"{what} failed after {number} attempt(s): {failure.report}"),
+                 failure)
 
 
 __all__ = ["NextAttempt", "next_attempt"]

@@ -195,17 +195,50 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunRes
                       checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
         tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
         try:
-            if isolated:
-                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose)
-            if _coordinator_in_a_child(recipe, callbacks):
-                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
-                                              isolate=False)
+            if isolated or _coordinator_in_a_child(recipe, callbacks):
+                return _run_child(recipe, overwrite=overwrite, verbose=verbose,
+                                  isolate=isolated)
             return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
                                          callbacks=callbacks)
         except BaseException as err:
             if tracker is not None:  # e.g. a task killed before its chief could say so
                 tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
             raise
+
+
+def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
+    """Run the local cluster in a child process (:func:`kerasdist.launch.isolation.run_isolated`).
+
+    A parameter-server coordinator (not elastic) that fails with a lost peer -- a transient
+    TensorFlow RPC error, a crash of the coordinator process itself -- is started again, whole
+    (servers and coordinator, in a fresh process), resuming from the last checkpoint, while
+    ``cluster.max_restarts`` lasts: the child's own supervisor restarts lost workers, but TF's
+    ``ClusterCoordinator`` cannot be rebuilt inside a process whose remote calls failed. Each
+    such restart spends one of ``cluster.max_restarts``; the child gets the restarts left
+    (issue 39). A multi-worker child restarts its tasks itself (its supervisor), so it is run
+    once here.
+    """
+    from kerasdist.errors import RETRYABLE, classify
+    from kerasdist.launch import isolation
+    from kerasdist.launch.coordinator import elastic
+
+    restarts = recipe.cluster.max_restarts
+    again = registry.for_recipe(recipe).traits.topology == "coordinator" and not elastic(recipe)
+    while True:
+        try:
+            return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
+                                          isolate=isolate)
+        except Exception as err:  # KeyboardInterrupt/Preempted: never restarted here
+            if not again or restarts <= 0 or classify(err) not in RETRYABLE:
+                raise
+            restarts -= 1
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+            log.warning(f"the parameter-server run lost a peer ({type(err).__name__}: {first}); "
+                        f"restarting the cluster ({restarts} restart(s) left), resuming from the "
+                        "last checkpoint")
+            cluster = recipe.cluster.model_copy(update={"max_restarts": restarts})
+            recipe = recipe.model_copy(update={"cluster": cluster})
+            overwrite = False
 
 
 def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,

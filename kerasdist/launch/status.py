@@ -68,10 +68,25 @@ def record(err: BaseException) -> dict[str, Any]:
     """``err`` as JSON-ready data for :func:`rebuild`: its class name and module, message,
     ``step`` (of :class:`~kerasdist.errors.Preempted`) and failure class."""
     return {"error": type(err).__name__, "module": type(err).__module__, "message": str(err),
-            "step": getattr(err, "step", None), "class": classify(err)}
+            "step": getattr(err, "step", None), "class": classify(err),
+            "task": getattr(err, "task", None), "task_error": getattr(err, "error", None),
+            "task_detail": getattr(err, "detail", None)}
 
 
 def rebuild(result: dict) -> BaseException:
+    """:func:`_rebuild`, with the failed task's name and error class (``task``, ``error``
+    attributes) put back where :func:`record` had them."""
+    err = _rebuild(result)
+    if result.get("task"):
+        try:
+            err.task, err.error = result["task"], result.get("task_error") or ""
+            err.detail = result.get("task_detail") or ""
+        except AttributeError:  # a class that refuses new attributes: the message still names it
+            pass
+    return err
+
+
+def _rebuild(result: dict) -> BaseException:
     """The exception a process reported with :func:`record` (``error``, ``module``, ``message``,
     ``step``), rebuilt with the same class where it is kerasdist's, TensorFlow's or a builtin;
     else a :class:`TrainingError` naming the original class (the same failure class and exit

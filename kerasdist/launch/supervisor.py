@@ -391,7 +391,7 @@ class Supervisor:
         lost = {name for name in (killed or reported_lost) if name.startswith(replicas)}
         return Failure(report=report, failure_class=status.failure_class(first.status_path),
                        message=reported.get("message", ""), error=reported.get("error", ""),
-                       lost=tuple(sorted(lost)))
+                       lost=tuple(sorted(lost)), task=first.name)
 
 
 __all__ = ["Supervisor"]
