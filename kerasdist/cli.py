@@ -245,15 +245,13 @@ def _fit_recipe(args):
     return recipe, tf_config
 
 
-_RUN: dict = {}
-"""What the closing paragraph of a failed ``fit`` needs: ``run_dir``, ``max_restarts``."""
-
-
 def _cmd_fit(args) -> int:
     recipe, tf_config = _fit_recipe(args)
     restarted = recipe.cluster.kind in ("local", "ray")
-    _RUN.update(run_dir=recipe.output.run_dir,
-                max_restarts=recipe.cluster.max_restarts if restarted else None)
+    from kerasdist.launch import explain
+
+    explain.RUN.update(run_dir=recipe.output.run_dir,
+                       max_restarts=recipe.cluster.max_restarts if restarted else None)
     from kerasdist.training.checks import check_run_dir_path
 
     # Here only where this machine writes the outputs (one process, the local launcher, the
@@ -369,7 +367,7 @@ def _failed(err: BaseException, command: str | None = None, debug: bool = False)
     """Report a failure (stderr, and the task's status file under a kerasdist launcher) and
     return its exit code. Bad input shows only the message; an interrupted ``fit`` says its
     checkpoint is kept, another command only that it stopped. A failure during training shows
-    the error's own message (shortened: first and last lines) and, for ``fit``, ends with the
+    the error's own message (shortened: first and last lines) and, for ``fit`` and ``launch``, ends with the
     closing paragraph of :mod:`kerasdist.launch.explain` (task, step, whether a re-run helps, the
     logs); the Python traceback only with ``debug`` (``--debug``, ``KERASDIST_DEBUG=1``)."""
     from kerasdist.launch import status
@@ -386,14 +384,13 @@ def _failed(err: BaseException, command: str | None = None, debug: bool = False)
         import traceback
 
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
-    from kerasdist.launch.explain import brief, paragraph
+    from kerasdist.launch.explain import RUN, brief, paragraph
 
     if isinstance(err, KerasdistError):  # TaskFailedError, TrainingError: their message
         print(f"kerasdist: failed: {err}", file=sys.stderr)
     else:
         print(f"kerasdist: failed: {type(err).__name__}: {brief(err)}", file=sys.stderr)
-    if command == "fit" and os.environ.get(status.STATUS_ENV) is None:  # not a launcher's task
-        run_dir = _RUN.get("run_dir")
-        print(paragraph(err, run_dir=run_dir, max_restarts=_RUN.get("max_restarts")),
-              file=sys.stderr)
+    if command in ("fit", "launch") and RUN and os.environ.get(status.STATUS_ENV) is None:
+        print(paragraph(err, run_dir=RUN.get("run_dir"), logs=RUN.get("logs"),
+                        max_restarts=RUN.get("max_restarts")), file=sys.stderr)
     return exit_code(failure)

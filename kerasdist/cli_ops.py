@@ -187,6 +187,9 @@ def _cmd_launch(args) -> int:
     if args.dry_run:
         print(dry_run(cluster))
         return EXIT_OK
+    from kerasdist.launch import explain
+
+    explain.RUN.update(logs=Path(args.log_dir), max_restarts=args.max_restarts)
     return launch(cluster, isolate=not args.allow_network_exposure and not isolated_here())
 
 

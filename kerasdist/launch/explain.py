@@ -27,6 +27,9 @@ _TASK_IN_MESSAGE = re.compile(r"/job:(chief|worker|ps|evaluator)/replica:\d+/tas
 _TASK_NAMED = re.compile(r"\btask (chief|worker|ps|evaluator):(\d+)")
 _NOISE = ("Traceback", "File \"", "During handling", "The above exception", "From /job:",
           "Additional GRPC error", ":{", "[[")
+RUN: dict = {}
+"""What the CLI's command knows of the run, for the paragraph of its failure: ``run_dir``,
+``logs``, ``max_restarts`` (set by ``fit`` and ``launch`` once their input is checked)."""
 WIDTH = 100
 """Characters of the error line shown."""
 

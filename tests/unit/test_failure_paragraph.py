@@ -74,9 +74,10 @@ def test_the_task_survives_the_namespace_childs_report():
 
 
 def test_the_cli_prints_no_traceback_without_debug_and_one_with_it(capsys, tmp_path):
-    from kerasdist.cli import _RUN, _failed
+    from kerasdist.cli import _failed
+    from kerasdist.launch.explain import RUN
 
-    _RUN.update(run_dir=str(tmp_path), max_restarts=1)
+    RUN.update(run_dir=str(tmp_path), max_restarts=1)
     try:
         try:
             raise tf.errors.InternalError(None, None, GARBLED + "\n" * 3 + "x\n" * 250)
@@ -89,4 +90,4 @@ def test_the_cli_prints_no_traceback_without_debug_and_one_with_it(capsys, tmp_p
             assert _failed(err, command="fit", debug=True) == 1
             assert "Traceback" in capsys.readouterr().err
     finally:
-        _RUN.clear()
+        RUN.clear()
