@@ -97,6 +97,22 @@ def shuffle_part(repeat: bool) -> dict:
     return {"weights": summary(model, history)}
 
 
+def sparse_part(optimizer: str) -> dict:
+    """An Embedding (sparse gradients) with Adam or RMSprop (issue 40, item 1)."""
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 200, size=(384, 10)).astype("int32")
+    y = rng.integers(0, 4, size=384).astype("int64")
+    with STRATEGY.scope():
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((10,), dtype="int32"), keras.layers.Embedding(200, 8),
+                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(4)])
+        model.compile(optimizer=keras.optimizers.get({"class_name": optimizer,
+                                                      "config": {"learning_rate": 0.01}}),
+                      loss=scce())
+    history = model.fit(x, y, batch_size=32, epochs=3, shuffle=False, verbose=0)
+    return {"weights": summary(model, history)}
+
+
 def save_part() -> dict:
     x = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
     y = (x.sum(1) > 0).astype("int64")
@@ -122,7 +138,8 @@ def save_part() -> dict:
 
 def main() -> None:
     result = {"metrics": metrics_part(), "spe": spe_part(),
-              "shuffle": shuffle_part(False), "shuffle_repeat": shuffle_part(True)}
+              "shuffle": shuffle_part(False), "shuffle_repeat": shuffle_part(True),
+              "sparse_adam": sparse_part("adam"), "sparse_rmsprop": sparse_part("rmsprop")}
     for reduction in ("sum", "sum_over_batch_size", "mean_with_sample_weight"):
         for weighted in (False, True):
             result[f"reduction_{reduction}_{int(weighted)}"] = reduction_part(reduction, weighted)
