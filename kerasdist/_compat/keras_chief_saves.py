@@ -14,10 +14,16 @@ multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`):
   user's path, atomically: Keras writes into a staging folder inside the target's folder, then the
   finished file (or files, or SavedModel folder) replaces the target with ``os.replace``;
 * every other worker runs the same save (reading distributed values may need collectives) into a
-  private temporary folder that is removed right after: nothing it writes is visible;
+  staging folder of its own inside the target's folder (hidden, removed right after);
 * then every worker waits on one all-reduce (a barrier), which the chief enters only after its
   file is in place: when any worker's call returns, the file is complete, so a ``load_model``
-  right after never sees a partial file.
+  right after never sees a partial file;
+* after the barrier, a worker that does not see the chief's file at its path (the target's
+  inode, size and mtime are as before the save: the path is on a disk of its own, as on real
+  hosts) moves its own staged copy into place atomically; one that sees it (a shared folder)
+  drops its copy. So a shared path gets exactly one complete file, the chief's, and every
+  worker's own path ends with a complete file (issue 40, item 2: before, worker 1's
+  ``load_model`` of its own ``tempfile.mkdtemp()`` path raised "File not found").
 
 The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode, for remote
 paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own saves:
@@ -78,26 +84,42 @@ def _move_into_place(staged: str, target: str) -> None:
 
 def _staged_write(call, target: str) -> object:
     """The chief's write: into a staging folder next to ``target``, then every output moved."""
-    parent = os.path.dirname(target) or "."
-    with chief._folder(parent) as folder:
-        staged = os.path.join(folder, os.path.basename(target))
-        result = call(staged)
-        base = os.path.basename(target)
-        stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
-        for name in sorted(os.listdir(folder)):  # sharded weights write several files
-            if name == base or (stem is not None and name.startswith(stem)):
-                _move_into_place(os.path.join(folder, name), os.path.join(parent, name))
+    with chief._folder(os.path.dirname(target) or ".") as folder:
+        result = call(os.path.join(folder, os.path.basename(target)))
+        _publish(folder, target)
     return result
+
+
+def _stamp(path: str):
+    """``(inode, size, mtime_ns)`` of ``path``, or None when it does not exist."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_ino, found.st_size, found.st_mtime_ns
+
+
+def _publish(folder: str, target: str) -> None:
+    """Move the outputs of one save staged in ``folder`` to ``target``'s folder (atomically)."""
+    parent, base = os.path.dirname(target) or ".", os.path.basename(target)
+    stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
+    for name in sorted(os.listdir(folder)):  # sharded weights write several files
+        if name == base or (stem is not None and name.startswith(stem)):
+            _move_into_place(os.path.join(folder, name), os.path.join(parent, name))
 
 
 def _distributed_save(model, call, filepath) -> object:
     target = os.path.abspath(os.fspath(filepath))
     if chief.role(model) == "chief":
         result = _staged_write(call, target)
-    else:
-        with chief._folder() as folder:  # a private folder, removed with what was written there
-            result = call(os.path.join(folder, os.path.basename(target)))
-    _barrier(model.distribute_strategy)
+        _barrier(model.distribute_strategy)
+        return result
+    before = _stamp(target)
+    with chief._folder(os.path.dirname(target) or ".") as folder:
+        result = call(os.path.join(folder, os.path.basename(target)))
+        _barrier(model.distribute_strategy)
+        if _stamp(target) == before:  # the chief's file did not land here: a disk of its own
+            _publish(folder, target)
     return result
 
 

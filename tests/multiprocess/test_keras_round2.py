@@ -106,3 +106,12 @@ def test_model_save_on_every_worker_writes_one_complete_file_from_the_chief(resu
     assert sorted(os.listdir(saved)) == ["model.keras", "sm", "w.weights.h5"]  # no staging left
     for worker in results["workers"]:
         assert worker["save"]["files"] == ["model.keras", "sm", "w.weights.h5"]
+
+
+@pytest.mark.timeout(700)
+def test_a_worker_saving_to_a_path_of_its_own_ends_with_a_complete_file_there(results):
+    """Issue 40, item 2: each task saves to its own ``tempfile.mkdtemp()`` folder (a disk of its
+    own, as on real hosts) and loads it back; worker 1 raised "File not found" before (its save
+    went to a private folder that was removed)."""
+    for worker in results["workers"]:
+        assert worker["save"]["own_files"] == ["m.keras", "sm", "w.weights.h5"]

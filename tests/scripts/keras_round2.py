@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 import keras
 import numpy as np
@@ -133,7 +135,21 @@ def save_part() -> dict:
         clone = keras.models.clone_model(model)
         clone.load_weights(os.path.join(folder, "w.weights.h5"))
         tf.saved_model.load(os.path.join(folder, "sm"))
-    return {"files": sorted(os.listdir(folder))}
+    own = tempfile.mkdtemp(prefix="round2-own-")  # each task's own folder: a disk of its own
+    try:
+        for _ in range(2):
+            model.save(os.path.join(own, "m.keras"))
+            model.save_weights(os.path.join(own, "w.weights.h5"))
+            model.export(os.path.join(own, "sm"))
+            loaded = keras.models.load_model(os.path.join(own, "m.keras"))
+            np.testing.assert_allclose(loaded.predict(x[:4], verbose=0), expected, rtol=1e-5)
+            clone = keras.models.clone_model(model)
+            clone.load_weights(os.path.join(own, "w.weights.h5"))
+            tf.saved_model.load(os.path.join(own, "sm"))
+        own_files = sorted(os.listdir(own))
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
+    return {"files": sorted(os.listdir(folder)), "own_files": own_files}
 
 
 def main() -> None:
