@@ -64,12 +64,14 @@ def _is_parameter_server(strategy) -> bool:
     return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
-def _wrap(name: str, original, target):
+def _wrap(name: str, original, target, check=None):
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def method(self, *args, **kwargs):
         if not _is_parameter_server(self.distribute_strategy):
+            if check is not None:
+                check(self)
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
         arguments = dict(bound.arguments)
@@ -81,19 +83,22 @@ def _wrap(name: str, original, target):
     return method
 
 
-def enable(*, fit, evaluate, predict=None) -> None:
+def enable(*, fit, evaluate, predict=None, check=None) -> None:
     """Route ``model.fit``/``model.evaluate`` (and ``model.predict`` when given) of
     ParameterServerStrategy models to ``fit``, ``evaluate`` and ``predict``: kerasdist's
     :func:`kerasdist.keras.ps_fit.fit` / ``evaluate`` and
     :func:`kerasdist.keras.ps_predict.predict`, passed in by :func:`kerasdist.keras.enable` so
-    that this layer imports nothing above it.
+    that this layer imports nothing above it. ``check(model)``, when given, runs before Keras's
+    own method for every other model (refusals of what the strategy cannot run:
+    :func:`kerasdist.keras.sync_checks.check_model`).
 
     Idempotent and thread-safe.
     """
     trainer = _trainer_class()
     targets = (("fit", fit), ("evaluate", evaluate)) + (
         (("predict", predict),) if predict is not None else ())
-    _patch.install(NAME, [_patch.Patch(trainer, name, functools.partial(_wrap, name, target=target))
+    _patch.install(NAME, [_patch.Patch(trainer, name, functools.partial(_wrap, name,
+                                                                        target=target, check=check))
                           for name, target in targets])
 
 

@@ -35,10 +35,11 @@ def enable() -> list[str]:
         keras_chief_saves,
         keras_ps_dispatch,
     )
-    from kerasdist.keras import ps_fit, ps_predict
+    from kerasdist.keras import ps_fit, ps_predict, sync_checks
 
     mends = _compat.apply()
-    keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate, predict=ps_predict.predict)
+    keras_ps_dispatch.enable(fit=ps_fit.fit, evaluate=ps_fit.evaluate, predict=ps_predict.predict,
+                             check=sync_checks.check_model)
     keras_chief_callbacks.install()
     keras_chief_logs.install()
     keras_chief_saves.install()
