@@ -43,6 +43,11 @@ module                                  upstream issue / scope
                                         parameter-server save or a freed function waits on
                                         every task, a frozen worker too). Scoped: the save in
                                         a ``with`` block; freed functions kept from a stop on
+``tf_coordinator_copies``               no issue; the race is in TF's C++ (the module says
+                                        where): a PS coordinator's closure threads copy their
+                                        results without TF's cluster function runtime;
+                                        installed by ``kerasdist.enable()`` and every
+                                        parameter-server ``fit``/``evaluate``/``predict``
 ``internals``                           not a mend: the ``keras.src`` imports and private
                                         reads the rest of kerasdist needs (ruff TID251 bans
                                         them everywhere else)
@@ -101,6 +106,7 @@ ENABLE_MENDS = (
     "kerasdist._compat.keras_chief_saves",
     "kerasdist._compat.keras_chief_callbacks",
     "kerasdist._compat.keras_chief_logs",
+    "kerasdist._compat.tf_coordinator_copies",
 )
 """The mends installed by ``kerasdist.enable()`` only (same interface as :data:`MENDS`)."""
 

@@ -34,6 +34,7 @@ def enable() -> list[str]:
         keras_chief_logs,
         keras_chief_saves,
         keras_ps_dispatch,
+        tf_coordinator_copies,
     )
     from kerasdist.keras import ps_fit, ps_predict, sync_checks
 
@@ -43,6 +44,7 @@ def enable() -> list[str]:
     keras_chief_callbacks.install()
     keras_chief_logs.install()
     keras_chief_saves.install()
+    tf_coordinator_copies.install()
     return mends
 
 

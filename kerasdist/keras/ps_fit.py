@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kerasdist._compat import internals, keras_ps_atomic_assign
+from kerasdist._compat import internals, keras_ps_atomic_assign, tf_coordinator_copies
 from kerasdist.keras import ps_input as ps_data
 from kerasdist.keras import ps_loop, ps_steps
 from kerasdist.keras.callbacks import MetricsProgbar
@@ -130,6 +130,8 @@ def _start(model, *, training: bool = False, compiled: bool = True) -> ps_loop.P
                          "(ParameterServerStrategy fit/evaluate, as Keras). Received: a model "
                          "that was not compiled")
     refuse_unsupported(model, training=training)
+    # the closure threads copy results without TF's cluster function runtime (issue 39)
+    tf_coordinator_copies.install()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
     num_workers = cluster_spec(strategy).num_tasks("worker")
     return ps_loop.PSRun(model=model, strategy=strategy, coordinator=coordinator,

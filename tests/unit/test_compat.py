@@ -236,6 +236,18 @@ def test_frozen_task_mends_are_reversible_and_the_eager_save_writes_a_readable_c
     assert context.Context.remove_function is remove and not tf_frozen_task.keeping_functions()
 
 
+def test_upstream_tf_cluster_function_runtime_still_races_with_the_coordinator_copies():
+    from kerasdist._compat import tf_coordinator_copies
+
+    assert tf_coordinator_copies.header_has_vector() is not False
+    assert tf_coordinator_copies.bug_present(), (
+        "upstream changed RemoteValueImpl._copy_to_local (no array_ops.identity) or "
+        "EagerClusterFunctionLibraryRuntime (function_data_ no longer a std::vector): check that "
+        "its Run no longer reads an element after releasing the lock, run "
+        "tests/multiprocess/test_ps_coordinator_copies.py without the mend, then remove "
+        "kerasdist/_compat/tf_coordinator_copies.py")
+
+
 def test_upstream_keras_still_has_no_parameter_server_fit():
     from kerasdist._compat import keras_ps_dispatch
 
@@ -327,7 +339,8 @@ def test_upstream_keras_saving_still_has_no_chief_logic():
 
 
 @pytest.mark.parametrize("name", ["keras_19246_steps_per_execution", "keras_metric_states",
-                                  "keras_chief_saves", "keras_replica_add_loss"])
+                                  "keras_chief_saves", "keras_replica_add_loss",
+                                  "tf_coordinator_copies"])
 def test_new_mends_install_and_uninstall_cleanly(pristine, name):
     import importlib
 

@@ -1,0 +1,119 @@
+"""Mend: a parameter-server coordinator's closure threads race inside TF's cluster function runtime.
+
+Upstream: no TensorFlow issue found; the race is in TF's own C++ source (read at TF 2.21).
+``EagerClusterFunctionLibraryRuntime`` keeps one ``FunctionData`` (target task, eager client,
+operation) per function it instantiated on a remote task, in a ``std::vector`` (``function_data_``,
+declared in ``tensorflow/core/distributed_runtime/eager/cluster_function_library_runtime.h``).
+``Instantiate`` appends to it (``emplace_back``, which moves the elements to new storage and frees
+the old when the vector grows); ``Run`` takes ``&function_data_[handle]`` under the lock, releases
+the lock, then reads the element's eager client, operation and ``target``. A ``Run`` whose element
+moves meanwhile reads a moved-from client or operation (null: ``INTERNAL: Could not find eager
+client`` or a SIGSEGV) or a freed ``target`` string: the ``RunComponentFunction`` request then
+carries garbage in ``tensorflow.eager.Operation.device`` (protobuf: "String field
+'tensorflow.eager.Operation.device' contains invalid UTF-8 data when serializing") and the task
+that receives it answers ``INTERNAL: Unable to parse request`` (issue 39: a parameter-server run
+died so in epoch 2, 1 of 10 runs; a coordinator SIGSEGV in CI, once).
+
+Where kerasdist meets it: TF runs every eager op as a function, and an eager op on the coordinator
+whose input lives on another task becomes a multi-device function with a component on that task,
+instantiated (once per op, dtype and task) and run through the coordinator's
+``EagerClusterFunctionLibraryRuntime``. ``ClusterCoordinator`` copies every scheduled call's
+outputs to the coordinator in the closure thread of the worker that ran it
+(``RemoteValueImpl._copy_to_local``: ``array_ops.identity`` under the coordinator's device), so
+the closure threads instantiate and run there concurrently: the first copy from worker 1
+instantiates while worker 0's thread copies, and so does every new output dtype (a validation
+call's int64 figures), every restarted worker, and any eager op of the main thread on ps values
+(metric results, the counters' reset) while calls are in flight. Measured here
+(``tests/multiprocess/test_ps_coordinator_copies.py``, TF 2.21): a PS ``model.fit`` of 2 epochs
+instantiated 4 ``__wrapped__Identity`` functions from the two closure threads.
+
+Mend: :func:`install` replaces ``RemoteValueImpl._copy_to_local``: each eager tensor result is
+copied to the coordinator's CPU with ``EagerTensor._copy_nograd`` (TF's device-to-device copy,
+the one ``.numpy()`` uses for a remote tensor: a send/receive pair, no function, no cluster
+function runtime); other values (a ``DistributedIterator``, composite tensors) go through TF's own
+code unchanged. Same values, dtypes and device (``/job:<coordinator>/replica:0/task:<i>/device:CPU:0``);
+the closure threads then never touch the cluster function runtime, and its only user left is the
+main thread (one thread cannot race with itself).
+
+Probe: :func:`bug_present` reads the installed TF's header (``function_data_`` still a
+``std::vector<FunctionData>``) and ``RemoteValueImpl._copy_to_local``'s source (still an
+``array_ops.identity``); ``tests/unit/test_compat.py`` fails when either changes. Without the
+header (a TF wheel without ``include/``), the probe goes by the source alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from pathlib import Path
+
+from kerasdist._compat import _patch
+
+NAME = "tf-coordinator-copies"
+ISSUE = ("no upstream issue; EagerClusterFunctionLibraryRuntime::Run reads its std::vector "
+         "element after releasing the lock (this module's docstring)")
+HEADER = ("include", "tensorflow", "core", "distributed_runtime", "eager",
+          "cluster_function_library_runtime.h")
+
+
+def _remote_value_class():
+    from tensorflow.python.distribute.coordinator import values
+
+    return values.RemoteValueImpl
+
+
+def header_has_vector() -> bool | None:
+    """Whether TF's installed header still keeps ``function_data_`` in a ``std::vector``; None
+    when the wheel ships no headers."""
+    import tensorflow as tf
+
+    path = Path(tf.__file__).parent.joinpath(*HEADER)
+    if not path.is_file():
+        return None
+    text = "".join(path.read_text(encoding="utf-8", errors="replace").split())
+    return "std::vector<FunctionData>function_data_" in text
+
+
+def bug_present() -> bool:
+    """Whether ``RemoteValueImpl._copy_to_local`` still copies with ``array_ops.identity`` (a
+    multi-device function on the coordinator) and TF's cluster function runtime still keeps its
+    functions in a ``std::vector`` (reads sources; runs no TensorFlow op)."""
+    source = inspect.getsource(_patch.original(_remote_value_class(), "_copy_to_local"))
+    return "array_ops.identity" in source and header_has_vector() is not False
+
+
+def _coordinator_cpu() -> str:
+    from tensorflow.python.eager import context
+
+    server_def = context.get_server_def()
+    return (f"/job:{server_def.job_name}/replica:0/task:{server_def.task_index}/device:CPU:0")
+
+
+def _mended(original):
+    @functools.wraps(original)
+    def _copy_to_local(self):
+        import tensorflow as tf
+
+        if self._values is None:  # a function with no return value
+            return None
+        flat = tf.nest.flatten(self._values)
+        if not all(callable(getattr(v, "_copy_nograd", None)) for v in flat):
+            return original(self)  # an iterator, a composite tensor: TF's own copy
+        device = _coordinator_cpu()  # errors come as TF's own (UnavailableError: a lost worker)
+        return tf.nest.pack_sequence_as(
+            self._values, [v._copy_nograd(device_name=device) for v in flat])
+
+    return _copy_to_local
+
+
+def _patches():
+    return [_patch.Patch(_remote_value_class(), "_copy_to_local", _mended)]
+
+
+installed, install, uninstall = _patch.functions(__name__)
+"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
+``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+
+
+__all__ = ["ISSUE", "NAME", "bug_present", "header_has_vector", "install", "installed",
+           "uninstall"]
