@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--check-data", action="store_true",
                           help="also build the model (implies --import; needs TensorFlow) and "
                                "check the data splits against it (labels, shapes, NaN/inf), the "
-                               "metrics, the loss and output.run_dir, as fit would")
+                               "metrics, the loss, output.run_dir and that the output.tracking "
+                               "store answers, as fit would")
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
 
@@ -147,6 +148,9 @@ def _cmd_validate(args) -> int:
         from kerasdist.training.checks import check_recipe_here
 
         check_recipe_here(recipe)
+        from kerasdist import tracking
+
+        tracking.check(recipe)  # the tracking store answers (a warning if not required)
     elif imports:  # build the optimizer, schedule, loss, metrics and callbacks with Keras
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.training.keras_objects import check_training_config
@@ -244,17 +248,21 @@ def _fit_recipe(args):
 
 
 def _cmd_fit(args) -> int:
-    recipe, tf_config = _fit_recipe(args)
-    from kerasdist.training.checks import check_run_dir_path
+    from kerasdist._signals import startup
 
-    # Here only where this machine writes the outputs (one process, the local launcher, the
-    # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the chief.
-    roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
-    if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
-        check_run_dir_path(recipe.output.run_dir)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from kerasdist.launch import run_recipe
-    from kerasdist.training import summary_text
+    with startup("reading the recipe and importing TensorFlow"):  # SIGINT/SIGTERM: 130/143
+        recipe, tf_config = _fit_recipe(args)
+        from kerasdist.training.checks import check_run_dir_path
+
+        # Here only where this machine writes the outputs (one process, the local launcher, the
+        # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the
+        # chief.
+        roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
+        if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
+            check_run_dir_path(recipe.output.run_dir)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from kerasdist.launch import run_recipe
+        from kerasdist.training import summary_text
 
     result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
     if result is not None:
@@ -375,4 +383,4 @@ def _failed(err: BaseException, command: str | None = None) -> int:
 
         traceback.print_exception(type(err), err, err.__traceback__, file=sys.stderr)
         print(f"kerasdist: failed: {type(err).__name__}: {err}", file=sys.stderr)
-    return exit_code(failure)
+    return exit_code(failure, err)

@@ -24,10 +24,14 @@ that run RUNNING again and logs on at its global step. The default URI is the SQ
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import keras
 
@@ -64,6 +68,93 @@ def check_uri(uri: str | None, *, isolated: bool) -> None:
             "(kerasdist.launch.isolation) from which this tracking server cannot be reached. Use "
             "a file URI (the default, sqlite:///<run_dir>/mlflow.db, or sqlite:///PATH), or set "
             f"cluster.allow_network_exposure: true. Received: uri={uri!r}")
+
+
+PROBE_TIMEOUT_S = 5
+"""Seconds a tracking server gets to answer the reachability check before anything is written
+(:func:`unreachable`): one request, no retry (MLflow's own ``MLFLOW_HTTP_REQUEST_TIMEOUT`` and
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set for that request only). Without the check, MLflow's
+defaults (120 s per request, 7 retries with backoff) stall an unreachable server's run for
+minutes after ``run.json`` is written."""
+
+_SHORT_REQUEST_ENV = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+
+
+@contextlib.contextmanager
+def _short_requests(timeout_s: int) -> Iterator[None]:
+    """Within the block, MLflow's HTTP requests time out after ``timeout_s`` seconds and are not
+    retried (MLflow reads these variables at each request); the previous values are restored."""
+    saved = {name: os.environ.get(name) for name in _SHORT_REQUEST_ENV}
+    os.environ.update(dict(zip(_SHORT_REQUEST_ENV, (str(int(timeout_s)), "0"), strict=True)))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI, else None."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix):]) if uri.startswith(prefix) and len(uri) > len(prefix) else None
+
+
+@contextlib.contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Within the block, no other kerasdist process on this machine opens the SQLite store
+    ``uri`` for the first time: MLflow's tracking store creates a new database's tables without
+    a lock, so two runs started together on one new store fail with ``table ... already exists``
+    or ``duplicate column name``. An exclusive ``flock`` on a file in the temporary directory
+    named after the URI (MLflow's ``ExclusiveFileLock``, as its own job and workspace stores lock
+    their table creation). Other URIs: no lock."""
+    if _sqlite_path(uri) is None:
+        yield
+        return
+    from mlflow.utils.file_utils import ExclusiveFileLock
+
+    digest = hashlib.sha256(uri.encode("utf-8")).hexdigest()[:16]
+    with ExclusiveFileLock(str(Path(tempfile.gettempdir()) / f"kerasdist-mlflow-{digest}.lock")):
+        yield
+
+
+def client_for(uri: str):
+    """``mlflow.MlflowClient(tracking_uri=uri)``, created under :func:`schema_lock` (a new SQLite
+    store's tables are created when the client is)."""
+    from mlflow import MlflowClient
+
+    with schema_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
+def unreachable(uri: str | None, *, timeout_s: int = PROBE_TIMEOUT_S) -> str | None:
+    """Why the tracking store ``uri`` cannot be used, or None when it answers: one request
+    (``search_experiments``) with a ``timeout_s`` timeout and no retry. Writes nothing in a run
+    directory: the default URI (None, a new SQLite file in the run directory) is not opened; a
+    ``sqlite:///PATH`` store is refused when PATH's directory does not exist, else opened (MLflow
+    creates the file and its tables there).
+
+    Args:
+        uri: ``output.tracking.uri``.
+        timeout_s: seconds the server gets to answer (default :data:`PROBE_TIMEOUT_S`).
+
+    Returns:
+        A short reason (MLflow's first line) or None.
+    """
+    if uri is None:
+        return None
+    path = _sqlite_path(uri)
+    if path is not None and not path.parent.is_dir():
+        return f"directory '{path.parent}' of the SQLite file does not exist"
+    try:
+        with _short_requests(timeout_s):
+            client_for(uri).search_experiments(max_results=1)
+    except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy, requests raise many types
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        return f"{type(err).__name__}: {(lines or [''])[0][:300]}"
+    return None
 
 
 def default_uri(run_dir: Path) -> str:
@@ -128,12 +219,10 @@ class MlflowTracker(keras.callbacks.Callback):
             mlflow.exceptions.MlflowException: the tracking server refused or cannot be reached.
         """
         require_mlflow()
-        from mlflow import MlflowClient
-
         run_dir = Path(run_dir)
         config = recipe.output.tracking
         uri = config.uri or default_uri(run_dir)
-        client = MlflowClient(tracking_uri=uri)
+        client = client_for(uri)
         record = _read_record(run_dir)
         params = flatten(recipe.model_dump(mode="json"))
         if record and record.get("uri") == uri:
@@ -196,13 +285,7 @@ def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[st
                 launcher: bool) -> str:
     """A new MLflow run with the recipe's params and tags, recorded in ``tracking.json``."""
     config = recipe.output.tracking
-    experiment = client.get_experiment_by_name(config.experiment)
-    if experiment is not None:
-        experiment_id = experiment.experiment_id
-    else:
-        location = None if uri.startswith(NETWORK_SCHEMES) else str(
-            (run_dir / MLFLOW_ARTIFACTS).absolute())
-        experiment_id = client.create_experiment(config.experiment, artifact_location=location)
+    experiment_id = _experiment_id(client, config.experiment, uri, run_dir)
     run = client.create_run(experiment_id, run_name=config.run_name or run_dir.name,
                             tags=_tags(recipe, run_dir))
     _log_params(client, run.info.run_id, params)
@@ -212,6 +295,25 @@ def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[st
         "launched": launcher})
     log.info(f"tracking: MLflow run {run.info.run_id} at {uri}")
     return run.info.run_id
+
+
+def _experiment_id(client, name: str, uri: str, run_dir: Path) -> str:
+    """The id of experiment ``name``, created when missing; when another run created it
+    meanwhile (MLflow's ``RESOURCE_ALREADY_EXISTS``), that one."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None if uri.startswith(NETWORK_SCHEMES) else str(
+        (run_dir / MLFLOW_ARTIFACTS).absolute())
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as err:
+        experiment = client.get_experiment_by_name(name)
+        if err.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 def _read_record(run_dir: Path) -> dict | None:

@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
-from kerasdist._signals import terminate_on_sigterm
+from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, write_metrics
@@ -240,14 +240,16 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         # SIGTERM outside the training steps (start-up, evaluation, final save) ends the run as
         # Ctrl-C does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves
         stack.enter_context(terminate_on_sigterm(unless_handled=True))
-        tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
-        data = strategy.make_input(recipe, tf_strategy)
-        model = _build_model(recipe, strategy, tf_strategy)
-        from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
-        if is_chief:
-            from kerasdist import tracking
+        with startup("starting: the tracker, the strategy (connecting to the cluster), the "
+                     "input, the model"):
+            if is_chief:  # first: a few seconds, no TensorFlow
+                from kerasdist import tracking
 
-            tracking.check(recipe)
+                recipe = tracking.check(recipe)  # without it when unreachable and not required
+            tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
+            data = strategy.make_input(recipe, tf_strategy)
+            model = _build_model(recipe, strategy, tf_strategy)
+            from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
         if is_chief:
             resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
                                       overwrite=overwrite)
