@@ -260,6 +260,9 @@ def _cmd_fit(args) -> int:
         roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
         if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
             check_run_dir_path(recipe.output.run_dir)
+            from kerasdist import tracking
+
+            recipe = tracking.check(recipe)  # before TensorFlow is imported: seconds, not minutes
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.launch import run_recipe
         from kerasdist.training import summary_text

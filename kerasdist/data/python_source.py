@@ -119,7 +119,7 @@ training split is not counted: only its first batches are read (:func:`count_fir
 
 
 def count(ds, config, *, split: str, field: str = "data.train_split",
-          limit: int = MAX_COUNTED_EXAMPLES) -> int:
+          limit: int | None = None) -> int:
     """Examples in ``ds``, one split of ``data.function``: its cardinality when TensorFlow knows
     it, else one streaming pass of at most ``limit + 1`` examples.
 
@@ -128,7 +128,7 @@ def count(ds, config, *, split: str, field: str = "data.train_split",
         config: the ``DataConfig`` (names the function in messages).
         split: the split's name, for messages.
         field: ``data.train_split`` or ``data.eval_split``, for messages.
-        limit: most examples counted (default :data:`MAX_COUNTED_EXAMPLES`).
+        limit: most examples counted (None: :data:`MAX_COUNTED_EXAMPLES`).
 
     Raises:
         DataError: the split is endless (cardinality INFINITE) or longer than ``limit``; the
@@ -137,6 +137,7 @@ def count(ds, config, *, split: str, field: str = "data.train_split",
     import numpy as np
     import tensorflow as tf
 
+    limit = MAX_COUNTED_EXAMPLES if limit is None else limit
     known = int(ds.cardinality().numpy())
     if known >= 0:
         return known

@@ -50,7 +50,7 @@ def start_launch(recipe: Recipe, *, run_dir):
 def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
     """Bad-input checks of ``output.tracking`` before anything starts or is written: MLflow is
     installed, the URI suits the cluster, and the tracking store answers within a few seconds
-    (:func:`~kerasdist.tracking.mlflow_tracker.unreachable`, one request, no retry).
+    (:func:`~kerasdist.tracking.mlflow_store.unreachable`, one request, no retry).
 
     Args:
         recipe: the validated recipe.
@@ -69,7 +69,7 @@ def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
     tracking = recipe.output.tracking
     if tracking is None:
         return recipe
-    from kerasdist.tracking.mlflow_tracker import PROBE_TIMEOUT_S, check_uri, require_mlflow, unreachable
+    from kerasdist.tracking.mlflow_store import PROBE_TIMEOUT_S, check_uri, require_mlflow, unreachable
 
     require_mlflow()
     check_uri(tracking.uri, isolated=isolated)
