@@ -46,6 +46,8 @@ def terminate_on_sigterm(*, unless_handled: bool = False) -> Iterator[None]:
     def handler(signum, frame):
         raise Terminated()
 
+    handler.kerasdist_handler = True  # a startup() block may replace it (it ends the same way)
+
     if unless_handled and callable(signal.getsignal(signal.SIGTERM)):
         yield
         return
@@ -66,7 +68,9 @@ def startup(during: str, *, grace_s: float = STARTUP_GRACE_S) -> Iterator[None]:
     :class:`kerasdist.errors.Interrupted` in the main thread (exit code 130 / 143), and end the
     process ``grace_s`` seconds later when the main thread is blocked in native code (module
     docs). Nested blocks only name their phase for the message. Off the main thread the block
-    changes nothing; handlers installed inside it (a training loop's) take over while they last.
+    changes nothing; an ignored signal, or one with a handler kerasdist did not install (Ray's,
+    the user's), is left alone; handlers installed inside the block (a launcher's) take over while
+    they last.
 
     Args:
         during: what the block does, for the message: "counting the examples of ...".
@@ -87,6 +91,14 @@ def startup(during: str, *, grace_s: float = STARTUP_GRACE_S) -> Iterator[None]:
         _PHASES.pop()
 
 
+def _replaceable(handler) -> bool:
+    """Whether a :func:`startup` block takes over a signal whose handler is ``handler``: the
+    default action, Python's Ctrl-C handler or kerasdist's own; never an ignored signal nor a
+    handler someone else installed (Ray's, the user's)."""
+    return (handler in (signal.SIG_DFL, signal.default_int_handler)
+            or getattr(handler, "kerasdist_handler", False))
+
+
 def _phase() -> str:
     return _PHASES[-1] if _PHASES else "starting"
 
@@ -105,28 +117,35 @@ class _StartupGuard:
         raise Interrupted(signum, _phase())
 
     def __enter__(self) -> _StartupGuard:
+        for signum in STARTUP_SIGNALS:
+            if _replaceable(signal.getsignal(signum)):
+                self._previous[signum] = signal.signal(signum, self._raise)
         self._read, self._write = os.pipe()
         os.set_blocking(self._write, False)
-        for signum in STARTUP_SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._raise)
         self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._watch, name="kerasdist-startup-signals",
-                                        daemon=True)
-        self._thread.start()
+        self._thread = None
+        if self._previous_fd != -1:  # someone else's (an asyncio loop's): theirs, no watcher
+            signal.set_wakeup_fd(self._previous_fd)
+        elif self._previous:
+            self._thread = threading.Thread(target=self._watch, name="kerasdist-startup-signals",
+                                            daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.left.set()
-        signal.set_wakeup_fd(self._previous_fd)
+        if self._thread is not None:
+            signal.set_wakeup_fd(self._previous_fd)
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         try:
             os.write(self._write, b"\0")  # wakes the watcher, which ends
         except OSError:
             pass
-        self._thread.join(timeout=self.grace_s + 1)
+        if self._thread is not None:
+            self._thread.join(timeout=self.grace_s + 1)
         os.close(self._write)
-        if not self._thread.is_alive():
+        if self._thread is None or not self._thread.is_alive():
             os.close(self._read)
 
     def _watch(self) -> None:
