@@ -156,3 +156,44 @@ def test_two_runs_started_together_on_one_new_sqlite_store_both_succeed(tmp_path
     experiment = client.get_experiment_by_name("kerasdist")
     finished = [r.info.status for r in client.search_runs([experiment.experiment_id])]
     assert finished == ["FINISHED", "FINISHED"]
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_while_a_parameter_server_chief_waits_for_its_cluster_exits_143(tmp_path):
+    """The chief of a ``tf_config`` cluster whose ps and worker never start blocks in TensorFlow's
+    connection to the cluster (no Python signal handler runs there): SIGTERM ended it only with
+    SIGKILL before; now within seconds, 143, one line."""
+    chief, worker, ps = (portpicker.pick_unused_port() for _ in range(3))
+    tf_config = {"cluster": {"chief": [f"127.0.0.1:{chief}"], "worker": [f"127.0.0.1:{worker}"],
+                             "ps": [f"127.0.0.1:{ps}"]}, "task": {"type": "chief", "index": 0}}
+    recipe = tmp_path / "ps.yaml"
+    recipe.write_text(yaml.safe_dump({
+        **LINEAR, "strategy": {"kind": "parameter_server"}, "cluster": {"kind": "tf_config"},
+        "trainer": {"epochs": 1, "steps_per_epoch": 2, "verbose": 0},
+        "output": {"run_dir": str(tmp_path / "run"), "tensorboard": False}}))
+    import json
+    import socket
+
+    proc = _fit(recipe, env=_env(TF_CONFIG=json.dumps(tf_config)))
+    try:
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and time.monotonic() < deadline:
+            with socket.socket() as probe:  # the chief's own server is up: it now connects
+                if probe.connect_ex(("127.0.0.1", chief)) == 0:
+                    break
+            time.sleep(0.2)
+        time.sleep(2.0)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = _stop(proc, 60)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err[-3000:]
+    assert took < 10, f"{took:.1f} s"
+    assert "Traceback" not in err, err[-3000:]
+    assert "SIGTERM received while starting" in err
+    assert not (tmp_path / "run").exists()
