@@ -256,7 +256,10 @@ def build_streaming(recipe, *, pipelines: int) -> Streaming:
 
     Raises:
         DataError: missing files, records that do not match the spec, an empty folder, a
-            ``data.function`` that does not import or returns the wrong type.
+            ``data.function`` that does not import or returns the wrong type, or whose split is
+            endless or longer than :data:`~kerasdist.data.python_source.MAX_COUNTED_EXAMPLES`
+            where it is counted (the training split without ``trainer.steps_per_epoch``, the
+            evaluation split).
         RecipeError: ``data.auto_shard: file`` where the split cannot be sharded by file.
     """
     if recipe.data.source in ("python", "tfds"):

@@ -3,9 +3,11 @@
 Contract: ``function(split: str, input_context: tf.distribute.InputContext | None = None)
 -> tf.data.Dataset`` of **unbatched** ``(features, label)`` examples, the same examples in the same
 order every time it is called (for exact resume). kerasdist shuffles, batches (``data.batch_size`` is
-the global batch), repeats and resumes it. A function that takes ``input_context`` receives the
-pipeline's context and returns that worker's shard itself (e.g. by file); one that does not is
-sharded by data (``Dataset.shard``).
+the global batch), repeats and resumes it. An endless dataset (``from_generator`` over
+``while True``, ``repeat()``) needs ``trainer.steps_per_epoch``: without it the training split is
+counted once, at most :data:`MAX_COUNTED_EXAMPLES` examples. A function that takes
+``input_context`` receives the pipeline's context and returns that worker's shard itself (e.g.
+by file); one that does not is sharded by data (``Dataset.shard``).
 
 Security: the import path is imported and called, like any Python file you run; a recipe naming
 it is as trusted as that code.

@@ -218,7 +218,8 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         ``weights_sha256`` and the loop's own figures (``parameter_server``).
 
     Raises:
-        RecipeError, DataError, RunDirError: bad input, before anything is written (see
+        RecipeError, DataError, RunDirError: bad input, before anything is written (an
+            unreachable ``output.tracking`` store included; see
             :meth:`RunDir.check <kerasdist.training.rundir.RunDir.check>`); RunDirError also when
             another live run holds the run directory's lock.
         TaskFailedError: a peer task was lost (named in the message).
@@ -226,7 +227,8 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
             optimizer state where a checkpoint or ``model.keras`` would be saved (not saved).
         Preempted: SIGTERM or SIGINT (Ctrl-C) during a Keras-fit loop; a checkpoint was saved
             first.
-        KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C.
+        KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C;
+            :class:`~kerasdist.errors.Interrupted` during start-up (exit code 130 / 143).
     """
     ensure_configured()
     strategy = registry.for_recipe(recipe)
@@ -237,8 +239,9 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
     schema = strategy.traits.checkpoint_schema
     resumable = run_dir.check(recipe, checkpoint_schema=schema, overwrite=overwrite)
     with contextlib.ExitStack() as stack:
-        # SIGTERM outside the training steps (start-up, evaluation, final save) ends the run as
-        # Ctrl-C does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves
+        # SIGTERM outside the training steps (evaluation, final save) ends the run as Ctrl-C
+        # does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves; during
+        # start-up (below) SIGINT/SIGTERM exit 130/143, also while TF blocks the main thread
         stack.enter_context(terminate_on_sigterm(unless_handled=True))
         with startup("starting: the tracker, the strategy (connecting to the cluster), the "
                      "input, the model"):
