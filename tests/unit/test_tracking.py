@@ -122,7 +122,6 @@ def test_validate_check_data_and_fit_refuse_an_unreachable_server_writing_nothin
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow  # over 30 s: not in the fast subset
 @pytest.mark.timeout(240)
 def test_an_optional_unreachable_tracker_warns_and_the_run_trains_untracked(
         write_recipe, tmp_path, capsys):
