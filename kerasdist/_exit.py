@@ -79,4 +79,4 @@ def abandon(err: BaseException) -> None:
         from kerasdist import _native_log
 
         _native_log.drain()  # the failure line may still sit in the stderr filter's pipe
-    os._exit(errors.exit_code(errors.classify(err)))
+    os._exit(errors.exit_code(errors.classify(err), err))

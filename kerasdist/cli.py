@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--check-data", action="store_true",
                           help="also build the model (implies --import; needs TensorFlow) and "
                                "check the data splits against it (labels, shapes, NaN/inf), the "
-                               "metrics, the loss and output.run_dir, as fit would")
+                               "metrics, the loss, output.run_dir and that the output.tracking "
+                               "store answers, as fit would")
 
     sub.add_parser("schema", help="print the recipe JSON Schema (for editor completion)")
 
@@ -149,6 +150,9 @@ def _cmd_validate(args) -> int:
         from kerasdist.training.checks import check_recipe_here
 
         check_recipe_here(recipe)
+        from kerasdist import tracking
+
+        tracking.check(recipe)  # the tracking store answers (a warning if not required)
     elif imports:  # build the optimizer, schedule, loss, metrics and callbacks with Keras
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.training.keras_objects import check_training_config
@@ -246,22 +250,29 @@ def _fit_recipe(args):
 
 
 def _cmd_fit(args) -> int:
-    recipe, tf_config = _fit_recipe(args)
-    restarted = recipe.cluster.kind in ("local", "ray")
-    from kerasdist.launch import explain
+    from kerasdist._signals import startup
 
-    explain.RUN.update(run_dir=recipe.output.run_dir,
-                       max_restarts=recipe.cluster.max_restarts if restarted else None)
-    from kerasdist.training.checks import check_run_dir_path
+    with startup("reading the recipe and importing TensorFlow"):  # SIGINT/SIGTERM: 130/143
+        recipe, tf_config = _fit_recipe(args)
+        restarted = recipe.cluster.kind in ("local", "ray")
+        from kerasdist.launch import explain
 
-    # Here only where this machine writes the outputs (one process, the local launcher, the
-    # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the chief.
-    roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
-    if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
-        check_run_dir_path(recipe.output.run_dir)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from kerasdist.launch import run_recipe
-    from kerasdist.training import summary_text
+        explain.RUN.update(run_dir=recipe.output.run_dir,
+                           max_restarts=recipe.cluster.max_restarts if restarted else None)
+        from kerasdist.training.checks import check_run_dir_path
+
+        # Here only where this machine writes the outputs (one process, the local launcher, the
+        # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the
+        # chief.
+        roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
+        if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
+            check_run_dir_path(recipe.output.run_dir)
+            from kerasdist import tracking
+
+            recipe = tracking.check(recipe)  # before TensorFlow is imported: seconds, not minutes
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from kerasdist.launch import run_recipe
+        from kerasdist.training import summary_text
 
     result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
     if result is not None:
@@ -367,7 +378,7 @@ def _failed(err: BaseException, command: str | None = None, debug: bool = False)
     """Report a failure (stderr, and the task's status file under a kerasdist launcher) and
     return its exit code. Bad input shows only the message; an interrupted ``fit`` says its
     checkpoint is kept, another command only that it stopped. A failure during training shows
-    the error's own message (shortened: first and last lines) and, for ``fit`` and ``launch``, ends with the
+    the error's own message (cut to six lines) and, for ``fit`` and ``launch``, ends with the
     closing paragraph of :mod:`kerasdist.launch.explain` (task, step, whether a re-run helps, the
     logs); the Python traceback only with ``debug`` (``--debug``, ``KERASDIST_DEBUG=1``)."""
     from kerasdist.launch import status
@@ -376,10 +387,10 @@ def _failed(err: BaseException, command: str | None = None, debug: bool = False)
     if isinstance(err, KeyboardInterrupt):
         kept = "; the latest checkpoint is kept, re-run to resume" if command == "fit" else ""
         print(f"kerasdist: interrupted{kept}. {err}", file=sys.stderr)
-        return exit_code(failure)
+        return exit_code(failure, err)
     if failure == BAD_INPUT:
         print(f"kerasdist: error: {err}", file=sys.stderr)
-        return exit_code(failure)
+        return exit_code(failure, err)
     if debug:
         import traceback
 
@@ -393,4 +404,4 @@ def _failed(err: BaseException, command: str | None = None, debug: bool = False)
     if command in ("fit", "launch") and RUN and os.environ.get(status.STATUS_ENV) is None:
         print(paragraph(err, run_dir=RUN.get("run_dir"), logs=RUN.get("logs"),
                         max_restarts=RUN.get("max_restarts")), file=sys.stderr)
-    return exit_code(failure)
+    return exit_code(failure, err)

@@ -24,7 +24,9 @@ class               what                                          exit   retried
                     same input fails the same way again; also
                     :class:`TrainingError`
 ``preempted``       SIGTERM or Ctrl-C (a checkpoint is saved      130    yes
-                    first where the strategy can)
+                    first where the strategy can); SIGTERM
+                    during start-up (:class:`Interrupted`:
+                    nothing to save yet) exits 143
 ==================  ============================================  =====  ==========
 
 The one exception to "by type": TensorFlow reports a request garbled or cut on its way between
@@ -45,6 +47,8 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, the shell's code for an interrupted command; also a preempted (SIGTERM) run."""
+EXIT_TERMINATED = 143
+"""128 + SIGTERM: SIGTERM during start-up, before training (:class:`Interrupted`)."""
 
 BAD_INPUT, PEER_LOST, FATAL, PREEMPTED = "bad_input", "peer_lost", "fatal", "preempted"
 RETRYABLE = frozenset({PEER_LOST, PREEMPTED})
@@ -117,6 +121,26 @@ class Preempted(KeyboardInterrupt):
         self.step = step
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM during start-up (the recipe, imports, the data checks and counting pass,
+    the tracker check, waiting for a cluster), before training: there was nothing to save.
+
+    The process exits with 128 + the signal's number, 130 (SIGINT) or 143 (SIGTERM)
+    (:func:`exit_code`). A ``KeyboardInterrupt``, so that it passes ``except Exception`` handlers
+    as Ctrl-C does.
+
+    Args:
+        signum: the signal received (``signal.SIGINT`` or ``signal.SIGTERM``).
+        during: what the process was doing, for the message ("counting the examples of ...").
+    """
+
+    def __init__(self, signum: int, during: str):
+        import signal
+
+        self.signum = int(signum)
+        super().__init__(f"{signal.Signals(self.signum).name} received while {during}")
+
+
 def _is_peer_error(err: BaseException) -> bool:
     """A TensorFlow ``OpError`` of a class that means a peer task is gone (by type, via the MRO
     names so that this module never imports TensorFlow)."""
@@ -146,6 +170,9 @@ def classify(err: BaseException) -> str:
     return FATAL
 
 
-def exit_code(failure_class: str) -> int:
-    """The process exit code of a failure class (see module docs)."""
+def exit_code(failure_class: str, err: BaseException | None = None) -> int:
+    """The process exit code of a failure class (see module docs); an :class:`Interrupted`
+    ``err`` (a signal during start-up) exits 128 + its signal's number (130 or 143)."""
+    if isinstance(err, Interrupted):
+        return 128 + err.signum
     return {BAD_INPUT: EXIT_BAD_INPUT, PREEMPTED: EXIT_INTERRUPTED}.get(failure_class, EXIT_FAILED)

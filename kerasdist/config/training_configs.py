@@ -224,6 +224,10 @@ class TrackingConfig(_Frozen):
     experiment: str = Field("kerasdist", min_length=1, description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name; None = the run dir's name.")
     log_model: bool = Field(True, description="Log model.keras and metrics.json as artifacts.")
+    required: bool = Field(True, description="The tracking store is checked before anything is "
+                           "written (one request, 5 s timeout, no retry). true: an unreachable "
+                           "server or unusable uri is bad input (exit 2); false: a warning, and "
+                           "the run trains without tracking.")
 
 
 def keras_checked_fields(recipe) -> list[str]:

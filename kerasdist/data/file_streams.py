@@ -221,7 +221,12 @@ def _build_python(recipe, pipelines: int) -> Streaming:
     config = recipe.data
     fn = (python_source.tfds_function(config) if config.source == "tfds"
           else python_source.load_function(config))
-    counted = python_source.count(python_source.call(fn, config, config.train_split))
+    train = python_source.call(fn, config, config.train_split)
+    bounded = recipe.trainer.steps_per_epoch is not None  # may be endless: read its start only
+    if bounded:
+        counted = python_source.count_first(train, config.batch_size * max(pipelines, 1))
+    else:
+        counted = python_source.count(train, config, split=config.train_split)
     own = python_source.takes_context(fn)
     policy = "off" if pipelines <= 1 else ("data" if config.auto_shard in ("auto", "file")
                                            else config.auto_shard)
@@ -232,9 +237,12 @@ def _build_python(recipe, pipelines: int) -> Streaming:
                           f"(it shards itself). Received: function='{config.function}'")
     eval_fn, num_eval = None, 0
     if config.eval_split:
-        num_eval = python_source.count(python_source.call(fn, config, config.eval_split))
+        num_eval = python_source.count(python_source.call(fn, config, config.eval_split), config,
+                                       split=config.eval_split, field="data.eval_split")
         eval_fn = _python_eval_fn(fn, config, shard=policy != "off")
-    log.info(f"input: data.function '{python_source.describe(config)}' gives {counted} training examples; "
+    size = (f"starts with at least {counted} training examples (not counted whole: "
+            "trainer.steps_per_epoch is set)") if bounded else f"gives {counted} training examples"
+    log.info(f"input: data.function '{python_source.describe(config)}' {size}; "
              + ("it shards itself (input_context)" if own else "sharded by data"))
     per_pipeline = counted if (own or policy == "off") else counted // max(pipelines, 1)
     if own and pipelines > 1:
@@ -248,7 +256,10 @@ def build_streaming(recipe, *, pipelines: int) -> Streaming:
 
     Raises:
         DataError: missing files, records that do not match the spec, an empty folder, a
-            ``data.function`` that does not import or returns the wrong type.
+            ``data.function`` that does not import or returns the wrong type, or whose split is
+            endless or longer than :data:`~kerasdist.data.python_source.MAX_COUNTED_EXAMPLES`
+            where it is counted (the training split without ``trainer.steps_per_epoch``, the
+            evaluation split).
         RecipeError: ``data.auto_shard: file`` where the split cannot be sharded by file.
     """
     if recipe.data.source in ("python", "tfds"):

@@ -3,9 +3,11 @@
 Contract: ``function(split: str, input_context: tf.distribute.InputContext | None = None)
 -> tf.data.Dataset`` of **unbatched** ``(features, label)`` examples, the same examples in the same
 order every time it is called (for exact resume). kerasdist shuffles, batches (``data.batch_size`` is
-the global batch), repeats and resumes it. A function that takes ``input_context`` receives the
-pipeline's context and returns that worker's shard itself (e.g. by file); one that does not is
-sharded by data (``Dataset.shard``).
+the global batch), repeats and resumes it. An endless dataset (``from_generator`` over
+``while True``, ``repeat()``) needs ``trainer.steps_per_epoch``: without it the training split is
+counted once, at most :data:`MAX_COUNTED_EXAMPLES` examples. A function that takes
+``input_context`` receives the pipeline's context and returns that worker's shard itself (e.g.
+by file); one that does not is sharded by data (``Dataset.shard``).
 
 Security: the import path is imported and called, like any Python file you run; a recipe naming
 it is as trusted as that code.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+from kerasdist._signals import startup
 from kerasdist.errors import DataError
 from kerasdist.importpath import import_attribute, is_builtin
 
@@ -106,15 +109,73 @@ def call(fn: Callable, config, split: str, input_context=None):
     return ds
 
 
-def count(ds) -> int:
-    """Examples in ``ds``: its cardinality when known, else one streaming pass."""
+MAX_COUNTED_EXAMPLES = 100_000
+"""Examples the counting pass reads at most from a split whose length TensorFlow does not know
+(``cardinality`` UNKNOWN, e.g. ``Dataset.from_generator``): without ``trainer.steps_per_epoch`` the
+training split is counted once to set the epoch length, and the evaluation split is counted always
+(evaluation reads it whole). A split longer than this, or endless, is refused (exit code 2) after
+reading this many examples instead of counting for ever (about 20 s for a ``from_generator``
+split at 5,000 examples/s). The same number as the records the bad-input checks read
+(:data:`kerasdist.training.checks.MAX_CHECKED_RECORDS`). With ``trainer.steps_per_epoch`` the
+training split is not counted: only its first batches are read (:func:`count_first`)."""
+
+
+def count(ds, config, *, split: str, field: str = "data.train_split",
+          limit: int | None = None) -> int:
+    """Examples in ``ds``, one split of ``data.function``: its cardinality when TensorFlow knows
+    it, else one streaming pass of at most ``limit + 1`` examples.
+
+    Args:
+        ds: the split's unbatched dataset (:func:`call`).
+        config: the ``DataConfig`` (names the function in messages).
+        split: the split's name, for messages.
+        field: ``data.train_split`` or ``data.eval_split``, for messages.
+        limit: most examples counted (None: :data:`MAX_COUNTED_EXAMPLES`).
+
+    Raises:
+        DataError: the split is endless (cardinality INFINITE) or longer than ``limit``; the
+            message names ``trainer.steps_per_epoch`` (training split) or ``data.eval_split``.
+    """
     import numpy as np
     import tensorflow as tf
+
+    limit = MAX_COUNTED_EXAMPLES if limit is None else limit
+    known = int(ds.cardinality().numpy())
+    if known >= 0:
+        return known
+    if known != tf.data.INFINITE_CARDINALITY:
+        with startup(f"counting the examples of data.function '{describe(config)}' split "
+                     f"'{split}' (at most {limit:,})"):
+            counted = int(ds.take(limit + 1).reduce(np.int64(0), lambda n, _: n + 1).numpy())
+        if counted <= limit:
+            return counted
+    raise _too_long(config, split=split, field=field, limit=limit,
+                    endless=known == tf.data.INFINITE_CARDINALITY)
+
+
+def count_first(ds, wanted: int) -> int:
+    """Examples among the first ``wanted`` of ``ds`` (all of them when TensorFlow knows the
+    length): the training split's check when ``trainer.steps_per_epoch`` is set, which may be
+    endless. Reads at most ``wanted`` examples."""
+    import numpy as np
 
     known = int(ds.cardinality().numpy())
     if known >= 0:
         return known
-    if known == tf.data.INFINITE_CARDINALITY:
-        raise DataError("data.function returned an endless dataset; return one pass over the "
-                        "split (kerasdist repeats it). Received: cardinality INFINITE")
-    return int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+    with startup(f"reading the first {wanted} examples of data.function's training split"):
+        return int(ds.take(wanted).reduce(np.int64(0), lambda n, _: n + 1).numpy())
+
+
+def _too_long(config, *, split: str, field: str, limit: int, endless: bool) -> DataError:
+    what = ("is endless (cardinality INFINITE)" if endless
+            else f"has more than {limit:,} examples (endless?)")
+    head = f"data.function '{describe(config)}': {field} '{split}' {what}"
+    if field == "data.train_split":
+        return DataError(f"{head}; without trainer.steps_per_epoch kerasdist counts one pass of it "
+                         f"to set the epoch length (at most {limit:,} examples). Set "
+                         "trainer.steps_per_epoch (then the split is not counted and may be "
+                         "endless), or return one pass of the split. Received: "
+                         f"trainer.steps_per_epoch=None, function='{describe(config)}'")
+    return DataError(f"{head}; evaluation reads it whole. Return a finite split of at most "
+                     f"{limit:,} examples, or set data.eval_split: null. Received: "
+                     f"eval_split='{split}', function='{describe(config)}'")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kerasdist import _log
+from kerasdist._signals import startup
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError, DataError
 from kerasdist.strategies import registry
@@ -56,7 +57,13 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
 
     Raises:
         RecipeError, DataError, RunDirError, ClusterError: bad input (exit code 2).
+        Interrupted: SIGINT/SIGTERM (:func:`kerasdist._signals.startup`).
     """
+    with startup("checking the recipe, its data and its run directory"):
+        return _preflight(recipe, overwrite=overwrite)
+
+
+def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     from kerasdist.config.data_configs import streams
     from kerasdist.data.sources import load_split
     from kerasdist.training import checks
@@ -189,7 +196,8 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunRes
         isolated = isolation.plan(recipe, callbacks=callbacks)  # refuses before anything is written
     from kerasdist import tracking
 
-    tracking.check(recipe, isolated=isolated)
+    with startup("checking the tracking server"):
+        recipe = tracking.check(recipe, isolated=isolated)  # untracked when allowed and unreachable
     with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
         run_dir.claim(held, recipe, overwrite=overwrite,
                       checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)

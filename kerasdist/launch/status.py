@@ -40,7 +40,7 @@ def report(err: BaseException) -> str:
     failure = classify(err)
     path = os.environ.get(STATUS_ENV)
     if path:
-        data = {"class": failure, "exit_code": exit_code(failure), "error": type(err).__name__,
+        data = {"class": failure, "exit_code": exit_code(failure, err), "error": type(err).__name__,
                 "message": summary(err), "lost_tasks": list(getattr(err, "lost_tasks", []))}
         tmp = Path(f"{path}.tmp")
         tmp.write_text(json.dumps(data), encoding="utf-8")
@@ -94,7 +94,7 @@ def _rebuild(result: dict) -> BaseException:
     name, module, message = result["error"], result.get("module", ""), result.get("message", "")
     if name == "Preempted":
         return Preempted(int(result.get("step") or 0))
-    if name in ("KeyboardInterrupt", "Terminated"):
+    if name in ("KeyboardInterrupt", "Terminated", "Interrupted"):
         return KeyboardInterrupt(message)
     found = None
     if module.startswith("kerasdist"):

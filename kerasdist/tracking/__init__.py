@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kerasdist.errors import RecipeError
+
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
@@ -45,24 +47,47 @@ def start_launch(recipe: Recipe, *, run_dir):
     return MlflowTracker.start(recipe, run_dir=run_dir, num_replicas=None, launcher=True)
 
 
-def check(recipe: Recipe, *, isolated: bool = False) -> None:
-    """Bad-input checks of ``output.tracking`` before anything starts.
+def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
+    """Bad-input checks of ``output.tracking`` before anything starts or is written: MLflow is
+    installed, the URI suits the cluster, and the tracking store answers within a few seconds
+    (:func:`~kerasdist.tracking.mlflow_store.unreachable`, one request, no retry).
 
     Args:
+        recipe: the validated recipe.
         isolated: the run's tasks run in a private network namespace (a local cluster), where
             only file-based tracking URIs can be reached.
 
+    Returns:
+        ``recipe``; or, when the store cannot be used and ``output.tracking.required`` is false,
+        ``recipe`` without ``output.tracking`` (a warning says so: the run goes on untracked).
+
     Raises:
-        RecipeError: the tracker's package is missing, or an isolated local cluster was given a
-            network URI it cannot reach.
+        RecipeError: the tracker's package is missing; an isolated local cluster was given a
+            network URI it cannot reach; the store cannot be used (unreachable server, unknown
+            scheme, missing directory) and ``output.tracking.required`` is true (the default).
     """
     tracking = recipe.output.tracking
     if tracking is None:
-        return
-    from kerasdist.tracking.mlflow_tracker import check_uri, require_mlflow
+        return recipe
+    from kerasdist.tracking.mlflow_store import PROBE_TIMEOUT_S, check_uri, require_mlflow, unreachable
 
     require_mlflow()
     check_uri(tracking.uri, isolated=isolated)
+    why = unreachable(tracking.uri)
+    if why is None:
+        return recipe
+    problem = (f"output.tracking.uri: the MLflow tracking store cannot be used ({why}; checked "
+               f"with a {PROBE_TIMEOUT_S} s timeout, no retry)")
+    if tracking.required:
+        raise RecipeError(f"{problem}. Start the server or fix the URI, or set "
+                          "output.tracking.required: false to train without tracking then. "
+                          f"Received: uri={tracking.uri!r}")
+    from kerasdist._log import get_logger
+
+    get_logger("tracking").warning(f"{problem}; output.tracking.required is false: training "
+                                   f"without tracking. Received: uri={tracking.uri!r}")
+    output = recipe.output.model_copy(update={"tracking": None})
+    return recipe.model_copy(update={"output": output})
 
 
 __all__ = ["check", "start", "start_launch"]

@@ -32,44 +32,19 @@ from typing import TYPE_CHECKING, Any
 import keras
 
 from kerasdist._log import get_logger
-from kerasdist.errors import RecipeError
-from kerasdist.training.outputs import MLFLOW_ARTIFACTS, MLFLOW_DB, TRACKING_FILE, write_json_atomic
+from kerasdist.tracking.mlflow_store import (  # noqa: F401 - re-exported
+    NETWORK_SCHEMES,
+    check_uri,
+    client_for,
+    default_uri,
+    require_mlflow,
+)
+from kerasdist.training.outputs import MLFLOW_ARTIFACTS, TRACKING_FILE, write_json_atomic
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
 log = get_logger("tracking")
-
-NETWORK_SCHEMES = ("http://", "https://", "databricks")
-
-
-def require_mlflow() -> None:
-    """Raises RecipeError naming ``output.tracking`` when MLflow is not installed."""
-    try:
-        import mlflow  # noqa: F401
-    except ImportError:
-        raise RecipeError("output.tracking: kind 'mlflow' needs MLflow: pip install "
-                          "'kerasdist[mlflow]'. Received: kind='mlflow'") from None
-
-
-def check_uri(uri: str | None, *, isolated: bool) -> None:
-    """An isolated local cluster's tasks reach nothing outside their network namespace.
-
-    Raises:
-        RecipeError: a network URI for a run in a private network namespace.
-    """
-    if isolated and uri is not None and uri.startswith(NETWORK_SCHEMES):
-        raise RecipeError(
-            "output.tracking.uri: a local cluster runs in a private network namespace "
-            "(kerasdist.launch.isolation) from which this tracking server cannot be reached. Use "
-            "a file URI (the default, sqlite:///<run_dir>/mlflow.db, or sqlite:///PATH), or set "
-            f"cluster.allow_network_exposure: true. Received: uri={uri!r}")
-
-
-def default_uri(run_dir: Path) -> str:
-    """``sqlite:///<absolute run_dir>/mlflow.db``."""
-    return f"sqlite:///{Path(run_dir).absolute() / MLFLOW_DB}"
-
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``; lists and scalars become JSON text."""
@@ -128,12 +103,10 @@ class MlflowTracker(keras.callbacks.Callback):
             mlflow.exceptions.MlflowException: the tracking server refused or cannot be reached.
         """
         require_mlflow()
-        from mlflow import MlflowClient
-
         run_dir = Path(run_dir)
         config = recipe.output.tracking
         uri = config.uri or default_uri(run_dir)
-        client = MlflowClient(tracking_uri=uri)
+        client = client_for(uri)
         record = _read_record(run_dir)
         params = flatten(recipe.model_dump(mode="json"))
         if record and record.get("uri") == uri:
@@ -196,13 +169,7 @@ def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[st
                 launcher: bool) -> str:
     """A new MLflow run with the recipe's params and tags, recorded in ``tracking.json``."""
     config = recipe.output.tracking
-    experiment = client.get_experiment_by_name(config.experiment)
-    if experiment is not None:
-        experiment_id = experiment.experiment_id
-    else:
-        location = None if uri.startswith(NETWORK_SCHEMES) else str(
-            (run_dir / MLFLOW_ARTIFACTS).absolute())
-        experiment_id = client.create_experiment(config.experiment, artifact_location=location)
+    experiment_id = _experiment_id(client, config.experiment, uri, run_dir)
     run = client.create_run(experiment_id, run_name=config.run_name or run_dir.name,
                             tags=_tags(recipe, run_dir))
     _log_params(client, run.info.run_id, params)
@@ -212,6 +179,25 @@ def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[st
         "launched": launcher})
     log.info(f"tracking: MLflow run {run.info.run_id} at {uri}")
     return run.info.run_id
+
+
+def _experiment_id(client, name: str, uri: str, run_dir: Path) -> str:
+    """The id of experiment ``name``, created when missing; when another run created it
+    meanwhile (MLflow's ``RESOURCE_ALREADY_EXISTS``), that one."""
+    from mlflow.exceptions import MlflowException
+
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None if uri.startswith(NETWORK_SCHEMES) else str(
+        (run_dir / MLFLOW_ARTIFACTS).absolute())
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException as err:
+        experiment = client.get_experiment_by_name(name)
+        if err.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
+            raise
+        return experiment.experiment_id
 
 
 def _read_record(run_dir: Path) -> dict | None:

@@ -30,6 +30,11 @@ MAX_CHECKED_RECORDS = 100_000
 name (the only source not held in memory whole): a bounded sample, so a bad record further in the
 files is still met only during training."""
 
+FIRST_CHECKED_BATCHES = 4
+"""Global batches of the training split checked by :func:`check_inputs` for a ``python`` (or
+``tfds`` with ``data.input``) source when ``trainer.steps_per_epoch`` is set: such a split may be
+endless, so only its first batches are read."""
+
 Split = tuple[np.ndarray, np.ndarray]
 
 
@@ -41,7 +46,9 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
         model: the built ``keras.Model`` (compiled or not) of the recipe.
         splits: ``{split string: (x, y)}`` already loaded by the caller; splits not given are
             loaded here (:func:`kerasdist.data.sources.load_split`; for a ``tfrecord`` source with
-            a whole split name, the first :data:`MAX_CHECKED_RECORDS` records only).
+            a whole split name, the first :data:`MAX_CHECKED_RECORDS` records only; for a
+            ``python`` source's training split under ``trainer.steps_per_epoch``, the first
+            :data:`FIRST_CHECKED_BATCHES` global batches).
 
     Raises:
         DataError: labels outside ``[0, classes)`` for a sparse-categorical loss (including NaN
@@ -56,7 +63,8 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
         names.append(("data.eval_split", recipe.data.eval_split))
     sparse = "sparsecategorical" in _loss_name(recipe).replace("_", "")
     for field, split in names:
-        x, y = splits[split] if split in splits else _load(recipe.data, split)
+        x, y = splits[split] if split in splits else _load(recipe.data, split,
+                                                           limit=_limit(recipe, field))
         where = f"{field} '{split}' of data.source '{recipe.data.source}'" + (
             f" (data.path '{recipe.data.path}')" if recipe.data.path else "")
         _check_finite(y, f"{where}: labels")
@@ -92,7 +100,17 @@ def _loss_name(recipe: Recipe) -> str:
     return loss_label(registry.check(recipe.model).loss)
 
 
-def _load(data_config, split: str) -> Split:
+def _limit(recipe: Recipe, field: str) -> int:
+    """Examples checked from a streaming split: :data:`MAX_CHECKED_RECORDS`, or the first
+    :data:`FIRST_CHECKED_BATCHES` global batches of a function source's training split under
+    ``trainer.steps_per_epoch`` (it may be endless)."""
+    function_source = recipe.data.source in ("python", "tfds")
+    if function_source and field == "data.train_split" and recipe.trainer.steps_per_epoch:
+        return FIRST_CHECKED_BATCHES * recipe.data.batch_size
+    return MAX_CHECKED_RECORDS
+
+
+def _load(data_config, split: str, *, limit: int = MAX_CHECKED_RECORDS) -> Split:
     from kerasdist.config.data_configs import streams
     from kerasdist.data.sources import load_split
 
@@ -101,7 +119,7 @@ def _load(data_config, split: str) -> Split:
 
         # the default tfrecord layout is checked as the in-memory sources are, on raw arrays
         raw = data_config.source == "tfrecord" and data_config.features is None
-        return sample_split(data_config, split, MAX_CHECKED_RECORDS, preprocessed=not raw)
+        return sample_split(data_config, split, limit, preprocessed=not raw)
     return load_split(data_config, split)
 
 

@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
-from kerasdist._signals import terminate_on_sigterm
+from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, write_metrics
@@ -218,7 +218,8 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         ``weights_sha256`` and the loop's own figures (``parameter_server``).
 
     Raises:
-        RecipeError, DataError, RunDirError: bad input, before anything is written (see
+        RecipeError, DataError, RunDirError: bad input, before anything is written (an
+            unreachable ``output.tracking`` store included; see
             :meth:`RunDir.check <kerasdist.training.rundir.RunDir.check>`); RunDirError also when
             another live run holds the run directory's lock.
         TaskFailedError: a peer task was lost (named in the message).
@@ -226,7 +227,8 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
             optimizer state where a checkpoint or ``model.keras`` would be saved (not saved).
         Preempted: SIGTERM or SIGINT (Ctrl-C) during a Keras-fit loop; a checkpoint was saved
             first.
-        KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C.
+        KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C;
+            :class:`~kerasdist.errors.Interrupted` during start-up (exit code 130 / 143).
     """
     ensure_configured()
     strategy = registry.for_recipe(recipe)
@@ -237,17 +239,20 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
     schema = strategy.traits.checkpoint_schema
     resumable = run_dir.check(recipe, checkpoint_schema=schema, overwrite=overwrite)
     with contextlib.ExitStack() as stack:
-        # SIGTERM outside the training steps (start-up, evaluation, final save) ends the run as
-        # Ctrl-C does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves
+        # SIGTERM outside the training steps (evaluation, final save) ends the run as Ctrl-C
+        # does (exit 130, checkpoints kept); in training the loop's PreemptionWatch saves; during
+        # start-up (below) SIGINT/SIGTERM exit 130/143, also while TF blocks the main thread
         stack.enter_context(terminate_on_sigterm(unless_handled=True))
-        tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
-        data = strategy.make_input(recipe, tf_strategy)
-        model = _build_model(recipe, strategy, tf_strategy)
-        from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
-        if is_chief:
-            from kerasdist import tracking
+        with startup("starting: the tracker, the strategy (connecting to the cluster), the "
+                     "input, the model"):
+            if is_chief:  # first: a few seconds, no TensorFlow
+                from kerasdist import tracking
 
-            tracking.check(recipe)
+                recipe = tracking.check(recipe)  # without it when unreachable and not required
+            tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
+            data = strategy.make_input(recipe, tf_strategy)
+            model = _build_model(recipe, strategy, tf_strategy)
+            from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
         if is_chief:
             resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
                                       overwrite=overwrite)

@@ -214,3 +214,51 @@ def test_bad_streaming_data_exits_2_before_anything_is_written(case, tmp_path, c
     err = capsys.readouterr().err
     assert code == EXIT_BAD_INPUT and needle in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
+
+
+ENDLESS = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    def endless(split, input_context=None):
+        '''An endless stream (cardinality UNKNOWN): y = 2 x + 1 for train, 64 examples for test.'''
+        def gen():
+            rng = np.random.default_rng(0 if split == "train" else 1)
+            while True:
+                x = rng.normal(size=(1,)).astype("float32")
+                yield x, np.float32(2 * x[0] + 1)
+        spec = (tf.TensorSpec((1,), tf.float32), tf.TensorSpec((), tf.float32))
+        ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
+        return ds if split == "train" else ds.take(64)
+""")
+
+
+@pytest.mark.timeout(180)
+def test_an_endless_python_source_trains_with_steps_per_epoch(tmp_path, monkeypatch, capsys):
+    """Issue 39 point 3: an endless ``from_generator`` split is a normal thing to train on with
+    ``trainer.steps_per_epoch``: no counting pass (it never ended before), the data checks read its
+    first batches only."""
+    (tmp_path / "endless_user_data.py").write_text(ENDLESS, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_dir = tmp_path / "run"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "model": {"name": "linear"}, "optimizer": {"name": "sgd", "learning_rate": 0.1},
+        "data": {"source": "python", "function": "endless_user_data:endless",
+                 "train_split": "train", "eval_split": "test", "batch_size": 16},
+        "trainer": {"epochs": 2, "steps_per_epoch": 5, "verbose": 0},
+        "output": {"run_dir": str(run_dir), "tensorboard": False}}))
+    assert main(["fit", str(recipe)]) == 0, capsys.readouterr().err[-2000:]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["global_steps"] == 10
+    assert (run_dir / "model.keras").is_file()
+    # without steps_per_epoch the split is counted, at most MAX_COUNTED_EXAMPLES: exit 2
+    from kerasdist.data import python_source
+
+    monkeypatch.setattr(python_source, "MAX_COUNTED_EXAMPLES", 500)
+    code = main(["fit", str(recipe), "--set", "trainer.steps_per_epoch=null",
+                 "--set", f"output.run_dir={tmp_path / 'run2'}"])
+    err = capsys.readouterr().err
+    assert code == EXIT_BAD_INPUT, err[-2000:]
+    assert "trainer.steps_per_epoch" in err and "endless_user_data:endless" in err
+    assert not (tmp_path / "run2").exists()

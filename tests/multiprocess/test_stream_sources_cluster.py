@@ -232,3 +232,45 @@ def test_python_tfds_and_tfrecord_spec_sources_train_on_a_cluster(kind, strategy
     assert result["shard_policy"] == POLICY[kind], result["shard_policy"]
     assert result["global_steps"] == 2 * result["steps_per_epoch"] > 0, result
     assert result["evaluation"]["accuracy"] >= 0.85, result["evaluation"]
+
+
+ENDLESS_SOURCE = '''
+import numpy as np
+import tensorflow as tf
+
+def endless(split):
+    """An endless generator (cardinality UNKNOWN) of 2-d points; 128 test points."""
+    def gen():
+        rng = np.random.default_rng(0 if split == "train" else 1)
+        while True:
+            x = rng.normal(size=(2,)).astype("float32")
+            yield x, np.int64(x[0] + x[1] > 0)
+    spec = (tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64))
+    ds = tf.data.Dataset.from_generator(gen, output_signature=spec)
+    return ds if split == "train" else ds.take(128)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_endless_python_source_trains_on_two_multi_worker_workers(tmp_path, monkeypatch):
+    """Issue 39 point 3: with ``trainer.steps_per_epoch`` an endless stream is not counted (the
+    launcher's check and each worker's input never ended before), each worker streams its shard
+    (by data), and the model learns."""
+    folder = tmp_path / "endless"
+    folder.mkdir()
+    (folder / "endless_cluster_data.py").write_text(ENDLESS_SOURCE, encoding="utf-8")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
+    recipe = _recipe(tmp_path, "run", {"source": "python", "function": "endless_cluster_data:endless",
+                                       "shuffle_buffer": 64}, POINTS_MODEL,
+                     trainer={"steps_per_epoch": 20, "checkpoint": {"every_steps": 10}})
+    process = mw.launch(recipe)
+    try:
+        out = mw.finish(process, timeout_s=500)
+    finally:
+        mw.kill_tree(process.pid)
+    assert process.returncode == 0, out[-6000:]
+    result = mw.metrics(tmp_path / "run")
+    assert result["num_replicas"] == 2 and result["shard_policy"] == "data", result
+    assert result["global_steps"] == 40, result
+    assert result["evaluation"]["accuracy"] >= 0.85, result["evaluation"]

@@ -237,3 +237,83 @@ def test_streaming_sources_take_whole_split_names_only(tmp_path):
     with pytest.raises(ValueError, match="data.train_split of a streaming source .* Received: "
                        "train_split='train\\[:80%\\]'"):
         validate_recipe({"data": {**_csv(tmp_path / "csv"), "train_split": "train[:80%]"}})
+
+
+ENDLESS_MODULE = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+
+    def endless(split):
+        def gen():
+            while True:
+                yield np.ones(2, "float32"), np.int64(1)
+        spec = (tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64))
+        return tf.data.Dataset.from_generator(gen, output_signature=spec)
+
+    def repeated(split):
+        return tf.data.Dataset.range(10).map(lambda i: (tf.ones(2), i % 2)).repeat()
+
+    def generated(split):
+        def gen():
+            for i in range(40):
+                yield np.ones(2, "float32"), np.int64(i % 2)
+        spec = (tf.TensorSpec((2,), tf.float32), tf.TensorSpec((), tf.int64))
+        return tf.data.Dataset.from_generator(gen, output_signature=spec)
+""")
+
+
+def _endless(folder, monkeypatch, function):
+    (folder / "user_endless_mod.py").write_text(ENDLESS_MODULE, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(folder))
+    return {"source": "python", "function": f"user_endless_mod:{function}"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function", ["endless", "repeated"])
+def test_an_endless_python_split_is_not_counted_under_steps_per_epoch(function, tmp_path,
+                                                                      monkeypatch):
+    """Issue 39: the counting pass over an endless split never ended; with
+    ``trainer.steps_per_epoch`` only its first batches are read, and it streams."""
+    from kerasdist.data.streams import build_data
+
+    data = _endless(tmp_path, monkeypatch, function)
+    recipe = validate_recipe({"data": {**data, "train_split": "train", "eval_split": None,
+                                       "batch_size": 8},
+                              "trainer": {"steps_per_epoch": 3},
+                              "output": {"run_dir": str(tmp_path / "run")}})
+    built = build_data(recipe, replicas=1)
+    assert built.steps_per_epoch == 3
+    ds = built.train_dataset(tf.distribute.get_strategy(), start_step=0)
+    assert [int(y.shape[0]) for _, y in ds.take(5)] == [8] * 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("function, needle", [
+    ("endless", "has more than 30 examples"), ("repeated", "is endless (cardinality INFINITE)")])
+def test_an_endless_python_split_without_steps_per_epoch_is_refused_naming_the_field(
+        function, needle, tmp_path, monkeypatch):
+    from kerasdist.data import python_source
+
+    monkeypatch.setattr(python_source, "MAX_COUNTED_EXAMPLES", 30)
+    data = _endless(tmp_path, monkeypatch, function)
+    with pytest.raises(DataError) as raised:
+        build_streaming(_recipe(tmp_path, {**data, "eval_split": None}), pipelines=1)
+    message = str(raised.value)
+    assert needle in message and "trainer.steps_per_epoch" in message, message
+    assert f"user_endless_mod:{function}" in message and "Received:" in message
+
+
+@pytest.mark.timeout(60)
+def test_a_finite_generator_is_counted_and_an_endless_eval_split_is_refused(tmp_path, monkeypatch):
+    from kerasdist.data import python_source
+
+    monkeypatch.setattr(python_source, "MAX_COUNTED_EXAMPLES", 40)
+    data = _endless(tmp_path, monkeypatch, "generated")
+    assert build_streaming(_recipe(tmp_path, {**data, "eval_split": None}),
+                           pipelines=1).per_pipeline == 40  # exactly the bound: counted
+    recipe = validate_recipe({"data": {**data, "train_split": "train", "eval_split": "test",
+                                       "batch_size": 8, "function": "user_endless_mod:endless"},
+                              "trainer": {"steps_per_epoch": 3},
+                              "output": {"run_dir": str(tmp_path / "run")}})
+    with pytest.raises(DataError, match="data.eval_split 'test' has more than 40 examples"):
+        build_streaming(recipe, pipelines=1)

@@ -4,7 +4,10 @@ SQLite store inside the run directory; a resumed run continues the same MLflow r
 from __future__ import annotations
 
 import json
+import os
+import time
 
+import portpicker
 import pytest
 
 from kerasdist.cli import EXIT_BAD_INPUT, main
@@ -62,12 +65,74 @@ def test_default_tracking_is_one_mlflow_run_in_the_run_dir_that_a_resume_continu
 def test_a_network_tracking_uri_is_refused_for_an_isolated_local_cluster():
     from kerasdist import tracking
 
-    recipe = validate_recipe({"output": {"tracking": {"kind": "mlflow",
-                                                      "uri": "http://127.0.0.1:5000"}}})
-    tracking.check(recipe, isolated=False)
+    uri = f"http://127.0.0.1:{portpicker.pick_unused_port()}"
+    recipe = validate_recipe({"output": {"tracking": {"kind": "mlflow", "uri": uri}}})
     with pytest.raises(RecipeError, match="output.tracking.uri: a local cluster runs in a "
                                           "private network namespace"):
-        tracking.check(recipe, isolated=True)
+        tracking.check(recipe, isolated=True)  # before any request
+
+
+# ------------------------------------------------ issue 39: the store is checked before writing
+@pytest.mark.timeout(60)
+def test_an_unreachable_server_is_refused_in_seconds_naming_the_uri_unless_not_required(
+        caplog, capsys):
+    from kerasdist import tracking
+
+    uri = f"http://127.0.0.1:{portpicker.pick_unused_port()}"  # nothing listens there
+    recipe = validate_recipe({"output": {"tracking": {"kind": "mlflow", "uri": uri}}})
+    start = time.monotonic()
+    with pytest.raises(RecipeError) as raised:
+        tracking.check(recipe)
+    assert time.monotonic() - start < 20
+    message = str(raised.value)
+    assert message.startswith("output.tracking.uri: the MLflow tracking store cannot be used")
+    assert f"Received: uri='{uri}'" in message and "output.tracking.required: false" in message
+    assert not {"MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES"} & set(os.environ)
+    optional = validate_recipe({"output": {"tracking": {"kind": "mlflow", "uri": uri,
+                                                        "required": False}}})
+    untracked = tracking.check(optional)
+    assert untracked.output.tracking is None and untracked.model == optional.model
+    printed = capsys.readouterr()
+    assert "training without tracking" in caplog.text + printed.out + printed.err
+
+
+@pytest.mark.parametrize("uri, needle", [
+    ("sqlite:////no/such/folder/mlflow.db", "directory '/no/such/folder' of the SQLite file"),
+    ("nosuchscheme://host/x", "Exception: ")])
+def test_an_unusable_tracking_uri_is_bad_input(uri, needle):
+    from kerasdist import tracking
+
+    recipe = validate_recipe({"output": {"tracking": {"kind": "mlflow", "uri": uri}}})
+    with pytest.raises(RecipeError, match="output.tracking.uri") as raised:
+        tracking.check(recipe)
+    assert needle in str(raised.value)
+
+
+@pytest.mark.timeout(120)
+def test_validate_check_data_and_fit_refuse_an_unreachable_server_writing_nothing(
+        write_recipe, tmp_path, capsys):
+    uri = f"http://127.0.0.1:{portpicker.pick_unused_port()}"
+    text = LINEAR.format(run_dir=tmp_path / "run", epochs=1).replace(
+        "tracking: {kind: mlflow}", f"tracking: {{kind: mlflow, uri: '{uri}'}}")
+    path = write_recipe(text)
+    assert main(["validate", "--check-data", str(path)]) == EXIT_BAD_INPUT
+    assert "output.tracking.uri" in capsys.readouterr().err
+    assert main(["fit", str(path)]) == EXIT_BAD_INPUT
+    assert f"Received: uri='{uri}'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(240)
+def test_an_optional_unreachable_tracker_warns_and_the_run_trains_untracked(
+        write_recipe, tmp_path, capsys):
+    uri = f"http://127.0.0.1:{portpicker.pick_unused_port()}"
+    run_dir = tmp_path / "run"
+    text = LINEAR.format(run_dir=run_dir, epochs=1).replace(
+        "tracking: {kind: mlflow}", f"tracking: {{kind: mlflow, uri: '{uri}', required: false}}")
+    assert main(["fit", str(write_recipe(text))]) == 0
+    printed = capsys.readouterr()
+    assert "training without tracking" in printed.out + printed.err
+    assert (run_dir / "model.keras").is_file() and not (run_dir / "tracking.json").exists()
 
 
 def test_an_unknown_tracking_kind_is_refused_at_load(write_recipe, tmp_path, capsys):

@@ -1,0 +1,137 @@
+"""The MLflow tracking store of ``output.tracking``, without Keras or TensorFlow (the CLI checks it
+before importing them): whether MLflow is installed, whether the URI suits the cluster and the
+store answers (:func:`unreachable`), and the client, created under a lock for a new SQLite store
+(:func:`client_for`)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from kerasdist.errors import RecipeError
+from kerasdist.training.outputs import MLFLOW_DB
+
+NETWORK_SCHEMES = ("http://", "https://", "databricks")
+
+
+def require_mlflow() -> None:
+    """Raises RecipeError naming ``output.tracking`` when MLflow is not installed."""
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise RecipeError("output.tracking: kind 'mlflow' needs MLflow: pip install "
+                          "'kerasdist[mlflow]'. Received: kind='mlflow'") from None
+
+
+def check_uri(uri: str | None, *, isolated: bool) -> None:
+    """An isolated local cluster's tasks reach nothing outside their network namespace.
+
+    Raises:
+        RecipeError: a network URI for a run in a private network namespace.
+    """
+    if isolated and uri is not None and uri.startswith(NETWORK_SCHEMES):
+        raise RecipeError(
+            "output.tracking.uri: a local cluster runs in a private network namespace "
+            "(kerasdist.launch.isolation) from which this tracking server cannot be reached. Use "
+            "a file URI (the default, sqlite:///<run_dir>/mlflow.db, or sqlite:///PATH), or set "
+            f"cluster.allow_network_exposure: true. Received: uri={uri!r}")
+
+
+PROBE_TIMEOUT_S = 5
+"""Seconds a tracking server gets to answer the reachability check before anything is written
+(:func:`unreachable`): one request, no retry (MLflow's own ``MLFLOW_HTTP_REQUEST_TIMEOUT`` and
+``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, set for that request only). Without the check, MLflow's
+defaults (120 s per request, 7 retries with backoff) stall an unreachable server's run for
+minutes after ``run.json`` is written."""
+
+_SHORT_REQUEST_ENV = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+
+
+@contextlib.contextmanager
+def _short_requests(timeout_s: int) -> Iterator[None]:
+    """Within the block, MLflow's HTTP requests time out after ``timeout_s`` seconds and are not
+    retried (MLflow reads these variables at each request); the previous values are restored."""
+    saved = {name: os.environ.get(name) for name in _SHORT_REQUEST_ENV}
+    os.environ.update(dict(zip(_SHORT_REQUEST_ENV, (str(int(timeout_s)), "0"), strict=True)))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` URI, else None."""
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix):]) if uri.startswith(prefix) and len(uri) > len(prefix) else None
+
+
+@contextlib.contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Within the block, no other kerasdist process on this machine opens the SQLite store
+    ``uri`` for the first time: MLflow's tracking store creates a new database's tables without
+    a lock, so two runs started together on one new store fail with ``table ... already exists``
+    or ``duplicate column name``. An exclusive ``flock`` on a file in the temporary directory
+    named after the URI (MLflow's ``ExclusiveFileLock``, as its own job and workspace stores lock
+    their table creation). Other URIs: no lock."""
+    if _sqlite_path(uri) is None:
+        yield
+        return
+    from mlflow.utils.file_utils import ExclusiveFileLock
+
+    digest = hashlib.sha256(uri.encode("utf-8")).hexdigest()[:16]
+    with ExclusiveFileLock(str(Path(tempfile.gettempdir()) / f"kerasdist-mlflow-{digest}.lock")):
+        yield
+
+
+def client_for(uri: str):
+    """``mlflow.MlflowClient(tracking_uri=uri)``, created under :func:`schema_lock` (a new SQLite
+    store's tables are created when the client is)."""
+    from mlflow import MlflowClient
+
+    with schema_lock(uri):
+        return MlflowClient(tracking_uri=uri)
+
+
+def unreachable(uri: str | None, *, timeout_s: int = PROBE_TIMEOUT_S) -> str | None:
+    """Why the tracking store ``uri`` cannot be used, or None when it answers: one request
+    (``search_experiments``) with a ``timeout_s`` timeout and no retry. Writes nothing in a run
+    directory: the default URI (None, a new SQLite file in the run directory) is not opened; a
+    ``sqlite:///PATH`` store is refused when PATH's directory does not exist, else opened (MLflow
+    creates the file and its tables there).
+
+    Args:
+        uri: ``output.tracking.uri``.
+        timeout_s: seconds the server gets to answer (default :data:`PROBE_TIMEOUT_S`).
+
+    Returns:
+        A short reason (MLflow's message, its middle cut beyond 300 characters) or None.
+    """
+    if uri is None:
+        return None
+    path = _sqlite_path(uri)
+    if path is not None and not path.parent.is_dir():
+        return f"directory '{path.parent}' of the SQLite file does not exist"
+    try:
+        with _short_requests(timeout_s):
+            client_for(uri).search_experiments(max_results=1)
+    except Exception as err:  # noqa: BLE001 - MLflow, SQLAlchemy, requests raise many types
+        text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+        if len(text) > 300:  # MLflow's own first words, and the root cause at the end
+            text = f"{text[:140]} ... {text[-150:]}"
+        return f"{type(err).__name__}: {text}"
+    return None
+
+
+def default_uri(run_dir: Path) -> str:
+    """``sqlite:///<absolute run_dir>/mlflow.db``."""
+    return f"sqlite:///{Path(run_dir).absolute() / MLFLOW_DB}"
+
+
