@@ -92,8 +92,9 @@ def plan(counts: Mapping[str, int], *, sources: Sequence[str] = SOURCES, mlflow_
     """The soak's runs, interleaved over the strategies.
 
     Each strategy gets ``counts[strategy]`` ordinary runs cycling through ``sources``, plus
-    ``failures`` deliberately failing runs cycling through ``failure_kinds`` (a ``bad_label`` run
-    reads the csv source). Within a strategy exactly ``round(n * fraction)`` of its ``n`` runs
+    ``failures`` deliberately failing runs cycling through ``failure_kinds``, each strategy one
+    kind further on (so 1 failure per strategy still covers every kind; a ``bad_label`` run reads
+    the csv source). Within a strategy exactly ``round(n * fraction)`` of its ``n`` runs
     are tracked with MLflow and as many run beside the hog, chosen at random with ``seed``. The
     strategies are interleaved by progress (run k of a strategy of n runs sits at k / n), so a
     slow spell of the machine falls on every strategy alike.
@@ -117,7 +118,7 @@ def plan(counts: Mapping[str, int], *, sources: Sequence[str] = SOURCES, mlflow_
     for rank, strategy in enumerate(chosen):
         runs = [(sources[k % len(sources)], "normal") for k in range(counts[strategy])]
         for k in range(failures):
-            kind = failure_kinds[k % len(failure_kinds)]
+            kind = failure_kinds[(rank + k) % len(failure_kinds)]  # strategies alternate kinds
             runs.insert((k + 1) * len(runs) // (failures + 1),
                         ("csv" if kind == "bad_label" else sources[k % len(sources)], kind))
         mlflow, hog = _flags(len(runs), mlflow_fraction, rng), _flags(len(runs), hog_fraction, rng)
