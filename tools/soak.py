@@ -219,6 +219,15 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL, *, wait_s: floa
         pass
 
 
+def _as_from_a_terminal() -> None:  # runs in the child between fork and exec
+    """A session of its own (its process group is what a timeout kills; a Ctrl-C meant for the
+    soak does not reach it), and SIGINT at its default, as a command typed in a terminal has it:
+    a soak started in the background of a non-interactive shell has SIGINT ignored, which its
+    children would inherit (Python then installs no KeyboardInterrupt handler)."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Hog:
     """A CPU hog: ``processes`` busy-loop subprocesses, each in a session of its own, started by
     :meth:`on` and killed by :meth:`off` (idempotent both)."""
@@ -292,7 +301,7 @@ class Soak:
         with open(log_path, "wb") as log:
             self.current = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, cwd=self.out / "work",
-                                            start_new_session=True)
+                                            preexec_fn=_as_from_a_terminal)
         proc, start, signalled = self.current, time.monotonic(), False
         try:
             while proc.poll() is None:
@@ -408,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: {len(specs)} runs into {args.out}", flush=True)
     soak = Soak(args.out, timeout_s=args.timeout_s, hog=Hog(args.hog_processes))
     started, loads = time.monotonic(), [os.getloadavg()[0]]
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl-C
+    # Ctrl-C (even if the soak was started with SIGINT ignored) and SIGTERM stop the soak
+    previous = [signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)]
     try:
         for spec in specs:
             print(_progress(soak.run(spec), len(specs)), flush=True)
@@ -421,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         soak.hog.off()
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in zip((signal.SIGINT, signal.SIGTERM), previous, strict=True):
+            signal.signal(sig, handler)
     _finish(args, soak, started, loads, partial=False)
     return 1 if any(r["outcome"] == Outcome.SPURIOUS.value for r in soak.records) else 0
 

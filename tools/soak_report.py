@@ -225,7 +225,10 @@ def section(records: Sequence[Mapping], meta: Mapping) -> str:
     Returns:
         Markdown text starting with :data:`BEGIN_MARK` and ending with :data:`END_MARK`.
     """
+    aborted = sum(r["outcome"] == Outcome.ABORTED.value for r in records)
     partial = " **Interrupted: partial results.**" if meta.get("partial") else ""
+    if aborted:
+        partial += f" {aborted} run(s) cut short by the interruption, not counted."
     spurious = spurious_list(records) or "None."
     return "\n".join([
         BEGIN_MARK, "",
