@@ -261,6 +261,7 @@ class Soak:
         self.out, self.timeout_s, self.hog = out, timeout_s, hog
         self.records: list[dict] = []
         self.current: subprocess.Popen | None = None
+        self.signalled_s: float | None = None  # when the current run was sent SIGINT
 
     def run(self, spec: RunSpec) -> dict:
         """Run ``spec`` to its end (or kill it at the timeout), judge it, keep its logs if it was
@@ -273,6 +274,7 @@ class Soak:
         (self.hog.on if spec.hog else self.hog.off)()
         load = os.getloadavg()[0]
         start = time.monotonic()
+        self.signalled_s = None
         exit_code, timed_out, aborted = self._execute(spec, recipe, run_dir, log_path)
         seconds = time.monotonic() - start
         console = log_path.read_text(encoding="utf-8", errors="replace")
@@ -285,6 +287,7 @@ class Soak:
                   "exit_code": exit_code, "expected": expected.describe(),
                   "outcome": verdict.outcome.value, "reason": verdict.reason,
                   "seconds": round(seconds, 2), "load_1min": round(load, 2),
+                  "sigint_at_s": self.signalled_s,
                   "log": str(self._keep(spec, verdict, log_path, run_dir))}
         if verdict.outcome != Outcome.SUCCESS:
             record["first_line"] = soak_report.first_meaningful_line(console)
@@ -310,7 +313,7 @@ class Soak:
                     return proc.returncode, True, False
                 if spec.kind == "sigint" and not signalled and (run_dir / SIGINT_MARK).exists():
                     proc.send_signal(signal.SIGINT)  # as Ctrl-C to `kerasdist fit`, as the tests do
-                    signalled = True
+                    signalled, self.signalled_s = True, round(time.monotonic() - start, 2)
                 time.sleep(POLL_S)
             return proc.returncode, False, False
         except KeyboardInterrupt:
