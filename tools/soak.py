@@ -364,11 +364,14 @@ def _commit() -> str:
 
 
 def _meta(args, records, started: float, loads: list[float], partial: bool) -> dict:
+    """What the report says about the soak: date, commit (taken at the start), cores, load,
+    niceness, the command, wall seconds."""
     run_loads = [r["load_1min"] for r in records if r.get("load_1min") is not None]
     mean = f", mean over the runs' starts {statistics.mean(run_loads):.2f}" if run_loads else ""
     return {"date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": _commit(), "cores": os.cpu_count(),
-            "load": f"{loads[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end{mean} (1 min)",
+            "commit": args.commit, "cores": os.cpu_count(),
+            "load": f"{loads[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end{mean} "
+                    f"(1 min; the soak ran at niceness {os.nice(0)})",
             "command": "python " + shlex.join([_shown(sys.argv[0]), *sys.argv[1:]]),
             "seconds": time.monotonic() - started, "partial": partial, "out": str(args.out)}
 
@@ -413,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = soak_plan.plan(args.counts, sources=args.sources, mlflow_fraction=args.mlflow_fraction,
                            hog_fraction=args.hog_fraction, failures=args.expected_failures,
                            failure_kinds=args.failure_kinds, seed=args.seed)
+    args.commit = _commit()  # what the runs run, before anyone commits during the soak
     args.out.mkdir(parents=True, exist_ok=True)
     args.out = args.out.resolve()
     (args.out / "work").mkdir()
