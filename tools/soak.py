@@ -219,6 +219,35 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL, *, wait_s: floa
         pass
 
 
+def _running_in(folder: Path) -> list:
+    """Processes (not zombies) whose working directory is ``folder`` or inside it: every run and
+    the tasks it starts work in ``<out>/work``, and nothing else does."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter(["cwd", "status"]):
+        cwd = proc.info.get("cwd") or ""
+        if (cwd == str(folder) or cwd.startswith(f"{folder}/")) and \
+                proc.info.get("status") != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
+
+
+def reap_leftovers(folder: Path, *, grace_s: float = 5.0) -> int:
+    """After a run ended: the processes still running in ``folder`` (its tasks) are given
+    ``grace_s`` seconds to end on their own (a task is ended by its parent's death asynchronously),
+    then killed; return how many were still running after the grace."""
+    deadline = time.monotonic() + grace_s
+    while (left := _running_in(folder)) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    for proc in left:
+        try:
+            proc.kill()
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
+    return len(left)
+
+
 def _as_from_a_terminal() -> None:  # runs in the child between fork and exec
     """A session of its own (its process group is what a timeout kills; a Ctrl-C meant for the
     soak does not reach it), and SIGINT at its default, as a command typed in a terminal has it:
@@ -277,10 +306,11 @@ class Soak:
         self.signalled_s = None
         exit_code, timed_out, aborted = self._execute(spec, recipe, run_dir, log_path)
         seconds = time.monotonic() - start
+        leftover = 0 if aborted else reap_leftovers(run_dir.parent)
         console = log_path.read_text(encoding="utf-8", errors="replace")
         expected = spec.expectation()
         verdict = soak_report.classify(expected, exit_code=exit_code, console=console,
-                                       timed_out=timed_out, aborted=aborted,
+                                       timed_out=timed_out, aborted=aborted, leftover=leftover,
                                        present=[f for f in expected.files if (run_dir / f).exists()])
         record = {"index": spec.index, "strategy": spec.strategy, "source": spec.source,
                   "kind": spec.kind, "mlflow": spec.mlflow, "hog": spec.hog, "seed": spec.seed,

@@ -10,8 +10,9 @@ Outcomes (:class:`Outcome`):
 * ``expected_failure``: a deliberately failing run exited with its expected code and printed its
   expected message (a csv with a bad label: 2 and ``labels must be in``; SIGINT mid-training:
   130);
-* ``spurious``: anything else -- another exit code, a missing message or output file, or no
-  exit within the per-run timeout (reason ``hang``: the run's process group was killed);
+* ``spurious``: anything else -- another exit code, a missing message or output file, a process
+  of the run still running after it ended, or no exit within the per-run timeout (reason
+  ``hang``: the run's process group was killed);
 * ``aborted``: the soak itself was interrupted during the run (Ctrl-C); not counted.
 """
 
@@ -79,7 +80,7 @@ class Verdict:
 
 
 def classify(expected: Expectation, *, exit_code: int | None, console: str, timed_out: bool = False,
-             aborted: bool = False, present: Iterable[str] = ()) -> Verdict:
+             aborted: bool = False, present: Iterable[str] = (), leftover: int = 0) -> Verdict:
     """Judge one finished (or killed) run against its expectation.
 
     Args:
@@ -90,11 +91,13 @@ def classify(expected: Expectation, *, exit_code: int | None, console: str, time
         timed_out: the run outlived the soak's ``--timeout-s`` and was killed.
         aborted: the soak itself was interrupted during the run.
         present: which of ``expected.files`` exist in the run directory.
+        leftover: processes of the run still running after it ended (then killed by the soak).
 
     Returns:
         ``ABORTED`` if ``aborted``; ``SPURIOUS`` with reason ``hang`` if ``timed_out``; else
         ``SUCCESS`` (expected exit 0) or ``EXPECTED_FAILURE`` when the exit code, the needle, the
-        forbidden texts and the files all match; else ``SPURIOUS`` naming the first mismatch.
+        forbidden texts and the files all match and no process was left running; else
+        ``SPURIOUS`` naming the first mismatch.
     """
     if aborted:
         return Verdict(Outcome.ABORTED, "the soak was interrupted during this run")
@@ -110,6 +113,9 @@ def classify(expected: Expectation, *, exit_code: int | None, console: str, time
     missing = sorted(set(expected.files) - set(present))
     if missing:
         return Verdict(Outcome.SPURIOUS, f"exit {exit_code} but no {', '.join(missing)} in the run dir")
+    if leftover:
+        return Verdict(Outcome.SPURIOUS, f"exit {exit_code} but {leftover} process(es) of the run "
+                                         "still running after it ended")
     return Verdict(Outcome.SUCCESS if expected.exit_code == 0 else Outcome.EXPECTED_FAILURE)
 
 

@@ -14,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
@@ -87,19 +86,9 @@ def test_a_run_over_the_timeout_is_killed_with_its_cluster_and_counted_as_a_hang
     assert record["outcome"] == "spurious" and record["reason"] == "hang", record
     assert 45 <= record["seconds"] < 120
     deadline = time.monotonic() + 15  # a task killed by its parent's death may take a moment
-    while (left := _running_in(tmp_path)) and time.monotonic() < deadline:
+    while (left := soak._running_in(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"processes of the killed run still running: {left}"
-
-
-def _running_in(folder: Path) -> list[dict]:
-    """Processes (not zombies) whose working directory is inside ``folder``."""
-    found = []
-    for proc in psutil.process_iter(["pid", "cwd", "status", "cmdline"]):
-        cwd = proc.info.get("cwd") or ""
-        if cwd.startswith(str(folder)) and proc.info.get("status") != psutil.STATUS_ZOMBIE:
-            found.append(proc.info)
-    return found
 
 
 @pytest.mark.timeout(240)
@@ -120,6 +109,6 @@ def test_ctrl_c_stops_the_run_writes_the_partial_table_and_exits_130(tmp_path):
     assert records[-1]["outcome"] == "aborted", records
     assert "Interrupted: partial results" in report.read_text()
     deadline = time.monotonic() + 15
-    while (left := _running_in(tmp_path)) and time.monotonic() < deadline:
+    while (left := soak._running_in(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, f"processes of the interrupted run still running: {left}"

@@ -42,6 +42,9 @@ BAD = Expectation(2, needle="labels must be in", forbid=("Traceback",))
      "'Traceback'"),
     (BAD, dict(exit_code=0, console="labels must be in"), "spurious", "exit 0 (expected 2)"),
     (Expectation(130), dict(exit_code=130), "expected_failure", ""),
+    (Expectation(130), dict(exit_code=130, leftover=2), "spurious", "2 process(es) of the run still"),
+    (OK, dict(exit_code=0, present=["metrics.json", "model.keras"], leftover=1), "spurious",
+     "still running after it ended"),
     (Expectation(130), dict(exit_code=0), "spurious", "exit 0 (expected 130)"),
 ])
 def test_classify(expected, kwargs, outcome, reason):
