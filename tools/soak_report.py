@@ -238,7 +238,7 @@ def section(records: Sequence[Mapping], meta: Mapping) -> str:
     spurious = spurious_list(records) or "None."
     return "\n".join([
         BEGIN_MARK, "",
-        f"Soak of {meta['date']} at commit `{meta['commit']}`, {meta['cores']} CPU core(s), "
+        f"Soak ended {meta['date']} at commit `{meta['commit']}`, {meta['cores']} CPU core(s), "
         f"load average {meta['load']}; {meta['seconds'] / 60:.1f} min in all.{partial}", "",
         "```bash", meta["command"], "```", "",
         table(records), "",
