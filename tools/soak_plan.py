@@ -91,7 +91,8 @@ def plan(counts: Mapping[str, int], *, sources: Sequence[str] = SOURCES, mlflow_
          seed: int = 0) -> list[RunSpec]:
     """The soak's runs, interleaved over the strategies.
 
-    Each strategy gets ``counts[strategy]`` ordinary runs cycling through ``sources``, plus
+    Each strategy gets ``counts[strategy]`` ordinary runs cycling through ``sources`` (each
+    strategy starting one source further on, so 1 run per strategy still covers them), plus
     ``failures`` deliberately failing runs cycling through ``failure_kinds``, each strategy one
     kind further on (so 1 failure per strategy still covers every kind; a ``bad_label`` run reads
     the csv source). Within a strategy exactly ``round(n * fraction)`` of its ``n`` runs
@@ -116,11 +117,11 @@ def plan(counts: Mapping[str, int], *, sources: Sequence[str] = SOURCES, mlflow_
     placed = []
     chosen = [s for s in STRATEGIES if s in counts and (counts[s] > 0 or failures > 0)]
     for rank, strategy in enumerate(chosen):
-        runs = [(sources[k % len(sources)], "normal") for k in range(counts[strategy])]
+        runs = [(sources[(rank + k) % len(sources)], "normal") for k in range(counts[strategy])]
         for k in range(failures):
             kind = failure_kinds[(rank + k) % len(failure_kinds)]  # strategies alternate kinds
             runs.insert((k + 1) * len(runs) // (failures + 1),
-                        ("csv" if kind == "bad_label" else sources[k % len(sources)], kind))
+                        ("csv" if kind == "bad_label" else sources[(rank + k) % len(sources)], kind))
         mlflow, hog = _flags(len(runs), mlflow_fraction, rng), _flags(len(runs), hog_fraction, rng)
         for k, (source, kind) in enumerate(runs):
             placed.append(((k + 0.5) / len(runs), rank, strategy, source, kind, mlflow[k], hog[k]))

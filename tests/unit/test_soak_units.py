@@ -148,9 +148,10 @@ def test_plan_counts_fractions_and_interleaving():
     assert specs != soak_plan.plan(counts, mlflow_fraction=0.5, hog_fraction=0.25, failures=2, seed=8)
 
 
-def test_one_failure_per_strategy_still_covers_every_kind():
+def test_one_run_and_one_failure_per_strategy_still_cover_every_source_and_kind():
     specs = soak_plan.plan({s: 1 for s in soak_plan.STRATEGIES}, failures=1)
     assert {s.kind for s in specs if s.kind != "normal"} == set(soak_plan.FAILURE_KINDS)
+    assert {s.source for s in specs if s.kind == "normal"} == set(soak_plan.SOURCES)
 
 
 @pytest.mark.parametrize("strategy", soak_plan.STRATEGIES)
