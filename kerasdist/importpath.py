@@ -3,19 +3,120 @@
 One loader for every recipe field that names user code (``model.name``, ``data.function``,
 ``optimizer.name``, a loss, metric or callback ``class_name``), so each gets the same checks and
 the same messages: the field, what went wrong, and the text received.
+
+What runs when: :func:`import_attribute` imports the module (its top-level code runs, as
+``python -m`` would run it) and reads the name; nothing is called. :func:`require_kind` then checks
+the object it found against what the field documents (a ``keras.callbacks.Callback`` subclass, a
+function of two arguments...) and refuses Python built-ins and the standard library, before the
+caller constructs or calls anything.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Sequence
 
 
 def is_builtin(obj: Any) -> bool:
     """True for a Python built-in (``os:system``, ``builtins:eval``...), which a recipe may not
     name as its own code."""
     return inspect.isbuiltin(obj) or getattr(obj, "__module__", None) == "builtins"
+
+
+def is_standard_library(obj: Any, module_name: str = "") -> bool:
+    """True when ``obj`` (or the module ``module_name`` it was imported from) belongs to Python's
+    standard library (``subprocess:Popen``, ``os:popen``, ``shutil:rmtree``), which is no recipe's
+    own model, data, loss, metric or callback. A module of the user's that shadows a standard
+    name (a ``test.py`` in the working directory) is not: the loaded module's file must lie in
+    the interpreter's own library folders (``sysconfig`` ``stdlib``/``platstdlib``), or the
+    module be compiled into the interpreter (``sys.stdlib_module_names``).
+    """
+    library = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
+    for name in (module_name, getattr(obj, "__module__", None) or ""):
+        top = name.partition(".")[0]
+        if top not in sys.stdlib_module_names:
+            continue
+        file = getattr(sys.modules.get(top), "__file__", None)
+        if file is None or any(folder in Path(file).resolve().parents for folder in library):
+            return True
+    return False
+
+
+def describe(obj: Any) -> str:
+    """How a message names an imported object: ``class subprocess.Popen``, ``function
+    my_pkg.build``, ``module json``, ``an instance of Foo``."""
+    if inspect.isclass(obj):
+        return f"class {obj.__module__}.{obj.__qualname__}"
+    if inspect.ismodule(obj):
+        return f"module {obj.__name__}"
+    if inspect.isroutine(obj):
+        module = getattr(obj, "__module__", None) or "?"
+        return f"function {module}.{getattr(obj, '__qualname__', repr(obj))}"
+    return f"an instance of {type(obj).__qualname__}"
+
+
+def takes_positional(fn: Any, counts: Sequence[int]) -> bool:
+    """Whether ``fn`` can be called with one of ``counts`` positional arguments (its signature is
+    bound, nothing is called). A callable without a readable signature counts as taking them."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    for count in counts:
+        try:
+            signature.bind(*[None] * count)
+            return True
+        except TypeError:
+            continue
+    return False
+
+
+def require_kind(obj: Any, path: str, *, field: str, error: type[Exception], what: str,
+                 classes: tuple[type, ...] = (),
+                 function_args: Sequence[int] | None = None) -> Any:
+    """Check an imported object against what its recipe field documents, before anything
+    constructs or calls it.
+
+    Accepted: a class that subclasses one of ``classes``; an instance of one of ``classes``;
+    when ``function_args`` is not None, a Python function (or a callable object that is not a
+    class) that can take one of those numbers of positional arguments (any, when empty). Never
+    accepted: a Python built-in or anything of the standard library (:func:`is_standard_library`).
+
+    Args:
+        obj: what :func:`import_attribute` returned for ``path``.
+        path: the import path as written in the recipe (``pkg.mod:Name``).
+        field: the recipe field, first in the message (``callbacks.0``).
+        error: the exception class raised (``RecipeError``, ``DataError``).
+        what: the documented kind, for the message (``a keras.callbacks.Callback subclass``).
+        classes: the accepted base classes (default none: functions only).
+        function_args: the accepted numbers of positional arguments of a function; empty: any
+            function; None (default): no function accepted.
+
+    Returns:
+        ``obj``, unchanged.
+
+    Raises:
+        error: ``obj`` is not of the documented kind; the message names ``field``, says what
+            ``obj`` is and that nothing was built or called, and shows ``path``.
+    """
+    if inspect.isclass(obj):
+        fits = bool(classes) and issubclass(obj, classes)
+    elif classes and isinstance(obj, classes):
+        fits = True
+    else:
+        fits = function_args is not None and callable(obj) and not inspect.ismodule(obj) and \
+            (not function_args or takes_positional(obj, function_args))
+    if fits and (is_builtin(obj) or is_standard_library(obj, path.partition(":")[0])):
+        raise error(f"{field}: '{path}' is {describe(obj)} of Python's standard library, not code "
+                    f"of your own; it is refused unbuilt and uncalled. Received: {path!r}")
+    if not fits:
+        raise error(f"{field}: must name {what}; '{path}' is {describe(obj)}, so it is refused "
+                    f"unbuilt and uncalled. Received: {path!r}")
+    return obj
 
 
 def import_attribute(path: str, *, field: str, error: type[Exception], received: str,
