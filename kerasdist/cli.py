@@ -356,8 +356,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     debug = bool(getattr(args, "debug", False)) or os.environ.get("KERASDIST_DEBUG") == "1"
     failed = functools.partial(_failed, command=args.command, debug=debug)
-    try:
-        with _exit.reporting_to(failed):  # a run abandoned while blocked in TF (kerasdist._exit)
+    from kerasdist.importpath import user_code_on_path
+
+    try:  # import paths resolve like `python -m`: the working directory, the recipe's folder
+        with _exit.reporting_to(failed), user_code_on_path(getattr(args, "recipe", None)):
             return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as err:
         return failed(err)

@@ -4,6 +4,11 @@ One loader for every recipe field that names user code (``model.name``, ``data.f
 ``optimizer.name``, a loss, metric or callback ``class_name``), so each gets the same checks and
 the same messages: the field, what went wrong, and the text received.
 
+Where modules are found: as with ``python -m``, the working directory comes first, then the
+recipe file's folder (:func:`user_code_on_path`, entered by the CLI for the duration of a
+command), then ``PYTHONPATH`` and the installed packages. Every task a command starts gets the
+same two folders at the front of ``PYTHONPATH`` in its own environment (:func:`child_pythonpath`).
+
 What runs when: :func:`import_attribute` imports the module (its top-level code runs, as
 ``python -m`` would run it) and reads the name; nothing is called. :func:`require_kind` then checks
 the object it found against what the field documents (a ``keras.callbacks.Callback`` subclass, a
@@ -13,12 +18,76 @@ caller constructs or calls anything.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
+import os
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+_SEARCH: list[tuple[str, ...]] = []
+"""The folders of the innermost :func:`user_code_on_path` block (a stack: blocks nest)."""
+
+
+def user_folders(recipe: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The folders import paths are looked up in before ``PYTHONPATH``: the working directory
+    and, when given, the recipe file's folder; absolute, without repeats."""
+    folders = [os.getcwd()]
+    if recipe:
+        folders.append(str(Path(recipe).resolve().parent))
+    return tuple(dict.fromkeys(folders))
+
+
+@contextlib.contextmanager
+def user_code_on_path(recipe: str | os.PathLike | None = None) -> Iterator[tuple[str, ...]]:
+    """Within this block, :func:`user_folders` lead ``sys.path`` (as ``python -m`` puts the
+    working directory first) and :func:`child_pythonpath` hands them to every task started;
+    afterwards ``sys.path`` is as it was (modules already imported stay imported).
+
+    Args:
+        recipe: the recipe file, whose folder is searched after the working directory; None:
+            the working directory only.
+
+    Yields:
+        The folders, first searched first.
+    """
+    folders = user_folders(recipe)
+    added = [folder for folder in folders if folder not in sys.path]
+    sys.path[:0] = added
+    _SEARCH.append(folders)
+    try:
+        yield folders
+    finally:
+        _SEARCH.pop()
+        for folder in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+
+
+def child_pythonpath(current: str | None) -> str:
+    """``PYTHONPATH`` for a task started inside :func:`user_code_on_path`: its folders first, then
+    ``current`` (the value the task would otherwise get), without repeats. Outside such a block,
+    ``current`` unchanged ("" for None)."""
+    folders = _SEARCH[-1] if _SEARCH else ()
+    entries = [*folders, *(current or "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(entry for entry in entries if entry))
+
+
+def _not_found(module_name: str, err: ImportError) -> str:
+    """What a not-found message adds: where it looked and how to fix it; for a module found
+    whose own import of another module failed, that module's name."""
+    missing = getattr(err, "name", None) or ""
+    if missing and missing != module_name and not module_name.startswith(f"{missing}."):
+        return (f"module '{module_name}' was found, but its own import of '{missing}' failed "
+                f"({err}); install '{missing}' or fix that import")
+    folders = [entry or os.getcwd() for entry in sys.path]
+    shown = ", ".join(folders[:4]) + (f" and {len(folders) - 4} more" if len(folders) > 4 else "")
+    return (f"no module '{module_name}' in the working directory, the recipe's folder, "
+            f"PYTHONPATH or the installed packages (looked in {shown}); run kerasdist from the "
+            f"folder that holds '{module_name.partition('.')[0]}', put it beside the recipe, add "
+            "its folder to PYTHONPATH, or pip install it")
 
 
 def is_builtin(obj: Any) -> bool:
@@ -139,8 +208,8 @@ def import_attribute(path: str, *, field: str, error: type[Exception], received:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise error(f"{field}: cannot import module '{module_name}' ({err}). "
-                    f"Received: {received}") from None
+        raise error(f"{field}: cannot import module '{module_name}': "
+                    f"{_not_found(module_name, err)}. Received: {received}") from None
     except Exception as err:  # noqa: BLE001 - the module's own code failed while being imported
         raise error(f"{field}: importing module '{module_name}' raised "
                     f"{type(err).__name__}: {err}. Received: {received}") from None
