@@ -259,6 +259,11 @@ def _cmd_fit(args) -> int:
     roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
     if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
         check_run_dir_path(recipe.output.run_dir)
+        from kerasdist.training.rundir import RunDir
+
+        complete = RunDir.of(recipe).complete_notice(recipe, overwrite=args.overwrite)
+        if complete:  # one line: a re-run of a finished run trains nothing (issue 42 item 4)
+            _log.get_logger("training").warning(complete)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from kerasdist.launch import run_recipe
     from kerasdist.training import summary_text

@@ -143,8 +143,10 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None) -> str:
     for key in sorted(ev):
         lines.append(f"held-out {key:<10}{ev[key]:.4f}")
     tp = result.throughput
+    trained = (result.extra.get("stopped") or {}).get("reason") != "already_complete"
     lines += [f"throughput         {tp['examples_per_sec']:.1f} examples/s "
-              f"({tp['timed_steps']} timed steps, compile/trace excluded)",
+              f"({tp['timed_steps']} timed steps, compile/trace excluded)" if trained else
+              "throughput         - (nothing trained in this run)",
               f"wall time          {result.wall_time_s:.1f} s",
               f"model              {result.model_path or '(not saved)'}",
               f"metrics            {result.metrics_path}",

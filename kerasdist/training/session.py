@@ -186,7 +186,8 @@ def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
                      f"({run.data.steps_per_epoch} steps per epoch)")
             history = loop.train(run)
         else:
-            log.info("all epochs already completed by the checkpoint; evaluating only")
+            # said once by the CLI (RunDir.complete_notice), before the cluster starts
+            log.debug("all epochs already completed by the checkpoint; evaluating only")
             history = {}
         return history, loop.evaluate(run)
     except tf.errors.OpError as err:
