@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
     fit.add_argument("--debug", action="store_true",
                      help="on a failure, also print the Python traceback (also: KERASDIST_DEBUG=1)")
+    fit.add_argument("--quiet", action="store_true",
+                     help="local clusters: do not show the chief task's progress on the console "
+                          "(it stays in <run_dir>/logs)")
     _add_role_args(fit)
 
     validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
@@ -268,8 +271,12 @@ def _cmd_fit(args) -> int:
     from kerasdist.launch import run_recipe
     from kerasdist.training import summary_text
 
-    result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
-    if result is not None:
+    result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config,
+                        echo=not args.quiet)
+    from kerasdist.launch.status import STATUS_ENV
+
+    # a local cluster's chief: its launcher prints the summary (and shows this task's log)
+    if result is not None and os.environ.get(STATUS_ENV) is None:
         print(summary_text(result, tensorboard=recipe.output.tensorboard))
     return EXIT_OK
 
