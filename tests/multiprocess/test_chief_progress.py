@@ -1,7 +1,7 @@
 """Issue 42 item 2 on a local 2-worker multi_worker cluster: the console shows the chief's
-progress while it trains (Keras's one line an epoch, kerasdist's notices; Keras writes no "Epoch 1/1" header for one
-epoch) without TensorFlow's
-start-up noise, and the summary once; ``fit --quiet`` keeps the progress in the logs only."""
+progress while it trains (Keras's one line an epoch, kerasdist's notices; Keras writes no
+"Epoch 1/1" header for one epoch) without TensorFlow's start-up noise, and the summary once;
+``fit --quiet`` keeps the progress in the logs only."""
 
 from __future__ import annotations
 
