@@ -348,7 +348,9 @@ def make_callback(spec: Any, *, index: int, run_dir: Path):
     """One recipe callback, its relative paths taken inside ``run_dir``.
 
     A ``TensorBoard`` without ``log_dir`` writes ``<run_dir>/tensorboard`` (kerasdist's own
-    TensorBoard folder; kerasdist then adds no TensorBoard of its own).
+    TensorBoard folder; kerasdist then adds no TensorBoard of its own). A ``CSVLogger`` without
+    ``append`` appends (``append=True``, Keras's own option): a resumed run keeps the rows of the
+    epochs before the interrupt (a new run starts a new file, with its header).
 
     Raises:
         RecipeError: unknown class, a config the class refuses, an import path that fails or
@@ -369,6 +371,8 @@ def make_callback(spec: Any, *, index: int, run_dir: Path):
 
             cls = EpochTensorBoard  # Keras's, without per-step work that writes nothing
             config.setdefault("log_dir", "tensorboard")
+        elif name == "CSVLogger":  # a resumed run (and each fit phase) adds its epochs' rows
+            config.setdefault("append", True)
     config = _resolve_config(config, run_dir, field=field)
     callback = _instance(cls, config, field=field, shown=_shown(spec)) if inspect.isclass(cls) \
         else cls

@@ -70,3 +70,16 @@ def test_a_changed_callback_on_resume_exits_2_naming_the_field_and_writes_nothin
     assert _files(run_dir) == before
     same = _recipe(write_recipe, run_dir, epochs=2, callbacks=EARLY.format(patience=1))
     assert main(["fit", same]) == 0
+
+
+def test_a_resumed_run_keeps_the_csv_rows_of_the_epochs_before_the_interrupt(write_recipe,
+                                                                              tmp_path):
+    import csv
+
+    run_dir = tmp_path / "run"
+    logger = "[{class_name: CSVLogger, config: {filename: train.csv}}]"
+    assert main(["fit", _recipe(write_recipe, run_dir, epochs=1, callbacks=logger)]) == 0
+    assert main(["fit", _recipe(write_recipe, run_dir, epochs=3, callbacks=logger)]) == 0
+    with open(run_dir / "train.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["epoch"] for row in rows] == ["0", "1", "2"], rows
