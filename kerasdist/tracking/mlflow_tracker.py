@@ -24,6 +24,7 @@ that run RUNNING again and logs on at its global step. The default URI is the SQ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -67,8 +68,28 @@ def check_uri(uri: str | None, *, isolated: bool) -> None:
 
 
 def default_uri(run_dir: Path) -> str:
-    """``sqlite:///<absolute run_dir>/mlflow.db``."""
-    return f"sqlite:///{Path(run_dir).absolute() / MLFLOW_DB}"
+    """``sqlite:///<absolute run_dir>/mlflow.db``, the path percent-encoded by MLflow's own
+    ``path_to_local_sqlite_uri`` (a ``?`` or ``#`` in the run directory's name would otherwise
+    start the URI's query or fragment, and the database land beside the run directory)."""
+    from mlflow.utils.file_utils import path_to_local_sqlite_uri
+
+    return path_to_local_sqlite_uri(str(Path(run_dir).absolute() / MLFLOW_DB))
+
+
+@contextlib.contextmanager
+def _no_stray_folder(uri: str):
+    """MLflow 3 creates the parent folder of a ``sqlite:///`` database from the URI's text
+    without decoding it (``mlflow.store.db.utils._make_parent_dirs_if_sqlite``): a run directory
+    named ``a?b`` gets an empty ``a%3Fb`` beside it, while the database itself goes to ``a?b``.
+    Remove that folder again when it was made here and is empty."""
+    stray = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
+    made = stray is not None and "%" in str(stray) and not stray.exists()
+    try:
+        yield
+    finally:
+        if made:
+            with contextlib.suppress(OSError):  # not empty, or gone: leave it
+                stray.rmdir()
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
@@ -133,7 +154,8 @@ class MlflowTracker(keras.callbacks.Callback):
         run_dir = Path(run_dir)
         config = recipe.output.tracking
         uri = config.uri or default_uri(run_dir)
-        client = MlflowClient(tracking_uri=uri)
+        with _no_stray_folder(uri):  # MLflow opens (and creates) the store here
+            client = MlflowClient(tracking_uri=uri)
         record = _read_record(run_dir)
         params = flatten(recipe.model_dump(mode="json"))
         if record and record.get("uri") == uri:
@@ -200,8 +222,8 @@ def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[st
     if experiment is not None:
         experiment_id = experiment.experiment_id
     else:
-        location = None if uri.startswith(NETWORK_SCHEMES) else str(
-            (run_dir / MLFLOW_ARTIFACTS).absolute())
+        location = None if uri.startswith(NETWORK_SCHEMES) else \
+            (run_dir / MLFLOW_ARTIFACTS).absolute().as_uri()  # percent-encoded, as the store
         experiment_id = client.create_experiment(config.experiment, artifact_location=location)
     run = client.create_run(experiment_id, run_name=config.run_name or run_dir.name,
                             tags=_tags(recipe, run_dir))
