@@ -236,6 +236,30 @@ def _create_run(client, recipe: Recipe, run_dir: Path, uri: str, params: dict[st
     return run.info.run_id
 
 
+def record_move(source: Path, target: Path) -> None:
+    """After ``--overwrite`` moved a run directory from ``source`` to ``target``: its MLflow run
+    says where its files are now (tag ``kerasdist.run_dir``), and with the default store (which
+    moved along) ``target/tracking.json`` names the moved store. Never raises: a store that
+    cannot be reached or updated is logged as a warning (the move itself stands)."""
+    record = _read_record(target)
+    if not record or record.get("kind") != "mlflow":
+        return
+    try:
+        uri = record["uri"]
+        if uri == default_uri(source):  # the store moved with the directory
+            uri = default_uri(target)
+            write_json_atomic(target / TRACKING_FILE, {**record, "uri": uri})
+        from mlflow import MlflowClient
+
+        with _no_stray_folder(uri):
+            client = MlflowClient(tracking_uri=uri)
+        client.set_tag(record["run_id"], "kerasdist.run_dir", str(Path(target).absolute()))
+    except Exception as err:  # noqa: BLE001 - MLflow raises many types; the move stands
+        log.warning(f"tracking: the moved MLflow run {record.get('run_id')} still names "
+                    f"{source} as its run directory (could not update it: "
+                    f"{type(err).__name__}: {err})")
+
+
 def _read_record(run_dir: Path) -> dict | None:
     try:
         data = json.loads((run_dir / TRACKING_FILE).read_text(encoding="utf-8"))

@@ -348,6 +348,12 @@ class RunDir:
                               f"'{target}': {err.strerror}") from None
         log.warning(f"--overwrite: moved the previous run in {self.path} aside to {target} "
                     "(nothing deleted)")
+        if lstat_or_none(target / outputs.TRACKING_FILE) is not None:
+            try:
+                from kerasdist.tracking.mlflow_tracker import record_move
+            except ImportError:  # MLflow is not installed here: nothing to update
+                return target
+            record_move(source, target)  # its MLflow run names the new place
         return target
 
     # ----------------------------------------------------------------------------------- writes

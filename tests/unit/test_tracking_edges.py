@@ -59,3 +59,27 @@ def test_mlflow_tracking_uris_pass_validate(write_recipe, tmp_path, uri):
     recipe = write_recipe(LINEAR.format(run_dir=tmp_path / "run",
                                         tracking=f"{{kind: mlflow, uri: '{uri}'}}"))
     assert main(["validate", str(recipe)]) == 0
+
+
+def test_after_overwrite_the_moved_run_names_its_new_place(write_recipe, tmp_path):
+    """The second ``fit`` runs as a command of its own, as a user runs it (in one process,
+    MLflow keeps its engine of the moved ``mlflow.db`` cached by URI: a second run there fails
+    "attempt to write a readonly database", before this change too)."""
+    import json
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    recipe = write_recipe(LINEAR.format(run_dir=run_dir, tracking="{kind: mlflow}"))
+    assert main(["fit", str(recipe)]) == 0
+    first = json.loads((run_dir / "tracking.json").read_text())["run_id"]
+    done = subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(recipe), "--overwrite"],
+                          capture_output=True, text=True, timeout=200,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (moved,) = tmp_path.glob("run.old-*")
+    record = json.loads((moved / "tracking.json").read_text())
+    assert record["run_id"] == first and record["uri"] == f"sqlite:///{moved / 'mlflow.db'}"
+    old_run = mlflow.MlflowClient(tracking_uri=record["uri"]).get_run(first)
+    assert old_run.data.tags["kerasdist.run_dir"] == str(moved)
+    assert json.loads((run_dir / "tracking.json").read_text())["run_id"] != first
