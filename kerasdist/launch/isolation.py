@@ -183,8 +183,10 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool = Tr
         argv.append("--overwrite")
     if not isolate:
         argv.append("--exposed")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": child_pythonpath(os.environ.get("PYTHONPATH"))}  # the user's modules
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     try:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
                                  preexec_fn=die_with_parent)

@@ -142,7 +142,9 @@ class LocalLauncher:
         status_path = self.log_dir / f"{stem}.status.json"
         status_path.unlink(missing_ok=True)
         env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = child_pythonpath(env.get("PYTHONPATH"))  # the user's modules
+        pythonpath = child_pythonpath(env.get("PYTHONPATH"))  # the user's modules
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
         env[STATUS_ENV] = str(status_path)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.threads_per_task:
