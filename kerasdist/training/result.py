@@ -124,13 +124,27 @@ def _epochs_line(result: RunResult) -> list[str]:
             f"steps              {start} -> {step} of {planned * spe}"]
 
 
-def summary_text(result: RunResult, *, tensorboard: bool | None = None) -> str:
+def _wall_line(session_s: float, command_s: float | None) -> str:
+    if command_s is None or command_s < session_s:
+        return f"wall time          {session_s:.1f} s"
+    return (f"wall time          {command_s:.1f} s since the command started: training session "
+            f"{session_s:.1f} s, the rest {command_s - session_s:.1f} s (start-up, checks, "
+            "cluster start and stop)")
+
+
+def summary_text(result: RunResult, *, tensorboard: bool | None = None,
+                 command_s: float | None = None) -> str:
     """The one-screen summary printed at the end of ``kerasdist fit``.
 
     Args:
         result: the finished run.
         tensorboard: whether the run wrote TensorBoard logs (``output.tensorboard``); None =
             whether ``<run_dir>/tensorboard`` exists. Without logs no ``tensorboard`` line.
+        command_s: seconds since the command started (the wall time the user waited, a local
+            cluster's start and the checks before it included); None: not shown. The
+            ``wall time`` line then splits it: the training session (``wall_time_s``, from
+            the run directory's check to the saved model) and the rest (imports, checks, a
+            local cluster's start and stop).
     """
     from kerasdist.training.rundir import RunDir
 
@@ -147,7 +161,7 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None) -> str:
     lines += [f"throughput         {tp['examples_per_sec']:.1f} examples/s "
               f"({tp['timed_steps']} timed steps, compile/trace excluded)" if trained else
               "throughput         - (nothing trained in this run)",
-              f"wall time          {result.wall_time_s:.1f} s",
+              _wall_line(result.wall_time_s, command_s),
               f"model              {result.model_path or '(not saved)'}",
               f"metrics            {result.metrics_path}",
               f"checkpoints        {run_dir.checkpoints}"]

@@ -95,3 +95,18 @@ def test_a_parameter_server_run_counts_its_workers_the_same_way_on_every_line(ca
                        initial_epoch=0, epochs=1, num_replicas=2, strategy="parameter_server")
     text = summary_text(result, tensorboard=False)
     assert "parameter_server (2 worker(s), asynchronous)" in text and "replica" not in text
+
+
+def test_the_wall_time_counts_from_the_command_start_with_the_session_split_out(write_recipe,
+                                                                                tmp_path, capsys):
+    from kerasdist.training.result import RunResult, summary_text
+
+    out, metrics = _fit(write_recipe, tmp_path / "run", capsys, epochs=1)
+    assert "s since the command started: training session " in out, out
+    result = RunResult(history={}, evaluation={}, throughput={"examples_per_sec": 1.0,
+                                                               "timed_steps": 1},
+                       wall_time_s=44.0, run_dir=".", model_path=None, metrics_path="m.json",
+                       initial_epoch=0, epochs=1, num_replicas=2, strategy="multi_worker")
+    assert "wall time          66.0 s since the command started: training session 44.0 s, " \
+           "the rest 22.0 s (start-up, checks, cluster start and stop)" in summary_text(
+               result, tensorboard=False, command_s=66.0)
