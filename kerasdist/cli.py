@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Keras progress output: 0 silent, 1 progress bar, 2 one line per epoch")
     fit.add_argument("--debug", action="store_true",
                      help="on a failure, also print the Python traceback (also: KERASDIST_DEBUG=1)")
+    fit.add_argument("--quiet", action="store_true",
+                     help="local clusters: do not show the chief task's progress on the console "
+                          "(it stays in <run_dir>/logs)")
     _add_role_args(fit)
 
     validate = sub.add_parser("validate", help="check a recipe and print it resolved (no training)")
@@ -250,7 +253,11 @@ def _fit_recipe(args):
 
 
 def _cmd_fit(args) -> int:
+    import time
+
     from kerasdist._signals import startup
+
+    started = time.perf_counter()  # the summary's wall time counts from here (issue 42 item 3)
 
     with startup("reading the recipe and importing TensorFlow"):  # SIGINT/SIGTERM: 130/143
         recipe, tf_config = _fit_recipe(args)
@@ -270,13 +277,23 @@ def _cmd_fit(args) -> int:
             from kerasdist import tracking
 
             recipe = tracking.check(recipe)  # before TensorFlow is imported: seconds, not minutes
+            from kerasdist.training.rundir import RunDir
+
+            complete = RunDir.of(recipe).complete_notice(recipe, overwrite=args.overwrite)
+            if complete:  # one line: a re-run of a finished run trains nothing (issue 42 item 4)
+                _log.get_logger("training").warning(complete)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.launch import run_recipe
         from kerasdist.training import summary_text
 
-    result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config)
-    if result is not None:
-        print(summary_text(result, tensorboard=recipe.output.tensorboard))
+    result = run_recipe(recipe, overwrite=args.overwrite, verbose=args.verbose, tf_config=tf_config,
+                        echo=not args.quiet)
+    from kerasdist.launch.status import STATUS_ENV
+
+    # a local cluster's chief: its launcher prints the summary (and shows this task's log)
+    if result is not None and os.environ.get(STATUS_ENV) is None:
+        print(summary_text(result, tensorboard=recipe.output.tensorboard,
+                           command_s=time.perf_counter() - started))
     return EXIT_OK
 
 
@@ -367,8 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     debug = bool(getattr(args, "debug", False)) or os.environ.get("KERASDIST_DEBUG") == "1"
     failed = functools.partial(_failed, command=args.command, debug=debug)
-    try:
-        with _exit.reporting_to(failed):  # a run abandoned while blocked in TF (kerasdist._exit)
+    from kerasdist.importpath import user_code_on_path
+
+    try:  # import paths resolve like `python -m`: the working directory, the recipe's folder
+        with _exit.reporting_to(failed), user_code_on_path(getattr(args, "recipe", None)):
             return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as err:
         return failed(err)

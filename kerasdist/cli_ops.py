@@ -34,8 +34,9 @@ def threads_per_task(text: str) -> int:
 
 def task_timeout_s(text: str) -> float | None:
     """``--task-timeout-s``: seconds (> 0, at most a day) a watched task may stay unreachable or
-    hung before this task counts it as lost; ``none`` (or ``0``) turns the watch off."""
-    if text.strip().lower() in ("none", "null", "0"):
+    hung before this task counts it as lost; ``none`` turns the watch off (``0`` is refused, as
+    the message says: it would read as "lost at once")."""
+    if text.strip().lower() in ("none", "null"):
         return None
     try:
         value = float(text)

@@ -3,19 +3,189 @@
 One loader for every recipe field that names user code (``model.name``, ``data.function``,
 ``optimizer.name``, a loss, metric or callback ``class_name``), so each gets the same checks and
 the same messages: the field, what went wrong, and the text received.
+
+Where modules are found: as with ``python -m``, the working directory comes first, then the
+recipe file's folder (:func:`user_code_on_path`, entered by the CLI for the duration of a
+command), then ``PYTHONPATH`` and the installed packages. Every task a command starts gets the
+same two folders at the front of ``PYTHONPATH`` in its own environment (:func:`child_pythonpath`).
+
+What runs when: :func:`import_attribute` imports the module (its top-level code runs, as
+``python -m`` would run it) and reads the name; nothing is called. :func:`require_kind` then checks
+the object it found against what the field documents (a ``keras.callbacks.Callback`` subclass, a
+function of two arguments...) and refuses Python built-ins and the standard library, before the
+caller constructs or calls anything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
-from typing import Any
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+_SEARCH: list[tuple[str, ...]] = []
+"""The folders of the innermost :func:`user_code_on_path` block (a stack: blocks nest)."""
+
+
+def user_folders(recipe: str | os.PathLike | None = None) -> tuple[str, ...]:
+    """The folders import paths are looked up in before ``PYTHONPATH``: the working directory
+    and, when given, the recipe file's folder; absolute, without repeats."""
+    folders = [os.getcwd()]
+    if recipe:
+        folders.append(str(Path(recipe).resolve().parent))
+    return tuple(dict.fromkeys(folders))
+
+
+@contextlib.contextmanager
+def user_code_on_path(recipe: str | os.PathLike | None = None) -> Iterator[tuple[str, ...]]:
+    """Within this block, :func:`user_folders` lead ``sys.path`` (as ``python -m`` puts the
+    working directory first) and :func:`child_pythonpath` hands them to every task started;
+    afterwards ``sys.path`` is as it was (modules already imported stay imported).
+
+    Args:
+        recipe: the recipe file, whose folder is searched after the working directory; None:
+            the working directory only.
+
+    Yields:
+        The folders, first searched first.
+    """
+    folders = user_folders(recipe)
+    added = [folder for folder in folders if folder not in sys.path]
+    sys.path[:0] = added
+    _SEARCH.append(folders)
+    try:
+        yield folders
+    finally:
+        _SEARCH.pop()
+        for folder in added:
+            with contextlib.suppress(ValueError):
+                sys.path.remove(folder)
+
+
+def child_pythonpath(current: str | None) -> str:
+    """``PYTHONPATH`` for a task started inside :func:`user_code_on_path`: its folders first, then
+    ``current`` (the value the task would otherwise get), without repeats. Outside such a block,
+    ``current`` unchanged ("" for None)."""
+    folders = _SEARCH[-1] if _SEARCH else ()
+    entries = [*folders, *(current or "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(entry for entry in entries if entry))
+
+
+def _not_found(module_name: str, err: ImportError) -> str:
+    """What a not-found message adds: where it looked and how to fix it; for a module found
+    whose own import of another module failed, that module's name."""
+    missing = getattr(err, "name", None) or ""
+    if missing and missing != module_name and not module_name.startswith(f"{missing}."):
+        return (f"module '{module_name}' was found, but its own import of '{missing}' failed "
+                f"({err}); install '{missing}' or fix that import")
+    folders = [entry or os.getcwd() for entry in sys.path]
+    shown = ", ".join(folders[:4]) + (f" and {len(folders) - 4} more" if len(folders) > 4 else "")
+    return (f"no module '{module_name}' in the working directory, the recipe's folder, "
+            f"PYTHONPATH or the installed packages (looked in {shown}); run kerasdist from the "
+            f"folder that holds '{module_name.partition('.')[0]}', put it beside the recipe, add "
+            "its folder to PYTHONPATH, or pip install it")
 
 
 def is_builtin(obj: Any) -> bool:
     """True for a Python built-in (``os:system``, ``builtins:eval``...), which a recipe may not
     name as its own code."""
     return inspect.isbuiltin(obj) or getattr(obj, "__module__", None) == "builtins"
+
+
+def is_standard_library(obj: Any, module_name: str = "") -> bool:
+    """True when ``obj`` (or the module ``module_name`` it was imported from) belongs to Python's
+    standard library (``subprocess:Popen``, ``os:popen``, ``shutil:rmtree``), which is no recipe's
+    own model, data, loss, metric or callback. A module of the user's that shadows a standard
+    name (a ``test.py`` in the working directory) is not: the loaded module's file must lie in
+    the interpreter's own library folders (``sysconfig`` ``stdlib``/``platstdlib``), or the
+    module be compiled into the interpreter (``sys.stdlib_module_names``).
+    """
+    library = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
+    for name in (module_name, getattr(obj, "__module__", None) or ""):
+        top = name.partition(".")[0]
+        if top not in sys.stdlib_module_names:
+            continue
+        file = getattr(sys.modules.get(top), "__file__", None)
+        if file is None or any(folder in Path(file).resolve().parents for folder in library):
+            return True
+    return False
+
+
+def describe(obj: Any) -> str:
+    """How a message names an imported object: ``class subprocess.Popen``, ``function
+    my_pkg.build``, ``module json``, ``an instance of Foo``."""
+    if inspect.isclass(obj):
+        return f"class {obj.__module__}.{obj.__qualname__}"
+    if inspect.ismodule(obj):
+        return f"module {obj.__name__}"
+    if inspect.isroutine(obj):
+        module = getattr(obj, "__module__", None) or "?"
+        return f"function {module}.{getattr(obj, '__qualname__', repr(obj))}"
+    return f"an instance of {type(obj).__qualname__}"
+
+
+def takes_positional(fn: Any, counts: Sequence[int]) -> bool:
+    """Whether ``fn`` can be called with one of ``counts`` positional arguments (its signature is
+    bound, nothing is called). A callable without a readable signature counts as taking them."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    for count in counts:
+        try:
+            signature.bind(*[None] * count)
+            return True
+        except TypeError:
+            continue
+    return False
+
+
+def require_kind(obj: Any, path: str, *, field: str, error: type[Exception], what: str,
+                 classes: tuple[type, ...] = (),
+                 function_args: Sequence[int] | None = None) -> Any:
+    """Check an imported object against what its recipe field documents, before anything
+    constructs or calls it.
+
+    Accepted: a class that subclasses one of ``classes``; an instance of one of ``classes``;
+    when ``function_args`` is not None, a Python function (or a callable object that is not a
+    class) that can take one of those numbers of positional arguments (any, when empty). Never
+    accepted: a Python built-in or anything of the standard library (:func:`is_standard_library`).
+
+    Args:
+        obj: what :func:`import_attribute` returned for ``path``.
+        path: the import path as written in the recipe (``pkg.mod:Name``).
+        field: the recipe field, first in the message (``callbacks.0``).
+        error: the exception class raised (``RecipeError``, ``DataError``).
+        what: the documented kind, for the message (``a keras.callbacks.Callback subclass``).
+        classes: the accepted base classes (default none: functions only).
+        function_args: the accepted numbers of positional arguments of a function; empty: any
+            function; None (default): no function accepted.
+
+    Returns:
+        ``obj``, unchanged.
+
+    Raises:
+        error: ``obj`` is not of the documented kind; the message names ``field``, says what
+            ``obj`` is and that nothing was built or called, and shows ``path``.
+    """
+    if inspect.isclass(obj):
+        fits = bool(classes) and issubclass(obj, classes)
+    elif classes and isinstance(obj, classes):
+        fits = True
+    else:
+        fits = function_args is not None and callable(obj) and not inspect.ismodule(obj) and \
+            (not function_args or takes_positional(obj, function_args))
+    if fits and (is_builtin(obj) or is_standard_library(obj, path.partition(":")[0])):
+        raise error(f"{field}: '{path}' is {describe(obj)} of Python's standard library, not code "
+                    f"of your own; it is refused unbuilt and uncalled. Received: {path!r}")
+    if not fits:
+        raise error(f"{field}: must name {what}; '{path}' is {describe(obj)}, so it is refused "
+                    f"unbuilt and uncalled. Received: {path!r}")
+    return obj
 
 
 def import_attribute(path: str, *, field: str, error: type[Exception], received: str,
@@ -38,8 +208,8 @@ def import_attribute(path: str, *, field: str, error: type[Exception], received:
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise error(f"{field}: cannot import module '{module_name}' ({err}). "
-                    f"Received: {received}") from None
+        raise error(f"{field}: cannot import module '{module_name}': "
+                    f"{_not_found(module_name, err)}. Received: {received}") from None
     except Exception as err:  # noqa: BLE001 - the module's own code failed while being imported
         raise error(f"{field}: importing module '{module_name}' raised "
                     f"{type(err).__name__}: {err}. Received: {received}") from None

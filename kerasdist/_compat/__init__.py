@@ -48,6 +48,9 @@ module                                  upstream issue / scope
                                         results without TF's cluster function runtime;
                                         installed by ``kerasdist.enable()`` and every
                                         parameter-server ``fit``/``evaluate``/``predict``
+``keras_23360_exhausted_warning``       https://github.com/keras-team/keras/pull/23360; not a
+                                        patch: the "ran out of data" warning ignored while
+                                        kerasdist's own loop evaluates an input of unknown size
 ``internals``                           not a mend: the ``keras.src`` imports and private
                                         reads the rest of kerasdist needs (ruff TID251 bans
                                         them everywhere else)
@@ -117,6 +120,7 @@ OTHER_PROBES = (
     ("kerasdist._compat.keras_ps_atomic_assign", "bug_present"),
     ("kerasdist._compat.keras_allreduce_hook", "hook_present"),
     ("kerasdist._compat.keras_accumulation_step", "matches_keras"),
+    ("kerasdist._compat.keras_23360_exhausted_warning", "bug_present"),
 )
 
 ACTIVE, NEEDED, NOT_NEEDED, NOT_APPLICABLE = "active", "needed", "not needed", "not applicable"

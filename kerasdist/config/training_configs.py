@@ -210,6 +210,12 @@ def check_callback(value: Any, index: int) -> Any:
 
 
 # ------------------------------------------------------------------------------------- tracking
+TRACKING_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc", "file", "sqlite",
+                    "postgresql", "mysql", "mssql")
+"""URI schemes of MLflow's own tracking stores (``mlflow.tracking._tracking_service.utils``:
+the REST client, Databricks, the file store and its SQLAlchemy databases); ``databricks`` and
+``uc`` may stand without ``://``. A URI of another scheme would only fail in ``fit``, after the
+run directory is written."""
 class TrackingConfig(_Frozen):
     """``output.tracking``: log the run to an experiment tracker (``kind: mlflow``).
 
@@ -228,6 +234,21 @@ class TrackingConfig(_Frozen):
                            "written (one request, 5 s timeout, no retry). true: an unreachable "
                            "server or unusable uri is bad input (exit 2); false: a warning, and "
                            "the run trains without tracking.")
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        head, sep, _ = value.partition("://")
+        if not sep:  # a folder path, or a bare scheme such as "databricks"
+            head = value.partition(":")[0] if ":" in value else ""
+        scheme = head.partition("+")[0].lower()  # postgresql+psycopg2:// is postgresql
+        if len(scheme) > 1 and scheme not in TRACKING_SCHEMES:  # one letter: a drive, C:/
+            raise ValueError(
+                f"output.tracking.uri: MLflow has no tracking store for the scheme '{scheme}' "
+                f"(known: {', '.join(TRACKING_SCHEMES)}; or a folder path). Received: uri={value!r}")
+        return value
 
 
 def keras_checked_fields(recipe) -> list[str]:

@@ -20,14 +20,15 @@ from typing import Callable
 
 from kerasdist._signals import startup
 from kerasdist.errors import DataError
-from kerasdist.importpath import import_attribute, is_builtin
+from kerasdist.importpath import import_attribute, is_builtin, require_kind
 
 
 def load_function(config) -> Callable:
-    """Import ``data.function``.
+    """Import ``data.function`` and check it is a function taking ``split`` (nothing is called).
 
     Raises:
-        DataError: the module does not import, or has no callable of that name.
+        DataError: the module does not import, has no callable of that name, or it is not a
+            function of one positional argument (a class, a built-in, the standard library).
     """
     path = config.function
     fn = import_attribute(path, field="data.function", error=DataError,
@@ -36,7 +37,10 @@ def load_function(config) -> Callable:
         module_name, _, attr = path.partition(":")
         raise DataError(f"data.function: '{module_name}' has no Python function '{attr}'. "
                         f"Received: function='{path}'")
-    return fn
+    # checked before it is ever called: a function of (split) (not a class, not the stdlib)
+    return require_kind(fn, path, field="data.function", error=DataError,
+                        what="a function (split, input_context=None) -> tf.data.Dataset",
+                        function_args=(1,))
 
 
 def tfds_function(config) -> Callable:

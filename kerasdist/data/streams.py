@@ -246,6 +246,17 @@ def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int)
     return recipe.trainer.steps_per_epoch or steps
 
 
+def _batch_words(batch_size: int, replicas: int, pipelines: int, asynchronous: bool) -> str:
+    """How the input line names the batch, counting as the run summary does: replicas in sync
+    for synchronous strategies, workers for the parameter server (each step is one worker's
+    whole batch)."""
+    if asynchronous:
+        return (f"global batch {batch_size} per step, each step one worker's (asynchronous); "
+                f"{pipelines} worker(s), one input pipeline each")
+    return (f"global batch {batch_size} = {replicas} replica(s) x {batch_size // replicas}; "
+            f"{pipelines} input pipeline(s)")
+
+
 def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
                asynchronous: bool = False) -> StreamInput:
     """Load the recipe's splits and build the sharded, resumable inputs.
@@ -282,9 +293,9 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
                              pipeline_batch=pipeline_batch)
     if asynchronous and not recipe.trainer.steps_per_epoch:
         steps *= pipelines  # scheduled steps per epoch are summed over the workers
-    log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
-             f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
-             f"'{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
+    log.info(f"input: {_batch_words(config.batch_size, replicas, pipelines, asynchronous)}; "
+             f"sharding '{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per "
+             "epoch")
     return StreamInput(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
                        shard_policy=policy, num_eval=num_eval, pipelines=pipelines)
 
@@ -301,9 +312,9 @@ def _streaming_input(recipe, *, replicas: int, pipelines: int, pipeline_batch: i
     if asynchronous and not recipe.trainer.steps_per_epoch:
         steps *= pipelines
     eval_fn, num_eval = built.eval_fn, built.num_eval
-    log.info(f"input: global batch {config.batch_size} = {replicas} replica(s) x "
-             f"{config.batch_size // replicas}; {pipelines} input pipeline(s), sharding "
-             f"'{built.policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per epoch")
+    log.info(f"input: {_batch_words(config.batch_size, replicas, pipelines, asynchronous)}; "
+             f"sharding '{built.policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps "
+             "per epoch")
     return StreamInput(train_fn=built.train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
                        shard_policy=built.policy, num_eval=num_eval, pipelines=pipelines,
                        artifacts=built.artifacts)

@@ -1,5 +1,6 @@
 """Echo the log files of a local cluster's tasks to the console, each line prefixed with its task
-(``[worker:1] Epoch 1/4 ...``), as ``kerasdist launch`` shows them."""
+(``[worker:1] Epoch 1/4 ...``), as ``kerasdist launch`` shows them; or one task's file without a
+prefix (:meth:`Echo.follow`: the chief's progress under ``kerasdist fit``)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,25 @@ class Echo:
     def __init__(self, verbose: bool = False):
         self.verbose = verbose  # keep TensorFlow's start-up noise (kerasdist._native_log)
         self._offsets: dict[Path, int] = {}
-        self._names: dict[Path, str] = {}
+        self._names: dict[Path, str | None] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kerasdist-echo", daemon=True)
 
     def add(self, task: Task) -> None:
-        self._names[task.log_path] = task.name
-        self._offsets.setdefault(task.log_path, task.log_path.stat().st_size
-                                 if task.log_path.exists() else 0)
+        """Echo ``task``'s new log lines, prefixed ``[<task name>] ``."""
+        self.follow(task.log_path, task.name)
+
+    def follow(self, path: Path, name: str | None = None) -> None:
+        """Echo the lines written to ``path`` from now on (what it holds already is skipped; a
+        file that does not exist yet is read from its start once it does).
+
+        Args:
+            path: a log file.
+            name: the prefix ``[<name>] `` of every line; None (default): no prefix (one task
+                speaks).
+        """
+        self._names[path] = name
+        self._offsets.setdefault(path, path.stat().st_size if path.exists() else 0)
 
     def __enter__(self) -> Echo:
         self._thread.start()
@@ -50,7 +62,8 @@ class Echo:
             complete = data.rfind(b"\n") + 1
             if complete:
                 self._offsets[path] = offset + complete
-                prefix = f"[{self._names[path]}] "
+                name = self._names[path]
+                prefix = f"[{name}] " if name is not None else ""
                 text = data[:complete].decode("utf-8", "replace")
                 sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()
                                          if self.verbose or not is_noise(line)))

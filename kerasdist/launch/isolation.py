@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from kerasdist import _exit, _log, errors
 from kerasdist._signals import Terminated, terminate_on_sigterm
 from kerasdist.errors import ClusterError, TaskFailedError
+from kerasdist.importpath import child_pythonpath
 from kerasdist.launch import status
 from kerasdist.launch.processes import (
     describe_exit,
@@ -183,6 +184,9 @@ def run_isolated(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool = Tr
     if not isolate:
         argv.append("--exposed")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     try:
         child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
                                  preexec_fn=die_with_parent)

@@ -24,6 +24,7 @@ from typing import Sequence
 
 from kerasdist.cluster.spec import TFConfig, split_address
 from kerasdist.errors import ClusterError
+from kerasdist.importpath import child_pythonpath
 
 
 @dataclass
@@ -141,6 +142,9 @@ class LocalLauncher:
         status_path = self.log_dir / f"{stem}.status.json"
         status_path.unlink(missing_ok=True)
         env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        pythonpath = child_pythonpath(env.get("PYTHONPATH"))  # the user's modules
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
         env[STATUS_ENV] = str(status_path)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.threads_per_task:

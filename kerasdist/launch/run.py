@@ -184,7 +184,43 @@ def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
     return tf_config
 
 
-def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunResult | None:
+def chief_log(recipe: Recipe) -> Path | None:
+    """The log file of the task of a local cluster whose progress is the run's (the task that
+    writes the outputs, in a process of its own): ``worker-0.log`` under ``multi_worker``,
+    ``chief-0.log`` for an elastic parameter-server run (its coordinator is task ``chief:0``);
+    None where that task is not a task of the local cluster (a parameter-server coordinator in
+    the launching process, whose output is the console already; Ray, which forwards its
+    workers' output itself)."""
+    from kerasdist.launch.coordinator import elastic
+
+    if recipe.cluster.kind != "local":
+        return None
+    topology = registry.for_recipe(recipe).traits.topology
+    if topology == "peers":
+        return RunDir.of(recipe).logs / "worker-0.log"
+    if topology == "coordinator" and elastic(recipe):
+        return RunDir.of(recipe).logs / "chief-0.log"
+    return None
+
+
+@contextlib.contextmanager
+def _chief_echo(recipe: Recipe, *, echo: bool):
+    """While a local cluster runs, its chief's new log lines on the console (Keras's progress,
+    one line an epoch; kerasdist's notices: resume, early stop; TensorFlow's start-up noise left
+    out), without a prefix: one task speaks. Nothing with ``echo`` False (``fit --quiet``)."""
+    from kerasdist.launch.echo import Echo
+
+    path = chief_log(recipe) if echo else None
+    if path is None:
+        yield
+        return
+    with Echo() as shown:
+        shown.follow(path)
+        yield
+
+
+def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
+               echo: bool = True) -> RunResult | None:
     """A local or Ray cluster started from this process (see :func:`run_recipe`)."""
     from kerasdist.launch import isolation
 
@@ -203,11 +239,12 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunRes
                       checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
         tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
         try:
-            if isolated or _coordinator_in_a_child(recipe, callbacks):
-                return _run_child(recipe, overwrite=overwrite, verbose=verbose,
-                                  isolate=isolated)
-            return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
-                                         callbacks=callbacks)
+            with _chief_echo(recipe, echo=echo):
+                if isolated or _coordinator_in_a_child(recipe, callbacks):
+                    return _run_child(recipe, overwrite=overwrite, verbose=verbose,
+                                      isolate=isolated)
+                return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                             callbacks=callbacks)
         except BaseException as err:
             if tracker is not None:  # e.g. a task killed before its chief could say so
                 tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
@@ -250,7 +287,7 @@ def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> Ru
 
 
 def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
-               callbacks=()) -> RunResult | None:
+               callbacks=(), echo: bool = True) -> RunResult | None:
     """Run ``recipe``; returns the :class:`RunResult` in the process that owns the outputs
     (the chief), ``None`` in other tasks.
 
@@ -263,6 +300,8 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         callbacks: extra Keras callbacks; refused for a local cluster (its launcher runs in a
             child process in a private network namespace) unless it runs exposed
             (``cluster.allow_network_exposure``) with the coordinator here.
+        echo: on a local cluster, show the chief task's new log lines on the console while it
+            runs (:func:`chief_log`; default True; ``fit --quiet``: False).
 
     Raises:
         RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts (also:
@@ -275,7 +314,8 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if topology == "single":
         return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
     if recipe.cluster.kind in ("local", "ray"):
-        return _run_local(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+        return _run_local(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks,
+                          echo=echo)
     tf_config = resolve_role(recipe, tf_config)
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)

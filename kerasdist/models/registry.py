@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kerasdist.errors import RecipeError
-from kerasdist.importpath import import_attribute, is_builtin
+from kerasdist.importpath import import_attribute, is_builtin, require_kind
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,27 @@ def _check_import_path(path: str) -> None:
 
 
 def _import_builder(path: str) -> Callable[..., Any]:
+    """The builder an import path names, checked before it is ever called: a ``keras.Model``
+    subclass or a function (not a class of any other kind, a built-in or the standard library).
+
+    Raises:
+        RecipeError: naming ``model.name`` and the path.
+    """
     builder = import_attribute(path, field="model.name", error=RecipeError,
                                received=f"name='{path}'", what="callable")
     if is_builtin(builder):
         raise RecipeError(f"model.name: '{path}' is a built-in callable, not a model builder (a "
                           "Python function or class returning an uncompiled keras.Model). "
                           f"Received: name='{path}'")
-    return builder
+    classes: tuple[type, ...] = ()
+    if inspect.isclass(builder):  # Keras only for a class: a function needs no TF import here
+        import keras
+
+        classes = (keras.Model,)
+    return require_kind(builder, path, field="model.name", error=RecipeError,
+                        what="a function returning an uncompiled keras.Model, or a keras.Model "
+                             "subclass", classes=classes,
+                        function_args=None if classes else ())
 
 
 def check(config: Any) -> ModelSpec:

@@ -67,13 +67,17 @@ class KerasFitLoop:
             Preempted: SIGTERM or SIGINT; every replica saved a checkpoint at the same step first.
             TrainingError: a non-finite loss, or a non-finite state at a checkpoint (not saved).
         """
+        from kerasdist._compat.keras_23360_exhausted_warning import quiet_end_of_input
         from kerasdist.keras.backup import StepBackup
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss, WeightDigest
         from kerasdist.keras.preemption import PreemptionWatch
 
         recipe, data = run.recipe, run.data
         history: dict[str, list[float]] = {}
-        with PreemptionWatch(run.tf_strategy) as watch:
+        # the validation input ends where it ends: no "ran out of data" warning (keras#23360)
+        declared = recipe.trainer.validation_steps is not None
+        with PreemptionWatch(run.tf_strategy) as watch, \
+                quiet_end_of_input(steps_declared=declared):
             # one process reads its stop flag at every step; workers vote every few steps
             backup = StepBackup(run.store, start_step=run.start_step, watch=watch,
                                 every_steps=recipe.trainer.checkpoint.every_steps,
@@ -105,11 +109,15 @@ class KerasFitLoop:
 
     def evaluate(self, run: RunContext) -> dict[str, float]:
         """Held-out evaluation (every replica; multi-worker logs are the mean over workers)."""
+        from kerasdist._compat.keras_23360_exhausted_warning import quiet_end_of_input
+
         eval_ds = run.data.eval_dataset(run.tf_strategy)
         if eval_ds is None:
             return {}
-        logs = run.model.evaluate(eval_ds, steps=run.recipe.trainer.validation_steps, verbose=0,
-                                  return_dict=True, callbacks=self._boundary_callbacks(run))
+        steps = run.recipe.trainer.validation_steps
+        with quiet_end_of_input(steps_declared=steps is not None):  # keras#23360
+            logs = run.model.evaluate(eval_ds, steps=steps, verbose=0, return_dict=True,
+                                      callbacks=self._boundary_callbacks(run))
         return {key: float(value) for key, value in logs.items()}
 
 

@@ -69,8 +69,11 @@ def _short_requests(timeout_s: int) -> Iterator[None]:
 
 def _sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///PATH`` URI, else None."""
+    from urllib.parse import unquote
+
     prefix = "sqlite:///"
-    return Path(uri[len(prefix):]) if uri.startswith(prefix) and len(uri) > len(prefix) else None
+    return (Path(unquote(uri[len(prefix):])) if uri.startswith(prefix) and len(uri) > len(prefix)
+            else None)
 
 
 @contextlib.contextmanager
@@ -131,7 +134,11 @@ def unreachable(uri: str | None, *, timeout_s: int = PROBE_TIMEOUT_S) -> str | N
 
 
 def default_uri(run_dir: Path) -> str:
-    """``sqlite:///<absolute run_dir>/mlflow.db``."""
-    return f"sqlite:///{Path(run_dir).absolute() / MLFLOW_DB}"
+    """``sqlite:///<absolute run_dir>/mlflow.db``, the path percent-encoded by MLflow's own
+    ``path_to_local_sqlite_uri`` (a ``?`` or ``#`` in the run directory's name would otherwise
+    start the URI's query or fragment, and the database land beside the run directory)."""
+    from mlflow.utils.file_utils import path_to_local_sqlite_uri
+
+    return path_to_local_sqlite_uri(str(Path(run_dir).absolute() / MLFLOW_DB))
 
 

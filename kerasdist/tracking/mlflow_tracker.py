@@ -24,6 +24,7 @@ that run RUNNING again and logs on at its global step. The default URI is the SQ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -45,6 +46,22 @@ if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
 log = get_logger("tracking")
+
+@contextlib.contextmanager
+def _no_stray_folder(uri: str):
+    """MLflow 3 creates the parent folder of a ``sqlite:///`` database from the URI's text
+    without decoding it (``mlflow.store.db.utils._make_parent_dirs_if_sqlite``): a run directory
+    named ``a?b`` gets an empty ``a%3Fb`` beside it, while the database itself goes to ``a?b``.
+    Remove that folder again when it was made here and is empty."""
+    stray = Path(uri.removeprefix("sqlite:///")).parent if uri.startswith("sqlite:///") else None
+    made = stray is not None and "%" in str(stray) and not stray.exists()
+    try:
+        yield
+    finally:
+        if made:
+            with contextlib.suppress(OSError):  # not empty, or gone: leave it
+                stray.rmdir()
+
 
 def flatten(value: Any, prefix: str = "") -> dict[str, str]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``; lists and scalars become JSON text."""
@@ -106,7 +123,8 @@ class MlflowTracker(keras.callbacks.Callback):
         run_dir = Path(run_dir)
         config = recipe.output.tracking
         uri = config.uri or default_uri(run_dir)
-        client = client_for(uri)
+        with _no_stray_folder(uri):  # MLflow opens (and creates) the store here
+            client = client_for(uri)
         record = _read_record(run_dir)
         params = flatten(recipe.model_dump(mode="json"))
         if record and record.get("uri") == uri:
@@ -189,8 +207,8 @@ def _experiment_id(client, name: str, uri: str, run_dir: Path) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         return experiment.experiment_id
-    location = None if uri.startswith(NETWORK_SCHEMES) else str(
-        (run_dir / MLFLOW_ARTIFACTS).absolute())
+    location = None if uri.startswith(NETWORK_SCHEMES) else \
+        (run_dir / MLFLOW_ARTIFACTS).absolute().as_uri()  # percent-encoded, as the store
     try:
         return client.create_experiment(name, artifact_location=location)
     except MlflowException as err:
@@ -198,6 +216,28 @@ def _experiment_id(client, name: str, uri: str, run_dir: Path) -> str:
         if err.error_code != "RESOURCE_ALREADY_EXISTS" or experiment is None:
             raise
         return experiment.experiment_id
+
+
+def record_move(source: Path, target: Path) -> None:
+    """After ``--overwrite`` moved a run directory from ``source`` to ``target``: its MLflow run
+    says where its files are now (tag ``kerasdist.run_dir``), and with the default store (which
+    moved along) ``target/tracking.json`` names the moved store. Never raises: a store that
+    cannot be reached or updated is logged as a warning (the move itself stands)."""
+    record = _read_record(target)
+    if not record or record.get("kind") != "mlflow":
+        return
+    try:
+        uri = record["uri"]
+        if uri == default_uri(source):  # the store moved with the directory
+            uri = default_uri(target)
+            write_json_atomic(target / TRACKING_FILE, {**record, "uri": uri})
+        with _no_stray_folder(uri):
+            client = client_for(uri)
+        client.set_tag(record["run_id"], "kerasdist.run_dir", str(Path(target).absolute()))
+    except Exception as err:  # noqa: BLE001 - MLflow raises many types; the move stands
+        log.warning(f"tracking: the moved MLflow run {record.get('run_id')} still names "
+                    f"{source} as its run directory (could not update it: "
+                    f"{type(err).__name__}: {err})")
 
 
 def _read_record(run_dir: Path) -> dict | None:

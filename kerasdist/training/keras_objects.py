@@ -3,8 +3,10 @@ loss, metrics and callbacks.
 
 Names and ``{class_name, config}`` go to ``keras.optimizers.get``, ``keras.optimizers.schedules
 .deserialize``, ``keras.losses.get``, ``keras.metrics.get`` and the public ``keras.callbacks``
-namespace; an import path ``pkg.mod:Name`` is imported (:func:`import_object`) and its class is
-built as ``Class.from_config(config)`` when it has that method, else ``Class(**config)``. Every
+namespace; an import path ``pkg.mod:Name`` is imported (:func:`import_object`), checked against
+the kind its field documents (a ``keras.callbacks.Callback`` subclass for a callback...; see
+:data:`KINDS`) before anything is built or called, and only then its class is built as
+``Class.from_config(config)`` when it has that method, else ``Class(**config)``. Every
 failure is a :class:`~kerasdist.errors.RecipeError` (exit code 2) naming the recipe field and what
 was received, raised before anything is written (:func:`check_training_config`).
 """
@@ -18,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from kerasdist.config.training_configs import PATH_KEYS, KerasConfig, is_import_path
 from kerasdist.errors import RecipeError
-from kerasdist.importpath import import_attribute, is_builtin
+from kerasdist.importpath import import_attribute, is_builtin, require_kind
+from kerasdist.training.schedule_checks import check_schedule_rates
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -37,21 +40,60 @@ REFUSED_CALLBACKS = {
 }
 
 
+KINDS = {
+    "optimizer": ("a keras.optimizers.Optimizer subclass", "keras.optimizers.Optimizer", None),
+    "schedule": ("a keras.optimizers.schedules.LearningRateSchedule subclass",
+                 "keras.optimizers.schedules.LearningRateSchedule", None),
+    "loss": ("a keras.losses.Loss subclass or a function (y_true, y_pred)", "keras.losses.Loss",
+             (2,)),
+    "metric": ("a keras.metrics.Metric subclass or a function (y_true, y_pred)",
+               "keras.metrics.Metric", (2,)),
+    "callback": ("a keras.callbacks.Callback subclass", "keras.callbacks.Callback", None),
+    "epoch_function": ("a function (epoch, lr) -> lr", "", (2, 1)),
+}
+"""What an import path may name, per kind of field: ``(what the message says, the Keras base
+class a class must subclass or an object be an instance of, the numbers of positional arguments a
+function may take (None: no function))``."""
+
+
 def _shown(value: Any) -> Any:
     return value.as_keras() if isinstance(value, KerasConfig) else value
 
 
-def import_object(path: str, *, field: str) -> Any:
-    """Import ``package.module:Name`` (``Name`` may be dotted: ``Outer.Inner``).
+def import_object(path: str, *, field: str, kind: str = "") -> Any:
+    """Import ``package.module:Name`` (``Name`` may be dotted: ``Outer.Inner``) and check it is
+    of the documented ``kind``; nothing is built or called here (importing the module runs its
+    top-level code).
+
+    Args:
+        path: the import path as written in the recipe.
+        field: the recipe field, first in every message (``callbacks.0``).
+        kind: a key of :data:`KINDS` (``callback``, ``loss`` ...); empty: any object that is not
+            a Python built-in (default).
 
     Raises:
-        RecipeError: the module cannot be imported, its import raised, or it has no ``Name``;
-            names ``field`` and ``path``.
+        RecipeError: the module cannot be imported, its import raised, it has no ``Name``, or
+            ``Name`` is not of ``kind`` (a class that does not subclass the Keras base, a
+            function of the wrong arity, the standard library); names ``field`` and ``path``.
     """
     obj = import_attribute(path, field=field, error=RecipeError, received=repr(path))
     if is_builtin(obj):
         raise RecipeError(f"{field}: '{path}' is a Python built-in, not a Keras object of your "
                           f"own. Received: {path!r}")
+    if kind:
+        what, base, function_args = KINDS[kind]
+        require_kind(obj, path, field=field, error=RecipeError, what=what,
+                     classes=(_keras_class(base),) if base else (), function_args=function_args)
+    return obj
+
+
+def _keras_class(dotted: str) -> type:
+    """``keras.callbacks.Callback`` from its dotted public name."""
+    import keras
+
+    obj: Any = keras
+    for part in dotted.split(".")[1:]:
+        obj = getattr(obj, part)
     return obj
 
 
@@ -69,15 +111,20 @@ def _instance(obj: Any, config: dict, *, field: str, shown: Any) -> Any:
     except (TypeError, ValueError) as err:
         raise RecipeError(f"{field}: {obj.__name__} cannot be built from its config: {err}. "
                           f"Received: {shown!r}") from None
+    except Exception as err:  # noqa: BLE001 - the user's own __init__/from_config failed
+        raise RecipeError(f"{field}: building {obj.__name__} raised {type(err).__name__}: {err}. "
+                          f"Received: {shown!r}") from None
 
 
-def _from_spec(spec: Any, *, field: str) -> tuple[Any, bool]:
-    """``(object, True)`` for an import path (a string or a KerasConfig's class_name), built
-    from its config; ``(None, False)`` for something Keras looks up itself."""
+def _from_spec(spec: Any, *, field: str, kind: str) -> tuple[Any, bool]:
+    """``(object, True)`` for an import path (a string or a KerasConfig's class_name), checked
+    against ``kind`` (:data:`KINDS`) and then built from its config; ``(None, False)`` for
+    something Keras looks up itself."""
     if isinstance(spec, str) and is_import_path(spec):
-        return _instance(import_object(spec, field=field), {}, field=field, shown=spec), True
+        obj = import_object(spec, field=field, kind=kind)
+        return _instance(obj, {}, field=field, shown=spec), True
     if isinstance(spec, KerasConfig) and is_import_path(spec.class_name):
-        obj = import_object(spec.class_name, field=f"{field}.class_name")
+        obj = import_object(spec.class_name, field=f"{field}.class_name", kind=kind)
         return _instance(obj, spec.config, field=field, shown=spec.as_keras()), True
     return None, False
 
@@ -99,15 +146,17 @@ def make_schedule(spec: KerasConfig):
     import keras
 
     field, shown = "optimizer.learning_rate", spec.as_keras()
-    schedule, imported = _from_spec(spec, field=field)
+    schedule, imported = _from_spec(spec, field=field, kind="schedule")
     if not imported:
         try:
             schedule = keras.optimizers.schedules.deserialize(spec.as_keras())
         except (TypeError, ValueError) as err:
             raise RecipeError(f"{field}: Keras cannot build this schedule: "
                               f"{str(err).splitlines()[-1]}. Received: {shown!r}") from None
-    return _must_be(schedule, keras.optimizers.schedules.LearningRateSchedule, field=field,
-                    what="a keras.optimizers.schedules.LearningRateSchedule", shown=shown)
+    _must_be(schedule, keras.optimizers.schedules.LearningRateSchedule, field=field,
+             what="a keras.optimizers.schedules.LearningRateSchedule", shown=shown)
+    check_schedule_rates(schedule, field=field, shown=shown)
+    return schedule
 
 
 def make_optimizer(config, num_replicas: int = 1):
@@ -139,8 +188,8 @@ def make_optimizer(config, num_replicas: int = 1):
         kwargs["nesterov"] = config.nesterov
     shown = {"name": config.name, "params": dict(config.params)}
     if is_import_path(config.name):
-        cls = import_object(config.name, field="optimizer.name")
-        if not (inspect.isclass(cls) and issubclass(cls, keras.optimizers.Optimizer)):
+        cls = import_object(config.name, field="optimizer.name", kind="optimizer")
+        if not inspect.isclass(cls):
             raise RecipeError("optimizer.name: must name a keras.optimizers.Optimizer subclass. "
                               f"Received: {config.name!r} ({type(cls).__name__})")
         return _instance(cls, kwargs, field="optimizer", shown=shown)
@@ -162,7 +211,7 @@ def make_loss(spec: Any):
 
     if spec == LOSS_FROM_LOGITS:
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    loss, imported = _from_spec(spec, field="model.loss")
+    loss, imported = _from_spec(spec, field="model.loss", kind="loss")
     if imported:
         if not callable(loss):
             raise RecipeError(f"model.loss: must give a keras.losses.Loss or a function "
@@ -190,7 +239,7 @@ def make_metrics(specs: Sequence[Any]) -> list:
         if isinstance(spec, str) and spec.lower() in COMPILE_ALIASES:
             metrics.append(spec)
             continue
-        metric, imported = _from_spec(spec, field=field)
+        metric, imported = _from_spec(spec, field=field, kind="metric")
         if not imported:
             try:
                 metric = keras.metrics.get(_shown(spec))
@@ -225,7 +274,8 @@ def _resolve_config(config: dict, run_dir: Path, *, field: str) -> dict:
     for key in CALLABLE_KEYS:
         value = resolved.get(key)
         if isinstance(value, str) and is_import_path(value):
-            resolved[key] = import_object(value, field=f"{field}.config.{key}")
+            resolved[key] = import_object(value, field=f"{field}.config.{key}",
+                                          kind="epoch_function")
     return resolved
 
 
@@ -249,7 +299,9 @@ def make_callback(spec: Any, *, index: int, run_dir: Path):
     """One recipe callback, its relative paths taken inside ``run_dir``.
 
     A ``TensorBoard`` without ``log_dir`` writes ``<run_dir>/tensorboard`` (kerasdist's own
-    TensorBoard folder; kerasdist then adds no TensorBoard of its own).
+    TensorBoard folder; kerasdist then adds no TensorBoard of its own). A ``CSVLogger`` without
+    ``append`` appends (``append=True``, Keras's own option): a resumed run keeps the rows of the
+    epochs before the interrupt (a new run starts a new file, with its header).
 
     Raises:
         RecipeError: unknown class, a config the class refuses, an import path that fails or
@@ -261,7 +313,8 @@ def make_callback(spec: Any, *, index: int, run_dir: Path):
     name = spec.class_name if isinstance(spec, KerasConfig) else spec
     config = dict(spec.config) if isinstance(spec, KerasConfig) else {}
     if is_import_path(name):
-        cls = import_object(name, field=field if isinstance(spec, str) else f"{field}.class_name")
+        cls = import_object(name, field=field if isinstance(spec, str) else f"{field}.class_name",
+                            kind="callback")
     else:
         cls = _keras_callback_class(name, field=field)
         if name == "TensorBoard":
@@ -269,6 +322,8 @@ def make_callback(spec: Any, *, index: int, run_dir: Path):
 
             cls = EpochTensorBoard  # Keras's, without per-step work that writes nothing
             config.setdefault("log_dir", "tensorboard")
+        elif name == "CSVLogger":  # a resumed run (and each fit phase) adds its epochs' rows
+            config.setdefault("append", True)
     config = _resolve_config(config, run_dir, field=field)
     callback = _instance(cls, config, field=field, shown=_shown(spec)) if inspect.isclass(cls) \
         else cls

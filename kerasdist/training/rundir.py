@@ -177,6 +177,31 @@ class RunDir:
         """The finished run's files present (``model.keras``, ``metrics.json``)."""
         return [name for name in FINISHED_FILES if lstat_or_none(self.path / name) is not None]
 
+    def complete_notice(self, recipe: Recipe, *, overwrite: bool) -> str | None:
+        """One line for a re-run of a run that already trained every epoch (its ``metrics.json``
+        reached ``trainer.epochs`` x its steps per epoch): it says so and how to start afresh.
+        None otherwise, and with ``overwrite``. Reads ``metrics.json`` only.
+
+        Args:
+            recipe: this run's recipe (``trainer.epochs``, ``trainer.checkpoint.enabled``).
+            overwrite: ``--overwrite`` was given (the old run is moved aside: nothing to say).
+        """
+        found = lstat_or_none(self.metrics)
+        if overwrite or not recipe.trainer.checkpoint.enabled or found is None or \
+                not stat.S_ISREG(found.st_mode):
+            return None
+        try:
+            figures = json.loads(self.metrics.read_text(encoding="utf-8"))
+            steps, per_epoch = int(figures["global_steps"]), int(figures["steps_per_epoch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if per_epoch < 1 or steps < recipe.trainer.epochs * per_epoch:
+            return None
+        return (f"output.run_dir '{self.path}' already holds a complete run ({steps // per_epoch} "
+                f"epoch(s), global step {steps}; trainer.epochs={recipe.trainer.epochs}): nothing "
+                "to train, its model is evaluated again. To start afresh, add --overwrite (the "
+                f"old run is moved aside to '{self.path}.old-<time>').")
+
     def has_previous_run(self) -> bool:
         """True when the directory holds anything besides the launcher's logs and the lock."""
         return bool(set(self.entries()) - LAUNCH_ONLY) or not self._launch_logs_only()
@@ -225,7 +250,8 @@ class RunDir:
                 it: files but no ``run.json`` (not a kerasdist run directory; a ``logs/`` holding
                 files kerasdist did not name counts); the run of a different model; checkpoints of
                 another checkpoint schema; checkpoints of another optimizer (``optimizer.name``,
-                ``optimizer.momentum`` adding or removing slots); a finished run that this run
+                ``optimizer.momentum`` adding or removing slots); other ``callbacks`` than the
+                checkpoints were written with; a finished run that this run
                 would replace from global step 0; a folder of the layout this run writes that is
                 not writable. The message names what was found and what was requested.
         """
@@ -268,6 +294,7 @@ class RunDir:
                 "afresh, or use another output.run_dir.")
         if resumable:
             rundir_checks.refuse_other_optimizer(self, recipe, info)
+            rundir_checks.refuse_other_callbacks(self, recipe, info)
         rundir_checks.refuse_unwritable(self, recipe, entries)
         return resumable
 
@@ -321,6 +348,12 @@ class RunDir:
                               f"'{target}': {err.strerror}") from None
         log.warning(f"--overwrite: moved the previous run in {self.path} aside to {target} "
                     "(nothing deleted)")
+        if lstat_or_none(target / outputs.TRACKING_FILE) is not None:
+            try:
+                from kerasdist.tracking.mlflow_tracker import record_move
+            except ImportError:  # MLflow is not installed here: nothing to update
+                return target
+            record_move(source, target)  # its MLflow run names the new place
         return target
 
     # ----------------------------------------------------------------------------------- writes

@@ -159,6 +159,39 @@ def refuse_other_schedule(layout, recipe: Recipe, before: dict) -> None:
         f"aside). Received: learning_rate={new!r}")
 
 
+def refuse_other_callbacks(layout, recipe: Recipe, info: dict) -> None:
+    """The recipe's ``callbacks`` are part of what a resumed run must keep: an ``EarlyStopping``
+    with another patience, another ``LearningRateScheduler`` or a callback added or removed
+    would train the rest of the run differently from the first part (or, on a finished run,
+    silently do nothing). A change is refused naming ``callbacks.<i>`` (the first entry that
+    differs), the old and the new entry. A ``run.json`` written before recipes had callbacks
+    (no ``callbacks`` key) is not compared.
+
+    Args:
+        layout: the :class:`~kerasdist.training.rundir.RunDir`.
+        recipe: this run's recipe.
+        info: the previous run's ``run.json``.
+
+    Raises:
+        RunDirError: the callbacks changed (exit code 2).
+    """
+    before = (info.get("recipe") or {}).get("callbacks")
+    if before is None:
+        return
+    now = recipe.model_dump(mode="json")["callbacks"]
+    if before == now:
+        return
+    pairs = zip(before, now, strict=False)  # a callback added or removed: the first past both
+    index = next((i for i, (old, new) in enumerate(pairs) if old != new), min(len(before), len(now)))
+    old = before[index] if index < len(before) else "(none)"
+    new = now[index] if index < len(now) else "(none)"
+    raise RunDirError(
+        f"callbacks.{index}: changed since the checkpoints in '{layout.checkpoints}' were written "
+        f"({old!r} -> {new!r}); a resumed run trains with the callbacks it started with. Keep the "
+        "previous callbacks, or pass --overwrite to start afresh (the old run is moved aside). "
+        f"Received: callbacks.{index}={new!r}")
+
+
 def refuse_unwritable(layout, recipe: Recipe, entries: set[str]) -> None:
     """Refuse a folder of the layout this run writes (``layout``: the
     :class:`~kerasdist.training.rundir.RunDir`) that this user cannot write into."""

@@ -32,7 +32,7 @@ from kerasdist._log import ensure_configured, get_logger
 from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training.model import build_compiled_model
-from kerasdist.training.result import RunResult, write_metrics
+from kerasdist.training.result import RunResult, stop_reason, write_metrics
 from kerasdist.training.rundir import RunDir
 
 if TYPE_CHECKING:
@@ -186,7 +186,8 @@ def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
                      f"({run.data.steps_per_epoch} steps per epoch)")
             history = loop.train(run)
         else:
-            log.info("all epochs already completed by the checkpoint; evaluating only")
+            # said once by the CLI (RunDir.complete_notice), before the cluster starts
+            log.debug("all epochs already completed by the checkpoint; evaluating only")
             history = {}
         return history, loop.evaluate(run)
     except tf.errors.OpError as err:
@@ -304,12 +305,15 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
     check_finite_state(model, f"the trained model at global step {steps}", keeps=(
         f"{run_dir.model.name} and the newest checkpoint on disk stay the last good ones"))
     model_path = run_dir.save_model(model) if recipe.output.save_model else None
+    stopped = stop_reason(steps=steps, start_step=start_step, epochs=recipe.trainer.epochs,
+                          steps_per_epoch=data.steps_per_epoch, callbacks=from_recipe)
     result = RunResult(
         history=history, evaluation=evaluation, throughput=run.callbacks[0].summary(),
         wall_time_s=time.perf_counter() - start, run_dir=run_dir.path, model_path=model_path,
         metrics_path=run_dir.metrics, initial_epoch=start_step // data.steps_per_epoch,
-        epochs=recipe.trainer.epochs, num_replicas=strategy.num_replicas(tf_strategy),
+        epochs=steps // data.steps_per_epoch, num_replicas=strategy.num_replicas(tf_strategy),
         strategy=recipe.strategy.kind, extra={
+            "epochs_planned": recipe.trainer.epochs, "stopped": stopped,
             "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
             "steps_per_epoch": data.steps_per_epoch, "shard_policy": data.shard_policy,
             "task": task, "mends": mends, "restored_state_sha256": getattr(store, "restored_digest", None),

@@ -96,16 +96,17 @@ def test_an_unreachable_server_is_refused_in_seconds_naming_the_uri_unless_not_r
     assert "training without tracking" in caplog.text + printed.out + printed.err
 
 
-@pytest.mark.parametrize("uri, needle", [
-    ("sqlite:////no/such/folder/mlflow.db", "directory '/no/such/folder' of the SQLite file"),
-    ("nosuchscheme://host/x", "Exception: ")])
-def test_an_unusable_tracking_uri_is_bad_input(uri, needle):
+def test_an_unusable_tracking_uri_is_bad_input():
     from kerasdist import tracking
 
+    uri = "sqlite:////no/such/folder/mlflow.db"
     recipe = validate_recipe({"output": {"tracking": {"kind": "mlflow", "uri": uri}}})
     with pytest.raises(RecipeError, match="output.tracking.uri") as raised:
         tracking.check(recipe)
-    assert needle in str(raised.value)
+    assert "directory '/no/such/folder' of the SQLite file" in str(raised.value)
+    # a scheme MLflow has no store for is refused earlier, when the recipe is loaded
+    with pytest.raises(RecipeError, match="output.tracking.uri.*nosuchscheme"):
+        validate_recipe({"output": {"tracking": {"kind": "mlflow", "uri": "nosuchscheme://h/x"}}})
 
 
 @pytest.mark.timeout(120)

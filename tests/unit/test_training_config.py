@@ -180,7 +180,7 @@ def test_objects_are_built_by_keras_from_names_configs_and_import_paths(user_mod
      "callbacks.0: EarlyStopping cannot be built from its config"),
     ({"callbacks": ["NoSuchCallback"]}, "callbacks.0: not a Keras callback"),
     ({"callbacks": ["BackupAndRestore"]}, "callbacks.0: BackupAndRestore is not accepted"),
-    ({"callbacks": ["kd_cfg_user:NotACallback"]}, "callbacks.0: must give a keras.callbacks"),
+    ({"callbacks": ["kd_cfg_user:NotACallback"]}, "callbacks.0: must name a keras.callbacks"),
     ({"callbacks": ["kd_cfg_user:Missing"]}, "module 'kd_cfg_user' has no 'Missing'"),
     ({"callbacks": ["kd_cfg_broken:X"]}, "raised RuntimeError: broken on purpose"),
     ({"callbacks": ["kd_cfg_nowhere:X"]}, "callbacks.0: cannot import module 'kd_cfg_nowhere'"),
