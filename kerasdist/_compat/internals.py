@@ -36,9 +36,23 @@ __all__ = [
     "cluster_resolver", "compute_loss", "compute_output_spec", "configure_coordination_heartbeat",
     "convert_to_np_if_not_ragged",
     "flatten_layers", "flatten_metrics_in_order", "learning_rate_setting", "loss_tracker",
-    "make_class_weight_map_fn", "potentially_ragged_concat", "pythonify_logs",
+    "make_class_weight_map_fn", "op_determinism", "potentially_ragged_concat", "pythonify_logs",
     "remote_value_event", "symbolic_build", "unscale_loss_for_distribution",
 ]
+
+
+def op_determinism(enabled: bool | None = None) -> bool:
+    """Whether TF's op determinism (``tf.config.experimental.enable_op_determinism``) is on;
+    with ``enabled``, first turn it on or off (TF's public API can only turn it on). Returns the
+    state before the call."""
+    from tensorflow.python.framework import config
+
+    was = config.is_op_determinism_enabled()
+    if enabled is True:
+        config.enable_op_determinism()
+    elif enabled is False:
+        config.disable_op_determinism()
+    return was
 
 
 def flatten_layers(model) -> list:

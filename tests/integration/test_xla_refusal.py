@@ -20,6 +20,17 @@ def enabled():
     kerasdist.enable()
 
 
+@pytest.fixture(autouse=True)
+def no_op_determinism():
+    """Keras turns ``jit_compile=True`` off while TF's op determinism is on (an earlier test of
+    the same process may have turned it on: ``trainer.deterministic``); off here, then restored."""
+    from kerasdist._compat import internals
+
+    was = internals.op_determinism(False)
+    yield
+    internals.op_determinism(was)
+
+
 def _model(strategy, jit_compile):
     with strategy.scope():
         keras.utils.set_random_seed(0)
