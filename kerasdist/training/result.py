@@ -146,12 +146,14 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None,
             the run directory's check to the saved model) and the rest (imports, checks, a
             local cluster's start and stop).
     """
+    from kerasdist.strategies import registry
     from kerasdist.training.rundir import RunDir
 
     run_dir = RunDir(result.run_dir)
     ev = result.evaluation
     where = (f"{result.num_replicas} worker(s), asynchronous"
-             if result.strategy == "parameter_server" else f"{result.num_replicas} replica(s)")
+             if registry.get(result.strategy).traits.needs_ps
+             else f"{result.num_replicas} replica(s)")
     lines = ["", "=" * 64, "kerasdist run summary", "-" * 64,
              f"strategy           {result.strategy} ({where})", *_epochs_line(result)]
     for key in sorted(ev):
