@@ -366,6 +366,9 @@ def console(argv: Sequence[str] | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code (see module docs)."""
+    from kerasdist._timeline import mark
+
+    mark("main")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:

@@ -27,9 +27,7 @@ Here:
 
 from __future__ import annotations
 
-import hashlib
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,19 +36,12 @@ import numpy as np
 
 from kerasdist._compat.tf_frozen_task import eager_save
 from kerasdist._log import get_logger
+from kerasdist._scratch import temp_dir
 from kerasdist.errors import RunDirError
 from kerasdist.keras import state_digest
 from kerasdist.keras.preemption import PREEMPTION_CHECK_STEPS, PreemptionWatch
 
 log = get_logger("backup")
-
-def temp_dir(directory: Path, task_name: str) -> Path:
-    """A non-chief task's scratch folder for its throw-away saves: in the system temp folder, named
-    after the run's checkpoint folder and the task, so the next attempt of the same task finds and
-    deletes what a killed attempt left."""
-    key = hashlib.sha256(str(Path(directory).resolve()).encode()).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"kerasdist-{key}-{task_name.replace(':', '-')}"
-
 
 class BackupStore:
     """Checkpoints of model + optimizer + ``steps_per_epoch`` in ``directory``, chief-aware.

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 
 from kerasdist._log import get_logger
+from kerasdist._timeline import mark
 from kerasdist.keras.timing import StepClock
 
 log = get_logger("backup")
@@ -32,6 +33,7 @@ class ThroughputMeter(keras.callbacks.Callback):
         super().__init__()
         self.clock = StepClock(global_batch_size)
         self._last_batch = -1
+        self._marked = False
 
     def on_train_begin(self, logs=None):
         self.clock.train_begin()
@@ -41,6 +43,9 @@ class ThroughputMeter(keras.callbacks.Callback):
         self._last_batch = -1
 
     def on_train_batch_end(self, batch, logs=None):
+        if not self._marked:  # the start-up timeline (kerasdist._timeline)
+            self._marked = True
+            mark("first step")
         self.clock.step_end(max(1, batch - self._last_batch))
         self._last_batch = batch
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from kerasdist import _log
 from kerasdist._signals import startup
+from kerasdist._timeline import mark
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError, DataError
 from kerasdist.strategies import registry
@@ -226,6 +227,7 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
 
     recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
     run_dir = preflight(recipe, overwrite=overwrite)
+    mark("preflight")
     if recipe.cluster.kind == "ray":
         isolated = _plan_ray(recipe, callbacks)
     else:
@@ -239,6 +241,7 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
                       checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
         tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
         try:
+            mark("launching")
             with _chief_echo(recipe, echo=echo):
                 if isolated or _coordinator_in_a_child(recipe, callbacks):
                     return _run_child(recipe, overwrite=overwrite, verbose=verbose,

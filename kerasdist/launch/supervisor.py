@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 from kerasdist._log import get_logger
 from kerasdist._signals import terminate_on_sigterm
+from kerasdist._timeline import mark
 from kerasdist.cluster.spec import TFConfig, check_ports_free
 from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, TaskFailedError
 from kerasdist.launch import status
@@ -178,6 +179,7 @@ class Supervisor:
             return failure
 
     def _start(self, plan: TaskPlan) -> Task:
+        mark(f"spawn {plan.name}")
         task = self._launcher.start_process(plan.name, list(plan.argv), tf_config=plan.tf_config,
                                             env={"TF_CONFIG": plan.tf_config.to_json()})
         self._states[id(task)] = TaskState.RUNNING

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
 from kerasdist._signals import startup, terminate_on_sigterm
+from kerasdist._timeline import mark
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, stop_reason, write_metrics
@@ -231,6 +232,7 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C;
             :class:`~kerasdist.errors.Interrupted` during start-up (exit code 130 / 143).
     """
+    mark("session")
     ensure_configured()
     strategy = registry.for_recipe(recipe)
     start = time.perf_counter()
@@ -251,8 +253,11 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
 
                 recipe = tracking.check(recipe)  # without it when unreachable and not required
             tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
+            mark("strategy")
             data = strategy.make_input(recipe, tf_strategy)
+            mark("input")
             model = _build_model(recipe, strategy, tf_strategy)
+            mark("model")
             from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
         if is_chief:
             resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
