@@ -43,13 +43,17 @@ import tempfile
 
 from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
+from kerasdist._compat._worker_saves import (
+    chief_turn,
+    worker_save,
+)
+from kerasdist._compat._worker_saves import folder as _folder
 
 NAME = "keras-chief-callbacks"
 ISSUE = ("no upstream issue for the multi-worker race (reproduction: tests/scripts/"
          "mwms_backup_restore.py under `kerasdist launch --workers 2`); the lost file after a "
          "crash mid-save: https://github.com/keras-team/keras/issues/20463")
 _MARK = "_kerasdist_mend"
-STAGING_PREFIX = ".kerasdist-staging-"
 _SINGLE, _CHIEF, _OTHER = "single", "chief", "other"
 
 
@@ -74,22 +78,6 @@ def role(model) -> str:
     if strategy is None or not is_multi_worker(strategy):
         return _SINGLE
     return _CHIEF if _is_chief(strategy.cluster_resolver) else _OTHER
-
-
-@contextlib.contextmanager
-def _folder(parent: str | None = None):
-    """A fresh folder for one save, removed on exit with whatever was not moved out of it: a
-    staging folder inside ``parent`` (the target's folder: same file system, so ``os.replace`` is
-    atomic), or, with no parent, a non-chief worker's private folder in the system temp folder."""
-    if parent is not None:
-        os.makedirs(parent, exist_ok=True)
-        folder = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
-    else:
-        folder = tempfile.mkdtemp(prefix="kerasdist-nonchief-save-")
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -135,25 +123,37 @@ def _keep_previous(callback, stage: str) -> None:
 def _backup_save(original):
     @functools.wraps(original)
     def _save_model(self):
-        publish = role(self.model) != _OTHER
-        if publish and _is_remote(self.backup_dir):
-            return original(self)
-        targets = (self._weights_path, self._training_metadata_path)
-        with _folder(self.backup_dir if publish else None) as folder:
-            if publish and self.double_checkpoint:
-                _keep_previous(self, folder)
-            staged = [os.path.join(folder, os.path.basename(path)) for path in targets]
-            with _swapped(self, backup_dir=folder, _weights_path=staged[0],
-                          _training_metadata_path=staged[1], double_checkpoint=False), _own_saves():
-                original(self)
-            if publish:  # weights first: a crash between the two replays an epoch, never skips
-                for source, target in zip(staged, targets, strict=True):
-                    if os.path.exists(source):
-                        os.replace(source, target)
+        kind = role(self.model)
+        if _is_remote(self.backup_dir):
+            return original(self) if kind != _OTHER else None
+        if kind == _OTHER:  # to its own disk, or dropped on the chief's shared folder
+            with worker_save(self.model, self.backup_dir) as save:
+                _staged_backup(self, original, save.folder, publish=False)
+            if save.published:  # a backup of its own: it deletes it itself at train end
+                self._kerasdist_own = True
+            return None
+        with _turn(self.model, kind), _folder(self.backup_dir) as folder:
+            _staged_backup(self, original, folder, publish=True)
         return None
 
     setattr(_save_model, _MARK, NAME)
     return _save_model
+
+
+def _staged_backup(callback, original, folder: str, *, publish: bool) -> None:
+    """One backup written into ``folder``; with ``publish``, moved over the backup files (weights
+    first: a crash between the two replays an epoch, never skips one)."""
+    targets = (callback._weights_path, callback._training_metadata_path)
+    if publish and callback.double_checkpoint:
+        _keep_previous(callback, folder)
+    staged = [os.path.join(folder, os.path.basename(path)) for path in targets]
+    with _swapped(callback, backup_dir=folder, _weights_path=staged[0],
+                  _training_metadata_path=staged[1], double_checkpoint=False), _own_saves():
+        original(callback)
+    if publish:
+        for source, target in zip(staged, targets, strict=True):
+            if os.path.exists(source):
+                os.replace(source, target)
 
 
 def _load_previous(callback) -> None:
@@ -187,12 +187,22 @@ def _backup_restore(original):
 def _backup_cleanup(original):
     @functools.wraps(original)
     def on_train_end(self, logs=None):
-        if role(self.model) == _OTHER:
+        if role(self.model) == _OTHER and not own_backup(self):
             return None  # the chief deletes the shared backup
         return original(self, logs)
 
     setattr(on_train_end, _MARK, NAME)
     return on_train_end
+
+
+def _turn(model, kind: str):
+    return chief_turn(model) if kind == _CHIEF else contextlib.nullcontext()
+
+
+def own_backup(callback) -> bool:
+    """Whether a non-chief worker's BackupAndRestore wrote a backup of its own (a folder the
+    chief's files did not reach)."""
+    return bool(getattr(callback, "_kerasdist_own", False))
 
 
 # --- ModelCheckpoint ---------------------------------------------------------------------------
@@ -230,12 +240,20 @@ class _StagedSaves:
 def _checkpoint_save(original):
     @functools.wraps(original)
     def _save_model(self, epoch, batch, logs):
-        if role(self.model) != _OTHER:
-            with _swapped(self, _model=_StagedSaves(self._model)), _own_saves():
+        kind = role(self.model)
+        if kind != _OTHER:  # remote paths: written in place by the chief, no barrier
+            turn = _turn(self.model, kind if not _is_remote(self.filepath) else _SINGLE)
+            with turn, _swapped(self, _model=_StagedSaves(self._model)), _own_saves():
                 return original(self, epoch, batch, logs)
-        with _folder() as folder:  # the whole save, folder creation included, goes there
-            private = os.path.join(folder, os.path.basename(self.filepath))
-            with _swapped(self, filepath=private), _own_saves():
+        if _is_remote(self.filepath):
+            with _folder() as folder:  # a private folder, dropped
+                private = os.path.join(folder, os.path.basename(self.filepath))
+                with _swapped(self, filepath=private), _own_saves():
+                    return original(self, epoch, batch, logs)
+        parent = os.path.dirname(os.path.abspath(os.fspath(self.filepath)))
+        with worker_save(self.model, parent) as save:
+            staged = os.path.join(save.folder, os.path.basename(self.filepath))
+            with _swapped(self, filepath=staged), _own_saves():
                 return original(self, epoch, batch, logs)
 
     setattr(_save_model, _MARK, NAME)
@@ -243,12 +261,6 @@ def _checkpoint_save(original):
 
 
 # --- install / probe ---------------------------------------------------------------------------
-
-
-def _patches():
-    backup, checkpoint = _classes()
-    return ((backup, "_save_model", _backup_save), (backup, "on_train_begin", _backup_restore),
-            (backup, "on_train_end", _backup_cleanup), (checkpoint, "_save_model", _checkpoint_save))
 
 
 def _patches():

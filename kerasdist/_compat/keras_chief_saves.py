@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 
 from kerasdist._compat import _patch
+from kerasdist._compat import _worker_saves as saves
 from kerasdist._compat import keras_chief_callbacks as chief
 from kerasdist._compat._fakes import is_multi_worker
 from kerasdist._compat._save_scope import inside, passthrough
@@ -60,43 +60,12 @@ def _saving_modules():
     return keras.saving, saving_api
 
 
-def _barrier(strategy) -> None:
-    """Block until every worker reaches this point (one scalar all-reduce)."""
-    import tensorflow as tf
-
-    def one():
-        return tf.distribute.get_replica_context().all_reduce("SUM", tf.constant(1.0))
-
-    for value in strategy.experimental_local_results(strategy.run(tf.function(one))):
-        value.numpy()
-
-
-def _move_into_place(staged: str, target: str) -> None:
-    """Replace ``target`` by ``staged`` (a file or a folder) with atomic renames."""
-    if os.path.isdir(staged) and os.path.isdir(target):
-        old = staged + ".previous"
-        os.replace(target, old)
-        os.replace(staged, target)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(staged, target)
-
-
 def _staged_write(call, target: str) -> object:
     """The chief's write: into a staging folder next to ``target``, then every output moved."""
-    with chief._folder(os.path.dirname(target) or ".") as folder:
+    with saves.folder(os.path.dirname(target) or ".") as folder:
         result = call(os.path.join(folder, os.path.basename(target)))
         _publish(folder, target)
     return result
-
-
-def _stamp(path: str):
-    """``(inode, size, mtime_ns)`` of ``path``, or None when it does not exist."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return found.st_ino, found.st_size, found.st_mtime_ns
 
 
 def _publish(folder: str, target: str) -> None:
@@ -105,22 +74,17 @@ def _publish(folder: str, target: str) -> None:
     stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
     for name in sorted(os.listdir(folder)):  # sharded weights write several files
         if name == base or (stem is not None and name.startswith(stem)):
-            _move_into_place(os.path.join(folder, name), os.path.join(parent, name))
+            saves.move_into_place(os.path.join(folder, name), os.path.join(parent, name))
 
 
 def _distributed_save(model, call, filepath) -> object:
     target = os.path.abspath(os.fspath(filepath))
     if chief.role(model) == "chief":
-        result = _staged_write(call, target)
-        _barrier(model.distribute_strategy)
-        return result
-    before = _stamp(target)
-    with chief._folder(os.path.dirname(target) or ".") as folder:
-        result = call(os.path.join(folder, os.path.basename(target)))
-        _barrier(model.distribute_strategy)
-        if _stamp(target) == before:  # the chief's file did not land here: a disk of its own
-            _publish(folder, target)
-    return result
+        with saves.chief_turn(model):
+            return _staged_write(call, target)
+    parent = os.path.dirname(target) or "."
+    with saves.worker_save(model, parent) as save:
+        return call(os.path.join(save.folder, os.path.basename(target)))
 
 
 def _applies(model, filepath) -> bool:

@@ -4,7 +4,9 @@ keras_chief_callbacks`: atomic writes, chief-only writes of the shared path, no 
 The callbacks' hooks are called directly on a small real Keras model. Multi-worker roles come from
 a fake (never initialised) 2-worker ``MultiWorkerMirroredStrategy`` set as the model's strategy,
 seen from ``worker:0`` (the chief) or ``worker:1``. A crash mid-save is injected by making Keras's
-``saving_lib._save_state`` raise once the target file is open for writing.
+``saving_lib._save_state`` raise once the target file is open for writing. The mends' barrier (an
+all-reduce on a real cluster) is a no-op while one simulated worker runs, and a
+``threading.Barrier`` where :func:`_as_two_workers` runs the chief and worker 1 in two threads.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 
 import keras
 import numpy as np
@@ -38,6 +41,53 @@ def pristine():
     yield
     if before:
         mend.install()
+
+
+@pytest.fixture(autouse=True)
+def workers_barrier():
+    """The mends' barrier for the fake strategies (module docs); yields the state that
+    :func:`_as_two_workers` sets."""
+    from kerasdist._compat import _worker_saves
+
+    state = {"barrier": None}
+
+    def barrier(strategy):
+        if state["barrier"] is not None:
+            state["barrier"].wait(timeout=60)
+
+    with pytest.MonkeyPatch.context() as patch:  # not the tests' monkeypatch: they undo theirs
+        patch.setattr(_worker_saves, "barrier", barrier)
+        yield state
+
+
+def _as_two_workers(state, chief_call, other_call):
+    """Run the chief's and worker 1's call at once (two threads meeting at the barriers)."""
+    state["barrier"] = threading.Barrier(2)
+    raised = []
+
+    def run(call):
+        try:
+            call()
+        except BaseException as err:  # noqa: BLE001 - re-raised below
+            raised.append(err)
+            state["barrier"].abort()
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in (chief_call, other_call)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    state["barrier"] = None
+    if raised:
+        raise raised[0]
+
+
+def _load(path, weights_only):
+    if not weights_only:
+        return keras.saving.load_model(path)
+    model = _model()
+    model.load_weights(path)
+    return model
 
 
 @pytest.fixture
@@ -183,22 +233,50 @@ def _spy_saves(monkeypatch, model):
 
 
 @pytest.mark.parametrize("weights_only", [False, True], ids=["keras", "weights.h5"])
-def test_a_non_chief_checkpoint_goes_to_a_private_folder_and_is_removed(
-        mended, monkeypatch, tmp_path, private_tmp, weights_only):
+def test_on_a_folder_shared_with_the_chief_only_the_chief_writes(
+        mended, workers_barrier, tmp_path, private_tmp, weights_only):
     path = tmp_path / "shared" / ("model.weights.h5" if weights_only else "model.keras")
-    model = _model(task_id=1)
-    calls = _spy_saves(monkeypatch, model)
-    callback = keras.callbacks.ModelCheckpoint(str(path), save_weights_only=weights_only)
-    callback.set_model(model)
-    callback.on_epoch_end(0, {"loss": 1.0})
-    (written, existed), = calls  # the save still ran, all of it
-    assert existed and written.startswith(str(private_tmp)) and written.endswith(path.name)
-    assert not path.parent.exists()  # the shared folder is not even created
+    chief, other = _model(task_id=0), _model(task_id=1)
+    _bump(other, by=5.0)  # tells the two files apart (real replicas hold the same weights)
+    callbacks = [keras.callbacks.ModelCheckpoint(str(path), save_weights_only=weights_only)
+                 for _ in range(2)]
+    for callback, model in zip(callbacks, (chief, other), strict=True):
+        callback.set_model(model)
+    _as_two_workers(workers_barrier, lambda: callbacks[0].on_epoch_end(0, {"loss": 1.0}),
+                    lambda: callbacks[1].on_epoch_end(0, {"loss": 1.0}))
+    assert _same(_load(path, weights_only).get_weights(), chief.get_weights())
+    assert os.listdir(path.parent) == [path.name]  # no staging folder, no second file
     assert os.listdir(private_tmp) == []
 
 
-@pytest.mark.parametrize("task_id, writes", [(None, True), (0, True), (1, False)],
-                         ids=["no-strategy", "chief", "worker1"])
+@pytest.mark.parametrize("weights_only", [False, True], ids=["keras", "weights.h5"])
+def test_a_worker_checkpoint_to_a_folder_of_its_own_is_kept(
+        mended, workers_barrier, tmp_path, private_tmp, weights_only):
+    """Issue 40, item 2: a path on a worker's own disk (here: another folder than the chief's)
+    ends with that worker's complete file; before, it was written to a private folder and
+    removed."""
+    name = "model.weights.h5" if weights_only else "model.keras"
+    paths = [tmp_path / "chief-disk" / name, tmp_path / "worker1-disk" / name]
+    models = [_model(task_id=0), _bump_model(_model(task_id=1))]
+    callbacks = [keras.callbacks.ModelCheckpoint(str(p), save_weights_only=weights_only)
+                 for p in paths]
+    for callback, model in zip(callbacks, models, strict=True):
+        callback.set_model(model)
+    _as_two_workers(workers_barrier, lambda: callbacks[0].on_epoch_end(0, {"loss": 1.0}),
+                    lambda: callbacks[1].on_epoch_end(0, {"loss": 1.0}))
+    for path, model in zip(paths, models, strict=True):
+        assert _same(_load(path, weights_only).get_weights(), model.get_weights()), path
+        assert os.listdir(path.parent) == [path.name]
+    assert os.listdir(private_tmp) == []
+
+
+def _bump_model(model, by=5.0):
+    _bump(model, by)
+    return model
+
+
+@pytest.mark.parametrize("task_id, writes", [(None, True), (0, True), (1, True)],
+                         ids=["no-strategy", "chief", "worker1-own-folder"])
 def test_save_best_only_is_kept_and_only_the_chief_writes(mended, tmp_path, private_tmp, task_id,
                                                           writes):
     path = tmp_path / "best.keras"
@@ -217,8 +295,8 @@ def test_save_best_only_is_kept_and_only_the_chief_writes(mended, tmp_path, priv
 
 
 @pytest.mark.parametrize("save_freq", ["epoch", 2])
-def test_backup_written_by_the_chief_only_and_read_by_every_worker(mended, tmp_path, private_tmp,
-                                                                    save_freq):
+def test_backup_written_by_the_chief_only_and_read_by_every_worker(
+        mended, workers_barrier, tmp_path, private_tmp, save_freq):
     backup_dir = tmp_path / "backup"
     chief, other = _model(task_id=0), _model(task_id=1)
     callbacks = []
@@ -227,12 +305,12 @@ def test_backup_written_by_the_chief_only_and_read_by_every_worker(mended, tmp_p
         callback.set_model(model)
         callbacks.append(callback)
     other_weights = _bump(other, by=5.0)
-    for callback in reversed(callbacks):  # the non-chief first: it must not create the folder
-        callback.on_train_batch_end(0)
-        callback.on_train_batch_end(1)
-        if save_freq == "epoch":
-            callback.on_epoch_end(0)
-        assert backup_dir.exists() == (callback is callbacks[0])
+    hooks = [lambda c: c.on_train_batch_end(0), lambda c: c.on_train_batch_end(1)]
+    if save_freq == "epoch":
+        hooks.append(lambda c: c.on_epoch_end(0))
+    for hook in hooks:  # every worker calls every hook, as in fit
+        _as_two_workers(workers_barrier, lambda hook=hook: hook(callbacks[0]),
+                        lambda hook=hook: hook(callbacks[1]))
     metadata = json.loads((backup_dir / "training_metadata.json").read_text())
     assert metadata["epoch"] == (1 if save_freq == "epoch" else 0)
     assert sorted(os.listdir(backup_dir)) == ["latest.weights.h5", "training_metadata.json"]
@@ -245,6 +323,24 @@ def test_backup_written_by_the_chief_only_and_read_by_every_worker(mended, tmp_p
     assert backup_dir.exists()
     callbacks[0].on_train_end()
     assert not backup_dir.exists()
+
+
+def test_a_worker_backup_in_a_folder_of_its_own_is_kept_then_deleted_by_it(
+        mended, workers_barrier, tmp_path, private_tmp):
+    dirs = [tmp_path / "chief-disk" / "backup", tmp_path / "worker1-disk" / "backup"]
+    models = [_model(task_id=0), _bump_model(_model(task_id=1))]
+    callbacks = [keras.callbacks.BackupAndRestore(str(d)) for d in dirs]
+    for callback, model in zip(callbacks, models, strict=True):
+        callback.set_model(model)
+    _as_two_workers(workers_barrier, lambda: callbacks[0].on_epoch_end(0),
+                    lambda: callbacks[1].on_epoch_end(0))
+    for folder, model in zip(dirs, models, strict=True):
+        assert sorted(os.listdir(folder)) == ["latest.weights.h5", "training_metadata.json"]
+        restored = _model()
+        restored.load_weights(folder / "latest.weights.h5")
+        assert _same(restored.get_weights(), model.get_weights()), folder
+    callbacks[1].on_train_end()  # its own backup: it deletes it at a successful end
+    assert not dirs[1].exists() and dirs[0].exists()
 
 
 def test_a_damaged_backup_falls_back_to_the_previous_one_without_writing(mended, tmp_path):
@@ -292,3 +388,36 @@ def test_without_a_multi_worker_strategy_the_files_are_upstreams(tmp_path):
     finally:
         if not before:
             mend.uninstall()
+
+
+@pytest.fixture
+def saves_mended():
+    from kerasdist._compat import keras_chief_saves
+
+    before = keras_chief_saves.installed()
+    assert keras_chief_saves.install()
+    yield
+    if not before:
+        keras_chief_saves.uninstall()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-folder", "own-folders"])
+def test_model_save_by_every_worker_one_file_on_a_shared_folder_each_its_own_elsewhere(
+        saves_mended, workers_barrier, tmp_path, shared):
+    """keras-chief-saves (``Model.save`` / ``save_weights`` / ``export`` by every worker): the
+    chief and worker 1 at once, on one folder or each on its own."""
+    models = [_model(task_id=0), _bump_model(_model(task_id=1))]
+    folders = [tmp_path / "shared"] * 2 if shared else [tmp_path / "chief", tmp_path / "worker1"]
+
+    def save(model, folder):
+        model.save(folder / "model.keras")
+        model.save_weights(folder / "model.weights.h5")
+
+    _as_two_workers(workers_barrier, lambda: save(models[0], folders[0]),
+                    lambda: save(models[1], folders[1]))
+    expected = [models[0], models[0]] if shared else models  # shared: the chief's files
+    for folder, model in zip(folders, expected, strict=True):
+        assert sorted(os.listdir(folder)) == ["model.keras", "model.weights.h5"], folder
+        assert _same(keras.saving.load_model(folder / "model.keras").get_weights(),
+                     model.get_weights()), folder
+        assert _same(_load(folder / "model.weights.h5", True).get_weights(), model.get_weights())

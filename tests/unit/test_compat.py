@@ -361,6 +361,7 @@ def test_the_recipe_save_by_the_chief_alone_never_waits_for_the_other_workers(
     recipe run failed there at its end)."""
     import keras
 
+    from kerasdist._compat import _worker_saves
     from kerasdist._compat import keras_chief_saves as mend
     from kerasdist.training.outputs import save_model_atomic
 
@@ -371,7 +372,7 @@ def test_the_recipe_save_by_the_chief_alone_never_waits_for_the_other_workers(
     assert mend.install()
     try:
         monkeypatch.setattr(mend, "is_multi_worker", lambda strategy: True)  # as multi-worker
-        monkeypatch.setattr(mend, "_barrier", never)
+        monkeypatch.setattr(_worker_saves, "barrier", never)
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         with pytest.raises(AssertionError, match="every-worker barrier"):  # the mend is live
             model.save(tmp_path / "direct.keras")
