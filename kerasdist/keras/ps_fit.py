@@ -78,7 +78,32 @@ def _atomic_updates(run: ps_loop.PSRun):
 LOOKUP_LAYERS = ("IndexLookup", "StringLookup", "IntegerLookup", "TextVectorization")
 
 
-def refuse_unsupported(model, *, training: bool = True) -> None:
+def _refuse_sparse_adamax(model, inner, workers: int) -> None:
+    """Adamax rewrites its whole infinity-norm slot (``u.assign(maximum(beta_2 * u, |g|))``), a
+    read-modify-write of the ps variable. With sparse gradients two workers touch different rows:
+    one worker's write puts back the rows the other had just raised, often to 0, while the first
+    moment's atomic add keeps them, and those rows then step by ``lr * m / epsilon``. Measured
+    (conformance case ``sparse_adamax``, Embedding(200, 8), 2026-11-27): with 1 worker the
+    strategy-free losses exactly, with 2 workers the loss rose from 1.10 to 5.3 in 8 steps."""
+    import keras
+
+    from kerasdist.errors import UnsupportedFeatureError
+
+    if workers < 2 or not isinstance(inner, keras.optimizers.Adamax):
+        return
+    sparse = sorted({type(layer).__name__ for layer in internals.flatten_layers(model)
+                     if any(base.__name__ == "Embedding" for base in type(layer).__mro__)})
+    if sparse:
+        raise UnsupportedFeatureError(
+            "the Adamax optimizer with sparse gradients (an Embedding layer) is not supported "
+            "under ParameterServerStrategy with 2 or more workers: its infinity-norm slot is "
+            "rewritten whole by each worker, so concurrent workers put back each other's rows "
+            "and those rows take steps of learning_rate / epsilon (training diverges). Use Adam "
+            "(its slots are updated by atomic adds) or a synchronous strategy (multi_worker, "
+            f"mirrored). Received: optimizer=Adamax, layers {sparse}, workers={workers}")
+
+
+def refuse_unsupported(model, *, training: bool = True, workers: int = 2) -> None:
     """Refuse, before anything is scheduled, what asynchronous parameter-server training cannot
     run correctly.
 
@@ -89,7 +114,8 @@ def refuse_unsupported(model, *, training: bool = True) -> None:
             its periodic overwrite of the weights are read-modify-writes of every ps variable,
             racing with the other workers' updates); a Keras lookup layer (its TensorFlow lookup
             table lives on the coordinator, and Keras 3 does not create it as a per-worker
-            resource: the workers fail at ``.../Lookup/Placeholder``).
+            resource: the workers fail at ``.../Lookup/Placeholder``); Adamax on a model with an
+            ``Embedding`` when ``workers`` >= 2 (:func:`_refuse_sparse_adamax`).
     """
     from kerasdist.errors import UnsupportedFeatureError
 
@@ -106,6 +132,8 @@ def refuse_unsupported(model, *, training: bool = True) -> None:
                 f"optimizer `{name}` is not supported under ParameterServerStrategy: {reason}. "
                 f"Use a synchronous strategy (multi_worker, mirrored) for it. "
                 f"Received: {name}={value!r}")
+    if training:
+        _refuse_sparse_adamax(model, inner, workers)
     lookups = sorted({type(layer).__name__ for layer in internals.flatten_layers(model)
                       if any(base.__name__ in LOOKUP_LAYERS for base in type(layer).__mro__)})
     if lookups:
@@ -129,11 +157,11 @@ def _start(model, *, training: bool = False, compiled: bool = True) -> ps_loop.P
         raise ValueError("You must call `compile()` before using the model "
                          "(ParameterServerStrategy fit/evaluate, as Keras). Received: a model "
                          "that was not compiled")
-    refuse_unsupported(model, training=training)
+    num_workers = cluster_spec(strategy).num_tasks("worker")
+    refuse_unsupported(model, training=training, workers=num_workers)
     # the closure threads copy results without TF's cluster function runtime (issue 39)
     tf_coordinator_copies.install()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
-    num_workers = cluster_spec(strategy).num_tasks("worker")
     return ps_loop.PSRun(model=model, strategy=strategy, coordinator=coordinator,
                          num_workers=num_workers)
 

@@ -54,6 +54,30 @@ def test_async_unsafe_optimizer_options_are_refused(option):
     ps_fit.refuse_unsupported(model, training=False)  # evaluate/predict of such a model is fine
 
 
+def test_adamax_on_an_embedding_is_refused_with_two_or_more_workers():
+    """Its dense rewrite of the infinity-norm slot races between workers on sparse rows
+    (conformance ``sparse_adamax`` under parameter_server: loss 1.10 -> 5.3 with 2 workers,
+    Keras's own losses with 1)."""
+    import keras
+
+    from kerasdist.keras import ps_fit
+
+    def build(optimizer, embedding=True):
+        layers = ([keras.layers.Embedding(10, 2), keras.layers.GlobalAveragePooling1D()]
+                  if embedding else [keras.layers.Dense(2)])
+        model = keras.Sequential([keras.Input((3,)), *layers, keras.layers.Dense(1)])
+        model.compile(optimizer, "mse")
+        return model
+
+    with pytest.raises(UnsupportedFeatureError, match="Adamax.*Embedding.*workers=2"):
+        ps_fit.refuse_unsupported(build(keras.optimizers.Adamax()), training=True, workers=2)
+    ps_fit.refuse_unsupported(build(keras.optimizers.Adamax()), training=True, workers=1)
+    ps_fit.refuse_unsupported(build(keras.optimizers.Adamax()), training=False, workers=2)
+    ps_fit.refuse_unsupported(build(keras.optimizers.Adam()), training=True, workers=2)
+    ps_fit.refuse_unsupported(build(keras.optimizers.Adamax(), embedding=False), training=True,
+                              workers=2)
+
+
 def test_lookup_layers_are_refused_naming_them():
     import keras
 
