@@ -17,6 +17,7 @@ from typing import Any, Callable
 from kerasdist.conformance import models
 from kerasdist.conformance.callback_cases import callback_cases
 from kerasdist.conformance.case import SCCE, Case, _optimizer, sgd_compile
+from kerasdist.conformance.round3_cases import round3_cases
 
 
 def _opt_case(name: str, feature: str, factory: Callable) -> Case:
@@ -233,7 +234,7 @@ def all_cases() -> list[Case]:
     """Every case, in matrix order."""
     cases = (_model_cases() + _layer_cases() + _preprocessing_cases() + _metric_cases()
              + _optimizer_cases() + callback_cases() + _input_cases() + _more_cases()
-             + _saving_cases())
+             + _saving_cases() + round3_cases())
     # drop_remainder both ways: every other case, unless the case says
     cases = [c if c.drop_remainder is not None else dataclasses.replace(c, drop_remainder=i % 2 == 0)
              for i, c in enumerate(cases)]
@@ -260,9 +261,9 @@ def select(names=None) -> list[Case]:
 
 
 def compile_model(model, case: Case, *, metrics=None) -> Any:
-    """Compile ``model`` with the case's arguments (``jit_compile=False``: the same kernels on
-    every strategy); ``metrics``, when given, replaces the case's (objects built elsewhere).
-    Returns the model."""
+    """Compile ``model`` with the case's arguments (``jit_compile=False`` unless the case asks:
+    the same kernels on every strategy); ``metrics``, when given, replaces the case's (objects
+    built elsewhere). Returns the model."""
     import keras
 
     kwargs = case.compile()
@@ -274,5 +275,6 @@ def compile_model(model, case: Case, *, metrics=None) -> Any:
     elif isinstance(loss, dict):
         kwargs["loss"] = {k: keras.losses.SparseCategoricalCrossentropy(from_logits=True)
                           if v == SCCE else v for k, v in loss.items()}
-    model.compile(jit_compile=False, **kwargs)
+    kwargs.setdefault("jit_compile", False)
+    model.compile(**kwargs)
     return model

@@ -37,6 +37,7 @@ SHUFFLE_SEED = 1
 FEATURES = 8
 CLASSES = 3
 VOCAB = 20
+WIDE_VOCAB = 200  # ``wide_tokens``: most rows of an Embedding(200, 8) are untouched by a batch
 SEQ_LEN = 6
 WORDS = ("red", "green", "blue", "cat", "dog", "fish", "big", "small", "fast", "slow")
 
@@ -52,7 +53,8 @@ def make(kind: str, seed: int = 0, examples: int = NUM_EXAMPLES) -> dict:
     0/1 ``[N, 1]``), ``regression`` (y float32 ``[N, 1]``), ``tokens`` (x int64 ``[N, 6]`` in
     ``[1, 20)``), ``strings`` (x string ``[N, 1]`` of three words), ``words`` (x string
     ``[N, 1]``, one word), ``ints`` (x int64 ``[N, 1]`` category ids), ``padded`` (x int64
-    ``[N, 6]`` token ids followed by zero padding), ``images`` (x float32 ``[N, 8, 8, 1]``),
+    ``[N, 6]`` token ids followed by zero padding), ``wide_tokens`` (x int64 ``[N, 6]`` in
+    ``[1, 200)``), ``images`` (x float32 ``[N, 8, 8, 1]``),
     ``bert`` (x ``{"token_ids", "segment_ids", "padding_mask"}`` int32 ``[N, 6]``),
     ``multi`` (x ``{"a": [N, 8], "b": [N, 4]}``, y ``{"cls": class, "reg": [N, 1]}``).
     ``sample_weight`` is float32 ``[N]`` in ``[0.5, 1.5)``.
@@ -100,6 +102,9 @@ def _sequence_and_image_kinds(kind: str, rng, n: int, weight) -> dict | None:
         tokens = rng.integers(1, VOCAB, size=(n, SEQ_LEN)).astype(np.int64)
         lengths = rng.integers(1, SEQ_LEN + 1, size=(n, 1))
         tokens = np.where(np.arange(SEQ_LEN)[None, :] < lengths, tokens, 0)
+        return {"x": tokens, "y": (tokens[:, 0] % CLASSES).astype(np.int64), "sample_weight": weight}
+    if kind == "wide_tokens":  # sparse gradients: a batch touches a few of WIDE_VOCAB rows
+        tokens = rng.integers(1, WIDE_VOCAB, size=(n, SEQ_LEN)).astype(np.int64)
         return {"x": tokens, "y": (tokens[:, 0] % CLASSES).astype(np.int64), "sample_weight": weight}
     if kind == "images":
         images = rng.normal(size=(n, 8, 8, 1)).astype(np.float32)

@@ -225,8 +225,12 @@ def judge_case(case: Case, strategy: str, folder: Path, reference: dict,
         evaluated, _ = same_weights(case, chief["weights"])
         if case.check is not None:
             data = cdata.make(case.data, examples=case.examples)
-            problems = case.check(folder / "work" / strategy / case.name, chief,
-                                  lambda: runner.build_model(case, data))
+            try:  # a check that raises is the cell's finding, not the end of the matrix
+                problems = case.check(folder / "work" / strategy / case.name, chief,
+                                      lambda: runner.build_model(case, data))
+            except Exception as err:  # noqa: BLE001
+                problems = [f"the case's check of what it wrote raised {type(err).__name__}: "
+                            f"{str(err).strip()[:300]}"]
     return oracle.judge(case, strategy, results, reference[case.name], evaluated,
                         initial_loss.get(case.name), problems)
 

@@ -38,11 +38,11 @@ def layernorm(data=None):
     return dense(extra=(keras.layers.Dense(16), keras.layers.LayerNormalization()))
 
 
-def sequence(data=None, *, rnn="none"):
-    """``Embedding(20, 8)`` -> LSTM(8) / GRU(8) / average pooling -> Dense(3)."""
+def sequence(data=None, *, rnn="none", vocab=VOCAB):
+    """``Embedding(vocab, 8)`` -> LSTM(8) / GRU(8) / average pooling -> Dense(3)."""
     import keras
 
-    layers = [keras.Input((SEQ_LEN,), dtype="int64"), keras.layers.Embedding(VOCAB, 8)]
+    layers = [keras.Input((SEQ_LEN,), dtype="int64"), keras.layers.Embedding(vocab, 8)]
     if rnn == "lstm":
         layers.append(keras.layers.LSTM(8))
     elif rnn == "gru":

@@ -1,10 +1,12 @@
-"""The core of the conformance matrix, in the README's suite: 15 of the 65 cases, chosen to
+"""The core of the conformance matrix, in the README's suite: 18 of the 87 cases, chosen to
 cover each kind of mend and input path (BatchNormalization statistics, a confusion metric on
 uneven shards, class_weight, clipping and gradient accumulation before the all-reduce, a
 chief-aware callback, NumPy input with ``validation_split``, a ``PyDataset``, and issue 29's
 round 2: metrics built outside the scope, ``steps_per_execution``, ``reduction="sum"`` and
 ``"mean_with_sample_weight"``,
-``add_loss``, ``Model.save`` on every worker), under every strategy, judged against the same
+``add_loss``, ``Model.save`` on every worker), issue 40's round 3 (Adam's sparse gradients on
+an ``Embedding``, ModelCheckpoint and BackupAndRestore to each worker's own folder,
+``jit_compile=True``), under every strategy, judged against the same
 ``expected.json`` as the full matrix (``test_matrix.py``, extended tier: ``-m extended``)."""
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 CORE = ("sequential", "batchnorm", "metrics_confusion_uneven", "class_weight", "clipnorm",
         "gradient_accumulation", "cb_model_checkpoint", "input_numpy", "pydataset",
         "metrics_outside_scope", "steps_per_execution", "loss_sum", "loss_weighted_mean", "add_loss",
-        "save_every_worker")
+        "save_every_worker", "sparse_adam", "cb_checkpoint_own_path", "jit_compile")
 CASES = select(CORE)
 
 
