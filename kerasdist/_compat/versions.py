@@ -15,7 +15,7 @@ from importlib import metadata
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-SUPPORTED = {"tensorflow": ">=2.20,<2.22", "keras": ">=3.15,<3.16"}
+SUPPORTED = {"tensorflow": ">=2.20,<2.22", "keras": ">=3.14,<3.16"}
 _DISTRIBUTIONS = {"tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"), "keras": ("keras",)}
 _WARNED: list[str] = []
 
