@@ -24,9 +24,18 @@ import time
 
 ENV = "KERASDIST_TIMELINE"
 _started: set[int] = set()
+_named: dict[int, str] = {}  # pid -> task, from set_task
+
+
+def set_task(name: str) -> None:
+    """Name this process's task for its later marks (a parameter-server coordinator runs as
+    ``chief:0`` without ``TF_CONFIG`` in its environment)."""
+    _named[os.getpid()] = name
 
 
 def _task() -> str:
+    if os.getpid() in _named:
+        return _named[os.getpid()]
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return "cli"

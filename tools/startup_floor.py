@@ -35,8 +35,7 @@ mark("process", process_start_time())
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-tf.config.threading.set_intra_op_parallelism_threads(1)
-tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.config.threading.set_intra_op_parallelism_threads(1)  # inter-op: TF's default, as kerasdist
 mark("imports")
 
 

@@ -35,8 +35,8 @@ from pathlib import Path
 import portpicker
 
 REPO = Path(__file__).resolve().parent.parent
-THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1",
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
+# as kerasdist's launcher sets for cluster.threads_per_task: 1 (intra-op only)
+THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 PHASES = (  # (label, from mark, to mark); marks of kerasdist._timeline, in time order
     ("command: interpreter + kerasdist CLI imports", ("cli", "process"), ("cli", "main")),
     ("command: recipe checks + run dir (preflight)", ("cli", "main"), ("cli", "preflight")),
@@ -94,7 +94,7 @@ def run_floor(kind: str, work: Path) -> float:
                                           stderr=subprocess.DEVNULL))
     chief = "worker:0" if kind == "multi_worker" else "chief:0"
     try:
-        procs[0 if kind == "multi_worker" else 0].wait(timeout=300)
+        procs[0].wait(timeout=300)  # worker:0, or the chief (the coordinator)
         if kind == "multi_worker":
             procs[1].wait(timeout=60)
     finally:
@@ -138,7 +138,8 @@ def phases(marks: list[dict], *, chief: str) -> dict:
             return min(m["t"] for m in marks if m["mark"].startswith("spawn "))
         if who == "cli":
             return next(m["t"] for m in marks if m["pid"] == cli_pid and m["mark"] == name)
-        return next(m["t"] for m in marks if m["task"] == chief and m["mark"] == name)
+        pid = next(m["pid"] for m in marks if m["task"] == chief)  # a PS coordinator names
+        return next(m["t"] for m in marks if m["pid"] == pid and m["mark"] == name)  # itself late
 
     out = {label: at(*b) - at(*a) for label, a, b in PHASES}
     out["total"] = at("chief", "first step") - at("cli", "process")

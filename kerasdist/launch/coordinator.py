@@ -87,6 +87,23 @@ def _resumable(err: BaseException, recipe: Recipe) -> TaskFailedError:
                            f"checkpoint in {RunDir.of(recipe).checkpoints}.")
 
 
+def _import_while_servers_start() -> None:
+    """Import TensorFlow and Keras in a daemon thread while the ps and worker servers start and
+    the supervisor waits for them to listen: the coordinator's own import (seconds) then overlaps
+    theirs instead of following it (issue 42, item 8). The session's own imports wait for this
+    one (Python's import lock); an error here is left for them to raise."""
+    import threading
+
+    def load() -> None:
+        try:
+            import keras  # noqa: F401
+            import tensorflow  # noqa: F401
+        except Exception:  # noqa: BLE001 - the session's import raises it where it is handled
+            pass
+
+    threading.Thread(target=load, name="kerasdist-import", daemon=True).start()
+
+
 def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunResult:
     """Start 1+ ps and N workers as subprocesses, run the coordinator here, always stop them.
 
@@ -98,6 +115,7 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
     if elastic(recipe):
         return _run_elastic(recipe, overwrite=overwrite)
     supervisor = Supervisor(launch_spec(recipe))
+    _import_while_servers_start()
 
     def session(tf_config) -> RunResult:
         result = run_session(recipe, tf_config=tf_config.for_task("chief", 0),

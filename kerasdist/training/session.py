@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import ensure_configured, get_logger
 from kerasdist._signals import startup, terminate_on_sigterm
-from kerasdist._timeline import mark
+from kerasdist._timeline import mark, set_task
 from kerasdist.strategies import RunContext, registry
 from kerasdist.training.model import build_compiled_model
 from kerasdist.training.result import RunResult, stop_reason, write_metrics
@@ -232,11 +232,12 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         KeyboardInterrupt: Ctrl-C or SIGTERM outside the training steps; a second Ctrl-C;
             :class:`~kerasdist.errors.Interrupted` during start-up (exit code 130 / 143).
     """
+    task = tf_config.task_name if tf_config is not None else "chief:0"
+    set_task(task)
     mark("session")
     ensure_configured()
     strategy = registry.for_recipe(recipe)
     start = time.perf_counter()
-    task = tf_config.task_name if tf_config is not None else "chief:0"
     is_chief = tf_config.is_chief if tf_config is not None else True
     run_dir = RunDir.of(recipe)
     schema = strategy.traits.checkpoint_schema
