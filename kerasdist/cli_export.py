@@ -1,5 +1,5 @@
 """The ``kerasdist export`` sub-command: a deployment manifest for a recipe (a Slurm batch script,
-a Kubeflow TFJob).
+a Kubernetes JobSet, a Kubeflow TFJob: legacy).
 
 Registered by :mod:`kerasdist.cli`; exit codes as in :mod:`kerasdist.errors`.
 """
@@ -12,27 +12,37 @@ from kerasdist.errors import EXIT_OK
 
 
 def add_parser(sub, add_recipe_args) -> None:
-    """Add the ``export`` sub-command (``export slurm``, ``export tfjob``) to ``sub``."""
+    """Add the ``export`` sub-command (``export slurm``, ``export jobset``, ``export tfjob``) to
+    ``sub``."""
     export = sub.add_parser("export", help="write a deployment manifest for a recipe")
     targets = export.add_subparsers(dest="target", metavar="TARGET", required=True)
     _add_slurm(targets, add_recipe_args)
-    tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest")
-    add_recipe_args(tfjob)
-    tfjob.add_argument("--image", default=DEFAULT_IMAGE,
-                       help="container image with kerasdist, built from the repository's "
-                            f"Dockerfile (default: {DEFAULT_IMAGE})")
-    tfjob.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
-    tfjob.add_argument("--name", default=None, help="TFJob name (default: from the recipe file)")
-    tfjob.add_argument("--namespace", default=None, help="Kubernetes namespace")
-    tfjob.add_argument("--recipe-in-image", default=None,
-                       help="recipe path inside the image (default: the path given)")
-    tfjob.add_argument("--cpu", default="2", help="CPU per pod (Kubernetes quantity)")
-    tfjob.add_argument("--memory", default="4Gi", help="memory per pod (Kubernetes quantity)")
-    tfjob.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
-    tfjob.add_argument("--pvc", default=None,
-                       help="PersistentVolumeClaim for the run directory (shared checkpoints)")
+    tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest (legacy: "
+                                             "Kubeflow is dropping TFJob; prefer jobset)")
+    _add_kubernetes_args(tfjob, add_recipe_args, "TFJob")
     tfjob.add_argument("--evaluator", action="store_true",
                        help="add an Evaluator replica running the sidecar evaluator (needs --pvc)")
+    jobset = targets.add_parser("jobset", help="Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) "
+                                               "manifest: pods derive their roles (cluster.kind "
+                                               "jobset)")
+    _add_kubernetes_args(jobset, add_recipe_args, "JobSet")
+
+
+def _add_kubernetes_args(parser, add_recipe_args, kind: str) -> None:
+    add_recipe_args(parser)
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="container image with kerasdist, built from the repository's "
+                             f"Dockerfile (default: {DEFAULT_IMAGE})")
+    parser.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    parser.add_argument("--name", default=None, help=f"{kind} name (default: from the recipe file)")
+    parser.add_argument("--namespace", default=None, help="Kubernetes namespace")
+    parser.add_argument("--recipe-in-image", default=None,
+                        help="recipe path inside the image (default: the path given)")
+    parser.add_argument("--cpu", default="2", help="CPU per pod (Kubernetes quantity)")
+    parser.add_argument("--memory", default="4Gi", help="memory per pod (Kubernetes quantity)")
+    parser.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
+    parser.add_argument("--pvc", default=None,
+                        help="PersistentVolumeClaim for the run directory (shared checkpoints)")
 
 
 def _add_slurm(targets, add_recipe_args) -> None:
@@ -76,18 +86,21 @@ def _run_slurm(args, recipe) -> int:
 
 
 def run(args, recipe) -> int:
-    """``kerasdist export slurm|tfjob``: write the script or manifest of ``recipe`` (validated,
-    nothing imported) to ``args.output`` (atomically) or stdout."""
+    """``kerasdist export slurm|jobset|tfjob``: write the script or manifest of ``recipe``
+    (validated, nothing imported) to ``args.output`` (atomically) or stdout."""
     if args.target == "slurm":
         return _run_slurm(args, recipe)
     from kerasdist.cluster.export import PodResources, dump_manifest, tfjob_manifest
+    from kerasdist.cluster.export_jobset import jobset_manifest
 
-    manifest = tfjob_manifest(recipe, recipe_path=args.recipe_in_image or args.recipe,
-                              image=args.image, name=args.name, namespace=args.namespace,
-                              resources=PodResources(cpu=args.cpu, memory=args.memory,
-                                                     gpus=args.gpus),
-                              pvc=args.pvc, overrides=tuple(args.overrides),
-                              evaluator=args.evaluator)
+    common = dict(recipe_path=args.recipe_in_image or args.recipe, image=args.image,
+                  name=args.name, namespace=args.namespace,
+                  resources=PodResources(cpu=args.cpu, memory=args.memory, gpus=args.gpus),
+                  pvc=args.pvc, overrides=tuple(args.overrides))
+    if args.target == "jobset":
+        manifest = jobset_manifest(recipe, **common)
+    else:
+        manifest = tfjob_manifest(recipe, evaluator=args.evaluator, **common)
     text = dump_manifest(manifest)
     if args.output == "-":
         print(text, end="")
@@ -95,5 +108,6 @@ def run(args, recipe) -> int:
         from kerasdist.training.outputs import write_text_atomic
 
         write_text_atomic(args.output, text)
-        get_logger().info(f"wrote {args.output} (TFJob '{manifest['metadata']['name']}')")
+        get_logger().info(f"wrote {args.output} ({manifest['kind']} "
+                          f"'{manifest['metadata']['name']}')")
     return EXIT_OK

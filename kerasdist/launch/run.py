@@ -6,12 +6,14 @@ topology          cluster.kind    what this process does
 single            this_process    runs the lifecycle (:func:`kerasdist.training.run_session`)
 peers             local           preflight, then (in a private network namespace) starts the
                                   workers, supervises, restarts them
-peers             tf_config/slurm is one worker: runs the lifecycle with its role
+peers             tf_config/      is one worker: runs the lifecycle with its role
+                  slurm/jobset
 peers             ray             preflight, then (a local Ray: in a private network namespace)
                                   runs the workers as Ray Train workers (:mod:`.ray_run`)
 coordinator       local           preflight, then (in a private network namespace) starts
                                   ps + worker tasks, runs the lifecycle
-coordinator       tf_config/slurm ps/worker: serve; chief: runs the lifecycle
+coordinator       tf_config/      ps/worker: serve (under Slurm: until the chief ends);
+                  slurm/jobset    chief: runs the lifecycle
 ================  ==============  ===========================================================
 
 The topology comes from the strategy object's traits (``multi_worker`` is ``peers``,
@@ -174,6 +176,11 @@ def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
         ClusterError: missing or invalid ``TF_CONFIG`` / Slurm variables (names what is wrong).
     """
     needs_ps = registry.for_recipe(recipe).traits.needs_ps
+    if tf_config is None and recipe.cluster.kind == "jobset":
+        from kerasdist.cluster.jobset import tf_config_from_jobset
+
+        return tf_config_from_jobset(needs_ps=needs_ps, workers=recipe.cluster.workers,
+                                     ps=recipe.cluster.ps, port=recipe.cluster.port_base)
     if tf_config is None and recipe.cluster.kind == "slurm":
         from kerasdist.cluster.slurm import tf_config_from_slurm
 

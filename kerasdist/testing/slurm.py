@@ -242,8 +242,9 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             return list(argv)
         wrapped = ["nsenter", f"--net=/var/run/netns/{self.hosts.namespace(node)}"]
         if hosts_file:  # a private /etc/hosts naming the nodes, for this process and its children
-            inner = f"mount --bind {self.work_dir / 'etc-hosts'} /etc/hosts && exec \"$@\""
-            wrapped += ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner, "sh"]
+            from kerasdist.testing.hosts import with_hosts_file
+
+            return wrapped + with_hosts_file(self.work_dir / "etc-hosts", argv)
         return wrapped + list(argv)
 
     def _spawn(self, node: int, argv: Sequence[str], log: str, *,

@@ -11,6 +11,7 @@ tests/multiprocess/test_slurm_real.py``.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -114,3 +115,129 @@ def test_a_parameter_server_job_ends_when_its_chief_ends(tmp_path, slurm_cluster
     assert "released 3 of 3 server task(s)" in out, out[-6000:]
     result = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert result["global_steps"] == 60 and result["evaluation"]["accuracy"] > 0.8, result
+
+
+def _linear_recipe(tmp_path: Path, *, workers: int, **trainer) -> Path:
+    raw = yaml.safe_load((REPO / "recipes" / "linear_mwms.yaml").read_text())
+    raw["cluster"].update(workers=workers, port_base=_port_base(), threads_per_task=1,
+                          max_restarts=2)
+    raw["trainer"].update(trainer)
+    raw["output"] = {"run_dir": str(tmp_path / "run"), "tensorboard": False}
+    path = tmp_path / "linear_mwms.yaml"
+    path.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return path
+
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    return sorted(int(m.group(1)) for p in (run_dir / "checkpoints").glob("ckpt-*.index")
+                  if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name)))
+
+
+def _wait_for_checkpoint(slurm: SlurmCluster, job: int, run_dir: Path, tmp_path: Path, *,
+                         min_step: int, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        steps = [s for s in _checkpoint_steps(run_dir) if s >= min_step]
+        if steps:
+            return steps[0]
+        state = slurm.job(job)["JobState"]
+        assert state in ("PENDING", "RUNNING"), _output(tmp_path)[-6000:]
+        time.sleep(0.5)
+    raise AssertionError(f"no checkpoint >= {min_step} in {timeout_s} s\n{_output(tmp_path)[-6000:]}")
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_the_multi_worker_recipe_on_three_nodes_reaches_its_target(tmp_path):
+    """recipes/linear_mwms.yaml as 4 workers on 3 Slurm nodes (2 + 1 + 1, the first node's two
+    on consecutive ports), exported and submitted as written: W within 0.1 of 2, b of 10."""
+    import keras
+    import numpy as np
+
+    with SlurmCluster(3, work_dir=tmp_path / "slurm") as slurm:
+        script = _export(_linear_recipe(tmp_path, workers=4), tmp_path, "--nodes", "3")
+        started = time.monotonic()
+        info = _run(slurm, script, tmp_path, timeout_s=780)
+        elapsed = time.monotonic() - started
+    out = _output(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", out[-6000:]
+    model = keras.saving.load_model(tmp_path / "run" / "model.keras", compile=False)
+    kernel, bias = (float(np.ravel(w)[0]) for w in model.get_weights())
+    print(f"\n4 workers on {info['NodeList']}: W={kernel:.4f} b={bias:.4f}, job {elapsed:.0f} s")
+    assert abs(kernel - 2) < 0.1 and abs(bias - 10) < 0.1, out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1500)
+def test_the_parameter_server_recipe_on_three_nodes_reaches_its_target(tmp_path):
+    """recipes/mnist_cnn_ps.yaml whole (5 x 125 steps) on 3 Slurm nodes: chief and ps on the
+    first, a worker on each other; held-out accuracy >= 0.975 (the recipe's target), every task
+    exits 0 and the job is COMPLETED."""
+    with SlurmCluster(3, work_dir=tmp_path / "slurm") as slurm:
+        script = _export(_ps_recipe(tmp_path), tmp_path, "--nodes", "3")
+        started = time.monotonic()
+        info = _run(slurm, script, tmp_path, timeout_s=1380)
+        elapsed = time.monotonic() - started
+    out = _output(tmp_path)
+    result = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    print(f"\nchief, ps, 2 workers on {info['NodeList']}: accuracy "
+          f"{result['evaluation']['accuracy']:.4f}, {result['global_steps']} steps, job {elapsed:.0f} s")
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", out[-6000:]
+    assert "released 3 of 3 server task(s)" in out, out[-6000:]
+    assert result["global_steps"] == 625 and result["evaluation"]["accuracy"] >= 0.975, result
+
+
+def _preempt_and_resume(slurm: SlurmCluster, script: Path, tmp_path: Path, *, total: int,
+                        signal_command: list[str], timeout_s: float) -> tuple[dict, str, int]:
+    """Submit, wait for a checkpoint at step >= 20, send ``signal_command`` + the job id, wait
+    for the requeued job to finish. Returns its fields, the output and the checkpoint step."""
+    run_dir = tmp_path / "run"
+    job = slurm.sbatch(script, cwd=tmp_path, env=TASK_ENV)
+    _wait_for_checkpoint(slurm, job, run_dir, tmp_path, min_step=20, timeout_s=timeout_s / 2)
+    slurm.command([*signal_command, str(job)])
+    info = slurm.wait(job, timeout_s=timeout_s)
+    out = _output(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", out[-8000:]
+    assert info["Restarts"] == "1", (info, out[-8000:])
+    saved = [int(s) for s in re.findall(r"checkpoint saved at global step (\d+)", out)]
+    resumed = [int(s) for s in re.findall(r"resuming from checkpoint .*?\(global step (\d+)\)", out)]
+    assert len(saved) >= 1 and resumed == [saved[0]], out[-8000:]
+    assert json.loads((run_dir / "metrics.json").read_text())["global_steps"] == total
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("run")) \
+        == ["run"]
+    return info, out, saved[0]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_usr1_saves_requeues_and_resumes_a_multi_worker_job_at_the_exact_step(tmp_path,
+                                                                             slurm_cluster):
+    """SIGUSR1 (what --signal=USR1@300 sends before the time limit; here scancel --signal) to a
+    2-worker job: both save at one agreed step, task 0 runs scontrol requeue, the requeued job
+    (SLURM_RESTART_COUNT=1) resumes at that step and ends at exactly the recipe's step count."""
+    recipe = _linear_recipe(tmp_path, workers=2, epochs=30)
+    script = _export(recipe, tmp_path, "--nodes", "1")
+    info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=30 * 31,
+                                          signal_command=["scancel", "--signal=USR1"],
+                                          timeout_s=780)
+    print(f"\nsaved and resumed at step {step}; restarts {info['Restarts']}")
+    assert "requeued job" in out and "SLURM_RESTART_COUNT=1" in out, out[-6000:]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1200)
+def test_usr1_saves_requeues_and_resumes_a_parameter_server_job_at_the_exact_step(
+        tmp_path, slurm_cluster):
+    """The same for a parameter-server job: the chief saves at the step the ps hold, requeues;
+    ps and workers ignore SIGUSR1 (the chief saves their variables) and end with the requeue."""
+    recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=300)
+    script = _export(recipe, tmp_path, "--nodes", "1")
+    info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=300,
+                                          signal_command=["scancel", "--signal=USR1"],
+                                          timeout_s=1080)
+    print(f"\nsaved and resumed at step {step}; restarts {info['Restarts']}")
+    assert "requeued job" in out, out[-6000:]
