@@ -12,7 +12,8 @@ coordinator) has finished (measured before this module: 10 minutes, until cancel
   release (the chief failed or was killed), or never answers within ``startup_timeout_s``
   seconds. SIGTERM (Slurm's ``scancel``, a requeue, the time limit) does not end it while the
   chief runs: the chief may be saving a checkpoint whose variables live on the ps; once the chief
-  is gone the server exits (Slurm's ``KillWait``, 30 s by default, bounds it otherwise).
+  is gone the server exits 143 (terminated: the job is being cancelled or requeued, not a
+  failure of its own; Slurm's ``KillWait``, 30 s by default, bounds it otherwise).
 * the **chief**, after a successful run, releases the servers (:func:`release_servers`): it
   sends :data:`RELEASE_SIGNAL` to every task of its job step (``scancel --signal=USR2
   JOB.STEP``, ignoring it itself), then waits up to :data:`RELEASE_WAIT_S` seconds for their
@@ -109,7 +110,8 @@ def after_preemption(max_restarts: int) -> str:
         return f"not requeued: {why}"
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        log.error(f"scontrol requeue {job} failed: {done.stderr.strip()}")
+        log.warning(f"scontrol requeue {job} did not requeue it: {done.stderr.strip()} (after a "
+                    "SIGTERM Slurm may be requeueing or ending the job itself)")
         return f"not requeued: scontrol exited {done.returncode}"
     log.warning(f"preempted; requeued job {job} (restart {count + 1} of at most {max_restarts}): "
                 "it resumes from the checkpoint just saved")
@@ -192,9 +194,14 @@ def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
     previous = {sig: signal.getsignal(sig) for sig in (RELEASE_SIGNAL, signal.SIGTERM, SLURM_SIGNAL)}
     signal.signal(RELEASE_SIGNAL, lambda *_: released.set())
     signal.signal(SLURM_SIGNAL, signal.SIG_IGN)  # the chief saves and requeues
-    signal.signal(signal.SIGTERM, lambda *_: log.warning(
-        f"task {tf_config.task_name}: SIGTERM received; serving on while chief:0 runs (it may "
-        "be saving a checkpoint on this task's variables)"))
+    terminated = threading.Event()
+
+    def on_sigterm(*_):
+        terminated.set()
+        log.warning(f"task {tf_config.task_name}: SIGTERM received; serving on while chief:0 "
+                    "runs (it may be saving a checkpoint on this task's variables)")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     try:
         start_server(tf_config, intra_op_threads=intra_op_threads)
         failure = _watch_chief(tf_config, released, start_timeout_s)
@@ -204,14 +211,26 @@ def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
                 signal.signal(sig, handler)
     if failure is None:
         log.info(f"task {tf_config.task_name}: released by chief:0 (the run finished); exit 0")
-        if _exit.owns_process():
-            for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(Exception):
-                    stream.flush()
-            os._exit(0)  # TF's server threads never stop; nothing else is left to do
+        _end(0)
+        return
+    if terminated.is_set():  # Slurm ends the job (cancel, requeue, time limit): not a failure
+        log.warning(f"task {tf_config.task_name}: chief:0 is gone after SIGTERM (the job is being "
+                    "cancelled or requeued); exit 143")
+        _end(143)
         return
     _exit.abandon(failure)
     raise failure
+
+
+def _end(code: int) -> None:
+    """End this process with ``code`` when kerasdist owns it (TF's server threads never stop)."""
+    from kerasdist import _exit
+
+    if _exit.owns_process():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
 
 
 def _watch_chief(tf_config, released: threading.Event, start_timeout_s: float):

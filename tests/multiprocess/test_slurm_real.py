@@ -203,7 +203,7 @@ def _preempt_and_resume(slurm: SlurmCluster, script: Path, tmp_path: Path, *, to
     assert info["Restarts"] == "1", (info, out[-8000:])
     saved = [int(s) for s in re.findall(r"checkpoint saved at global step (\d+)", out)]
     resumed = [int(s) for s in re.findall(r"resuming from checkpoint .*?\(global step (\d+)\)", out)]
-    assert len(saved) >= 1 and resumed == [saved[0]], out[-8000:]
+    assert len(saved) >= 1 and resumed == [saved[0]] and saved[0] < total, out[-8000:]
     assert json.loads((run_dir / "metrics.json").read_text())["global_steps"] == total
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and p.name.startswith("run")) \
         == ["run"]
@@ -234,10 +234,51 @@ def test_usr1_saves_requeues_and_resumes_a_parameter_server_job_at_the_exact_ste
         tmp_path, slurm_cluster):
     """The same for a parameter-server job: the chief saves at the step the ps hold, requeues;
     ps and workers ignore SIGUSR1 (the chief saves their variables) and end with the requeue."""
-    recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=300)
+    recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=300, checkpoint={"every_steps": 20})
     script = _export(recipe, tmp_path, "--nodes", "1")
     info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=300,
                                           signal_command=["scancel", "--signal=USR1"],
                                           timeout_s=1080)
     print(f"\nsaved and resumed at step {step}; restarts {info['Restarts']}")
     assert "requeued job" in out, out[-6000:]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(900)
+def test_a_users_parameter_server_script_under_this_task_ends_with_its_chief(tmp_path,
+                                                                              slurm_cluster):
+    """``srun kerasdist launch --this-task --ps 1 script.py`` (a tutorial-style script that knows
+    nothing of kerasdist, tests/scripts/mnist_parameter_server.py, 1 epoch): the chief runs the
+    script and releases the ps and workers, every task exits 0, the job is COMPLETED."""
+    script = tmp_path / "job.sh"
+    user_script = REPO / "tests" / "scripts" / "mnist_parameter_server.py"
+    data = REPO / "kerasdist" / "data" / "sample"
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks=4\n#SBATCH --output=script-%j.out\n"
+                      "set -euo pipefail\n"
+                      f"srun --kill-on-bad-exit=1 {KERASDIST} launch --this-task --ps 1 "
+                      f"{user_script} {data} {tmp_path / 'out'} 1\n")
+    info = _run(slurm_cluster, script, tmp_path, timeout_s=780)
+    out = _output(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", out[-6000:]
+    assert "released 3 of 3 server task(s)" in out, out[-6000:]
+    (accuracy,) = re.findall(r"coordinator held-out accuracy: ([\d.]+)", out)
+    print(f"\nthe user's script as chief: held-out accuracy {accuracy}")
+    assert float(accuracy) >= 0.9, out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(1200)
+def test_scontrol_requeue_of_a_parameter_server_job_resumes_at_the_exact_step(tmp_path,
+                                                                             slurm_cluster):
+    """``scontrol requeue`` (Slurm's own requeue: SIGTERM to every task, SIGKILL after KillWait,
+    30 s here) mid-run: the ps and workers serve on while the chief saves at the step the ps
+    hold; the requeued job resumes there and ends at exactly the recipe's step count."""
+    recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=300, checkpoint={"every_steps": 20})
+    script = _export(recipe, tmp_path, "--nodes", "1")
+    info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=300,
+                                          signal_command=["scontrol", "requeue"],
+                                          timeout_s=1080)
+    print(f"\nscontrol requeue: saved and resumed at step {step}; restarts {info['Restarts']}")
+    assert "serving on while chief:0 runs" in out, out[-6000:]
