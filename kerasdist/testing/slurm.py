@@ -355,18 +355,25 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
              poll_s: float = 1.0) -> dict[str, str]:
         """Wait until the job is in one of ``states`` (default: finished); its fields.
 
+        A failing ``scontrol`` is retried until the deadline.
+
         Raises:
             SlurmError: still not there after ``timeout_s`` seconds (its last fields and the
-                cluster's logs in the message).
+                last ``scontrol`` error in the message).
         """
         deadline = time.monotonic() + timeout_s
         info: dict[str, str] = {}
+        error = None
         while time.monotonic() < deadline:
-            info = self.job(job_id)
-            if info.get("JobState") in states:
+            try:  # one failed scontrol (seen once at load 30: killed by SIGPIPE) is not the end
+                info, error = self.job(job_id), None
+            except SlurmError as err:
+                error = err
+            if info.get("JobState") in states and error is None:
                 return info
             time.sleep(poll_s)
-        raise SlurmError(f"job {job_id} not in {sorted(states)} after {timeout_s:g} s: {info}")
+        raise SlurmError(f"job {job_id} not in {sorted(states)} after {timeout_s:g} s: {info}"
+                         + (f" (last scontrol error: {error})" if error else ""))
 
     def _tail(self, name: str, lines: int = 30) -> str:
         path = self.work_dir / name

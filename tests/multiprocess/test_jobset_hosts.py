@@ -69,7 +69,7 @@ def _linear(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(600, method="signal")
 def test_the_jobset_pods_of_the_multi_worker_recipe_train_to_its_target(tmp_path):
     """recipes/linear_mwms.yaml as a JobSet of 2 worker pods on 2 hosts: both exit 0, W within
     0.1 of 2 and b within 0.1 of 10 (the recipe's target)."""
@@ -92,7 +92,7 @@ def test_the_jobset_pods_of_the_multi_worker_recipe_train_to_its_target(tmp_path
 
 
 @pytest.mark.extended
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1500, method="signal")
 def test_the_jobset_pods_of_the_parameter_server_recipe_train_to_its_target(tmp_path):
     """recipes/mnist_cnn_ps.yaml whole as a JobSet (chief, ps, 2 workers) on 4 hosts: the chief
     exits 0 with held-out accuracy >= 0.975 (the recipe's target); the ps and worker servers
