@@ -234,7 +234,7 @@ def test_usr1_saves_requeues_and_resumes_a_multi_worker_job_at_the_exact_step(tm
 
 @pytest.mark.slow
 @pytest.mark.extended
-@pytest.mark.timeout(1200, method="signal")
+@pytest.mark.timeout(2400, method="signal")
 def test_usr1_saves_requeues_and_resumes_a_parameter_server_job_at_the_exact_step(
         tmp_path, slurm_cluster):
     """The same for a parameter-server job: the chief saves at the step the ps hold, requeues;
@@ -243,7 +243,7 @@ def test_usr1_saves_requeues_and_resumes_a_parameter_server_job_at_the_exact_ste
     script = _export(recipe, tmp_path, "--nodes", "1")
     info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=300,
                                           signal_command=["scancel", "--signal=USR1"],
-                                          timeout_s=1080)
+                                          timeout_s=2200)  # ~30 min at load 30
     print(f"\nsaved and resumed at step {step}; restarts {info['Restarts']}")
     assert "requeued job" in out, out[-6000:]
 
@@ -274,7 +274,7 @@ def test_a_users_parameter_server_script_under_this_task_ends_with_its_chief(tmp
 
 @pytest.mark.slow
 @pytest.mark.extended
-@pytest.mark.timeout(1200, method="signal")
+@pytest.mark.timeout(2400, method="signal")
 def test_scontrol_requeue_of_a_parameter_server_job_resumes_at_the_exact_step(tmp_path,
                                                                              slurm_cluster):
     """``scontrol requeue`` (Slurm's own requeue: SIGTERM to every task, SIGKILL after KillWait,
@@ -284,6 +284,6 @@ def test_scontrol_requeue_of_a_parameter_server_job_resumes_at_the_exact_step(tm
     script = _export(recipe, tmp_path, "--nodes", "1")
     info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=300,
                                           signal_command=["scontrol", "requeue"],
-                                          timeout_s=1080)
+                                          timeout_s=2200)
     print(f"\nscontrol requeue: saved and resumed at step {step}; restarts {info['Restarts']}")
     assert "serving on while chief:0 runs" in out, out[-6000:]
