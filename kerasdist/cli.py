@@ -271,7 +271,8 @@ def _cmd_fit(args) -> int:
         # Here only where this machine writes the outputs (one process, the local launcher, the
         # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the
         # chief.
-        roles_elsewhere = tf_config is None and recipe.cluster.kind in ("tf_config", "slurm")
+        roles_elsewhere = tf_config is None and \
+            recipe.cluster.kind in ("tf_config", "slurm", "jobset")
         if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
             check_run_dir_path(recipe.output.run_dir)
             from kerasdist import tracking

@@ -1,4 +1,5 @@
-"""The ``kerasdist export`` sub-command: a deployment manifest for a recipe (Kubeflow TFJob).
+"""The ``kerasdist export`` sub-command: a deployment manifest for a recipe (a Slurm batch script,
+a Kubernetes JobSet, a Kubeflow TFJob: legacy).
 
 Registered by :mod:`kerasdist.cli`; exit codes as in :mod:`kerasdist.errors`.
 """
@@ -11,39 +12,95 @@ from kerasdist.errors import EXIT_OK
 
 
 def add_parser(sub, add_recipe_args) -> None:
-    """Add the ``export`` sub-command (``export tfjob``) to ``sub``."""
+    """Add the ``export`` sub-command (``export slurm``, ``export jobset``, ``export tfjob``) to
+    ``sub``."""
     export = sub.add_parser("export", help="write a deployment manifest for a recipe")
     targets = export.add_subparsers(dest="target", metavar="TARGET", required=True)
-    tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest")
-    add_recipe_args(tfjob)
-    tfjob.add_argument("--image", default=DEFAULT_IMAGE,
-                       help="container image with kerasdist, built from the repository's "
-                            f"Dockerfile (default: {DEFAULT_IMAGE})")
-    tfjob.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
-    tfjob.add_argument("--name", default=None, help="TFJob name (default: from the recipe file)")
-    tfjob.add_argument("--namespace", default=None, help="Kubernetes namespace")
-    tfjob.add_argument("--recipe-in-image", default=None,
-                       help="recipe path inside the image (default: the path given)")
-    tfjob.add_argument("--cpu", default="2", help="CPU per pod (Kubernetes quantity)")
-    tfjob.add_argument("--memory", default="4Gi", help="memory per pod (Kubernetes quantity)")
-    tfjob.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
-    tfjob.add_argument("--pvc", default=None,
-                       help="PersistentVolumeClaim for the run directory (shared checkpoints)")
+    _add_slurm(targets, add_recipe_args)
+    tfjob = targets.add_parser("tfjob", help="Kubeflow TFJob (kubeflow.org/v1) manifest (legacy: "
+                                             "Kubeflow is dropping TFJob; prefer jobset)")
+    _add_kubernetes_args(tfjob, add_recipe_args, "TFJob")
     tfjob.add_argument("--evaluator", action="store_true",
                        help="add an Evaluator replica running the sidecar evaluator (needs --pvc)")
+    jobset = targets.add_parser("jobset", help="Kubernetes JobSet (jobset.x-k8s.io/v1alpha2) "
+                                               "manifest: pods derive their roles (cluster.kind "
+                                               "jobset)")
+    _add_kubernetes_args(jobset, add_recipe_args, "JobSet")
+
+
+def _add_kubernetes_args(parser, add_recipe_args, kind: str) -> None:
+    add_recipe_args(parser)
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="container image with kerasdist, built from the repository's "
+                             f"Dockerfile (default: {DEFAULT_IMAGE})")
+    parser.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    parser.add_argument("--name", default=None, help=f"{kind} name (default: from the recipe file)")
+    parser.add_argument("--namespace", default=None, help="Kubernetes namespace")
+    parser.add_argument("--recipe-in-image", default=None,
+                        help="recipe path inside the image (default: the path given)")
+    parser.add_argument("--cpu", default="2", help="CPU per pod (Kubernetes quantity)")
+    parser.add_argument("--memory", default="4Gi", help="memory per pod (Kubernetes quantity)")
+    parser.add_argument("--gpus", type=int, default=0, help="nvidia.com/gpu per pod")
+    parser.add_argument("--pvc", default=None,
+                        help="PersistentVolumeClaim for the run directory (shared checkpoints)")
+
+
+def _add_slurm(targets, add_recipe_args) -> None:
+    from kerasdist.cluster.export_slurm import DEFAULT_SIGNAL_S
+
+    slurm = targets.add_parser("slurm", help="Slurm batch script (sbatch): one srun step of all "
+                                             "the recipe's tasks, --requeue, --signal")
+    add_recipe_args(slurm)
+    slurm.add_argument("-o", "--output", default="-", help="output file ('-' = stdout)")
+    slurm.add_argument("--nodes", type=int, default=None,
+                       help="nodes (default: one per task; fewer: tasks fill nodes in rank order, "
+                            "the chief and the ps first)")
+    slurm.add_argument("--cpus-per-task", type=int, default=None, help="CPUs per task")
+    slurm.add_argument("--time", default=None, help="time limit (Slurm format, e.g. 02:00:00)")
+    slurm.add_argument("--partition", default=None, help="Slurm partition")
+    slurm.add_argument("--signal-s", type=int, default=DEFAULT_SIGNAL_S,
+                       help="seconds before the time limit at which Slurm sends SIGUSR1: save "
+                            f"and requeue (default {DEFAULT_SIGNAL_S}; 0: no --signal)")
+    slurm.add_argument("--no-requeue", action="store_true", help="leave out --requeue")
+    slurm.add_argument("--name", default=None, help="job name (default: from the recipe file)")
+    slurm.add_argument("--kerasdist", default="kerasdist",
+                       help="how a task runs kerasdist (default: kerasdist; e.g. "
+                            "'/opt/venv/bin/python -m kerasdist')")
+
+
+def _run_slurm(args, recipe) -> int:
+    from kerasdist.cluster.export_slurm import SlurmOptions, sbatch_script, write_script
+
+    text = sbatch_script(recipe, recipe_path=args.recipe, overrides=tuple(args.overrides),
+                         options=SlurmOptions(
+                             nodes=args.nodes, cpus_per_task=args.cpus_per_task, time=args.time,
+                             partition=args.partition, signal_s=args.signal_s,
+                             requeue=not args.no_requeue, name=args.name,
+                             kerasdist=args.kerasdist))
+    if args.output == "-":
+        print(text, end="")
+    else:
+        write_script(args.output, text)
+        get_logger().info(f"wrote {args.output} (submit it with: sbatch {args.output})")
+    return EXIT_OK
 
 
 def run(args, recipe) -> int:
-    """``kerasdist export tfjob``: write the manifest of ``recipe`` (validated, nothing imported)
-    to ``args.output`` (atomically) or stdout."""
+    """``kerasdist export slurm|jobset|tfjob``: write the script or manifest of ``recipe``
+    (validated, nothing imported) to ``args.output`` (atomically) or stdout."""
+    if args.target == "slurm":
+        return _run_slurm(args, recipe)
     from kerasdist.cluster.export import PodResources, dump_manifest, tfjob_manifest
+    from kerasdist.cluster.export_jobset import jobset_manifest
 
-    manifest = tfjob_manifest(recipe, recipe_path=args.recipe_in_image or args.recipe,
-                              image=args.image, name=args.name, namespace=args.namespace,
-                              resources=PodResources(cpu=args.cpu, memory=args.memory,
-                                                     gpus=args.gpus),
-                              pvc=args.pvc, overrides=tuple(args.overrides),
-                              evaluator=args.evaluator)
+    common = dict(recipe_path=args.recipe_in_image or args.recipe, image=args.image,
+                  name=args.name, namespace=args.namespace,
+                  resources=PodResources(cpu=args.cpu, memory=args.memory, gpus=args.gpus),
+                  pvc=args.pvc, overrides=tuple(args.overrides))
+    if args.target == "jobset":
+        manifest = jobset_manifest(recipe, **common)
+    else:
+        manifest = tfjob_manifest(recipe, evaluator=args.evaluator, **common)
     text = dump_manifest(manifest)
     if args.output == "-":
         print(text, end="")
@@ -51,5 +108,6 @@ def run(args, recipe) -> int:
         from kerasdist.training.outputs import write_text_atomic
 
         write_text_atomic(args.output, text)
-        get_logger().info(f"wrote {args.output} (TFJob '{manifest['metadata']['name']}')")
+        get_logger().info(f"wrote {args.output} ({manifest['kind']} "
+                          f"'{manifest['metadata']['name']}')")
     return EXIT_OK

@@ -132,11 +132,13 @@ def _this_task(args) -> int:
     from kerasdist.cluster.watch import TaskWatch, watched_tasks
     from kerasdist.launch.script_task import run_script, serve
 
+    slurm = args.job_name is None and not os.environ.get("TF_CONFIG") and \
+        bool(os.environ.get("SLURM_JOB_ID"))
     if args.job_name is not None:
         spec = from_flags(job_name=args.job_name, task_index=args.task_index or 0,
                           ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
                           chief_host=args.chief_host or "")
-    elif not os.environ.get("TF_CONFIG") and os.environ.get("SLURM_JOB_ID"):
+    elif slurm:
         from kerasdist.cluster.slurm import tf_config_from_slurm
 
         spec = tf_config_from_slurm(needs_ps=args.ps > 0, num_ps=args.ps)
@@ -158,8 +160,28 @@ def _this_task(args) -> int:
     watch = TaskWatch(watched, args.task_timeout_s, task=spec.task_name,
                       setting="--task-timeout-s") if watched else \
         contextlib.nullcontext()
+    if slurm and spec.num("ps") > 0:  # the job ends when the chief ends (slurm_job)
+        return _this_slurm_task(args, spec, serves, watch)
     with watch:
         return serve() if serves else run_script(args.script, list(args.script_args))
+
+
+def _this_slurm_task(args, spec, serves: bool, watch) -> int:
+    """A parameter-server task of a Slurm step under ``--this-task``: a ps or worker serves until
+    the chief ends (exit 0 on its release, 1 when it is gone); the chief runs the script and,
+    when it exits 0, releases them (:mod:`kerasdist.cluster.slurm_job`)."""
+    from kerasdist.cluster import slurm_job
+    from kerasdist.launch.script_task import run_script
+
+    slurm_job.check_commands("scancel")
+    with watch:
+        if serves:
+            slurm_job.serve_until_chief_ends(spec)
+            return EXIT_OK
+        code = run_script(args.script, list(args.script_args))
+    if code == 0 and spec.task_type == "chief":
+        slurm_job.release_servers(spec)
+    return code
 
 
 def _cmd_launch(args) -> int:

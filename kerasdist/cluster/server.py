@@ -28,8 +28,8 @@ def server_config(tf_config: TFConfig, *, intra_op_threads: int = 0):
     return config
 
 
-def serve(tf_config: TFConfig, *, intra_op_threads: int = 0) -> None:
-    """Start this task's gRPC server and block forever.
+def start_server(tf_config: TFConfig, *, intra_op_threads: int = 0):
+    """Start this task's gRPC server (in TF's own threads) and return it.
 
     Raises:
         ClusterError: this task's port is already in use (names the task and port).
@@ -47,4 +47,13 @@ def serve(tf_config: TFConfig, *, intra_op_threads: int = 0) -> None:
     log.warning(f"task {tf_config.task_name} serving on port {port} of every network interface "
                 f"(TensorFlow binds all interfaces, without authentication); the cluster reaches "
                 f"it as {tf_config.address}")
-    server.join()
+    return server
+
+
+def serve(tf_config: TFConfig, *, intra_op_threads: int = 0) -> None:
+    """Start this task's gRPC server and block forever.
+
+    Raises:
+        ClusterError: this task's port is already in use (names the task and port).
+    """
+    start_server(tf_config, intra_op_threads=intra_op_threads).join()

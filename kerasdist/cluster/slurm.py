@@ -47,19 +47,23 @@ def slurm_jobs(*, needs_ps: bool, num_tasks: int, num_ps: int = 0) -> dict[str, 
     return {"chief": 1, "ps": num_ps, "worker": workers}
 
 
-def tf_config_from_slurm(*, needs_ps: bool, num_ps: int = 0, port_base: int = 8888) -> TFConfig:
+def tf_config_from_slurm(*, needs_ps: bool, num_ps: int = 0, port_base: int = 8888,
+                         num_workers: int | None = None) -> TFConfig:
     """This Slurm task's role and cluster as a :class:`TFConfig`.
 
     Args:
         needs_ps: the strategy needs ps tasks (its traits; see :func:`slurm_jobs`).
         num_ps: parameter-server tasks (``cluster.ps``).
         port_base: first port on each node (``cluster.port_base``).
+        num_workers: the workers the recipe asks for (``cluster.workers`` when set); None
+            (default): every task not chief or ps is a worker.
 
     Returns:
         The validated role of this task; read-only use of ``os.environ`` (``SLURM_*``).
 
     Raises:
-        ClusterError: a ``SLURM_*`` variable is missing or malformed, or the roles do not fit.
+        ClusterError: a ``SLURM_*`` variable is missing or malformed, or the roles do not fit
+            (too few tasks, or a task count other than ``num_workers`` + ``num_ps`` + chief).
     """
     import tensorflow as tf
 
@@ -74,6 +78,13 @@ def tf_config_from_slurm(*, needs_ps: bool, num_ps: int = 0, port_base: int = 88
         raise ClusterError("SLURM_STEP_NUM_TASKS must be an integer. "
                            f"Received: {environ['SLURM_STEP_NUM_TASKS']!r}") from None
     jobs = slurm_jobs(needs_ps=needs_ps, num_tasks=num_tasks, num_ps=num_ps)
+    if num_workers is not None and jobs["worker"] != num_workers:
+        wanted = num_workers + (1 + num_ps if needs_ps else 0)
+        roles = f"cluster.workers={num_workers}" + (f" + cluster.ps={num_ps} + 1 chief"
+                                                     if needs_ps else "")
+        raise ClusterError(f"the Slurm step has {num_tasks} task(s) but the recipe needs {wanted} "
+                           f"({roles}): run srun --ntasks={wanted}, or change the recipe. "
+                           f"Received: SLURM_STEP_NUM_TASKS={num_tasks}")
     try:
         resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(
             jobs=jobs, port_base=port_base, gpus_per_node=num_tasks, gpus_per_task=1,

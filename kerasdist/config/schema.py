@@ -136,17 +136,23 @@ class ClusterConfig(_Frozen):
       (or the ``--job-name/--task-index/--ps-hosts/--worker-hosts`` flags): real machines.
     * ``slurm``: the role comes from the Slurm job (``SlurmClusterResolver``), one task per node
       or per ``srun`` task.
+    * ``jobset``: the role comes from a Kubernetes JobSet pod (``kerasdist export jobset``): its
+      replicated job and completion index, the peers' DNS names (:mod:`kerasdist.cluster.jobset`).
     * ``ray``: ``workers`` Ray Train workers (``TensorflowTrainer``), each running kerasdist's
       lifecycle as one multi-worker task (:mod:`kerasdist.launch.ray_run`); needs
       ``pip install 'kerasdist[ray]'``.
     """
 
-    kind: Literal["this_process", "local", "tf_config", "slurm", "ray"] = "this_process"
-    workers: int = Field(1, ge=1, description="local, ray: number of worker tasks.")
-    ps: int = Field(0, ge=0, description="local: number of parameter-server tasks.")
+    kind: Literal["this_process", "local", "tf_config", "slurm", "jobset", "ray"] = "this_process"
+    workers: int = Field(1, ge=1, description="local, ray, jobset: number of worker tasks; "
+                         "slurm: when set, the step's task count must match (exit 2 otherwise).")
+    ps: int = Field(0, ge=0, description="local, slurm, jobset: number of parameter-server "
+                    "tasks.")
     max_restarts: int = Field(0, ge=0, description="local, ray (multi_worker): cluster restarts "
                               "after a task dies (resuming from the last backup at its exact "
-                              "step; on Ray: FailureConfig.max_failures).")
+                              "step; on Ray: FailureConfig.max_failures). slurm: requeues a "
+                              "preempted job may ask for (SLURM_RESTART_COUNT below it); jobset: "
+                              "the JobSet's failurePolicy.maxRestarts.")
     min_workers: int | None = Field(
         None, ge=1, description="local, ray: elastic worker count. On ray it is Ray Train's own "
         "elastic scaling (ScalingConfig(num_workers=(min_workers, workers))): after a lost worker "
@@ -175,7 +181,8 @@ class ClusterConfig(_Frozen):
         "and parameter_server (+6 to +7 %) (docs/benchmarks.md).")
 
     port_base: int = Field(8888, ge=1024, le=65535, description="slurm: first port of the tasks "
-                           "on each node (SlurmClusterResolver's port_base).")
+                           "on each node (SlurmClusterResolver's port_base); jobset: every pod's "
+                           "port.")
     allow_oversubscription: bool = Field(
         False, description="local: start more than 4 tasks per CPU core (at least 8 in all); "
         "refused otherwise before anything starts.")

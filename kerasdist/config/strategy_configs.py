@@ -54,7 +54,7 @@ class StrategyConfigBase(Frozen):
 
 
 _ONE_PROCESS = StrategyTraits(topology="single", cluster_kinds=("this_process",))
-_CLUSTERS = ("local", "tf_config", "slurm")
+_CLUSTERS = ("local", "tf_config", "slurm", "jobset")
 _PS_ON_RAY = (
     "ray", "Ray Train's TensorFlow backend starts one group of identical workers and gives them a "
     "worker-only TF_CONFIG; a parameter-server cluster needs ps tasks that only serve variables and "

@@ -21,6 +21,16 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Signals that stop training with an agreed checkpoint: SIGTERM (preemption) and SIGINT (Ctrl-C,
 also when sent to the whole process group)."""
 
+SLURM_SIGNAL = signal.SIGUSR1
+"""Under ``cluster.kind: slurm`` this signal stops training too: the one users ask Slurm to send
+before the time limit (``sbatch --signal=USR1@300``; ``kerasdist export slurm`` writes it)."""
+
+
+def preemption_signals(recipe) -> tuple[int, ...]:
+    """The signals that stop ``recipe``'s training with an agreed checkpoint: :data:`SIGNALS`,
+    and :data:`SLURM_SIGNAL` under ``cluster.kind: slurm``."""
+    return SIGNALS + ((SLURM_SIGNAL,) if recipe.cluster.kind == "slurm" else ())
+
 
 class PreemptionWatch:
     """SIGTERM or SIGINT -> a flag that all workers agree on (context manager; restores the old
@@ -32,13 +42,15 @@ class PreemptionWatch:
             (no ``cluster_resolver``) needs no vote: its flag is read directly.
         on_request: called (no arguments) in the signal handler when the first stop is asked
             (default None: nothing); it must be quick and run no TensorFlow op.
+        signals: the signals watched (default :data:`SIGNALS`; :func:`preemption_signals`).
 
     Attributes:
         single_process: True when no vote is needed (the flag can be read at every step).
     """
 
-    def __init__(self, strategy, *, on_request=None):
+    def __init__(self, strategy, *, on_request=None, signals=SIGNALS):
         self.strategy = strategy
+        self.signals = tuple(signals)
         self.requested = False
         self._on_request = on_request
         self.single_process = getattr(strategy, "cluster_resolver", None) is None
@@ -46,7 +58,7 @@ class PreemptionWatch:
         self._vote_fn = None
 
     def __enter__(self) -> PreemptionWatch:
-        for signum in SIGNALS:
+        for signum in self.signals:
             try:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
             except ValueError:  # not the main thread: the signal keeps its default action

@@ -6,12 +6,14 @@ topology          cluster.kind    what this process does
 single            this_process    runs the lifecycle (:func:`kerasdist.training.run_session`)
 peers             local           preflight, then (in a private network namespace) starts the
                                   workers, supervises, restarts them
-peers             tf_config/slurm is one worker: runs the lifecycle with its role
+peers             tf_config/      is one worker: runs the lifecycle with its role
+                  slurm/jobset
 peers             ray             preflight, then (a local Ray: in a private network namespace)
                                   runs the workers as Ray Train workers (:mod:`.ray_run`)
 coordinator       local           preflight, then (in a private network namespace) starts
                                   ps + worker tasks, runs the lifecycle
-coordinator       tf_config/slurm ps/worker: serve; chief: runs the lifecycle
+coordinator       tf_config/      ps/worker: serve (under Slurm: until the chief ends);
+                  slurm/jobset    chief: runs the lifecycle
 ================  ==============  ===========================================================
 
 The topology comes from the strategy object's traits (``multi_worker`` is ``peers``,
@@ -32,7 +34,7 @@ from kerasdist import _log
 from kerasdist._signals import startup
 from kerasdist._timeline import mark
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
-from kerasdist.errors import ClusterError, DataError
+from kerasdist.errors import ClusterError, DataError, Preempted
 from kerasdist.strategies import registry
 from kerasdist.training import RunResult, run_session
 from kerasdist.training.rundir import RunDir
@@ -175,11 +177,22 @@ def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
         ClusterError: missing or invalid ``TF_CONFIG`` / Slurm variables (names what is wrong).
     """
     needs_ps = registry.for_recipe(recipe).traits.needs_ps
+    if tf_config is None and recipe.cluster.kind == "jobset":
+        from kerasdist.cluster.jobset import tf_config_from_jobset
+
+        return tf_config_from_jobset(needs_ps=needs_ps, workers=recipe.cluster.workers,
+                                     ps=recipe.cluster.ps, port=recipe.cluster.port_base)
     if tf_config is None and recipe.cluster.kind == "slurm":
         from kerasdist.cluster.slurm import tf_config_from_slurm
 
-        return tf_config_from_slurm(needs_ps=needs_ps, num_ps=recipe.cluster.ps,
-                                    port_base=recipe.cluster.port_base)
+        cluster = recipe.cluster
+        if needs_ps:
+            from kerasdist.cluster.slurm_job import check_commands
+
+            check_commands("scancel")  # the chief releases the servers with it
+        return tf_config_from_slurm(
+            needs_ps=needs_ps, num_ps=cluster.ps, port_base=cluster.port_base,
+            num_workers=cluster.workers if "workers" in cluster.model_fields_set else None)
     if tf_config is None:
         return parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=needs_ps)
     return tf_config
@@ -322,6 +335,10 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     tf_config = resolve_role(recipe, tf_config)
     _log.configure(verbose, task=tf_config.task_name,
                    is_chief=tf_config.is_chief)
+    if recipe.cluster.kind == "slurm":
+        from kerasdist.cluster.slurm_job import log_start
+
+        log_start(tf_config, recipe.cluster.max_restarts)
     if tf_config.task_type == "evaluator":  # the sidecar evaluator: follows the chief's run dir
         from kerasdist.training.evaluator import Evaluator, wait_for_run
 
@@ -332,14 +349,41 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
     if topology == "coordinator" and tf_config.task_type not in ("chief", "ps", "worker"):
         raise ClusterError(f"strategy '{recipe.strategy.kind}': task type "
                            f"'{tf_config.task_type}' has no role here (expected chief, worker or ps)")
+    return _run_task(recipe, tf_config, topology, overwrite=overwrite, verbose=verbose,
+                     callbacks=callbacks)
+
+
+def _run_task(recipe: Recipe, tf_config: TFConfig, topology: str, *, overwrite: bool, verbose,
+              callbacks) -> RunResult | None:
+    """This task of a cluster kerasdist does not launch: a ps/worker server serves, the others
+    run the lifecycle. Under Slurm a parameter-server server ends with its chief and the chief
+    releases them; a preempted task 0 requeues the job (:mod:`kerasdist.cluster.slurm_job`)."""
     with _task_watch(recipe, tf_config, topology):
+        under_slurm = recipe.cluster.kind == "slurm" and topology == "coordinator"
         if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
+            if under_slurm:  # ends when the chief ends (kerasdist.cluster.slurm_job)
+                from kerasdist.cluster.slurm_job import serve_until_chief_ends
+
+                serve_until_chief_ends(tf_config, intra_op_threads=recipe.intra_op_threads())
+                return None
             from kerasdist.cluster.server import serve
 
             serve(tf_config, intra_op_threads=recipe.intra_op_threads())
             return None
-        return run_session(recipe, tf_config=tf_config, overwrite=overwrite, verbose=verbose,
-                           callbacks=callbacks)
+        try:
+            result = run_session(recipe, tf_config=tf_config, overwrite=overwrite,
+                                 verbose=verbose, callbacks=callbacks)
+        except Preempted:
+            if recipe.cluster.kind == "slurm":  # task 0 requeues the job (slurm_job)
+                from kerasdist.cluster.slurm_job import after_preemption
+
+                after_preemption(recipe.cluster.max_restarts)
+            raise
+    if under_slurm:
+        from kerasdist.cluster.slurm_job import release_servers
+
+        release_servers(tf_config)
+    return result
 
 
 def _task_watch(recipe: Recipe, tf_config, topology: str):

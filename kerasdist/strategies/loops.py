@@ -70,13 +70,13 @@ class KerasFitLoop:
         from kerasdist._compat.keras_23360_exhausted_warning import quiet_end_of_input
         from kerasdist.keras.backup import StepBackup
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss, WeightDigest
-        from kerasdist.keras.preemption import PreemptionWatch
+        from kerasdist.keras.preemption import PreemptionWatch, preemption_signals
 
         recipe, data = run.recipe, run.data
         history: dict[str, list[float]] = {}
         # the validation input ends where it ends: no "ran out of data" warning (keras#23360)
         declared = recipe.trainer.validation_steps is not None
-        with PreemptionWatch(run.tf_strategy) as watch, \
+        with PreemptionWatch(run.tf_strategy, signals=preemption_signals(recipe)) as watch, \
                 quiet_end_of_input(steps_declared=declared):
             # one process reads its stop flag at every step; workers vote every few steps
             backup = StepBackup(run.store, start_step=run.start_step, watch=watch,
@@ -166,7 +166,7 @@ class CoordinatorLoop:
         from kerasdist.keras import ps_fit
         from kerasdist.keras.backup import EpochEndSave
         from kerasdist.keras.callbacks import StopOnNonFiniteLoss
-        from kerasdist.keras.preemption import PreemptionWatch
+        from kerasdist.keras.preemption import PreemptionWatch, preemption_signals
         from kerasdist.keras.ps_loop import PSStats, global_step
 
         recipe, data = run.recipe, run.data
@@ -181,7 +181,8 @@ class CoordinatorLoop:
         # loop joins the workers, the epoch-end save writes the checkpoint at the step reached.
         # A stop keeps freed functions registered (tf_frozen_task: removing one waits on every
         # task, a frozen worker too), for good when calls were left on a silent worker.
-        watch = PreemptionWatch(run.tf_strategy, on_request=tf_frozen_task.keep_functions)
+        watch = PreemptionWatch(run.tf_strategy, on_request=tf_frozen_task.keep_functions,
+                                signals=preemption_signals(recipe))
         stuck = False
         try:
             with watch:

@@ -23,6 +23,9 @@ runs each test file's such tests together in one child process).
   ``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE`` and ``TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY`` for the
   process; requesting this fixture makes that happen once, at session setup, so that tests which
   build further strategies (e.g. through ``fit_recipe``) do not count as leaking them.
+* ``slurm_cluster`` (per test): a real one-node Slurm cluster
+  (:class:`kerasdist.testing.slurm.SlurmCluster`; ``SlurmCluster(num_nodes=3)`` gives three nodes
+  on simulated hosts), skipped with the reason where Slurm is not installed or not root.
 * ``kerasdist_enabled`` (per test): ``kerasdist.enable()`` for the test, undone afterwards when
   it was not enabled before.
 """
@@ -61,3 +64,17 @@ def kerasdist_enabled():
     yield
     if not was_enabled:
         kd_keras.disable()
+
+
+@pytest.fixture
+def slurm_cluster(tmp_path):
+    """A real one-node Slurm cluster (:class:`kerasdist.testing.slurm.SlurmCluster`: munge,
+    ``slurmctld``, ``slurmd``) for the test, stopped after it with every job it ran. Skips,
+    naming why, where Slurm is not installed or the test does not run as root."""
+    from kerasdist.testing.slurm import SlurmCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with SlurmCluster(1, work_dir=tmp_path / "slurm") as cluster:
+        yield cluster

@@ -55,11 +55,21 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-__all__ = ["HostSet", "HostSimulatorError", "leftovers"]
+__all__ = ["HostSet", "HostSimulatorError", "leftovers", "with_hosts_file"]
 
 PREFIX = "kd"  # the default start of every namespace and interface name of a set
 DEFAULT_PROCESS_TIMEOUT_S = 600.0
 _CMD_TIMEOUT_S = 30.0
+
+
+def with_hosts_file(hosts_file: str | os.PathLike, argv: Sequence[str]) -> list[str]:
+    """``argv`` run with ``hosts_file`` as its ``/etc/hosts`` (and its children's): a private
+    mount namespace (``unshare --mount``, propagation private) bind-mounts it, so names the test
+    chose (a Slurm node's, a JobSet pod's DNS name) resolve to simulated hosts' addresses without
+    touching the machine's own file. Needs root."""
+    inner = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner,
+            str(hosts_file), *argv]
 
 
 class HostSimulatorError(RuntimeError):

@@ -1,0 +1,95 @@
+"""Cluster roles from a Kubernetes JobSet (``cluster.kind: jobset``).
+
+A JobSet (https://jobset.sigs.k8s.io, API ``jobset.x-k8s.io/v1alpha2``) runs one Kubernetes Job
+per *replicated job*; ``kerasdist export jobset`` writes one replicated job per TensorFlow task
+type, named as the type (``chief``, ``ps``, ``worker``), each an Indexed Job with one pod per task.
+JobSet gives every pod a stable DNS name when ``spec.network.enableDNSHostnames`` is true::
+
+    <jobset name>-<replicated job>-<job index>-<pod index>.<subdomain>
+
+(the subdomain is a headless service JobSet creates, named as the JobSet unless
+``spec.network.subdomain`` says otherwise). Each pod reads, from its environment:
+
+* ``JOBSET_NAME`` and ``REPLICATED_JOB_NAME``: the manifest maps them from the pod's annotations
+  ``jobset.sigs.k8s.io/jobset-name`` and ``jobset.sigs.k8s.io/replicatedjob-name``
+  (Kubernetes' downward API);
+* ``JOB_COMPLETION_INDEX``: set by Kubernetes in every pod of an Indexed Job: the task index;
+* ``JOBSET_SUBDOMAIN`` (optional): the subdomain, when it is not the JobSet's name.
+
+The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one chief under
+``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
+port serves all). The result is a validated :class:`~kerasdist.cluster.spec.TFConfig`: a JobSet
+run goes through the same code as a ``TF_CONFIG`` run.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from kerasdist.cluster.spec import TFConfig, validate
+from kerasdist.errors import ClusterError
+
+JOBSET_VARIABLES = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_COMPLETION_INDEX")
+"""The environment variables every pod needs (see module docs)."""
+
+
+def task_counts(*, needs_ps: bool, workers: int, ps: int) -> dict[str, int]:
+    """Replicated job (= task type) -> pods: ``{'chief': 1, 'ps': ps, 'worker': workers}`` with
+    ps, else ``{'worker': workers}``.
+
+    Raises:
+        ClusterError: a parameter-server recipe with ``cluster.ps`` 0.
+    """
+    if not needs_ps:
+        return {"worker": workers}
+    if ps < 1:
+        raise ClusterError("cluster.kind 'jobset' with a parameter-server strategy needs "
+                           f"cluster.ps >= 1. Received: cluster.ps={ps}")
+    return {"chief": 1, "ps": ps, "worker": workers}
+
+
+def pod_host(jobset: str, replicated_job: str, index: int, subdomain: str | None = None) -> str:
+    """The DNS name JobSet gives pod ``index`` of the (only) Job of ``replicated_job``."""
+    return f"{jobset}-{replicated_job}-0-{index}.{subdomain or jobset}"
+
+
+def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: int = 8888,
+                          environ: Mapping[str, str] | None = None) -> TFConfig:
+    """This pod's role and cluster as a :class:`TFConfig` (see module docs).
+
+    Args:
+        needs_ps: the strategy needs ps tasks (its traits).
+        workers: ``cluster.workers``; ps: ``cluster.ps``.
+        port: the task servers' port (``cluster.port_base``).
+        environ: default ``os.environ`` (read only).
+
+    Raises:
+        ClusterError: a variable missing or malformed (each named), a replicated job that is not
+            a task type of the recipe, or an index out of range.
+    """
+    environ = os.environ if environ is None else environ
+    missing = [name for name in JOBSET_VARIABLES if not environ.get(name)]
+    if missing:
+        raise ClusterError(f"cluster.kind 'jobset' must run in a pod of a JobSet (kerasdist export "
+                           f"jobset maps them); missing {', '.join(missing)}. Received: unset")
+    counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps)
+    role = environ["REPLICATED_JOB_NAME"]
+    if role not in counts:
+        raise ClusterError(f"REPLICATED_JOB_NAME must name a task type of the recipe "
+                           f"({', '.join(counts)}). Received: {role!r}")
+    try:
+        index = int(environ["JOB_COMPLETION_INDEX"])
+    except ValueError:
+        raise ClusterError("JOB_COMPLETION_INDEX must be an integer. Received: "
+                           f"{environ['JOB_COMPLETION_INDEX']!r}") from None
+    if not 0 <= index < counts[role]:
+        raise ClusterError(f"JOB_COMPLETION_INDEX must be within 0..{counts[role] - 1} for "
+                           f"replicated job '{role}' (the recipe's count). Received: {index}")
+    name, subdomain = environ["JOBSET_NAME"], environ.get("JOBSET_SUBDOMAIN") or None
+    cluster = {job: [f"{pod_host(name, job, i, subdomain)}:{port}" for i in range(count)]
+               for job, count in counts.items()}
+    return validate(cluster, role, index, require_ps=needs_ps)
+
+
+__all__ = ["JOBSET_VARIABLES", "pod_host", "task_counts", "tf_config_from_jobset"]

@@ -1,0 +1,275 @@
+"""A parameter-server job under Slurm ends when its chief ends.
+
+Slurm runs every task of a job step until it exits: a step of ``srun`` with a chief, ps and
+worker tasks stays ``RUNNING`` while the ps and worker servers serve, long after the chief (the
+coordinator) has finished (measured before this module: 10 minutes, until cancelled). So under
+``cluster.kind: slurm``:
+
+* a **ps or worker** task serves (:func:`serve_until_chief_ends`) and watches the chief's gRPC port
+  (:func:`kerasdist.cluster.probe.probe`, every :data:`PERIOD_S` seconds). It exits **0** when the
+  chief releases it (:data:`RELEASE_SIGNAL`, see below) and **1** (naming ``chief:0``) when the
+  chief's port stops answering, after having answered, for :data:`GONE_AFTER_S` seconds without a
+  release (the chief failed or was killed), or never answers within ``startup_timeout_s``
+  seconds. SIGTERM (Slurm's ``scancel``, a requeue, the time limit) does not end it while the
+  chief runs: the chief may be saving a checkpoint whose variables live on the ps; once the chief
+  is gone the server exits 143 (terminated: the job is being cancelled or requeued, not a
+  failure of its own; Slurm's ``KillWait``, 30 s by default, bounds it otherwise).
+* the **chief**, after a successful run, releases the servers (:func:`release_servers`): it
+  sends :data:`RELEASE_SIGNAL` to every task of its job step (``scancel --signal=USR2
+  JOB.STEP``, ignoring it itself), then waits up to :data:`RELEASE_WAIT_S` seconds for their
+  ports to close before it exits 0. After a failure it releases nothing: the servers see its
+  port close and exit 1, and the step fails.
+
+**Preemption and requeue.** Slurm sends ``--signal=USR1@N`` (:data:`kerasdist.keras.preemption.
+SLURM_SIGNAL`) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
+Either stops training at one agreed step with a checkpoint (exit 130). Then task 0 (the chief)
+asks Slurm to requeue the job (:func:`after_preemption`: ``scontrol requeue $SLURM_JOB_ID``) when
+the job allows it (``sbatch --requeue``) and ``SLURM_RESTART_COUNT`` is below
+``cluster.max_restarts``; the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
+requeue to end them (so that their own exit cannot end the step before task 0 has asked). The
+requeued job runs the same command and resumes at the checkpoint's exact step. ps and worker
+servers ignore the signal (the chief needs them to save).
+
+All tasks must run in one ``srun`` step (``kerasdist export slurm`` writes one); the exported
+script also passes ``--kill-on-bad-exit=1``, so a chief that fails before training (bad input,
+exit 2) ends the step at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from kerasdist._log import get_logger
+from kerasdist.errors import ClusterError, TaskFailedError
+
+log = get_logger("cluster")
+
+RELEASE_SIGNAL = signal.SIGUSR2
+"""The signal the chief sends its step's tasks when it has finished successfully."""
+PERIOD_S = 2.0
+"""Seconds between two probes of the chief by a ps or worker task."""
+GONE_AFTER_S = 6.0
+"""Seconds the chief's port must stay closed (after it answered once) before a server gives up."""
+START_TIMEOUT_S = 600.0
+"""Default seconds a server waits for the chief's port to answer a first time."""
+RELEASE_WAIT_S = 30.0
+"""Seconds the chief waits for the released servers' ports to close."""
+REQUEUE_WAIT_S = 60.0
+"""Seconds a preempted task other than task 0 waits for task 0's requeue to end it."""
+
+
+def restart_count() -> int:
+    """``SLURM_RESTART_COUNT`` (0 when unset: the job's first run)."""
+    value = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
+    try:
+        return int(value)
+    except ValueError:
+        raise ClusterError(f"SLURM_RESTART_COUNT must be an integer. Received: {value!r}") from None
+
+
+def log_start(tf_config, max_restarts: int) -> None:
+    """Log this task's Slurm job, step and restart count (a requeued job's tasks say so)."""
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    log.info(f"task {tf_config.task_name}: Slurm job {job} step {os.environ.get('SLURM_STEP_ID', '?')}"
+             f", SLURM_RESTART_COUNT={restart_count()} (requeues allowed: cluster.max_restarts="
+             f"{max_restarts})")
+
+
+def _requeue_allowed(job: str) -> bool:
+    done = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                          timeout=60)
+    return done.returncode == 0 and " Requeue=1 " in f" {done.stdout} "
+
+
+def after_preemption(max_restarts: int) -> str:
+    """What a task does after a preemption stop under Slurm (see module docs); returns what it
+    did: ``'requeued'``, ``'not requeued: <why>'`` (task 0) or ``'waited'`` (other tasks, if the
+    requeue did not end them in :data:`REQUEUE_WAIT_S` seconds)."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if os.environ.get("SLURM_PROCID", "0") != "0":
+        time.sleep(REQUEUE_WAIT_S)
+        return "waited"
+    count = restart_count()
+    why = None
+    if count >= max_restarts:
+        why = f"SLURM_RESTART_COUNT={count} reached cluster.max_restarts={max_restarts}"
+    elif not job:
+        why = "SLURM_JOB_ID is not set"
+    else:
+        check_commands("scontrol")
+        if not _requeue_allowed(job):
+            why = f"job {job} does not allow requeue (submit it with sbatch --requeue)"
+    if why:
+        log.warning(f"preempted; not requeued: {why}")
+        return f"not requeued: {why}"
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        log.warning(f"scontrol requeue {job} did not requeue it: {done.stderr.strip()} (after a "
+                    "SIGTERM Slurm may be requeueing or ending the job itself)")
+        return f"not requeued: scontrol exited {done.returncode}"
+    log.warning(f"preempted; requeued job {job} (restart {count + 1} of at most {max_restarts}): "
+                "it resumes from the checkpoint just saved")
+    return "requeued"
+
+
+def _step_id() -> str:
+    """``JOB.STEP`` of this task's Slurm step, from ``SLURM_JOB_ID`` and ``SLURM_STEP_ID``."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    if not job or not step:
+        raise ClusterError("cluster.kind 'slurm': SLURM_JOB_ID and SLURM_STEP_ID must be set (run "
+                           f"the tasks with srun). Received: SLURM_JOB_ID={job!r}, "
+                           f"SLURM_STEP_ID={step!r}")
+    return f"{job}.{step}"
+
+
+def check_commands(*names: str) -> None:
+    """Raise :class:`ClusterError` (exit 2) naming the Slurm commands missing from ``PATH``."""
+    import shutil
+
+    missing = [name for name in names if shutil.which(name) is None]
+    if missing:
+        raise ClusterError(f"cluster.kind 'slurm' needs the Slurm client command(s) "
+                           f"{', '.join(missing)} on PATH (package slurm-client). Received: "
+                           f"PATH={os.environ.get('PATH', '')!r}")
+
+
+def release_servers(tf_config, *, wait_s: float = RELEASE_WAIT_S) -> list[str]:
+    """The chief's end of a successful parameter-server run under Slurm: signal every task of
+    this step with :data:`RELEASE_SIGNAL` and wait up to ``wait_s`` seconds for the ps and worker
+    ports to close. Returns the tasks whose port still answered (logged; they then exit 1 on
+    their own once this process is gone).
+
+    Raises:
+        ClusterError: ``scancel`` missing or failing, or not in a Slurm step.
+    """
+    from kerasdist.cluster.probe import probe
+
+    step = _step_id()
+    check_commands("scancel")
+    signal.signal(RELEASE_SIGNAL, signal.SIG_IGN)  # the step's signal reaches this task too
+    done = subprocess.run(["scancel", f"--signal={RELEASE_SIGNAL.name.removeprefix('SIG')}", step],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise ClusterError(f"scancel could not release the servers of step {step}: "
+                           f"{done.stderr.strip()}. Received: exit code {done.returncode}")
+    servers = {f"{job}:{i}": address for job in ("ps", "worker")
+               for i, address in enumerate(tf_config.cluster.get(job, ()))}
+    deadline = time.monotonic() + wait_s
+    left = dict(servers)
+    while left and time.monotonic() < deadline:
+        left = {name: a for name, a in left.items() if probe(a, timeout_s=1.0) == "alive"}
+        if left:
+            time.sleep(0.5)
+    log.info(f"released {len(servers) - len(left)} of {len(servers)} server task(s) of step "
+             f"{step}" + (f"; still serving: {', '.join(sorted(left))}" if left else ""))
+    return sorted(left)
+
+
+class _Released(Exception):
+    pass
+
+
+def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
+                           start_timeout_s: float = START_TIMEOUT_S) -> None:
+    """Serve this ps or worker task until the chief releases it (exit 0) or is gone (exit 1):
+    see the module docs. In a process kerasdist owns (the CLI) the process ends here with that
+    code; in a library call the release returns and a gone chief raises.
+
+    Raises:
+        TaskFailedError: the chief ended without releasing this task, or never started.
+        ClusterError: this task's port is already in use.
+    """
+    from kerasdist import _exit
+    from kerasdist.cluster.server import start_server
+
+    released = threading.Event()
+    from kerasdist.keras.preemption import SLURM_SIGNAL
+
+    previous = {sig: signal.getsignal(sig) for sig in (RELEASE_SIGNAL, signal.SIGTERM, SLURM_SIGNAL)}
+    signal.signal(RELEASE_SIGNAL, lambda *_: released.set())
+    signal.signal(SLURM_SIGNAL, signal.SIG_IGN)  # the chief saves and requeues
+    terminated = threading.Event()
+
+    def on_sigterm(*_):
+        terminated.set()
+        log.warning(f"task {tf_config.task_name}: SIGTERM received; serving on while chief:0 "
+                    "runs (it may be saving a checkpoint on this task's variables)")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        start_server(tf_config, intra_op_threads=intra_op_threads)
+        failure = _watch_chief(tf_config, released, start_timeout_s)
+    finally:
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, handler)
+    if failure is None:
+        log.info(f"task {tf_config.task_name}: released by chief:0 (the run finished); exit 0")
+        _end(0)
+        return
+    if terminated.is_set():  # Slurm ends the job (cancel, requeue, time limit): not a failure
+        log.warning(f"task {tf_config.task_name}: chief:0 is gone after SIGTERM (the job is being "
+                    "cancelled or requeued); exit 143")
+        _end(143)
+        return
+    _exit.abandon(failure)
+    raise failure
+
+
+def _end(code: int) -> None:
+    """End this process with ``code`` when kerasdist owns it (TF's server threads never stop)."""
+    from kerasdist import _exit
+
+    if _exit.owns_process():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _watch_chief(tf_config, released: threading.Event, start_timeout_s: float):
+    """None once released, else the :class:`TaskFailedError` of a gone or never-started chief."""
+    from kerasdist.cluster.probe import probe
+
+    chief = tf_config.cluster.get("chief", [None])[0]
+    if chief is None:
+        raise ClusterError(f"task {tf_config.task_name}: a parameter-server cluster under Slurm "
+                           "needs a chief task. Received: no 'chief' in the cluster")
+    started = time.monotonic()
+    seen_alive = False
+    closed_since: float | None = None
+    while not released.wait(PERIOD_S):
+        state = probe(chief, timeout_s=min(2.0, PERIOD_S))
+        if released.is_set():
+            return None
+        now = time.monotonic()
+        if state == "alive":
+            seen_alive, closed_since = True, None
+            continue
+        if not seen_alive:
+            if now - started >= start_timeout_s:
+                return _gone(tf_config, chief, f"never answered in {start_timeout_s:g} s")
+            continue
+        closed_since = closed_since if closed_since is not None else now
+        if now - closed_since >= GONE_AFTER_S:
+            return _gone(tf_config, chief, f"{state} for {now - closed_since:.0f} s without "
+                                           "releasing this task (it failed or was killed)")
+    return None
+
+
+def _gone(tf_config, chief: str, what: str) -> TaskFailedError:
+    failure = TaskFailedError(f"task {tf_config.task_name}: chief:0 ({chief}) {what}; this "
+                              "server exits 1 so that the Slurm step fails with it")
+    failure.lost_tasks = ["chief:0"]
+    return failure
+
+
+__all__ = ["GONE_AFTER_S", "PERIOD_S", "RELEASE_SIGNAL", "RELEASE_WAIT_S", "REQUEUE_WAIT_S",
+           "START_TIMEOUT_S", "after_preemption", "check_commands", "log_start", "release_servers",
+           "restart_count", "serve_until_chief_ends"]
