@@ -47,6 +47,7 @@ def test_marks_are_written_only_when_the_timeline_is_asked_for(tmp_path, monkeyp
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {}, "task": {"type": "worker",
                                                                         "index": 1}}))
     monkeypatch.setattr(_timeline, "_started", set())
+    monkeypatch.setattr(_timeline, "_named", {})  # a session earlier in this process named it
     before = time.time()
     _timeline.mark("strategy")
     _timeline.mark("first step")
@@ -56,7 +57,6 @@ def test_marks_are_written_only_when_the_timeline_is_asked_for(tmp_path, monkeyp
     started = marks[0]["t"]
     assert started <= before and before - started < 3600  # this process's start, from /proc
     assert before <= marks[1]["t"] <= marks[2]["t"] <= time.time()
-    monkeypatch.setattr(_timeline, "_named", {})
     _timeline.set_task("chief:0")  # a PS coordinator, which has no TF_CONFIG of its own
     _timeline.mark("session")
     assert json.loads(path.read_text().splitlines()[-1])["task"] == "chief:0"
