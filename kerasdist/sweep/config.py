@@ -97,7 +97,8 @@ class PrunerConfig(Frozen):
     """``pruner``: Optuna's pruner by name (``none`` NopPruner, ``median`` MedianPruner,
     ``percentile`` PercentilePruner, ``hyperband`` HyperbandPruner, ``successive_halving``
     SuccessiveHalvingPruner, ``threshold`` ThresholdPruner); ``warmup_epochs``: epochs a trial
-    trains before it may be pruned (MedianPruner's ``n_warmup_steps``; intermediate values are
+    trains before it may be pruned (``n_warmup_steps`` of Optuna's pruners, see
+    :func:`kerasdist.sweep.study.make_pruner`; intermediate values are
     reported at epoch ends, step = the epoch number, 1-based); ``options`` passed to its
     constructor."""
 

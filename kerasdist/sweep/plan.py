@@ -20,12 +20,7 @@ import pydantic
 from pydantic import BaseModel
 
 from kerasdist.config import Recipe
-from kerasdist.config.loader import (
-    format_validation_error,
-    parse_yaml,
-    read_recipe_text,
-    validate_recipe,
-)
+from kerasdist.config.loader import parse_yaml, read_recipe_text, validate_recipe
 from kerasdist.errors import RecipeError
 from kerasdist.sweep.config import CategoricalParam, SweepConfig
 
@@ -68,8 +63,7 @@ def load_sweep(path: str | Path) -> SweepPlan:
     try:
         config = SweepConfig.model_validate(raw)
     except pydantic.ValidationError as err:
-        message = format_validation_error(err, source=str(path), text=text)
-        raise RecipeError(message.replace("invalid recipe", "invalid sweep", 1)) from None
+        raise RecipeError(_sweep_error(err, source=str(path))) from None
     base_text = read_recipe_text(config.recipe)
     recipe_raw = parse_yaml(base_text, source=str(config.recipe)) or {}
     if not isinstance(recipe_raw, dict):
@@ -90,6 +84,24 @@ def load_sweep(path: str | Path) -> SweepPlan:
         grid_space(config)  # raises for a range that has no grid
     return SweepPlan(config=config, source=path, base_raw=base_raw, base=base,
                      cores_per_trial=cores)
+
+
+def _sweep_error(err: pydantic.ValidationError, *, source: str) -> str:
+    """One line per problem, each naming the sweep field (``space.<path>.low``) and the value."""
+    lines = []
+    for item in err.errors(include_url=False):
+        loc = [str(p) for p in item["loc"]]
+        if len(loc) > 2 and loc[0] == "space" and loc[2] in ("float", "int", "categorical"):
+            del loc[2]  # the union's tag: space.<path>.float.low -> space.<path>.low
+        kind, message = item["type"], item["msg"]
+        if kind == "value_error":
+            message = message.removeprefix("Value error, ")
+        elif kind == "extra_forbidden":
+            message = f"unknown key (not part of the sweep schema). Received: {item['input']!r}"
+        else:
+            message = f"{message}. Received: {item.get('input')!r}"
+        lines.append(f"{source}: {'.'.join(loc) or '(sweep)'}: {message}")
+    return "invalid sweep\n  " + "\n  ".join(lines)
 
 
 def schema_problem(recipe: Recipe, dotted: str) -> str | None:

@@ -56,9 +56,11 @@ def make_sampler(config: SweepConfig):
 
 
 def make_pruner(config: SweepConfig):
-    """Optuna's pruner named by ``pruner.name``; ``warmup_epochs`` is ``n_warmup_steps`` of the
-    median, percentile and threshold pruners (hyperband and successive halving take
-    ``options.min_resource`` instead).
+    """Optuna's pruner named by ``pruner.name``. Intermediate values are reported at step = the
+    epoch number (1-based), and Optuna prunes at no step below ``n_warmup_steps``: so
+    ``warmup_epochs`` W becomes ``n_warmup_steps`` W + 1 of the median, percentile and threshold
+    pruners (epoch W + 1 is the first that may be pruned); hyperband and successive halving take
+    ``options.min_resource`` instead.
 
     Raises:
         RecipeError: ``pruner.options`` the pruner's constructor refuses.
@@ -67,16 +69,17 @@ def make_pruner(config: SweepConfig):
     pruners = optuna.pruners
     spec = config.pruner
     options = dict(spec.options)
+    warmup = spec.warmup_epochs + 1
     try:
         if spec.name == "none":
             return pruners.NopPruner()
         if spec.name == "median":
-            return pruners.MedianPruner(n_warmup_steps=spec.warmup_epochs, **options)
+            return pruners.MedianPruner(n_warmup_steps=warmup, **options)
         if spec.name == "percentile":
             return pruners.PercentilePruner(options.pop("percentile", 25.0),
-                                            n_warmup_steps=spec.warmup_epochs, **options)
+                                            n_warmup_steps=warmup, **options)
         if spec.name == "threshold":
-            return pruners.ThresholdPruner(n_warmup_steps=spec.warmup_epochs, **options)
+            return pruners.ThresholdPruner(n_warmup_steps=warmup, **options)
         if spec.name == "hyperband":
             return pruners.HyperbandPruner(**options)
         return pruners.SuccessiveHalvingPruner(**options)
@@ -171,7 +174,7 @@ def run_dir(folder: Path) -> Path:
 def trial_recipe(plan: SweepPlan, number: int, params: dict[str, Any]) -> dict[str, Any]:
     """The recipe of trial ``number`` as a mapping: the base recipe (``set`` applied) with
     ``params``, ``output.run_dir`` the ``run`` folder of its trial folder, the gate callback
-    (:mod:`.gate`) appended,
+    (:mod:`.gate`) appended, ``trainer.verbose: 'auto'`` made 2 (one log line an epoch),
     ``cluster.threads_per_task: 'auto'`` resolved for ``parallel`` trials sharing the cores, and
     an MLflow store shared by every trial (``<output.dir>/mlflow.db`` unless the recipe names
     one) with the run named after the trial."""
@@ -182,6 +185,8 @@ def trial_recipe(plan: SweepPlan, number: int, params: dict[str, Any]) -> dict[s
         "wait": config.pruner.name != "none", "wait_s": config.prune_wait_s}}
     values: dict[str, Any] = {"output.run_dir": str(run_dir(folder)),
                               "callbacks": [*raw.get("callbacks", []), gate]}
+    if plan.base.trainer.verbose == "auto":  # trial.log: one line an epoch, not a progress bar
+        values["trainer.verbose"] = 2
     if plan.base.cluster.threads_per_task == "auto":
         share = machine_cores() // (config.parallel * plan.cores_per_trial)
         values["cluster.threads_per_task"] = max(1, share)  # per task of every trial at once
