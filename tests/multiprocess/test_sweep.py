@@ -22,6 +22,13 @@ import yaml
 optuna = pytest.importorskip("optuna")
 pytestmark = pytest.mark.multiprocess
 
+try:  # a real mlflow server (its fixture), for the tracking test
+    from test_recipe_callbacks_tracking import mlflow_server  # noqa: F401
+except pytest.skip.Exception:  # mlflow not installed: that test is skipped
+    @pytest.fixture
+    def mlflow_server():
+        pytest.skip("mlflow is not installed")
+
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 
 LINEAR = {
@@ -51,9 +58,11 @@ def _files(tmp_path: Path, recipe: dict, **sweep) -> Path:
     return path
 
 
-def _kerasdist(tmp_path: Path, *args: str, timeout_s: float) -> subprocess.CompletedProcess:
+def _kerasdist(tmp_path: Path, *args: str, timeout_s: float,
+               env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kerasdist", *args], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=timeout_s, env={**os.environ, **QUIET})
+                          capture_output=True, timeout=timeout_s,
+                          env={**os.environ, **QUIET, **(env or {})})
 
 
 def _study(tmp_path: Path):
@@ -82,7 +91,8 @@ def test_a_four_trial_sweep_writes_its_outputs_and_best_yaml_trains(tmp_path):
         assert metrics["history"]["val_loss"][-1] == pytest.approx(trial.value)
     out = tmp_path / "out"
     rows = (out / "trials.csv").read_text().splitlines()
-    assert len(rows) == 5 and rows[0].startswith("number,state,value,optimizer.learning_rate")
+    assert len(rows) == 5 and rows[0].startswith("number,state,value,")
+    assert {"optimizer.learning_rate", "data.batch_size", "dir"} <= set(rows[0].split(","))
     for plot in ("optimization_history", "param_importances", "parallel_coordinate"):
         assert (out / f"{plot}.png").stat().st_size > 10_000, plot
     best = min(trials, key=lambda t: t.value)
@@ -145,3 +155,69 @@ def test_a_killed_driver_leaves_no_process_and_the_rerun_resumes_the_trial_at_it
     metrics = json.loads((trial0 / "run" / "metrics.json").read_text())
     assert metrics["start_step"] == step and metrics["global_steps"] == 120, metrics
     assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # two 2-worker clusters: about 3 min here
+@pytest.mark.timeout(900)
+def test_multi_worker_trials_are_pruned_at_one_epoch_boundary_on_every_task(tmp_path):
+    recipe = {**LINEAR, "strategy": {"kind": "multi_worker", "timeout_s": 60},
+              "cluster": {"kind": "local", "workers": 2, "threads_per_task": 1},
+              "data": {**LINEAR["data"], "auto_shard": "data"},
+              "trainer": {"epochs": 4, "steps_per_epoch": 5, "seed": 1}}
+    # ThresholdPruner with upper 0: every value is over it, so every trial is pruned at the
+    # first epoch past the warmup (epoch 2)
+    _files(tmp_path, recipe, trials=2, parallel=1, sampler={"name": "random", "seed": 0},
+           pruner={"name": "threshold", "warmup_epochs": 1, "options": {"upper": 0.0}},
+           space={"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}})
+    done = _kerasdist(tmp_path, "sweep", "sweep.yaml", timeout_s=840)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["PRUNED", "PRUNED"]
+    for trial in trials:
+        assert sorted(trial.intermediate_values) == [1, 2]
+        run = tmp_path / "out" / f"trial-{trial.number:04d}" / "run"
+        metrics = json.loads((run / "metrics.json").read_text())
+        assert metrics["global_steps"] == 10 and metrics["num_replicas"] == 2, metrics
+        assert metrics["stopped"] == {"reason": "early_stop", "epoch": 2, "step": 10,
+                                      "by": "SweepPruneGate"}
+        logs = sorted((run / "logs").glob("worker-*.log"))
+        assert len(logs) == 2, list((run / "logs").iterdir())
+        for log in logs:  # both workers stopped after epoch 2, with the same weights
+            assert re.search(r"done at global step 10; weights sha256", log.read_text()), log
+    assert "pruned after epoch 2" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # an mlflow server and 2 trials: about 2 min here
+@pytest.mark.timeout(600)
+def test_a_tracked_sweep_has_one_parent_mlflow_run_and_a_child_run_per_trial(tmp_path,
+                                                                           mlflow_server):
+    mlflow = pytest.importorskip("mlflow")
+    uri = mlflow_server
+    recipe = {**LINEAR, "output": {**LINEAR["output"], "tracking": {
+        "kind": "mlflow", "uri": uri, "experiment": "sweep44"}}}
+    _files(tmp_path, recipe, trials=2, parallel=1, sampler={"name": "random", "seed": 0},
+           space={"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}})
+    done = _kerasdist(tmp_path, "sweep", "sweep.yaml", timeout_s=480,
+                      env={"MLFLOW_DISABLE_TELEMETRY": "true"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("sweep44")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if r.info.run_name == "kerasdist-sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED", runs
+    parent = parents[0]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 2 == len(runs) - 1
+    trials = {t.number: t for t in _study(tmp_path).trials}
+    for child in children:
+        trial = trials[int(child.data.tags["kerasdist.sweep.trial"])]
+        assert child.data.tags["kerasdist.sweep.state"] == "COMPLETE"
+        assert child.data.metrics["objective"] == pytest.approx(trial.value)
+        assert float(child.data.params["optimizer.learning_rate"]) == pytest.approx(
+            trial.params["optimizer.learning_rate"])
+    best = min(trials.values(), key=lambda t: t.value)
+    assert parent.data.metrics["best_value"] == pytest.approx(best.value)
+    assert parent.data.tags["kerasdist.sweep.best_trial"] == str(best.number)
+    assert "space.optimizer.learning_rate" in parent.data.params

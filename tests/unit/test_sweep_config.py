@@ -148,3 +148,16 @@ def test_the_trial_recipe_is_the_base_with_set_params_gate_and_its_own_run_dir(t
     assert recipe.callbacks[-1].class_name == "kerasdist.sweep.gate:SweepPruneGate"
     assert recipe.cluster.threads_per_task >= 1  # 'auto' resolved for the trials sharing cores
     assert RECIPE["optimizer"]["learning_rate"] == 0.05  # the base mapping is not changed
+
+
+def test_the_shipped_sweep_is_valid(monkeypatch):
+    repo = Path(__file__).parents[2]
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr("kerasdist.sweep.plan.machine_cores", lambda: 2)
+    plan = load_sweep("recipes/sweeps/mnist_cnn.yaml")
+    assert plan.config.trials == 20 and plan.base.trainer.epochs == 3
+    assert set(plan.config.space) == {"optimizer.learning_rate", "model.params.dropout",
+                                      "data.batch_size"}
+    text = (repo / "docs" / "sweep.md").read_text()
+    body = (repo / "recipes" / "sweeps" / "mnist_cnn.yaml").read_text()
+    assert body.split("\nrecipe:", 1)[1] in text  # the docs show the file as it is
