@@ -129,7 +129,10 @@ class SweepConfig(Frozen):
     for a local cluster) times ``parallel`` must fit this machine's CPU cores unless
     ``allow_oversubscription``. ``trial_timeout_s``: seconds a trial may run (stopped and recorded
     FAIL past it); ``prune_wait_s``: seconds the tasks of a trial wait at an epoch end for the
-    driver's prune decision before failing."""
+    driver's prune decision before failing. ``backend``: ``local`` (each trial a child process
+    of the driver) or ``ray`` (each trial in a Ray task reserving its cores,
+    :mod:`kerasdist.sweep.ray_backend`); ``ray_address``: None starts a local Ray for the sweep,
+    ``auto`` or ``HOST:PORT`` joins that cluster."""
 
     recipe: Path
     set: dict[str, Any] = Field(default_factory=dict)
@@ -141,10 +144,18 @@ class SweepConfig(Frozen):
     parallel: int = Field(1, ge=1)
     max_failed_trials: int = Field(3, ge=0)
     backend: Literal["local", "ray"] = "local"
+    ray_address: str | None = Field(None, min_length=1)
     allow_oversubscription: bool = False
     trial_timeout_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
     prune_wait_s: float = Field(600.0, gt=0, allow_inf_nan=False)
     output: SweepOutput = SweepOutput()
+
+    @model_validator(mode="after")
+    def _ray_address(self) -> SweepConfig:
+        if self.ray_address is not None and self.backend != "ray":
+            raise ValueError("ray_address is for backend 'ray' only. Received: "
+                             f"backend={self.backend!r}, ray_address={self.ray_address!r}")
+        return self
 
     @model_validator(mode="after")
     def _disjoint(self) -> SweepConfig:

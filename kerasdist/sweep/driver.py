@@ -126,8 +126,18 @@ class Driver:
         """
         from kerasdist._signals import terminate_on_sigterm
 
-        with sweep_lock(self.plan.out), terminate_on_sigterm():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(sweep_lock(self.plan.out))
+            stack.enter_context(terminate_on_sigterm())
             self.study = open_study(self.plan)
+            if self.config.backend == "ray":
+                from kerasdist.sweep import ray_backend
+
+                ray_backend.connect(address=self.config.ray_address,
+                                    cores_per_trial=self.plan.cores_per_trial,
+                                    parallel=self.config.parallel,
+                                    oversubscribe=self.config.allow_oversubscription)
+                stack.callback(ray_backend.shutdown)
             from kerasdist.sweep import tracking
 
             self.tracker = tracking.start(self.plan, self.study)
@@ -150,7 +160,6 @@ class Driver:
 
     def _loop(self, interrupted: list) -> int:
         pending = list(interrupted)
-        states = _states()
         while True:
             for run in list(self.running.values()):
                 self._answer_gate(run)
@@ -177,9 +186,6 @@ class Driver:
                     self._start(trial.number, trial._trial_id, suggest(trial, self.config))
             if not self.running and finished >= self.config.trials:
                 return EXIT_OK
-            if not self.running and not pending and finished < self.config.trials and \
-                    done.get("RUNNING", 0) and states:
-                return EXIT_FAILED  # unreachable in practice: nothing runs, nothing to start
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------------------ a trial

@@ -79,7 +79,12 @@ def load_sweep(path: str | Path) -> SweepPlan:
     _check_corners(config, base_raw, source=path)
     _check_objective(config, base, source=path)
     cores = trial_cores(base)
-    _check_parallel(config, cores, source=path)
+    if config.ray_address is None:  # a joined Ray cluster's CPUs are counted when it is joined
+        _check_parallel(config, cores, source=path)
+    if config.backend == "ray":
+        from kerasdist.launch.ray_run import require_ray
+
+        require_ray()
     if config.sampler.name == "grid":
         grid_space(config)  # raises for a range that has no grid
     return SweepPlan(config=config, source=path, base_raw=base_raw, base=base,

@@ -96,22 +96,44 @@ def fingerprint(config: SweepConfig) -> dict[str, Any]:
         "objective": config.objective.model_dump(mode="json")}, default=str))
 
 
+def probe_storage(plan: SweepPlan, *, create: bool = False) -> str:
+    """Check the storage URL without writing: a SQLite file's folder exists (or is
+    ``output.dir``, made when ``create``), another database answers a connection.
+
+    Raises:
+        RecipeError: names ``output.storage`` and why.
+    """
+    url = plan.config.storage_url()
+    if url.startswith("sqlite:///"):
+        folder = Path(url[len("sqlite:///"):]).parent
+        if folder.absolute() == plan.out:
+            if create:
+                plan.out.mkdir(parents=True, exist_ok=True)
+        elif not folder.is_dir():
+            raise RecipeError(f"output.storage: the folder '{folder}' of the SQLite file does not "
+                              f"exist. Received: storage={url!r}")
+        return url
+    try:
+        import sqlalchemy
+
+        with sqlalchemy.create_engine(url).connect():
+            pass
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors, all bad input here
+        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
+                          f"Received: storage={url!r}") from None
+    return url
+
+
 def check_storage(plan: SweepPlan):
-    """Open (and create) the sweep's storage.
+    """Open (and create) the sweep's storage (:func:`probe_storage` first).
 
     Raises:
         RecipeError: a SQLite file in a folder that does not exist (other than ``output.dir``,
             created here), or a URL that Optuna cannot open; names ``output.storage``.
     """
     optuna = require_optuna()
-    url = plan.config.storage_url()
-    if url.startswith("sqlite:///"):
-        folder = Path(url[len("sqlite:///"):]).parent
-        if folder.absolute() == plan.out:
-            plan.out.mkdir(parents=True, exist_ok=True)
-        elif not folder.is_dir():
-            raise RecipeError(f"output.storage: the folder '{folder}' of the SQLite file does not "
-                              f"exist. Received: storage={url!r}")
+    url = probe_storage(plan, create=True)
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors, all bad input here

@@ -183,8 +183,12 @@ def test_multi_worker_trials_are_pruned_at_one_epoch_boundary_on_every_task(tmp_
                                       "by": "SweepPruneGate"}
         logs = sorted((run / "logs").glob("worker-*.log"))
         assert len(logs) == 2, list((run / "logs").iterdir())
+        digests = set()
         for log in logs:  # both workers stopped after epoch 2, with the same weights
-            assert re.search(r"done at global step 10; weights sha256", log.read_text()), log
+            found = re.search(r"done at global step 10; weights sha256 (\w+)", log.read_text())
+            assert found, log
+            digests.add(found.group(1))
+        assert len(digests) == 1, digests
     assert "pruned after epoch 2" in done.stdout
 
 
@@ -221,3 +225,24 @@ def test_a_tracked_sweep_has_one_parent_mlflow_run_and_a_child_run_per_trial(tmp
     assert parent.data.metrics["best_value"] == pytest.approx(best.value)
     assert parent.data.tags["kerasdist.sweep.best_trial"] == str(best.number)
     assert "space.optimizer.learning_rate" in parent.data.params
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # a local Ray and 2 trials: about 2 min here
+@pytest.mark.timeout(600)
+def test_the_ray_backend_runs_each_trial_as_a_ray_task_on_a_local_ray(tmp_path):
+    pytest.importorskip("ray")
+    _files(tmp_path, LINEAR, trials=2, parallel=2, backend="ray",
+           sampler={"name": "random", "seed": 0},
+           space={"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}})
+    done = _kerasdist(tmp_path, "sweep", "sweep.yaml", timeout_s=540)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    for trial in trials:
+        folder = tmp_path / "out" / f"trial-{trial.number:04d}"
+        assert "ray task, 1 CPU" in (folder / "trial.log").read_text()
+        assert json.loads((folder / "run" / "metrics.json").read_text())["global_steps"] == 6
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, leftovers  # no trial process outlives the sweep

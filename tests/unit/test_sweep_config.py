@@ -107,6 +107,7 @@ def test_a_two_worker_trial_takes_two_cores(tmp_path, capsys):
 def test_a_storage_that_cannot_be_opened_exits_2(tmp_path, capsys, storage, needle):
     write_sweep(tmp_path, output={"dir": str(tmp_path / "out"), "storage": storage})
     _refused(tmp_path, capsys, ["output.storage", needle, storage])
+    _refused(tmp_path, capsys, ["output.storage", needle, storage], mode=("--dry-run",))
 
 
 def test_paths_below_free_form_mappings_and_optional_sections_are_accepted(tmp_path):
