@@ -86,7 +86,7 @@ def load_sweep(path: str | Path) -> SweepPlan:
 
         require_ray()
     if config.sampler.name == "grid":
-        grid_space(config)  # raises for a range that has no grid
+        _check_grid(config, source=path)
     return SweepPlan(config=config, source=path, base_raw=base_raw, base=base,
                      cores_per_trial=cores)
 
@@ -264,6 +264,16 @@ def _check_parallel(config: SweepConfig, cores_per_trial: int, *, source: Path) 
             f"{config.parallel * cores_per_trial} CPU cores; this machine has {cores}. Lower "
             f"parallel to {max(1, cores // cores_per_trial)}, or set allow_oversubscription: "
             f"true. Received: parallel={config.parallel}")
+
+
+def _check_grid(config: SweepConfig, *, source: Path) -> None:
+    import math
+
+    size = math.prod(len(values) for values in grid_space(config).values())
+    if config.trials > size:
+        raise RecipeError(f"{source}: trials={config.trials} is more than the {size} points of "
+                          f"the grid (sampler 'grid' would repeat them). Received: "
+                          f"trials={config.trials}")
 
 
 def grid_space(config: SweepConfig) -> dict[str, list[Any]]:

@@ -71,6 +71,8 @@ BAD = [
      ["space.data.batch_size = 0", "data.batch_size"]),
     ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
       "sampler": {"name": "grid"}}, ["sampler 'grid'", "space.optimizer.learning_rate"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": 8, "high": 32, "step": 8}},
+      "sampler": {"name": "grid"}, "trials": 5}, ["trials=5", "4 points of the grid"]),
     ({"set": {"optimizer.learning_rate": 0.1}}, ["both fixed (set) and searched (space)"]),
     ({"trials": 0}, ["trials"]),
     ({"sampler": {"name": "bayes"}}, ["sampler.name"]),
