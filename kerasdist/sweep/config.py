@@ -125,8 +125,8 @@ class SweepConfig(Frozen):
 
     ``trials``: trials that must end COMPLETE or PRUNED (a FAIL trial does not count; the sweep
     stops with exit code 1 once more than ``max_failed_trials`` have failed). ``parallel``:
-    trials at once; each trial's tasks (1 for a one-process recipe, workers + ps + coordinator
-    for a local cluster) times ``parallel`` must fit this machine's CPU cores unless
+    trials at once, at most this machine's CPU cores divided by the cores a trial takes (1 for
+    a one-process recipe, workers + ps + coordinator for a local cluster), at least 1, unless
     ``allow_oversubscription``. ``trial_timeout_s``: seconds a trial may run (stopped and recorded
     FAIL past it); ``prune_wait_s``: seconds the tasks of a trial wait at an epoch end for the
     driver's prune decision before failing. ``backend``: ``local`` (each trial a child process

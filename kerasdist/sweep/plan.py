@@ -257,13 +257,16 @@ def machine_cores() -> int:
 
 
 def _check_parallel(config: SweepConfig, cores_per_trial: int, *, source: Path) -> None:
+    """At most ``cores // cores_per_trial`` trials at once (at least 1: one trial alone is what
+    ``kerasdist fit`` would run, bounded by its own task-count check)."""
     cores = machine_cores()
-    if config.parallel * cores_per_trial > cores and not config.allow_oversubscription:
+    most = max(1, cores // cores_per_trial)
+    if config.parallel > most and not config.allow_oversubscription:
         raise RecipeError(
             f"{source}: parallel={config.parallel} trials of {cores_per_trial} core(s) each need "
             f"{config.parallel * cores_per_trial} CPU cores; this machine has {cores}. Lower "
-            f"parallel to {max(1, cores // cores_per_trial)}, or set allow_oversubscription: "
-            f"true. Received: parallel={config.parallel}")
+            f"parallel to {most}, or set allow_oversubscription: true. Received: "
+            f"parallel={config.parallel}")
 
 
 def _check_grid(config: SweepConfig, *, source: Path) -> None:

@@ -2,7 +2,8 @@
 the trial takes (``num_cpus`` = its tasks, :func:`kerasdist.sweep.plan.trial_cores`), so Ray's
 own scheduler places the trials on its resources and holds back a trial that does not fit.
 
-With ``ray_address`` unset the driver starts a local Ray (this machine's cores, no dashboard) and
+With ``ray_address`` unset the driver starts a local Ray (this machine's cores, or the cores of
+one trial when it has more tasks than that; no dashboard) and
 stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster and leaves it running
 (``output.dir`` and the recipe's paths must then be on storage every node reaches). The Ray task
 starts ``kerasdist fit`` as its child with ``PR_SET_PDEATHSIG``: when Ray ends the task (the
@@ -42,7 +43,9 @@ def connect(*, address: str | None, cores_per_trial: int, parallel: int,
     if not ray.is_initialized():
         try:
             if address is None:
-                ray.init(address="local", num_cpus=machine_cores(), include_dashboard=False,
+                cpus = max(machine_cores(), cores_per_trial)  # a trial of more tasks than
+                # cores runs over-subscribed, as `kerasdist fit` would run it here
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                          object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False,
                          configure_logging=False, logging_config=_quiet(ray))
                 _STARTED_HERE = True
@@ -53,7 +56,7 @@ def connect(*, address: str | None, cores_per_trial: int, parallel: int,
             raise ClusterError(f"ray_address {address!r}: cannot join a Ray cluster there: "
                                f"{err}. Received: ray_address={address!r}") from None
     cpus = float(ray.cluster_resources().get("CPU", 0.0))
-    if cores_per_trial > cpus or (parallel * cores_per_trial > cpus and not oversubscribe):
+    if cores_per_trial > cpus or (parallel > max(1, cpus // cores_per_trial) and not oversubscribe):
         shutdown()
         raise ClusterError(f"parallel={parallel} trials of {cores_per_trial} CPU(s) each need "
                            f"{parallel * cores_per_trial} CPUs; the Ray cluster has {cpus:g}. "

@@ -249,3 +249,30 @@ def test_the_ray_backend_runs_each_trial_as_a_ray_task_on_a_local_ray(tmp_path):
     leftovers = [p for p in psutil.process_iter(["cmdline"])
                  if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
     assert not leftovers, leftovers  # no trial process outlives the sweep
+
+
+@pytest.mark.slow
+@pytest.mark.extended  # a parameter-server cluster of 4 tasks: about 2 min here
+@pytest.mark.timeout(900)
+def test_a_parameter_server_trial_is_pruned_at_an_epoch_boundary_by_its_coordinator(tmp_path):
+    # start_timeout_s 600: on this 2-core machine at load 12 a ps once took over 120 s to start
+    # (that trial was recorded FAIL with the launcher's line and the sweep went on)
+    recipe = {**LINEAR, "strategy": {"kind": "parameter_server"},
+              "cluster": {"kind": "local", "workers": 2, "ps": 1, "threads_per_task": 1,
+                          "start_timeout_s": 600},
+              "trainer": {"epochs": 4, "steps_per_epoch": 5, "seed": 1}}
+    _files(tmp_path, recipe, trials=1, parallel=1, sampler={"name": "random", "seed": 0},
+           pruner={"name": "threshold", "warmup_epochs": 1, "options": {"upper": 0.0}},
+           space={"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}})
+    done = _kerasdist(tmp_path, "sweep", "sweep.yaml", timeout_s=840)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (trial,) = _study(tmp_path).trials
+    assert trial.state.name == "PRUNED" and sorted(trial.intermediate_values) == [1, 2]
+    run = tmp_path / "out" / f"trial-{trial.number:04d}" / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["stopped"]["reason"] == "early_stop", metrics["stopped"]
+    assert metrics["stopped"]["epoch"] == 2 and metrics["stopped"]["by"] == "SweepPruneGate"
+    assert 10 <= metrics["global_steps"] < 15, metrics["global_steps"]
+    leftovers = [p for p in psutil.process_iter(["cmdline"])
+                 if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert not leftovers, leftovers  # the ps and the workers ended with the trial

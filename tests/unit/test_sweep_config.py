@@ -102,6 +102,19 @@ def test_a_two_worker_trial_takes_two_cores(tmp_path, capsys):
     assert load_sweep(path).cores_per_trial == 2
 
 
+def test_one_trial_of_more_tasks_than_cores_runs_alone_but_not_two(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("kerasdist.sweep.plan.machine_cores", lambda: 2)
+    ps = {**RECIPE, "strategy": {"kind": "parameter_server"},
+          "cluster": {"kind": "local", "workers": 2, "ps": 1}}
+    path = write_sweep(tmp_path, parallel=1)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(ps))
+    assert load_sweep(path).cores_per_trial == 4  # 2 workers, 1 ps, the coordinator
+    path = write_sweep(tmp_path, parallel=2)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(ps))
+    assert main(["sweep", str(path), "--dry-run"]) == EXIT_BAD_INPUT
+    assert "parallel=2 trials of 4 core(s)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("storage,needle", [
     ("sqlite:////nonexistent-kerasdist/sub/study.db", "does not exist"),
     ("nosuchdb://somewhere/x", "Optuna cannot open"),
