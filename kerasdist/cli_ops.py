@@ -1,4 +1,5 @@
-"""The operations commands of the ``kerasdist`` CLI: ``launch``, ``evaluate``, ``env``.
+"""The operations commands of the ``kerasdist`` CLI: ``launch``, ``evaluate``, ``env``, and the hook
+of ``sweep`` (:mod:`kerasdist.sweep.command`).
 
 (``fit``, ``validate``, ``schema``, ``bench`` and ``export`` are in :mod:`kerasdist.cli`, which
 registers these with :func:`add_parsers`.) Exit codes as in :mod:`kerasdist.errors`.
@@ -49,7 +50,10 @@ def task_timeout_s(text: str) -> float | None:
 
 
 def add_parsers(sub, add_role_args) -> None:
-    """Add the ``launch``, ``evaluate`` and ``env`` sub-commands to ``sub``."""
+    """Add the ``launch``, ``evaluate``, ``env`` and ``sweep`` sub-commands to ``sub``."""
+    from kerasdist.sweep import command as sweep
+
+    sweep.add_parser(sub)
     launch = sub.add_parser(
         "launch", help="run your own Keras script as a local cluster (each task gets TF_CONFIG; "
                        "kerasdist.enable() is applied first)")
@@ -299,4 +303,10 @@ def _cmd_env(args) -> int:
     return EXIT_OK if environment.cluster_ok(report) else EXIT_BAD_INPUT
 
 
-COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env}
+def _cmd_sweep(args) -> int:
+    from kerasdist.sweep import command
+
+    return command.run(args)
+
+
+COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env, "sweep": _cmd_sweep}

@@ -1,0 +1,9 @@
+"""``kerasdist sweep``: hyper-parameter search on Optuna where every trial is a whole kerasdist
+run (any strategy, any local cluster), resumable, pruned at epoch ends and tracked.
+
+Modules: :mod:`.config` (``sweep.yaml``'s schema), :mod:`.plan` (loading and the checks before
+any trial), :mod:`.study` (Optuna: storage, sampler, pruner, the trials' recipes),
+:mod:`.driver` (the loop), :mod:`.backends` (where a trial runs), :mod:`.gate` (the epoch-end
+prune gate inside a trial), :mod:`.outputs` (trials.csv, best.yaml, plots, the status table),
+:mod:`.tracking` (MLflow parent and child runs), :mod:`.command` (the CLI). docs/sweep.md.
+"""

@@ -1,0 +1,143 @@
+"""The epoch-end gate between a trial's tasks and the sweep driver: how a prune decision stops
+every task of a trial at the same epoch boundary.
+
+Protocol (files in ``<trial dir>/gate/``, each written whole with ``os.replace``):
+
+1. at the end of epoch ``E`` (1-based) the chief (the coordinator under parameter_server) writes
+   ``epoch-EEEE.value.json``: ``{"epoch": E, "value": <objective metric>, "step": <global step>}``;
+2. the driver, the only process that talks to Optuna, reports the value
+   (``Trial.report(value, E)``), asks the pruner (``Trial.should_prune()``) and writes
+   ``epoch-EEEE.decision``: ``continue`` or ``prune``;
+3. every task (every worker of a multi-worker trial, the coordinator of a parameter-server one)
+   waits for that decision file before it leaves the epoch; on ``prune`` each sets
+   ``model.stop_training``: all of them stop after the same epoch, whose checkpoint the loop then
+   saves as at any epoch end.
+
+The callback is a recipe callback (``callbacks`` in the trial's recipe, an import path), so it
+runs on every task, before the loop's checkpoint save. With ``wait: false`` (pruner ``none``) the
+chief only writes the values and nobody waits.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import keras
+
+CONTINUE, PRUNE = "continue", "prune"
+DRIVER_ENV = "KERASDIST_SWEEP_DRIVER"
+"""The environment variable holding the driver's pid in a trial's processes."""
+
+
+def value_path(gate_dir: Path, epoch: int) -> Path:
+    """The file of epoch ``epoch``'s intermediate value (1-based epochs)."""
+    return Path(gate_dir) / f"epoch-{epoch:04d}.value.json"
+
+
+def decision_path(gate_dir: Path, epoch: int) -> Path:
+    """The file of the driver's decision after epoch ``epoch``."""
+    return Path(gate_dir) / f"epoch-{epoch:04d}.decision"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole: a reader sees the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(text, encoding="utf-8")
+    os.replace(temp, path)
+
+
+class SweepPruneGate(keras.callbacks.Callback):
+    """Report the objective at each epoch end and stop at the driver's prune decision.
+
+    Args:
+        gate_dir: the trial's gate folder (absolute path), shared by every task of the trial.
+        metric: the epoch-log key of the objective (``val_accuracy``).
+        wait: wait for the driver's decision after each epoch (False: report only).
+        wait_s: seconds to wait for a decision before failing (the driver is gone).
+        poll_s: seconds between looks at the decision file.
+        driver_pid: the sweep driver's process id on this machine; default: the environment
+            variable ``KERASDIST_SWEEP_DRIVER`` the driver gives its trials (unset: 0, not
+            watched). When it is gone
+            the tasks stop waiting and go on (``continue``): the trial has been asked to stop
+            (SIGTERM) and saves its checkpoint at the next agreed step; every task decides the
+            same, since a decision written before the driver ended is read first.
+
+    Raises:
+        kerasdist.errors.TrainingError: from ``on_epoch_end``: the epoch's logs lack ``metric``
+            (names the keys they have), or no decision came within ``wait_s`` seconds.
+    """
+
+    def __init__(self, gate_dir: str, metric: str, wait: bool = True, wait_s: float = 600.0,
+                 poll_s: float = 0.2, driver_pid: int | None = None):
+        super().__init__()
+        self.gate_dir, self.metric = Path(gate_dir), metric
+        if driver_pid is None:
+            driver_pid = int(os.environ.get(DRIVER_ENV, "0") or 0)
+        self.driver_pid = int(driver_pid)
+        self.wait, self.wait_s, self.poll_s = bool(wait), float(wait_s), float(poll_s)
+        self.stopped_epoch = 0  # Keras's EarlyStopping attribute: names this callback as the stopper
+
+    def _is_chief(self) -> bool:
+        from kerasdist._compat.keras_chief_callbacks import role
+
+        return role(self.model) != "other"  # 'single' (one process, a PS coordinator) or 'chief'
+
+    def on_epoch_end(self, epoch, logs=None):
+        from kerasdist.errors import TrainingError
+
+        number = epoch + 1
+        logs = logs or {}
+        if self.metric not in logs:
+            raise TrainingError(f"sweep objective.metric '{self.metric}' is not in the epoch's "
+                                f"logs (they have: {', '.join(sorted(logs)) or 'nothing'}). "
+                                f"Received: metric={self.metric!r}")
+        value = float(keras.ops.convert_to_numpy(logs[self.metric]))
+        if self._is_chief():
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            write_atomic(value_path(self.gate_dir, number), json.dumps(
+                {"epoch": number, "value": value if math.isfinite(value) else None, "step": step}))
+        if not self.wait:
+            return
+        decision = self._await(number)
+        if decision == PRUNE:
+            self.stopped_epoch = number
+            self.model.stop_training = True
+
+    def _await(self, number: int) -> str:
+        from kerasdist.errors import TrainingError
+
+        path = decision_path(self.gate_dir, number)
+        deadline = time.monotonic() + self.wait_s
+        while time.monotonic() < deadline:
+            gone = not self._driver_alive()
+            text = _read(path)
+            if text in (CONTINUE, PRUNE):
+                return text
+            if gone:
+                return CONTINUE
+            time.sleep(self.poll_s)
+        raise TrainingError(f"no prune decision for epoch {number} in {path} after "
+                            f"{self.wait_s:g} s (is the sweep driver still running?)")
+
+    def _driver_alive(self) -> bool:
+        if self.driver_pid <= 0:
+            return True
+        try:
+            os.kill(self.driver_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return ""

@@ -1,0 +1,224 @@
+"""The Optuna side of a sweep: the storage, the study, the sampler and pruner from the sweep's
+config, and the trials' recipes. Only the driver imports this module: the parameters of a trial
+are chosen here, never by one of its tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from kerasdist.errors import RecipeError
+from kerasdist.sweep.config import CategoricalParam, SweepConfig
+from kerasdist.sweep.plan import SweepPlan, grid_space, machine_cores, with_values
+
+FINGERPRINT_ATTR = "kerasdist.sweep"
+"""The study's user attribute holding what the sweep searches (a re-run must search the same)."""
+GATE_CALLBACK = "kerasdist.sweep.gate:SweepPruneGate"
+
+
+def require_optuna():
+    """Import Optuna, quieted to warnings.
+
+    Raises:
+        RecipeError: Optuna is not installed (``pip install 'kerasdist[sweep]'``).
+    """
+    try:
+        import optuna
+    except ImportError:
+        raise RecipeError("kerasdist sweep needs Optuna: pip install 'kerasdist[sweep]'. "
+                          "Received: no module named 'optuna'") from None
+    optuna.logging.set_verbosity(logging.WARNING)
+    return optuna
+
+
+def make_sampler(config: SweepConfig):
+    """Optuna's sampler named by ``sampler.name``, seeded with ``sampler.seed``.
+
+    Raises:
+        RecipeError: ``sampler.options`` the sampler's constructor refuses.
+    """
+    optuna = require_optuna()
+    samplers = optuna.samplers
+    spec = config.sampler
+    classes = {"tpe": samplers.TPESampler, "random": samplers.RandomSampler,
+               "cmaes": samplers.CmaEsSampler, "gp": samplers.GPSampler,
+               "qmc": samplers.QMCSampler}
+    try:
+        if spec.name == "grid":
+            return samplers.GridSampler(grid_space(config), seed=spec.seed, **spec.options)
+        return classes[spec.name](seed=spec.seed, **spec.options)
+    except (TypeError, ValueError) as err:
+        raise RecipeError(f"sampler.options: the {spec.name} sampler refuses them: {err}. "
+                          f"Received: options={dict(spec.options)!r}") from None
+
+
+def make_pruner(config: SweepConfig):
+    """Optuna's pruner named by ``pruner.name``. Intermediate values are reported at step = the
+    epoch number (1-based), and Optuna prunes at no step below ``n_warmup_steps``: so
+    ``warmup_epochs`` W becomes ``n_warmup_steps`` W + 1 of the median, percentile and threshold
+    pruners (epoch W + 1 is the first that may be pruned); hyperband and successive halving take
+    ``options.min_resource`` instead.
+
+    Raises:
+        RecipeError: ``pruner.options`` the pruner's constructor refuses.
+    """
+    optuna = require_optuna()
+    pruners = optuna.pruners
+    spec = config.pruner
+    options = dict(spec.options)
+    warmup = spec.warmup_epochs + 1
+    try:
+        if spec.name == "none":
+            return pruners.NopPruner()
+        if spec.name == "median":
+            return pruners.MedianPruner(n_warmup_steps=warmup, **options)
+        if spec.name == "percentile":
+            return pruners.PercentilePruner(options.pop("percentile", 25.0),
+                                            n_warmup_steps=warmup, **options)
+        if spec.name == "threshold":
+            return pruners.ThresholdPruner(n_warmup_steps=warmup, **options)
+        if spec.name == "hyperband":
+            return pruners.HyperbandPruner(**options)
+        return pruners.SuccessiveHalvingPruner(**options)
+    except (TypeError, ValueError) as err:
+        raise RecipeError(f"pruner.options: the {spec.name} pruner refuses them: {err}. "
+                          f"Received: options={dict(spec.options)!r}") from None
+
+
+def fingerprint(config: SweepConfig) -> dict[str, Any]:
+    """What a study must have been made by to be continued: recipe, set, space, objective."""
+    return json.loads(json.dumps({
+        "recipe": str(config.recipe), "set": config.set,
+        "space": {k: v.model_dump(mode="json") for k, v in config.space.items()},
+        "objective": config.objective.model_dump(mode="json")}, default=str))
+
+
+def probe_storage(plan: SweepPlan, *, create: bool = False) -> str:
+    """Check the storage URL without writing: a SQLite file's folder exists (or is
+    ``output.dir``, made when ``create``), another database answers a connection.
+
+    Raises:
+        RecipeError: names ``output.storage`` and why.
+    """
+    url = plan.config.storage_url()
+    if url.startswith("sqlite:///"):
+        folder = Path(url[len("sqlite:///"):]).parent
+        if folder.absolute() == plan.out:
+            if create:
+                plan.out.mkdir(parents=True, exist_ok=True)
+        elif not folder.is_dir():
+            raise RecipeError(f"output.storage: the folder '{folder}' of the SQLite file does not "
+                              f"exist. Received: storage={url!r}")
+        return url
+    try:
+        import sqlalchemy
+
+        with sqlalchemy.create_engine(url).connect():
+            pass
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors, all bad input here
+        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
+                          f"Received: storage={url!r}") from None
+    return url
+
+
+def check_storage(plan: SweepPlan):
+    """Open (and create) the sweep's storage (:func:`probe_storage` first).
+
+    Raises:
+        RecipeError: a SQLite file in a folder that does not exist (other than ``output.dir``,
+            created here), or a URL that Optuna cannot open; names ``output.storage``.
+    """
+    optuna = require_optuna()
+    url = probe_storage(plan, create=True)
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors, all bad input here
+        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
+                          f"Received: storage={url!r}") from None
+
+
+def open_study(plan: SweepPlan):
+    """The sweep's study: created, or loaded from the storage (a re-run continues it).
+
+    Raises:
+        RecipeError: the storage cannot be opened; the study in it was made by another sweep
+            (another recipe, set, space or objective): names what differs.
+    """
+    optuna = require_optuna()
+    config = plan.config
+    storage = check_storage(plan)
+    study = optuna.create_study(storage=storage, study_name=config.output.study,
+                                sampler=make_sampler(config), pruner=make_pruner(config),
+                                direction=config.objective.direction, load_if_exists=True)
+    wanted = fingerprint(config)
+    found = study.user_attrs.get(FINGERPRINT_ATTR)
+    if found is None:
+        study.set_user_attr(FINGERPRINT_ATTR, wanted)
+    elif found != wanted:
+        differs = [key for key in wanted if wanted[key] != found.get(key)]
+        raise RecipeError(f"output.storage: study '{config.output.study}' was made by another "
+                          f"sweep ({', '.join(differs)} differ); use a new output.dir or "
+                          f"output.study. Received: {', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
+    return study
+
+
+def suggest(trial, config: SweepConfig) -> dict[str, Any]:
+    """The trial's parameters, asked of the sampler: ``{dotted.path: value}``."""
+    params: dict[str, Any] = {}
+    for dotted, spec in config.space.items():
+        if isinstance(spec, CategoricalParam):
+            params[dotted] = trial.suggest_categorical(dotted, spec.choices)
+        elif spec.type == "int":
+            params[dotted] = trial.suggest_int(dotted, spec.low, spec.high, step=spec.step,
+                                               log=spec.log)
+        else:
+            params[dotted] = trial.suggest_float(dotted, spec.low, spec.high, log=spec.log,
+                                                 step=spec.step)
+    return params
+
+
+def trial_dir(plan: SweepPlan, number: int) -> Path:
+    """``<output.dir>/trial-NNNN`` (absolute): the trial's folder, holding its ``recipe.yaml``,
+    ``trial.log``, ``gate/`` and its run directory ``run/``."""
+    return plan.out / f"trial-{number:04d}"
+
+
+def run_dir(folder: Path) -> Path:
+    """The run directory (``output.run_dir``) of the trial in ``folder``."""
+    return folder / "run"
+
+
+def trial_recipe(plan: SweepPlan, number: int, params: dict[str, Any]) -> dict[str, Any]:
+    """The recipe of trial ``number`` as a mapping: the base recipe (``set`` applied) with
+    ``params``, ``output.run_dir`` the ``run`` folder of its trial folder, the gate callback
+    (:mod:`.gate`) appended, ``trainer.verbose: 'auto'`` made 2 (one log line an epoch),
+    ``cluster.threads_per_task: 'auto'`` resolved for ``parallel`` trials sharing the cores, and
+    an MLflow store shared by every trial (``<output.dir>/mlflow.db`` unless the recipe names
+    one) with the run named after the trial."""
+    config, folder = plan.config, trial_dir(plan, number)
+    raw = with_values(plan.base_raw, params)
+    gate = {"class_name": GATE_CALLBACK, "config": {
+        "gate_dir": str(folder / "gate"), "metric": config.objective.metric,
+        "wait": config.pruner.name != "none", "wait_s": config.prune_wait_s}}
+    values: dict[str, Any] = {"output.run_dir": str(run_dir(folder)),
+                              "callbacks": [*raw.get("callbacks", []), gate]}
+    if plan.base.trainer.verbose == "auto":  # trial.log: one line an epoch, not a progress bar
+        values["trainer.verbose"] = 2
+    if plan.base.cluster.threads_per_task == "auto":
+        share = machine_cores() // (config.parallel * plan.cores_per_trial)
+        values["cluster.threads_per_task"] = max(1, share)  # per task of every trial at once
+    if plan.base.output.tracking is not None:
+        if plan.base.output.tracking.uri is None:
+            values["output.tracking.uri"] = f"sqlite:///{plan.out / 'mlflow.db'}"
+        values["output.tracking.run_name"] = f"{config.output.study}/{folder.name}"
+    return with_values(raw, values)
+
+
+def best_recipe(plan: SweepPlan, params: dict[str, Any]) -> dict[str, Any]:
+    """The base recipe with the best parameters and ``output.run_dir: <output.dir>/best``."""
+    return with_values(plan.base_raw, {**params, "output.run_dir": str(plan.out / "best")})

@@ -1,0 +1,179 @@
+"""``kerasdist sweep``'s bad input (issue 44): every check exits 2 naming the field and the value,
+before any trial starts (no trial folder, no storage written); ``--dry-run`` and ``--status``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kerasdist.cli import EXIT_BAD_INPUT, main
+from kerasdist.sweep.plan import load_sweep, machine_cores, schema_problem
+
+pytest.importorskip("optuna")
+
+RECIPE = {
+    "model": {"name": "linear"},
+    "data": {"source": "synthetic_linear", "num_examples": 128, "train_split": "train",
+             "eval_split": "test", "batch_size": 16, "shuffle_seed": 1},
+    "optimizer": {"name": "sgd", "learning_rate": 0.05},
+    "trainer": {"epochs": 2, "steps_per_epoch": 2},
+    "output": {"run_dir": "runs/unused", "tensorboard": False, "save_model": False},
+}
+
+
+def write_sweep(tmp_path: Path, **changes) -> Path:
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPE))
+    sweep = {"recipe": str(recipe), "set": {"trainer.epochs": 2},
+             "space": {"optimizer.learning_rate": {"type": "float", "low": 0.001, "high": 0.1,
+                                                   "log": True}},
+             "objective": {"metric": "val_loss", "direction": "minimize"},
+             "trials": 2, "output": {"dir": str(tmp_path / "out")}}
+    for key, value in changes.items():
+        if value is None:
+            sweep.pop(key, None)
+        else:
+            sweep[key] = value
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def _refused(tmp_path, capsys, needles, *, mode=()) -> str:
+    """Run the sweep (not a dry run unless ``mode``): exit 2, nothing written."""
+    path = tmp_path / "sweep.yaml"
+    assert main(["sweep", str(path), *mode]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    for needle in needles:
+        assert needle in err, err
+    out = tmp_path / "out"
+    assert not out.exists() or not list(out.glob("trial-*")), list(out.iterdir())
+    return err
+
+
+BAD = [
+    ({"space": {"optimizer.learnin_rate": {"type": "float", "low": 0.1, "high": 1}}},
+     ["space.optimizer.learnin_rate", "not in the recipe schema", "learning_rate"]),
+    ({"set": {"trainer.epoch": 3}}, ["set.trainer.epoch", "not in the recipe schema"]),
+    ({"set": {"trainer.epochs.x": 3}}, ["set.trainer.epochs.x", "is a value, not a section"]),
+    ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0.1, "high": 0.1}}},
+     ["space.optimizer.learning_rate", "low must be below high", "low=0.1, high=0.1"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": 64, "high": 8}}},
+     ["space.data.batch_size", "low=64, high=8"]),
+    ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0, "high": 1, "log": True}}},
+     ["log-scale", "low=0"]),
+    ({"objective": {"metric": "val_accuracy", "direction": "maximize"}},
+     ["objective.metric 'val_accuracy'", "val_loss"]),
+    ({"objective": {"metric": "val_loss", "direction": "up"}}, ["objective.direction"]),
+    ({"space": {"data.batch_size": {"type": "categorical", "choices": [16, 0]}}},
+     ["space.data.batch_size = 0", "data.batch_size"]),
+    ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.1}},
+      "sampler": {"name": "grid"}}, ["sampler 'grid'", "space.optimizer.learning_rate"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": 8, "high": 32, "step": 8}},
+      "sampler": {"name": "grid"}, "trials": 5}, ["trials=5", "4 points of the grid"]),
+    ({"set": {"optimizer.learning_rate": 0.1}}, ["both fixed (set) and searched (space)"]),
+    ({"trials": 0}, ["trials"]),
+    ({"sampler": {"name": "bayes"}}, ["sampler.name"]),
+]
+
+
+@pytest.mark.parametrize("changes,needles", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_sweeps_exit_2_naming_the_field_before_any_trial(tmp_path, capsys, changes, needles):
+    write_sweep(tmp_path, **changes)
+    _refused(tmp_path, capsys, needles)
+    assert not (tmp_path / "out").exists()  # not even the storage
+
+
+def test_parallel_past_the_cores_is_refused_unless_allowed(tmp_path, capsys):
+    too_many = machine_cores() + 1
+    write_sweep(tmp_path, parallel=too_many)
+    _refused(tmp_path, capsys, [f"parallel={too_many}", "this machine has"])
+    write_sweep(tmp_path, parallel=too_many, allow_oversubscription=True)
+    assert main(["sweep", str(tmp_path / "sweep.yaml"), "--dry-run"]) == 0
+
+
+def test_a_two_worker_trial_takes_two_cores(tmp_path, capsys):
+    RECIPE_MW = {**RECIPE, "strategy": {"kind": "multi_worker"},
+                 "cluster": {"kind": "local", "workers": 2}}
+    path = write_sweep(tmp_path)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(RECIPE_MW))
+    assert load_sweep(path).cores_per_trial == 2
+
+
+def test_one_trial_of_more_tasks_than_cores_runs_alone_but_not_two(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("kerasdist.sweep.plan.machine_cores", lambda: 2)
+    ps = {**RECIPE, "strategy": {"kind": "parameter_server"},
+          "cluster": {"kind": "local", "workers": 2, "ps": 1}}
+    path = write_sweep(tmp_path, parallel=1)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(ps))
+    assert load_sweep(path).cores_per_trial == 4  # 2 workers, 1 ps, the coordinator
+    path = write_sweep(tmp_path, parallel=2)
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(ps))
+    assert main(["sweep", str(path), "--dry-run"]) == EXIT_BAD_INPUT
+    assert "parallel=2 trials of 4 core(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("storage,needle", [
+    ("sqlite:////nonexistent-kerasdist/sub/study.db", "does not exist"),
+    ("nosuchdb://somewhere/x", "Optuna cannot open"),
+])
+def test_a_storage_that_cannot_be_opened_exits_2(tmp_path, capsys, storage, needle):
+    write_sweep(tmp_path, output={"dir": str(tmp_path / "out"), "storage": storage})
+    _refused(tmp_path, capsys, ["output.storage", needle, storage])
+    _refused(tmp_path, capsys, ["output.storage", needle, storage], mode=("--dry-run",))
+
+
+def test_paths_below_free_form_mappings_and_optional_sections_are_accepted(tmp_path):
+    recipe = load_sweep(write_sweep(tmp_path)).base
+    assert schema_problem(recipe, "model.params.dropout") is None
+    assert schema_problem(recipe, "optimizer.params.beta_1") is None
+    assert schema_problem(recipe, "output.tracking.uri") is None  # None in the recipe
+    assert schema_problem(recipe, "trainer.checkpoint.every_steps") is None
+    assert "not in the recipe schema" in schema_problem(recipe, "output.tracking.urls")
+    assert "not in the recipe schema" in schema_problem(recipe, "strategy.logical_cpus")
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path, capsys):
+    write_sweep(tmp_path, space={
+        "optimizer.learning_rate": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+        "data.batch_size": {"type": "categorical", "choices": [8, 16]}},
+        sampler={"name": "random", "seed": 3}, trials=5, parallel=1)
+    assert main(["sweep", str(tmp_path / "sweep.yaml"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "valid sweep" in out and "trial-0000" in out and "trial-0002" in out, out
+    assert "data.batch_size=" in out and "5 to finish" in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_status_before_any_run_exits_2(tmp_path, capsys):
+    write_sweep(tmp_path)
+    _refused(tmp_path, capsys, ["no sweep has run yet"], mode=("--status",))
+
+
+def test_the_trial_recipe_is_the_base_with_set_params_gate_and_its_own_run_dir(tmp_path):
+    from kerasdist.config.loader import validate_recipe
+    from kerasdist.sweep.study import trial_recipe
+
+    plan = load_sweep(write_sweep(tmp_path, set={"trainer.epochs": 3}))
+    raw = trial_recipe(plan, 7, {"optimizer.learning_rate": 0.02})
+    recipe = validate_recipe(raw)
+    assert recipe.trainer.epochs == 3 and recipe.optimizer.learning_rate == 0.02
+    assert recipe.output.run_dir == tmp_path / "out" / "trial-0007" / "run"
+    assert recipe.callbacks[-1].class_name == "kerasdist.sweep.gate:SweepPruneGate"
+    assert recipe.cluster.threads_per_task >= 1  # 'auto' resolved for the trials sharing cores
+    assert RECIPE["optimizer"]["learning_rate"] == 0.05  # the base mapping is not changed
+
+
+def test_the_shipped_sweep_is_valid(monkeypatch):
+    repo = Path(__file__).parents[2]
+    monkeypatch.chdir(repo)
+    monkeypatch.setattr("kerasdist.sweep.plan.machine_cores", lambda: 2)
+    plan = load_sweep("recipes/sweeps/mnist_cnn.yaml")
+    assert plan.config.trials == 20 and plan.base.trainer.epochs == 3
+    assert set(plan.config.space) == {"optimizer.learning_rate", "model.params.dropout",
+                                      "data.batch_size"}
+    text = (repo / "docs" / "sweep.md").read_text()
+    body = (repo / "recipes" / "sweeps" / "mnist_cnn.yaml").read_text()
+    assert body.split("\nrecipe:", 1)[1] in text  # the docs show the file as it is

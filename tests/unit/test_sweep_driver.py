@@ -1,0 +1,158 @@
+"""The sweep driver's bookkeeping (issue 44) with trials simulated in this process (no TensorFlow
+run): the gate protocol answered epoch by epoch, PRUNED / FAIL / COMPLETE recorded, the
+``max_failed_trials`` bound, exactly ``trials`` finished, and an interrupted (RUNNING) trial
+resumed under its own number and parameters, not counted twice. The same with real ``kerasdist
+fit`` trials: tests/multiprocess/test_sweep.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from test_sweep_config import write_sweep
+
+from kerasdist.sweep import gate
+from kerasdist.sweep.driver import Driver
+from kerasdist.sweep.plan import load_sweep
+
+optuna = pytest.importorskip("optuna")
+
+
+class FakeTrial:
+    """A trial that trains one epoch per poll: the chief's value file, then (with a pruner) the
+    wait for the driver's decision; ``value(lr, epoch)`` gives the objective; ``fail`` exits 1."""
+
+    def __init__(self, recipe: Path, log: Path, *, value, epochs: int, fail=False, wait=True):
+        raw = yaml.safe_load(recipe.read_text())
+        self.lr = raw["optimizer"]["learning_rate"]
+        self.gate_dir = Path(raw["callbacks"][-1]["config"]["gate_dir"])
+        self.run_dir = Path(raw["output"]["run_dir"])
+        self.log, self.value, self.epochs, self.fail, self.wait = log, value, epochs, fail, wait
+        self.epoch, self.code, self.history = self._done_epochs(), None, []
+        self.starts = 1
+
+    def _done_epochs(self) -> int:
+        done = 0
+        while gate.decision_path(self.gate_dir, done + 1).exists():
+            done += 1
+        return done
+
+    def poll(self):
+        if self.code is not None:
+            return self.code
+        if self.fail:
+            self.log.write_text("kerasdist: failed: InvalidArgumentError: label 11 out of range\n")
+            self.code = 1
+            return self.code
+        number = self.epoch + 1
+        if not gate.value_path(self.gate_dir, number).exists():
+            value = self.value(self.lr, number)
+            self.history.append(value)
+            gate.write_atomic(gate.value_path(self.gate_dir, number),
+                              json.dumps({"epoch": number, "value": value, "step": number}))
+            return None
+        decision = gate.decision_path(self.gate_dir, number)
+        if self.wait and not decision.exists():
+            return None
+        self.epoch = number
+        if number == self.epochs or (decision.exists() and decision.read_text() == gate.PRUNE):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "metrics.json").write_text(json.dumps(
+                {"history": {"val_loss": self.history}}))
+            self.code = 0
+        return self.code
+
+    def stop(self):
+        self.code = -15
+
+    def wait(self, timeout_s=0):
+        return self.code
+
+
+def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), **sweep):
+    monkeypatch.setattr("kerasdist.sweep.driver.POLL_S", 0.0)
+    monkeypatch.chdir(tmp_path)
+    plan = load_sweep(write_sweep(tmp_path, **sweep))
+    started: list[FakeTrial] = []
+
+    def start(backend, *, recipe, log, cores):
+        trial = FakeTrial(recipe, log, value=value, epochs=epochs,
+                          fail=len(started) in fails, wait=plan.config.pruner.name != "none")
+        started.append(trial)
+        return trial
+
+    lines: list[str] = []
+    return Driver(plan, echo=lines.append, backend_start=start), started, lines
+
+
+def _study(tmp_path):
+    return optuna.load_study(study_name="kerasdist-sweep",
+                             storage=f"sqlite:///{tmp_path / 'out' / 'study.db'}")
+
+
+def test_a_pruned_trial_is_recorded_pruned_at_the_epoch_the_pruner_chose(tmp_path, monkeypatch):
+    # the loss is the learning rate itself: a trial above the running median is pruned
+    driver, started, lines = _driver(
+        tmp_path, monkeypatch, value=lambda lr, epoch: lr * 100 / epoch, trials=4, parallel=1,
+        sampler={"name": "random", "seed": 1},
+        pruner={"name": "threshold", "warmup_epochs": 1, "options": {"upper": 1.0}})
+    assert driver.run() == 0
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials].count("COMPLETE") + \
+        [t.state.name for t in trials].count("PRUNED") == 4 == len(trials)
+    for trial in trials:
+        values = trial.intermediate_values
+        if trial.state.name == "PRUNED":  # the first epoch past warmup over the threshold
+            stop = max(values)
+            assert values[stop] > 1.0 and stop >= 2 and stop < 3, values
+            decision = gate.decision_path(Path(trial.user_attrs["dir"]) / "gate", stop)
+            assert decision.read_text() == gate.PRUNE
+        else:
+            assert sorted(values) == [1, 2, 3] and trial.value == pytest.approx(values[3])
+    assert {t.state.name for t in trials} == {"PRUNED", "COMPLETE"}, [t.params for t in trials]
+    out = tmp_path / "out"
+    assert (out / "trials.csv").read_text().count("\n") == 5
+    assert "pruned after epoch 2" in "\n".join(lines)
+
+
+def test_failed_trials_are_recorded_with_their_log_and_bounded(tmp_path, monkeypatch):
+    driver, started, lines = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, fails=(0, 1),
+                                     trials=2, max_failed_trials=1)
+    assert driver.run() == 1  # the second failure is past max_failed_trials=1
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert "label 11 out of range" in trials[0].user_attrs["failure"]
+    assert trials[0].user_attrs["log"].endswith("trial-0000/trial.log")
+
+    (tmp_path / "again").mkdir()
+    driver, started, lines = _driver(tmp_path / "again", monkeypatch, value=lambda lr, e: lr,
+                                     fails=(0,), trials=2, max_failed_trials=1)
+    assert driver.run() == 0  # one failure, then two trials that finish
+    states = [t.state.name for t in _study(tmp_path / "again").trials]
+    assert states == ["FAIL", "COMPLETE", "COMPLETE"]
+
+
+def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
+    driver, started, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr / e, trials=2,
+                                 pruner={"name": "median", "options": {"n_startup_trials": 5}})
+    # a driver that was killed: trial 0 RUNNING in the storage, its epoch 1 answered
+    from kerasdist.sweep.study import open_study, suggest, trial_dir, trial_recipe
+
+    study = open_study(driver.plan)
+    trial = study.ask()
+    params = suggest(trial, driver.plan.config)
+    folder = trial_dir(driver.plan, trial.number)
+    folder.mkdir(parents=True)
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(trial_recipe(driver.plan, 0, params)))
+    trial.report(params["optimizer.learning_rate"], 1)
+    gate.write_atomic(gate.value_path(folder / "gate", 1), json.dumps({"epoch": 1, "value": 1.0}))
+    gate.write_atomic(gate.decision_path(folder / "gate", 1), gate.CONTINUE)
+    assert driver.run() == 0
+    trials = _study(tmp_path).trials
+    assert [t.number for t in trials] == [0, 1]  # not counted twice
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert trials[0].params == params
+    assert started[0].epoch == 3 and len(started[0].history) == 2  # went on from epoch 2
+    assert sorted(trials[0].intermediate_values) == [1, 2, 3]
