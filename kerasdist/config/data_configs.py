@@ -80,7 +80,8 @@ class DataConfig(Frozen):
 
     source: DataSource = "embedded"
     path: Path | None = Field(
-        None, description="idx/tfrecord/csv: a folder (tfrecord: <split>*.tfrecord*, csv: "
+        None, description="A relative path is resolved against the working directory of the "
+        "command. idx/tfrecord/csv: a folder (tfrecord: <split>*.tfrecord*, csv: "
         "<split>*.csv) or a glob with {split} (csv/data/{split}-*.csv); image_folder: the folder "
         "holding <split>/<class>/ (or a path with {split}); npz: the file.")
     name: str = Field("mnist", description="TFDS dataset name (source 'tfds').")
@@ -123,10 +124,13 @@ class DataConfig(Frozen):
         "data/csv-schema.json), one-hot encoded after the numeric columns; id 0 = unseen value.")
     label_dtype: Literal["int64", "float32"] = Field(
         "int64", description="csv: class labels (int64) or regression targets (float32).")
-    image_size: tuple[int, int] = Field(
-        (256, 256), description="image_folder: [height, width] every image is resized to "
-        "(bilinear, as keras.utils.image_dataset_from_directory).")
-    channels: Literal[1, 3, 4] = Field(3, description="image_folder: 1 grayscale, 3 RGB, 4 RGBA.")
+    image_size: tuple[int, int] | None = Field(
+        None, description="image_folder: [height, width] every image is resized to "
+        "(bilinear, as keras.utils.image_dataset_from_directory); default: the first training "
+        "image's size (logged), and images of another size are refused.")
+    channels: Literal[1, 3, 4] | None = Field(
+        None, description="image_folder: 1 grayscale, 3 RGB, 4 RGBA; default: the first "
+        "training image's.")
     function: str | None = Field(
         None, description="python: 'pkg.module:function'; function(split, input_context=None) "
         "returns a tf.data.Dataset of unbatched (features, label). Imported and run: a recipe "
@@ -138,7 +142,9 @@ class DataConfig(Frozen):
         if needs_path and self.path is None:
             raise ValueError(f"data.path is required for source '{self.source}'. Received: path=None")
         if needs_path and not is_pattern(self.path) and not self.path.exists():
-            raise ValueError(f"data.path does not exist. Received: path='{self.path}'")
+            where = "" if self.path.is_absolute() else \
+                f" (a relative path is resolved against the working directory, {Path.cwd()})"
+            raise ValueError(f"data.path does not exist{where}. Received: path='{self.path}'")
         if needs_path and is_pattern(self.path) and self.source in ("idx", "npz"):
             raise ValueError(f"data.path for source '{self.source}' is a file or folder, not a "
                              f"pattern. Received: path='{self.path}'")
@@ -192,7 +198,7 @@ class DataConfig(Frozen):
                                  f"name (slices are for tfrecord, tfds, python and in-memory "
                                  f"sources). Received: "
                                  f"{field}={split!r}")
-        if min(self.image_size) < 1:
+        if self.image_size is not None and min(self.image_size) < 1:
             raise ValueError(f"data.image_size must be [height, width] >= 1. Received: "
                              f"image_size={list(self.image_size)}")
         return self

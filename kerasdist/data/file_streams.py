@@ -224,7 +224,8 @@ def _build_python(recipe, pipelines: int) -> Streaming:
     train = python_source.call(fn, config, config.train_split)
     bounded = recipe.trainer.steps_per_epoch is not None  # may be endless: read its start only
     if bounded:
-        counted = python_source.count_first(train, config.batch_size * max(pipelines, 1))
+        counted = python_source.count_first(train, config.batch_size * max(pipelines, 1),
+                                                 config, config.train_split)
     else:
         counted = python_source.count(train, config, split=config.train_split)
     own = python_source.takes_context(fn)
@@ -335,6 +336,10 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None, preproc
             xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
             ys.append(y.numpy())
     except tf.errors.OpError as err:
+        if source is None:  # the user's data.function raised while it was read
+            from kerasdist.data.python_source import raised
+
+            raise raised(err, config, split) from None
         raise DataError(f"data.source '{config.source}': split '{split}' does not decode: "
                         f"{err.message.splitlines()[0][:300]}. Received: split='{split}'") from None
     if not ys:

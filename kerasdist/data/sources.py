@@ -168,13 +168,22 @@ def sample_tfrecord_split(folder: Path, split: str,
     if not files:
         raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     images, labels = [], []
-    try:
-        records = parse_tfrecords(files)
-        for image, label in (records if limit is None else records.take(limit)).batch(4096):
-            images.append(image.numpy())
-            labels.append(label.numpy())
-    except tf.errors.OpError as err:
-        raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
+    for path in files:
+        wanted = None if limit is None else limit - sum(len(y) for y in labels)
+        if wanted is not None and wanted <= 0:
+            break
+        try:
+            records = parse_tfrecords([path])
+            for image, label in (records if wanted is None else records.take(wanted)).batch(4096):
+                images.append(image.numpy())
+                labels.append(label.numpy())
+        except tf.errors.DataLossError as err:
+            from kerasdist.data.formats import corrupt_file
+
+            raise corrupt_file(path, err) from None
+        except tf.errors.OpError as err:
+            raise DataError(f"data.path: cannot parse the TFRecords of '{path}': "
+                            f"{err.message.splitlines()[0][:300]}") from None
     if not images:
         raise DataError(f"data.path: the '{split}*.tfrecord*' files in '{folder}' hold no records")
     return np.concatenate(images), np.concatenate(labels).astype(np.int64)
