@@ -109,6 +109,13 @@ def _label(value: str, *, dtype: str, column: str, path: str, line: int) -> None
                     f"class id (data.label_dtype int64){hint}. Received: {value!r}")
 
 
+def _input_name(column: str) -> str:
+    """A Keras input name for a column (letters, digits, ``_``, ``-`` and ``.`` kept)."""
+    import re
+
+    return re.sub(r"[^\w.-]", "_", column) or "column"
+
+
 class _Welford:
     """Mean and population std of a stream of float64 values (Welford's algorithm: no sum of
     squares, which overflows or cancels)."""
@@ -228,6 +235,11 @@ class CsvSource(FileSource):
         self._scanned[split] = (stats, seen)
         return self._scanned[split]
 
+    def open(self, run_dir) -> list[str]:
+        units = self.check(self.config.train_split)
+        self.load_schema(units, run_dir)
+        return units
+
     def load_schema(self, train_units: list[str], run_dir: Path | None) -> CsvSchema:
         """The run's schema: read from ``<run_dir>/data/csv-schema.json`` when a previous run
         wrote it (every worker and a resumed run use the same ids), else computed in one pass over
@@ -291,6 +303,36 @@ class CsvSource(FileSource):
             return (x[0], y[0]) if single else (x, y)
 
         return decode
+
+    def serving_model(self, model, run_dir: Path):
+        """``model`` behind the run's preprocessing as Keras layers, so that it predicts **raw
+        rows**: one input per column used (numeric columns float32 ``(1,)``, categorical ones
+        string ``(1,)``), ``keras.layers.Normalization`` with the training split's mean and
+        variance (when ``data.normalize``) and ``keras.layers.StringLookup`` one-hot over the
+        saved vocabulary (index 0: a value unseen in training), concatenated in the order the
+        input pipeline uses, then ``model``. Built from ``<run_dir>/data/csv-schema.json`` (the
+        statistics training used), so it gives what the pipeline gives."""
+        import keras
+
+        schema = CsvSchema(**json.loads((Path(run_dir) / CSV_SCHEMA_FILE)
+                                        .read_text(encoding="utf-8")))
+        inputs, parts = {}, []
+        for column in schema.numeric:
+            inputs[column] = keras.Input(shape=(1,), dtype="float32", name=_input_name(column))
+        if schema.numeric:
+            numbers = [inputs[c] for c in schema.numeric]
+            x = numbers[0] if len(numbers) == 1 else keras.layers.Concatenate()(numbers)
+            if self.config.normalize:
+                x = keras.layers.Normalization(mean=schema.mean,
+                                               variance=[s * s for s in schema.std])(x)
+            parts.append(x)
+        for column in schema.categorical:
+            inputs[column] = keras.Input(shape=(1,), dtype="string", name=_input_name(column))
+            parts.append(keras.layers.StringLookup(
+                vocabulary=schema.vocabulary[column] or [""], num_oov_indices=1,
+                output_mode="one_hot")(inputs[column]))
+        features = parts[0] if len(parts) == 1 else keras.layers.Concatenate()(parts)
+        return keras.Model(inputs, model(features), name=f"{model.name}_on_raw_rows")
 
     def batch_decoder(self):
         return self.decoder()  # decode_csv, lookups and one_hot take a vector of lines as well

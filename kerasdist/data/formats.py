@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kerasdist.config.data_configs import is_pattern
+from kerasdist.data.readers import corrupt_file, parse_square_image, parse_square_images, tf_message
 from kerasdist.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
@@ -74,6 +75,17 @@ class FileSource:
     def count(self, units: list[str]) -> list[int]:
         """Examples in each unit."""
         raise NotImplementedError
+
+    def open(self, run_dir) -> list[str]:
+        """Check the training split and compute what the source takes from it (image classes,
+        csv vocabularies: read from ``run_dir`` when the run saved them); returns its units."""
+        return self.check(self.config.train_split)
+
+    def serving_model(self, model, run_dir):
+        """``model`` behind the source's own preprocessing, to be saved beside ``model.keras``
+        as ``inference_model.keras`` (a model that reads the source's raw examples), or None:
+        the pipeline's decoding is all there is (csv: :meth:`CsvSource.serving_model`)."""
+        return None
 
     def searched(self, split: str) -> str:
         """Where the split's files are looked for (for messages)."""
@@ -193,8 +205,6 @@ class TFRecordSource(FileSource):
         import tensorflow as tf
 
         if self.config.features is None:  # the seed layout: a square raw image of any side
-            from kerasdist.data.sources import parse_square_image
-
             return parse_square_image
         specs, parse_spec = self.config.feature_specs, self._parse_spec()
 
@@ -209,7 +219,7 @@ class TFRecordSource(FileSource):
         import tensorflow as tf
 
         if self.config.features is None:
-            return _parse_square_images
+            return parse_square_images
         specs, parse_spec = self.config.feature_specs, self._parse_spec()
 
         def decode(records):
@@ -259,27 +269,6 @@ class TFRecordSource(FileSource):
         return units
 
 
-def tf_message(err) -> str:
-    """The first line of a TensorFlow error, without its ``{{function_node ...}}`` prefix."""
-    import re
-
-    text = str(getattr(err, "message", err)).strip().splitlines()
-    text = text[0] if text else type(err).__name__
-    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)[:300]
-
-
-def corrupt_file(path: str, err) -> DataError:
-    """A ``DataError`` for a TFRecord file TensorFlow cannot read to its end (``DataLossError``:
-    truncated, or a bad checksum), naming the file and the byte offset TensorFlow gives."""
-    import re
-
-    detail = tf_message(err)
-    offset = re.search(r"(?:record|corrupted record) at (\d+)", detail)
-    where = f" at byte {offset.group(1)}" if offset else ""
-    return DataError(f"data.path: TFRecord file '{path}' is truncated or corrupt{where} (written "
-                     f"partly, or damaged): {detail}. Received: file '{path}'")
-
-
 def _size_mismatch(record, config) -> str | None:
     """Which feature of a serialized ``tf.train.Example`` holds another number of values than
     ``data.features`` declares (both counts), or None."""
@@ -306,18 +295,6 @@ def _size_mismatch(record, config) -> str | None:
 
 def _spec_text(config) -> str:
     return json.dumps({k: v.model_dump() for k, v in config.feature_specs.items()})
-
-
-def _parse_square_images(records):
-    """A batch of seed-layout records -> (uint8 ``(b, side, side)``, int64 ``(b,)``)."""
-    import tensorflow as tf
-
-    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64)}
-    parsed = tf.io.parse_example(records, spec)
-    images = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
-    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.shape(images)[1], tf.float32))), tf.int32)
-    return tf.reshape(images, [-1, side, side]), parsed["label"]
 
 
 def _decode_batch_feature(values, spec):
@@ -408,6 +385,10 @@ class ImageFolderSource(FileSource):
 
     def searched(self, split: str) -> str:
         return str(self.folder(split))
+
+    def open(self, run_dir) -> list[str]:
+        self.set_classes(self.config.train_split)
+        return self.check(self.config.train_split)
 
     def set_classes(self, train_split: str) -> list[str]:
         """The training split's classes, and the image size and channels every example gets."""

@@ -45,7 +45,7 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
         recipe: the validated recipe (``data`` and ``model`` are read).
         model: the built ``keras.Model`` (compiled or not) of the recipe.
         splits: ``{split string: (x, y)}`` already loaded by the caller; splits not given are
-            loaded here (:func:`kerasdist.data.sources.load_split`; for a ``tfrecord`` source with
+            loaded here (:func:`kerasdist.data.inputs.check_sample`; for a ``tfrecord`` source with
             a whole split name, the first :data:`MAX_CHECKED_RECORDS` records only; for a
             ``python`` source's training split under ``trainer.steps_per_epoch``, the first
             :data:`FIRST_CHECKED_BATCHES` global batches).
@@ -105,23 +105,15 @@ def _limit(recipe: Recipe, field: str) -> int:
     """Examples checked from a streaming split: :data:`MAX_CHECKED_RECORDS`, or the first
     :data:`FIRST_CHECKED_BATCHES` global batches of a function source's training split under
     ``trainer.steps_per_epoch`` (it may be endless)."""
-    function_source = recipe.data.source in ("python", "tfds")
-    if function_source and field == "data.train_split" and recipe.trainer.steps_per_epoch:
+    if recipe.data.traits.function and field == "data.train_split" and recipe.trainer.steps_per_epoch:
         return FIRST_CHECKED_BATCHES * recipe.data.batch_size
     return MAX_CHECKED_RECORDS
 
 
 def _load(data_config, split: str, *, limit: int = MAX_CHECKED_RECORDS) -> Split:
-    from kerasdist.config.data_configs import streams
-    from kerasdist.data.sources import load_split
+    from kerasdist.data.inputs import check_sample
 
-    if streams(data_config, split):
-        from kerasdist.data.file_streams import sample_split
-
-        # the default tfrecord layout is checked as the in-memory sources are, on raw arrays
-        raw = data_config.source == "tfrecord" and data_config.features is None
-        return sample_split(data_config, split, limit, preprocessed=not raw)
-    return load_split(data_config, split)
+    return check_sample(data_config, split, limit)
 
 
 def _is_text(values) -> bool:
