@@ -1,5 +1,8 @@
 """Resumable training streams and evaluation inputs of the streaming sources (``tfrecord``: whole
-splits and TFDS slices, as pieces of files; ``csv``, ``image_folder``, ``python``, ``tfds``).
+splits and TFDS slices, as pieces of files; ``csv``, ``image_folder``, ``python``, ``tfds``), built
+from a :class:`~kerasdist.data.formats.FileSource` (:func:`build_files`) or a split function
+(:func:`build_function`) that a source kind (:mod:`kerasdist.data.sources`) hands in: this module
+compares no ``data.source``.
 
 A split is never read whole into memory: files are read record by record with ``tf.data``.
 
