@@ -98,9 +98,9 @@ def input_speed(folder: Path, batches: int = 300) -> dict:
     import tensorflow as tf
 
     from kerasdist.config import validate_recipe
-    from kerasdist.data.file_streams import build_streaming
+    from kerasdist.data.inputs import build_streaming
+    from kerasdist.data.memory_stream import memory_train_fn as _memory_train_fn
     from kerasdist.data.sources import embedded_dir, load_idx_split, write_tfrecord
-    from kerasdist.data.streams import _memory_train_fn
 
     x, y = load_idx_split(embedded_dir(), "test")
     write_tfrecord(x, y, folder / "train-000.tfrecord")

@@ -45,7 +45,8 @@ def stream_data(raw: dict, recipe, out: Path) -> dict:
     """
     import numpy as np
 
-    from kerasdist.data.sources import load_split, write_tfrecord
+    from kerasdist.data.inputs import load_split
+    from kerasdist.data.readers import write_tfrecord
     from kerasdist.errors import RecipeError
 
     folder = out / "stream-data"

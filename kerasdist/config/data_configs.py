@@ -19,6 +19,7 @@ Contracts (what is read, sharding, resume): docs/own-model-and-data.md, "Data so
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -29,8 +30,68 @@ from kerasdist.config._base import Frozen
 DataSource = Literal["embedded", "tfds", "idx", "npz", "tfrecord", "synthetic_linear",
                      "synthetic_clicks", "csv", "image_folder", "python"]
 AutoShard = Literal["auto", "off", "data", "file"]
-STREAMING_SOURCES = ("tfrecord", "csv", "image_folder", "python", "tfds")
-"""Sources read with ``tf.data`` from files (``tfrecord``: whole splits and slices)."""
+
+
+@dataclass(frozen=True)
+class SourceTraits:
+    """What a source kind is, for the checks of the recipe and of the data (the kinds' code is in
+    :mod:`kerasdist.data.sources`, one module per kind; this table is where a kind declares
+    what validation needs to know without importing it, as strategy configs declare theirs).
+
+    Attributes:
+        streams: read with ``tf.data`` as a stream (never whole in memory), not loaded as arrays.
+        needs_path: ``data.path`` is required and must exist (unless a pattern).
+        path_may_be_pattern: ``data.path`` may hold ``{split}`` or glob characters.
+        whole_splits_only: splits are whole names (``train``), no TFDS slice.
+        needs_label: ``data.label`` is required.
+        needs_function: ``data.function`` is required.
+        takes_features: ``data.features`` (a ``tf.train.Example`` spec) applies.
+        function: the examples come from a function (``python``, ``tfds``): a split may be
+            endless, so only its first batches are checked under ``trainer.steps_per_epoch``.
+        shard_units: what sharding by file deals out to workers (messages).
+        fields: the ``data`` fields of this kind, beside the common ones
+            (:data:`COMMON_DATA_FIELDS`); ``kerasdist validate`` prints only these.
+    """
+
+    streams: bool = False
+    needs_path: bool = False
+    path_may_be_pattern: bool = False
+    whole_splits_only: bool = False
+    needs_label: bool = False
+    needs_function: bool = False
+    takes_features: bool = False
+    function: bool = False
+    shard_units: str = "examples"
+    fields: tuple[str, ...] = ()
+
+
+COMMON_DATA_FIELDS = ("source", "train_split", "eval_split", "batch_size", "shuffle_buffer",
+                      "shuffle_seed", "normalize", "prefetch", "auto_shard")
+"""The ``data`` fields of every source kind."""
+
+SOURCE_TRAITS: dict[str, SourceTraits] = {
+    "embedded": SourceTraits(),
+    "synthetic_linear": SourceTraits(fields=("num_examples", "noise_std")),
+    "synthetic_clicks": SourceTraits(fields=("num_examples", "num_users", "num_items")),
+    "idx": SourceTraits(needs_path=True, fields=("path",)),
+    "npz": SourceTraits(needs_path=True, fields=("path",)),
+    "tfds": SourceTraits(streams=True, function=True,
+                         fields=("name", "data_dir", "input", "label")),
+    "python": SourceTraits(streams=True, function=True, needs_function=True,
+                           fields=("function",)),
+    "tfrecord": SourceTraits(streams=True, needs_path=True, path_may_be_pattern=True,
+                             takes_features=True, shard_units="file(s)",
+                             fields=("path", "features", "label")),
+    "csv": SourceTraits(streams=True, needs_path=True, path_may_be_pattern=True,
+                        whole_splits_only=True, needs_label=True, shard_units="file(s)",
+                        fields=("path", "label", "numeric", "categorical", "label_dtype")),
+    "image_folder": SourceTraits(streams=True, needs_path=True, path_may_be_pattern=True,
+                                 whole_splits_only=True, shard_units="image file(s)",
+                                 fields=("path", "image_size", "channels")),
+}
+"""The traits of every built-in ``data.source`` (see :class:`SourceTraits`)."""
+STREAMING_SOURCES = tuple(kind for kind, traits in SOURCE_TRAITS.items() if traits.streams)
+"""Sources read with ``tf.data`` as streams (``tfrecord``: whole splits and slices)."""
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -80,7 +141,8 @@ class DataConfig(Frozen):
 
     source: DataSource = "embedded"
     path: Path | None = Field(
-        None, description="idx/tfrecord/csv: a folder (tfrecord: <split>*.tfrecord*, csv: "
+        None, description="A relative path is resolved against the working directory of the "
+        "command. idx/tfrecord/csv: a folder (tfrecord: <split>*.tfrecord*, csv: "
         "<split>*.csv) or a glob with {split} (csv/data/{split}-*.csv); image_folder: the folder "
         "holding <split>/<class>/ (or a path with {split}); npz: the file.")
     name: str = Field("mnist", description="TFDS dataset name (source 'tfds').")
@@ -123,10 +185,13 @@ class DataConfig(Frozen):
         "data/csv-schema.json), one-hot encoded after the numeric columns; id 0 = unseen value.")
     label_dtype: Literal["int64", "float32"] = Field(
         "int64", description="csv: class labels (int64) or regression targets (float32).")
-    image_size: tuple[int, int] = Field(
-        (256, 256), description="image_folder: [height, width] every image is resized to "
-        "(bilinear, as keras.utils.image_dataset_from_directory).")
-    channels: Literal[1, 3, 4] = Field(3, description="image_folder: 1 grayscale, 3 RGB, 4 RGBA.")
+    image_size: tuple[int, int] | None = Field(
+        None, description="image_folder: [height, width] every image is resized to "
+        "(bilinear, as keras.utils.image_dataset_from_directory); default: the first training "
+        "image's size (logged), and images of another size are refused.")
+    channels: Literal[1, 3, 4] | None = Field(
+        None, description="image_folder: 1 grayscale, 3 RGB, 4 RGBA; default: the first "
+        "training image's.")
     function: str | None = Field(
         None, description="python: 'pkg.module:function'; function(split, input_context=None) "
         "returns a tf.data.Dataset of unbatched (features, label). Imported and run: a recipe "
@@ -134,25 +199,28 @@ class DataConfig(Frozen):
 
     @model_validator(mode="after")
     def _check_path(self) -> DataConfig:
-        needs_path = self.source in ("idx", "npz", "tfrecord", "csv", "image_folder")
+        traits = self.traits
+        needs_path = traits.needs_path
         if needs_path and self.path is None:
             raise ValueError(f"data.path is required for source '{self.source}'. Received: path=None")
         if needs_path and not is_pattern(self.path) and not self.path.exists():
-            raise ValueError(f"data.path does not exist. Received: path='{self.path}'")
-        if needs_path and is_pattern(self.path) and self.source in ("idx", "npz"):
+            where = "" if self.path.is_absolute() else \
+                f" (a relative path is resolved against the working directory, {Path.cwd()})"
+            raise ValueError(f"data.path does not exist{where}. Received: path='{self.path}'")
+        if needs_path and is_pattern(self.path) and not traits.path_may_be_pattern:
             raise ValueError(f"data.path for source '{self.source}' is a file or folder, not a "
                              f"pattern. Received: path='{self.path}'")
         return self
 
     @model_validator(mode="after")
     def _fields_of_source(self) -> DataConfig:
-        source = self.source
-        if source == "csv" and not self.label:
-            raise ValueError("data.label (the label column) is required for source 'csv'. "
+        source, traits = self.source, self.traits
+        if traits.needs_label and not self.label:
+            raise ValueError(f"data.label (the label column) is required for source '{source}'. "
                              "Received: label=None")
-        if source == "python" and not self.function:
+        if traits.needs_function and not self.function:
             raise ValueError("data.function ('pkg.module:function') is required for source "
-                             "'python'. Received: function=None")
+                             f"'{source}'. Received: function=None")
         if self.function is not None:
             module, _, attr = self.function.partition(":")
             if not (module and all(p.isidentifier() for p in module.split("."))
@@ -165,9 +233,10 @@ class DataConfig(Frozen):
     def _feature_spec_and_columns(self) -> DataConfig:
         source = self.source
         if self.features is not None:
-            if source != "tfrecord":
-                raise ValueError(f"data.features is for source 'tfrecord' only. Received: "
-                                 f"source='{source}'")
+            if not self.traits.takes_features:
+                takers = [k for k, t in SOURCE_TRAITS.items() if t.takes_features]
+                raise ValueError(f"data.features is for source {' and '.join(map(repr, takers))} "
+                                 f"only. Received: source='{source}'")
             label = self.label or "label"
             if label not in self.features:
                 raise ValueError(f"data.label '{label}' is not in data.features "
@@ -186,16 +255,21 @@ class DataConfig(Frozen):
         source = self.source
         for field in ("train_split", "eval_split"):
             split = getattr(self, field)
-            if split is not None and source in ("csv", "image_folder") \
+            if split is not None and self.traits.whole_splits_only \
                     and not is_whole_split(split):  # tfrecord: pieces of files; python, tfds: as written
                 raise ValueError(f"data.{field} of a streaming source ('{source}') is a whole split "
                                  f"name (slices are for tfrecord, tfds, python and in-memory "
                                  f"sources). Received: "
                                  f"{field}={split!r}")
-        if min(self.image_size) < 1:
+        if self.image_size is not None and min(self.image_size) < 1:
             raise ValueError(f"data.image_size must be [height, width] >= 1. Received: "
                              f"image_size={list(self.image_size)}")
         return self
+
+    @property
+    def traits(self) -> SourceTraits:
+        """The :class:`SourceTraits` of ``data.source``."""
+        return SOURCE_TRAITS[self.source]
 
     @property
     def label_name(self) -> str:
@@ -216,10 +290,3 @@ def is_pattern(path: Path | str | None) -> bool:
 def is_whole_split(split: str) -> bool:
     """True for a plain split name (``train``), False for a TFDS slice (``train[:80%]``)."""
     return bool(re.fullmatch(r"[\w-]+", split.strip()))
-
-
-def streams(config: DataConfig, split: str) -> bool:
-    """Whether ``split`` of ``config`` is read as a stream of files (never whole in memory)."""
-    if config.source in ("csv", "image_folder", "python", "tfds"):
-        return True
-    return config.source == "tfrecord"  # whole splits and slices (pieces of files)

@@ -300,8 +300,15 @@ def _deep_copy(value: Any) -> Any:
 
 
 def dump_recipe(recipe: Recipe) -> str:
-    """The resolved recipe (every default filled in) as YAML text."""
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    """The resolved recipe (every default filled in) as YAML text; its ``data`` section holds
+    the common fields and the chosen source kind's only (``SourceTraits.fields``)."""
+    from kerasdist.config.data_configs import COMMON_DATA_FIELDS
+
+    dumped = recipe.model_dump(mode="json")
+    if isinstance(dumped.get("data"), dict):
+        keep = set(COMMON_DATA_FIELDS) | set(recipe.data.traits.fields)
+        dumped["data"] = {k: v for k, v in dumped["data"].items() if k in keep}
+    return yaml.safe_dump(dumped, sort_keys=False)
 
 
 def json_schema() -> dict[str, Any]:

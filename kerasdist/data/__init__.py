@@ -1,7 +1,9 @@
-"""Data sources (embedded MNIST sample, TFDS, IDX, npz, TFRecord, synthetic) and tf.data pipelines."""
+"""Data sources (one module per kind in :mod:`kerasdist.data.sources`) and tf.data pipelines;
+every consumer reads a recipe's data through :mod:`kerasdist.data.inputs`."""
 
 from kerasdist.data.pipeline import Datasets, build_datasets, make_dataset_fn
-from kerasdist.data.sources import embedded_dir, load_split, read_idx, write_tfrecord
+from kerasdist.data.readers import embedded_dir, read_idx, write_tfrecord
+from kerasdist.data.sources import load_split
 
 __all__ = ["Datasets", "build_datasets", "embedded_dir", "load_split", "make_dataset_fn",
            "read_idx", "write_tfrecord"]

@@ -15,7 +15,7 @@ def embedded_digits(split: str):
     import tensorflow as tf
 
     from kerasdist.config import DataConfig
-    from kerasdist.data.sources import load_split
+    from kerasdist.data.inputs import load_split
 
     x, y = load_split(DataConfig(), split)
     return tf.data.Dataset.from_tensor_slices((x, y))

@@ -1,5 +1,8 @@
 """Resumable training streams and evaluation inputs of the streaming sources (``tfrecord``: whole
-splits and TFDS slices, as pieces of files; ``csv``, ``image_folder``, ``python``, ``tfds``).
+splits and TFDS slices, as pieces of files; ``csv``, ``image_folder``, ``python``, ``tfds``), built
+from a :class:`~kerasdist.data.formats.FileSource` (:func:`build_files`) or a split function
+(:func:`build_function`) that a source kind (:mod:`kerasdist.data.sources`) hands in: this module
+compares no ``data.source``.
 
 A split is never read whole into memory: files are read record by record with ``tf.data``.
 
@@ -29,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kerasdist._log import get_logger
-from kerasdist.data.pipeline import preprocess
+from kerasdist.data.convert import preprocess, shard_policy
 from kerasdist.errors import RecipeError
 
 log = get_logger("data")
@@ -37,7 +40,7 @@ log = get_logger("data")
 
 @dataclass
 class Streaming:
-    """What :func:`build_streaming` hands back to :func:`kerasdist.data.streams.build_data`."""
+    """What a source kind's ``stream`` hands back to :func:`kerasdist.data.streams.build_data`."""
 
     train_fn: object
     eval_fn: object | None
@@ -45,22 +48,6 @@ class Streaming:
     num_eval: int
     policy: str
     artifacts: dict[str, str] = field(default_factory=dict)
-
-
-def _policy(config, num_units: int, pipelines: int, *, what: str) -> str:
-    wanted = config.auto_shard
-    if pipelines <= 1:
-        return "off"
-    if wanted in ("data", "off"):
-        return wanted
-    if num_units >= pipelines:
-        return "file"
-    problem = f"split '{config.train_split}' has {num_units} {what}, fewer than the {pipelines} workers"
-    if wanted == "file":
-        raise RecipeError(f"data.auto_shard 'file' cannot be used: {problem}. "
-                          "Received: auto_shard='file'; use 'data' or 'auto'.")
-    log.info(f"input: sharding by data, not by file: {problem}")
-    return "data"
 
 
 def _pass_seed(seed, pass_index):
@@ -149,20 +136,14 @@ def _per_pipeline(counts: list[int], pipelines: int, policy: str) -> int:
     return total
 
 
-def _build_files(recipe, pipelines: int) -> Streaming:
-    from kerasdist.data.csv_source import CsvSource
-    from kerasdist.data.formats import ImageFolderSource
-
+def build_files(source, recipe, pipelines: int) -> Streaming:
+    """The training stream and evaluation input of a :class:`~kerasdist.data.formats.FileSource`
+    (see module docs)."""
     config = recipe.data
-    source = file_source(config)
-    if isinstance(source, ImageFolderSource):
-        source.set_classes(config.train_split)
-    train_units = source.check(config.train_split)
+    train_units = source.open(recipe.output.run_dir)
     eval_units = source.check(config.eval_split) if config.eval_split else None
-    if isinstance(source, CsvSource):
-        source.load_schema(train_units, recipe.output.run_dir)
-    policy = _policy(config, len(train_units), pipelines,
-                     what="image file(s)" if isinstance(source, ImageFolderSource) else "file(s)")
+    policy = shard_policy(config, pipelines, units=len(train_units),
+                          what=config.traits.shard_units)
     counts = source.count(train_units)
     eval_fn, num_eval = None, 0
     if eval_units is not None:
@@ -215,26 +196,26 @@ def _python_eval_fn(fn, config, *, shard: bool):
     return eval_fn
 
 
-def _build_python(recipe, pipelines: int) -> Streaming:
+def build_function(fn, recipe, pipelines: int) -> Streaming:
+    """The training stream and evaluation input of a function source (``python``, ``tfds``):
+    ``fn(split[, input_context])`` returns the split's unbatched dataset (see module docs)."""
     from kerasdist.data import python_source
 
     config = recipe.data
-    fn = (python_source.tfds_function(config) if config.source == "tfds"
-          else python_source.load_function(config))
     train = python_source.call(fn, config, config.train_split)
     bounded = recipe.trainer.steps_per_epoch is not None  # may be endless: read its start only
     if bounded:
-        counted = python_source.count_first(train, config.batch_size * max(pipelines, 1))
+        counted = python_source.count_first(train, config.batch_size * max(pipelines, 1),
+                                                 config, config.train_split)
     else:
         counted = python_source.count(train, config, split=config.train_split)
     own = python_source.takes_context(fn)
-    policy = "off" if pipelines <= 1 else ("data" if config.auto_shard in ("auto", "file")
-                                           else config.auto_shard)
-    if policy == "data" and own:
-        policy = "file"
     if config.auto_shard == "file" and not own and pipelines > 1:
         raise RecipeError(f"data.auto_shard 'file' needs a data.function that takes input_context "
                           f"(it shards itself). Received: function='{config.function}'")
+    policy = shard_policy(config, pipelines, units=pipelines if own else None)
+    if policy == "data" and own:
+        policy = "file"
     eval_fn, num_eval = None, 0
     if config.eval_split:
         num_eval = python_source.count(python_source.call(fn, config, config.eval_split), config,
@@ -251,79 +232,42 @@ def _build_python(recipe, pipelines: int) -> Streaming:
                      per_pipeline=per_pipeline, num_eval=num_eval, policy=policy)
 
 
-def build_streaming(recipe, *, pipelines: int) -> Streaming:
-    """The training stream and evaluation input of a streaming source (see module docs).
-
-    Raises:
-        DataError: missing files, records that do not match the spec, an empty folder, a
-            ``data.function`` that does not import or returns the wrong type, or whose split is
-            endless or longer than :data:`~kerasdist.data.python_source.MAX_COUNTED_EXAMPLES`
-            where it is counted (the training split without ``trainer.steps_per_epoch``, the
-            evaluation split).
-        RecipeError: ``data.auto_shard: file`` where the split cannot be sharded by file.
-    """
-    if recipe.data.source in ("python", "tfds"):
-        return _build_python(recipe, pipelines)
-    return _build_files(recipe, pipelines)
-
-
-def _split_stream(config, split: str, *, run_dir):
-    """``(records, decode)``: the unbatched, undecoded examples of ``split`` and the function
-    that decodes one (None: the examples are decoded already, a ``python``/``tfds`` source). A
-    csv source takes its vocabularies from ``<run_dir>/data/csv-schema.json`` when the run
-    wrote one (the ids training used), else computes them from the training split."""
+def file_split(source, split: str, *, run_dir):
+    """``(records, source)``: the unbatched, undecoded records of ``split`` of a file source,
+    opened as training opened it (a csv source takes its vocabularies from
+    ``<run_dir>/data/csv-schema.json`` when the run wrote one: the ids training used)."""
     import tensorflow as tf
 
-    if config.source in ("python", "tfds"):
-        from kerasdist.data import python_source
-
-        fn = (python_source.tfds_function(config) if config.source == "tfds"
-              else python_source.load_function(config))
-        return python_source.call(fn, config, split), None
-    from kerasdist.data.csv_source import CsvSource
-    from kerasdist.data.formats import ImageFolderSource
-
-    source = file_source(config)
-    if isinstance(source, ImageFolderSource):
-        source.set_classes(config.train_split)
-    units = source.check(split)
-    if isinstance(source, CsvSource):
-        source.load_schema(source.check(config.train_split), run_dir)
-    return source.records(tf.constant(units)), source
+    source.open(run_dir)
+    return source.records(tf.constant(source.check(split))), source
 
 
-def evaluation_dataset(config, split: str, *, run_dir):
-    """``split`` of a streaming source as a dataset of global batches (``data.batch_size``, the
-    last partial batch kept), decoded and converted as training sees them, read from the files
-    as it is iterated (never whole in memory): the sidecar evaluator's input. A csv source uses
-    the vocabularies saved in ``run_dir`` (see :func:`_split_stream`).
-
-    Raises:
-        DataError: as :func:`build_streaming`.
-    """
+def evaluation_dataset(config, records, source):
+    """Records of a split (``source`` None: a function's decoded examples) as a dataset of
+    global batches (``data.batch_size``, the last partial batch kept), decoded and converted as
+    training sees them, read as it is iterated (never whole in memory): the sidecar evaluator's
+    input."""
     import tensorflow as tf
 
-    records, source = _split_stream(config, split, run_dir=run_dir)
     ds = _decoded_batches(records, source, config.batch_size, drop_remainder=False)
     return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
 
 
-def sample_split(config, split: str, limit: int | None, *, run_dir=None, preprocessed=True):
-    """The first ``limit`` examples (None: all) of a streaming split as NumPy ``(x, y)``, decoded
-    as training sees them (for the bad-input checks and reference evaluations in one process);
-    ``x`` is a dict of arrays for a tfrecord spec with several inputs; ``preprocessed=False``:
-    as decoded, before the uint8-to-float conversion. Training never calls it with
-    ``limit=None``: it streams (:func:`build_streaming`).
+def sample_records(config, split: str, ds, source, limit: int | None, *, preprocessed=True):
+    """The first ``limit`` examples (None: all) of a split's records (``source`` None: a
+    function's decoded examples) as NumPy ``(x, y)``, decoded as training sees them (for the
+    bad-input checks and reference evaluations in one process); ``x`` is a dict of arrays for a
+    tfrecord spec with several inputs; ``preprocessed=False``: as decoded, before the
+    uint8-to-float conversion. Training never reads a split whole: it streams.
 
     Raises:
-        DataError: as :func:`build_streaming`; or a split with no examples.
+        DataError: records that do not decode, a function that raises; a split with no examples.
     """
     import numpy as np
     import tensorflow as tf
 
     from kerasdist.errors import DataError
 
-    ds, source = _split_stream(config, split, run_dir=run_dir)
     if source is not None:
         ds = ds.map(source.decoder())
     if limit is not None:
@@ -335,6 +279,10 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None, preproc
             xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
             ys.append(y.numpy())
     except tf.errors.OpError as err:
+        if source is None:  # the user's data.function raised while it was read
+            from kerasdist.data.python_source import raised
+
+            raise raised(err, config, split) from None
         raise DataError(f"data.source '{config.source}': split '{split}' does not decode: "
                         f"{err.message.splitlines()[0][:300]}. Received: split='{split}'") from None
     if not ys:
@@ -343,12 +291,3 @@ def sample_split(config, split: str, limit: int | None, *, run_dir=None, preproc
     x = {k: np.concatenate([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) \
         else np.concatenate(xs)
     return x, np.concatenate(ys)
-
-
-def file_source(config):
-    """The :class:`FileSource` of a streaming file source (``tfrecord``, ``csv``, ``image_folder``)."""
-    from kerasdist.data.csv_source import CsvSource
-    from kerasdist.data.formats import ImageFolderSource, TFRecordSource
-
-    kinds = {"tfrecord": TFRecordSource, "csv": CsvSource, "image_folder": ImageFolderSource}
-    return kinds[config.source](config)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kerasdist.config.data_configs import is_pattern
+from kerasdist.data.readers import corrupt_file, parse_square_image, parse_square_images, tf_message
 from kerasdist.errors import DataError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif")
@@ -75,6 +76,22 @@ class FileSource:
         """Examples in each unit."""
         raise NotImplementedError
 
+    def open(self, run_dir) -> list[str]:
+        """Check the training split and compute what the source takes from it (image classes,
+        csv vocabularies: read from ``run_dir`` when the run saved them); returns its units."""
+        return self.check(self.config.train_split)
+
+    def serving_model(self, model, run_dir):
+        """``model`` behind the source's own preprocessing, to be saved beside ``model.keras``
+        as ``inference_model.keras`` (a model that reads the source's raw examples), or None:
+        the pipeline's decoding is all there is (csv: :meth:`CsvSource.serving_model`)."""
+        return None
+
+    def searched(self, split: str) -> str:
+        """Where the split's files are looked for (for messages)."""
+        path = str(self.config.path)
+        return path.replace("{split}", split) if "{split}" in path else path
+
     def check(self, split: str) -> list[str]:
         """The split's units, after checking that they exist and their first records decode.
 
@@ -84,7 +101,8 @@ class FileSource:
         units = self.units(split)
         if not units:
             raise DataError(f"data.path: no files for split '{split}' of source "
-                            f"'{self.config.source}'. Received: path='{self.config.path}'")
+                            f"'{self.config.source}' in {_where(self.searched(split))}. "
+                            f"Received: path='{self.config.path}'")
         return units
 
 
@@ -187,8 +205,6 @@ class TFRecordSource(FileSource):
         import tensorflow as tf
 
         if self.config.features is None:  # the seed layout: a square raw image of any side
-            from kerasdist.data.sources import parse_square_image
-
             return parse_square_image
         specs, parse_spec = self.config.feature_specs, self._parse_spec()
 
@@ -203,7 +219,7 @@ class TFRecordSource(FileSource):
         import tensorflow as tf
 
         if self.config.features is None:
-            return _parse_square_images
+            return parse_square_images
         specs, parse_spec = self.config.feature_specs, self._parse_spec()
 
         def decode(records):
@@ -223,8 +239,11 @@ class TFRecordSource(FileSource):
             if len(piece) == 3:
                 counts.append(int(piece[2]) - int(piece[1]))
             else:
-                counts.append(int(tf.data.TFRecordDataset(unit).reduce(
-                    np.int64(0), lambda n, _: n + 1).numpy()))
+                try:
+                    counts.append(int(tf.data.TFRecordDataset(unit).reduce(
+                        np.int64(0), lambda n, _: n + 1).numpy()))
+                except tf.errors.OpError as err:
+                    raise corrupt_file(unit, err) from None
         return counts
 
     def check(self, split):
@@ -233,33 +252,49 @@ class TFRecordSource(FileSource):
         units = super().check(split)
         decode = self.decoder()
         for unit in units:
-            index = 0
+            index, record = 0, None
             try:
                 for record in self.records([unit]).take(CHECKED_RECORDS):
                     index += 1
                     decode(record)
+            except tf.errors.DataLossError as err:
+                raise corrupt_file(_file_of(unit), err) from None
             except (tf.errors.OpError, ValueError) as err:
-                detail = getattr(err, "message", str(err)).splitlines()[0][:300]
+                detail = tf_message(err)
+                if record is not None and self.config.features is not None:
+                    detail = _size_mismatch(record, self.config) or detail
                 raise DataError(
                     f"data.features does not match file '{_file_of(unit)}' (record {index}): {detail}. "
                     f"Received: features={_spec_text(self.config)}") from None
         return units
 
 
-def _spec_text(config) -> str:
-    return json.dumps({k: v.model_dump() for k, v in config.feature_specs.items()})
-
-
-def _parse_square_images(records):
-    """A batch of seed-layout records -> (uint8 ``(b, side, side)``, int64 ``(b,)``)."""
+def _size_mismatch(record, config) -> str | None:
+    """Which feature of a serialized ``tf.train.Example`` holds another number of values than
+    ``data.features`` declares (both counts), or None."""
     import tensorflow as tf
 
-    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64)}
-    parsed = tf.io.parse_example(records, spec)
-    images = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
-    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.shape(images)[1], tf.float32))), tf.int32)
-    return tf.reshape(images, [-1, side, side]), parsed["label"]
+    try:
+        example = tf.train.Example.FromString(bytes(record.numpy()))
+    except Exception:  # noqa: BLE001 - not an Example: the parse error says so
+        return None
+    for name, spec in config.feature_specs.items():
+        if spec.dtype == "string" or name not in example.features.feature:
+            continue
+        feature = example.features.feature[name]
+        kind = feature.WhichOneof("kind")
+        values = len(getattr(feature, kind).value) if kind else 0
+        wanted = 1
+        for d in spec.shape:
+            wanted *= d
+        if values != wanted:
+            return (f"feature '{name}' holds {values} values, data.features gives shape "
+                    f"{list(spec.shape)} ({wanted} values)")
+    return None
+
+
+def _spec_text(config) -> str:
+    return json.dumps({k: v.model_dump() for k, v in config.feature_specs.items()})
 
 
 def _decode_batch_feature(values, spec):
@@ -285,49 +320,130 @@ def _decode_feature(value, spec):
 
 
 # -------------------------------------------------------------------------------- image_folder
+CLASS_SEP = "\x00"
+"""Separates an image file from its class name in an ``image_folder`` unit (``path<SEP>class``)."""
+
+
+def image_files(folder: Path) -> list[tuple[str, str]]:
+    """``[(path, class name)]`` of an image folder split, as
+    ``keras.utils.image_dataset_from_directory`` indexes it (``labels='inferred'``): the classes
+    are the sub-folders whose names do not start with ``.``; a class's images are every file
+    with an image extension (any case) anywhere below its folder (``os.walk``, symbolic links to
+    folders not followed). Sorted by path."""
+    import os
+
+    if not folder.is_dir():
+        return []
+    found = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith(".") or not (folder / name).is_dir():
+            continue
+        for root, _, files in os.walk(folder / name):
+            found += [(os.path.join(root, f), name) for f in files
+                      if f.lower().endswith(IMAGE_EXTENSIONS)]
+    return sorted(found)
+
+
+def class_names(folder: Path) -> list[str]:
+    """The class folders of a split, as Keras lists them (sorted, no hidden folder)."""
+    import os
+
+    if not folder.is_dir():
+        return []
+    return [n for n in sorted(os.listdir(folder)) if not n.startswith(".") and (folder / n).is_dir()]
+
+
+def _image_size(path: str) -> tuple[int, int, int]:
+    """``(height, width, channels)`` of an image file from its header (Pillow, lazily: the
+    pixels are not decoded)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            width, height = image.size
+            return height, width, len(image.getbands())
+    except (OSError, UnidentifiedImageError) as err:
+        raise DataError(f"data.path: '{path}' is not a readable image: {err}. Received: file "
+                        f"'{path}'") from None
+
+
 class ImageFolderSource(FileSource):
-    """``<path>/<split>/<class_name>/*.png|jpg``: classes are the sorted sub-folder names of the
-    training split (as ``keras.utils.image_dataset_from_directory`` orders them); ``x`` is float32
-    ``(height, width, channels)`` (in [0, 1] when ``data.normalize``, else [0, 255]), ``y`` int64."""
+    """``<path>/<split>/<class_name>/**/*.png|jpg`` (see :func:`image_files`): classes are the
+    training split's class folders, ids in sorted order (``keras.utils.image_dataset_from_directory``'s
+    ids); ``x`` is float32 ``(height, width, channels)`` (in [0, 1] when ``data.normalize``, else
+    [0, 255]), ``y`` int64. Without ``data.image_size`` (and ``data.channels``), they are the
+    first training image's, logged, and every image must have that size; with it, every image is
+    resized to it (bilinear, as Keras)."""
 
     classes: list[str] | None = None
+    image_size: tuple[int, int] | None = None
+    channels: int | None = None
 
     def folder(self, split: str) -> Path:
         path = str(self.config.path)
         return Path(path.replace("{split}", split)) if "{split}" in path else Path(path) / split
 
+    def searched(self, split: str) -> str:
+        return str(self.folder(split))
+
+    def open(self, run_dir) -> list[str]:
+        self.set_classes(self.config.train_split)
+        return self.check(self.config.train_split)
+
     def set_classes(self, train_split: str) -> list[str]:
+        """The training split's classes, and the image size and channels every example gets."""
         folder = self.folder(train_split)
-        self.classes = sorted(p.name for p in folder.iterdir() if p.is_dir()) \
-            if folder.is_dir() else []
+        self.classes = class_names(folder)
         if not self.classes:
-            raise DataError(f"data.path: '{folder}' holds no class folders (<class_name>/*.png|jpg) "
-                            f"for split '{train_split}'. Received: path='{self.config.path}'")
+            raise DataError(f"data.path: {_where(folder)} holds no class folders "
+                            f"(<class_name>/*.png|jpg) for split '{train_split}'. Received: "
+                            f"path='{self.config.path}'")
+        self.image_size, self.channels = self.config.image_size, self.config.channels
+        if self.image_size is None or self.channels is None:
+            files = image_files(folder)
+            if not files:
+                super().check(train_split)
+            height, width, channels = _image_size(files[0][0])
+            self.image_size = self.image_size or (height, width)
+            self.channels = self.channels or (channels if channels in (1, 3, 4) else 3)
+            from kerasdist._log import get_logger
+
+            get_logger("data").info(
+                f"input: image_folder: data.image_size {list(self.image_size)} and data.channels "
+                f"{self.channels} taken from the first training image '{files[0][0]}' (set "
+                "them to resize every image)")
         return self.classes
 
     def units(self, split):
-        folder = self.folder(split)
-        if not folder.is_dir():
-            return []
-        return sorted(str(p) for p in folder.glob("*/*")
-                      if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+        return [f"{path}{CLASS_SEP}{name}" for path, name in image_files(self.folder(split))]
 
     def check(self, split):
         units = super().check(split)
-        unknown = sorted({Path(u).parent.name for u in units} - set(self.classes))
+        unknown = sorted({u.split(CLASS_SEP)[1] for u in units} - set(self.classes))
         if unknown:
             raise DataError(f"data.path: split '{split}' has class folders the training split has "
                             f"not ({', '.join(unknown[:5])}) in '{self.folder(split)}'. Received: "
                             f"classes {unknown[:5]}")
         import tensorflow as tf
 
+        if self.config.image_size is None:  # no resize: every image must have the same size
+            for unit in units:
+                path = unit.split(CLASS_SEP)[0]
+                size = _image_size(path)[:2]
+                if size != tuple(self.image_size):
+                    raise DataError(
+                        f"data.image_size: '{path}' is {size[0]}x{size[1]}, other images "
+                        f"{self.image_size[0]}x{self.image_size[1]} (taken from the first "
+                        "training image): images of mixed sizes need data.image_size (every "
+                        f"image is then resized to it). Received: image_size=None")
         for unit in units[:CHECKED_RECORDS]:
+            path = unit.split(CLASS_SEP)[0]
             try:
-                tf.io.decode_image(tf.io.read_file(unit), channels=self.config.channels,
+                tf.io.decode_image(tf.io.read_file(path), channels=self.channels,
                                    expand_animations=False)
             except tf.errors.OpError as err:
-                raise DataError(f"data.path: '{unit}' is not a readable image: "
-                                f"{err.message.splitlines()[0][:200]}. Received: file '{unit}'") \
+                raise DataError(f"data.path: '{path}' is not a readable image: "
+                                f"{err.message.splitlines()[0][:200]}. Received: file '{path}'") \
                     from None
         return units
 
@@ -339,20 +455,28 @@ class ImageFolderSource(FileSource):
     def decoder(self):
         import tensorflow as tf
 
-        config = self.config
+        config, size, channels = self.config, tuple(self.image_size), self.channels
         table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(self.classes), tf.range(len(self.classes), dtype=tf.int64)), -1)
         scale = 255.0 if config.normalize else 1.0
+        resize = config.image_size is not None
 
-        def decode(path):
-            image = tf.io.decode_image(tf.io.read_file(path), channels=config.channels,
+        def decode(unit):
+            parts = tf.strings.split(unit, CLASS_SEP)
+            image = tf.io.decode_image(tf.io.read_file(parts[0]), channels=channels,
                                        expand_animations=False)
-            image = tf.image.resize(image, config.image_size) / scale
-            parts = tf.strings.split(path, "/")
-            return tf.ensure_shape(image, (*config.image_size, config.channels)), \
-                table.lookup(parts[-2])
+            image = tf.image.resize(image, size) if resize else tf.cast(image, tf.float32)
+            return tf.ensure_shape(image / scale, (*size, channels)), table.lookup(parts[1])
 
         return decode
 
     def count(self, units):
         return [1] * len(units)
+
+
+def _where(path) -> str:
+    """``'path'``, quoted, and the working directory it is relative to (messages name the folder
+    searched)."""
+    path = Path(path)
+    return f"'{path}'" if path.is_absolute() else f"'{path}' (relative to the working " \
+        f"directory {Path.cwd()})"

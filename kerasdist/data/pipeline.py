@@ -14,42 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from kerasdist.data.sources import load_split
+from kerasdist.data.convert import check_batch_divisible, preprocess
 
-
-def check_batch_divisible(global_batch: int, num_replicas: int) -> None:
-    """Raise :class:`~kerasdist.errors.RecipeError` unless ``global_batch`` splits evenly over
-    ``num_replicas``. ``data.batch_size`` is the global batch (examples per optimizer update); each
-    replica gets ``global_batch / num_replicas`` (TF's ``InputContext.get_per_replica_batch_size``).
-    """
-    from kerasdist.errors import RecipeError
-
-    if global_batch % num_replicas:
-        raise RecipeError(
-            f"data.batch_size (the global batch) must be divisible by the number of replicas "
-            f"({num_replicas}). Received: batch_size={global_batch}; use e.g. "
-            f"{max(num_replicas, global_batch - global_batch % num_replicas)}.")
-
-
-def preprocess(normalize: bool):
-    """The one image preprocessing, a batch map ``(x, y) -> (x, y)``: uint8 images become float32
-    (scaled to [0, 1] when ``normalize``) with a channel axis ``(b, H, W) -> (b, H, W, 1)``; other
-    inputs (e.g. the linear model's float features) pass unchanged."""
-    import tensorflow as tf
-
-    def one(x):
-        if x.dtype == tf.uint8:
-            x = tf.cast(x, tf.float32)
-            if normalize:
-                x = x / 255.0
-            if x.shape.rank == 3:  # (batch, H, W) -> (batch, H, W, 1)
-                x = tf.expand_dims(x, -1)
-        return x
-
-    def fn(x, y):
-        return tf.nest.map_structure(one, x), y  # several named inputs: each converted
-
-    return fn
+__all__ = ["Datasets", "build_datasets", "check_batch_divisible", "make_dataset_fn", "preprocess"]
 
 
 def make_dataset_fn(
@@ -131,6 +98,7 @@ def build_datasets(data_config, *, repeat_train: bool = False, shard: bool = Tru
     Raises:
         DataError: from the source; or a training split smaller than one global batch.
     """
+    from kerasdist.data.sources import load_split
     from kerasdist.errors import DataError
 
     x, y = load_split(data_config, data_config.train_split)

@@ -140,7 +140,6 @@ def count(ds, config, *, split: str, field: str = "data.train_split",
         DataError: the split is endless (cardinality INFINITE) or longer than ``limit``; the
             message names ``trainer.steps_per_epoch`` (training split) or ``data.eval_split``.
     """
-    import numpy as np
     import tensorflow as tf
 
     limit = MAX_COUNTED_EXAMPLES if limit is None else limit
@@ -150,24 +149,45 @@ def count(ds, config, *, split: str, field: str = "data.train_split",
     if known != tf.data.INFINITE_CARDINALITY:
         with startup(f"counting the examples of data.function '{describe(config)}' split "
                      f"'{split}' (at most {limit:,})"):
-            counted = int(ds.take(limit + 1).reduce(np.int64(0), lambda n, _: n + 1).numpy())
+            counted = _reduce_count(ds.take(limit + 1), config, split)
         if counted <= limit:
             return counted
     raise _too_long(config, split=split, field=field, limit=limit,
                     endless=known == tf.data.INFINITE_CARDINALITY)
 
 
-def count_first(ds, wanted: int) -> int:
+def raised(err, config, split: str) -> DataError:
+    """A ``DataError`` for a TensorFlow error met while reading the user's dataset (e.g. an
+    exception raised inside its ``from_generator`` generator): the function, the split and the
+    user's error, without TensorFlow's traceback."""
+    lines = [line.strip() for line in str(getattr(err, "message", err)).splitlines() if line.strip()]
+    own = [line for line in lines if not line.startswith(("Traceback", "File ", "^"))
+           and ("Error" in line or "Exception" in line)]
+    detail = (own[-1] if own else (lines[0] if lines else type(err).__name__))[:300]
+    return DataError(f"data.function '{describe(config)}' failed while its split '{split}' was "
+                     f"read: {detail}. Received: split='{split}'")
+
+
+def _reduce_count(ds, config, split: str) -> int:
+    import numpy as np
+    import tensorflow as tf
+
+    try:
+        return int(ds.reduce(np.int64(0), lambda n, _: n + 1).numpy())
+    except tf.errors.OpError as err:
+        raise raised(err, config, split) from None
+
+
+def count_first(ds, wanted: int, config=None, split: str = "train") -> int:
     """Examples among the first ``wanted`` of ``ds`` (all of them when TensorFlow knows the
     length): the training split's check when ``trainer.steps_per_epoch`` is set, which may be
     endless. Reads at most ``wanted`` examples."""
-    import numpy as np
 
     known = int(ds.cardinality().numpy())
     if known >= 0:
         return known
     with startup(f"reading the first {wanted} examples of data.function's training split"):
-        return int(ds.take(wanted).reduce(np.int64(0), lambda n, _: n + 1).numpy())
+        return _reduce_count(ds.take(wanted), config, split)
 
 
 def _too_long(config, *, split: str, field: str, limit: int, endless: bool) -> DataError:

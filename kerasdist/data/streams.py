@@ -39,16 +39,14 @@ indices, before any gather or decoding), exactly where the interrupted run stopp
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from kerasdist._log import get_logger
-from kerasdist.config.data_configs import streams
-from kerasdist.data.pipeline import check_batch_divisible
-from kerasdist.data.pipeline import preprocess as _to_inputs
-from kerasdist.data.sources import load_split, tfrecord_files
-from kerasdist.errors import DataError, RecipeError
+from kerasdist.data import sources
+from kerasdist.data.convert import check_batch_divisible
+from kerasdist.data.memory_stream import _eval_fn, _memory_train_fn  # noqa: F401 - former names
+from kerasdist.errors import DataError
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -57,34 +55,14 @@ if TYPE_CHECKING:
 log = get_logger("data")
 
 
-def _tfrecord_files(data_config, split: str) -> list[str]:
-    return tfrecord_files(data_config.path, split)
-
-
 def resolve_shard_policy(data_config, num_workers: int) -> str:
-    """The effective sharding for ``data.auto_shard``: ``'data'``, ``'file'`` or ``'off'``.
+    """The effective sharding for ``data.auto_shard``: ``'data'``, ``'file'`` or ``'off'`` (the
+    source kind's, :func:`kerasdist.data.convert.shard_policy`).
 
     Raises:
         RecipeError: ``auto_shard: file`` with a source or split that cannot be sharded by file.
     """
-    wanted = data_config.auto_shard
-    if wanted in ("data", "off"):
-        return wanted
-    split = data_config.train_split
-    problem = None
-    if data_config.source != "tfrecord":
-        problem = f"source '{data_config.source}' is held in memory (no files to shard)"
-    elif not re.fullmatch(r"[\w-]+", split):
-        problem = f"split '{split}' is a slice; file sharding needs a whole split name"
-    elif len(_tfrecord_files(data_config, split)) < num_workers:
-        problem = (f"split '{split}' has {len(_tfrecord_files(data_config, split))} file(s), "
-                   f"fewer than the {num_workers} workers")
-    if problem is None:
-        return "file"
-    if wanted == "file":
-        raise RecipeError(f"data.auto_shard 'file' cannot be used: {problem}. "
-                          "Received: auto_shard='file'; use 'data' or 'auto'.")
-    return "data"
+    return sources.of(data_config).shard_policy(data_config, num_workers)
 
 
 @dataclass(frozen=True)
@@ -152,84 +130,6 @@ class StreamInput:
         return strategy.distribute_datasets_from_function(self.eval_fn)
 
 
-def _pass_seed(seed, pass_index):
-    """int64 seed pair of pass ``pass_index`` of a stream seeded with ``seed`` (stateless)."""
-    import tensorflow as tf
-
-    return tf.stack([tf.cast(seed, tf.int64), tf.cast(pass_index, tf.int64)])
-
-
-def _shard_ids(num_examples: int, pipelines: int, pipeline_id, *, shard: bool):
-    """``(ids, count)``: int64 example indices ``pipeline_id, pipeline_id + pipelines, ...``
-    (all of them when not ``shard``) and their number. ``pipeline_id`` may be a symbolic tensor
-    (parameter-server workers build their datasets inside a ``tf.function``); ``count`` is then
-    the largest shard's size."""
-    import tensorflow as tf
-
-    if not shard:
-        return tf.range(num_examples, dtype=tf.int64), num_examples
-    if isinstance(pipeline_id, int):
-        count = len(range(pipeline_id, num_examples, pipelines))
-    else:
-        count = -(-num_examples // pipelines)
-    return tf.range(tf.cast(pipeline_id, tf.int64), num_examples, pipelines,
-                    dtype=tf.int64), count
-
-
-def _index_stream(ids, count: int, *, seed, buffer: int):
-    """Endless dataset of example indices ``ids`` (int64 tensor of ``count`` elements), pass
-    ``p`` shuffled with seeds derived from ``(seed, p)`` so that the stream never depends on
-    iterator history (``seed`` an int or int64 scalar tensor). ``buffer`` is a shuffle-buffer
-    size (``data.shuffle_buffer``) as in ``tf.data.Dataset.shuffle``: 0 keeps the order; a buffer
-    at least as large as the shard is a full permutation (drawn statelessly); a smaller one
-    shuffles within a sliding buffer of that many examples."""
-    import tensorflow as tf
-
-    def one_pass(pass_index):
-        if buffer >= count:
-            order = tf.random.experimental.stateless_shuffle(ids, seed=_pass_seed(seed, pass_index))
-            return tf.data.Dataset.from_tensor_slices(order)
-        ds = tf.data.Dataset.from_tensor_slices(ids)
-        if buffer:
-            ds = ds.shuffle(buffer, seed=seed * 1_000_003 + pass_index, reshuffle_each_iteration=False)
-        return ds
-
-    return tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
-
-
-def _memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
-    import tensorflow as tf
-
-    def train_fn(ctx, skip_batches: int):
-        pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
-        ids, count = _shard_ids(len(x), pipelines, pipeline_id, shard=shard)
-        ds = _index_stream(ids, count, seed=data_config.shuffle_seed + pipeline_id,
-                           buffer=data_config.shuffle_buffer)
-        ds = ds.batch(ctx.get_per_replica_batch_size(data_config.batch_size), drop_remainder=True)
-        if skip_batches:
-            ds = ds.skip(skip_batches)  # indices only: skipping costs nothing
-        xs, ys, convert = tf.constant(x), tf.constant(y), _to_inputs(normalize)
-        ds = ds.map(lambda ids: convert(tf.gather(xs, ids), tf.gather(ys, ids)),
-                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return ds.prefetch(tf.data.AUTOTUNE if data_config.prefetch < 0 else data_config.prefetch)
-
-    return train_fn
-
-
-def _eval_fn(x, y, data_config, *, shard: bool):
-    import tensorflow as tf
-
-    def eval_fn(ctx):
-        batch = ctx.get_per_replica_batch_size(data_config.batch_size)
-        ds = tf.data.Dataset.from_tensor_slices((x, y))
-        if shard and ctx.num_input_pipelines > 1:
-            ds = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
-        ds = ds.batch(batch).map(_to_inputs(data_config.normalize))
-        return ds.prefetch(tf.data.AUTOTUNE)
-
-    return eval_fn
-
-
 def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int) -> int:
     """``trainer.steps_per_epoch``, else one pass over a pipeline's examples.
 
@@ -278,43 +178,14 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
     config = recipe.data
     check_batch_divisible(config.batch_size, replicas)
     pipeline_batch = config.batch_size if asynchronous else config.batch_size // pipelines
-    if streams(config, config.train_split):
-        return _streaming_input(recipe, replicas=replicas, pipelines=pipelines,
-                                pipeline_batch=pipeline_batch, asynchronous=asynchronous)
-    policy = resolve_shard_policy(config, pipelines) if pipelines > 1 else "off"
-    x, y = load_split(config, config.train_split)  # in memory ('file' is for streaming sources)
-    train_fn = _memory_train_fn(x, y, config, shard=policy == "data", normalize=config.normalize)
-    per_pipeline = len(x) // pipelines if policy == "data" else len(x)
-    eval_fn, num_eval = None, 0
-    if config.eval_split:
-        ex, ey = load_split(config, config.eval_split)
-        eval_fn, num_eval = _eval_fn(ex, ey, config, shard=policy != "off"), len(ex)
-    steps = _steps_per_epoch(recipe, examples_per_pipeline=per_pipeline,
+    built = sources.of(config).stream(recipe, pipelines)
+    steps = _steps_per_epoch(recipe, examples_per_pipeline=built.per_pipeline,
                              pipeline_batch=pipeline_batch)
     if asynchronous and not recipe.trainer.steps_per_epoch:
         steps *= pipelines  # scheduled steps per epoch are summed over the workers
     log.info(f"input: {_batch_words(config.batch_size, replicas, pipelines, asynchronous)}; "
-             f"sharding '{policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps per "
-             "epoch")
-    return StreamInput(train_fn=train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
-                       shard_policy=policy, num_eval=num_eval, pipelines=pipelines)
-
-
-def _streaming_input(recipe, *, replicas: int, pipelines: int, pipeline_batch: int,
-                     asynchronous: bool) -> StreamInput:
-    """:func:`build_data` for a streaming source (:mod:`kerasdist.data.file_streams`)."""
-    from kerasdist.data.file_streams import build_streaming
-
-    config = recipe.data
-    built = build_streaming(recipe, pipelines=pipelines)
-    steps = _steps_per_epoch(recipe, examples_per_pipeline=built.per_pipeline,
-                             pipeline_batch=pipeline_batch)
-    if asynchronous and not recipe.trainer.steps_per_epoch:
-        steps *= pipelines
-    eval_fn, num_eval = built.eval_fn, built.num_eval
-    log.info(f"input: {_batch_words(config.batch_size, replicas, pipelines, asynchronous)}; "
              f"sharding '{built.policy}' (data.auto_shard='{config.auto_shard}'); {steps} steps "
              "per epoch")
-    return StreamInput(train_fn=built.train_fn, eval_fn=eval_fn, steps_per_epoch=steps,
-                       shard_policy=built.policy, num_eval=num_eval, pipelines=pipelines,
+    return StreamInput(train_fn=built.train_fn, eval_fn=built.eval_fn, steps_per_epoch=steps,
+                       shard_policy=built.policy, num_eval=built.num_eval, pipelines=pipelines,
                        artifacts=built.artifacts)

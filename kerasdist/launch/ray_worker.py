@@ -29,9 +29,9 @@ def _prepare(config: dict) -> None:
     threads = int(config.get("threads") or 0)
     if threads:
         os.environ["TF_NUM_INTRAOP_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
-    import kerasdist
+    from kerasdist.keras import enable  # kerasdist.enable(), without importing the package's top
 
-    kerasdist.enable()
+    enable()
 
 
 def _record_worker(log_dir: Path, index: int, tf_config: dict) -> None:

@@ -67,30 +67,19 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
 
 
 def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
-    from kerasdist.config.data_configs import streams
-    from kerasdist.data.sources import load_split
+    from kerasdist.data.inputs import examples_per_worker
     from kerasdist.training import checks
 
     strategy = registry.for_recipe(recipe)
     check_shape(recipe)
     run_dir = RunDir.of(recipe)
     run_dir.check_path()
-    if streams(recipe.data, recipe.data.train_split):
-        # files, feature spec, columns, data.function: checked without reading a split whole
-        from kerasdist.data.file_streams import build_streaming
-
-        per_worker = build_streaming(recipe, pipelines=1).per_pipeline
-        if per_worker < recipe.data.batch_size:
-            raise DataError(f"data.train_split '{recipe.data.train_split}' has {per_worker} "
-                            f"examples, fewer than one global batch. Received: "
-                            f"batch_size={recipe.data.batch_size}")
-    else:
-        x, _ = load_split(recipe.data, recipe.data.train_split)
-        if len(x) < recipe.data.batch_size:
-            raise DataError(f"data.train_split '{recipe.data.train_split}' has {len(x)} examples, "
-                            f"fewer than one global batch. Received: batch_size={recipe.data.batch_size}")
-        if recipe.data.eval_split:
-            load_split(recipe.data, recipe.data.eval_split)
+    # files, feature spec, columns, data.function, both splits: checked for every source kind
+    per_worker = examples_per_worker(recipe)
+    if per_worker < recipe.data.batch_size:
+        raise DataError(f"data.train_split '{recipe.data.train_split}' has {per_worker} "
+                        f"examples, fewer than one global batch. Received: "
+                        f"batch_size={recipe.data.batch_size}")
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
     checks.check_recipe_here(recipe)
     return run_dir

@@ -20,10 +20,10 @@ import sys
 
 def run_script(script: str, args: list[str]) -> int:
     """Run ``script`` as ``__main__`` with ``args``; returns its exit code (0 when it returns)."""
-    import kerasdist
+    from kerasdist.keras import enable  # kerasdist.enable(), without importing the package's top
     from kerasdist.launch import status
 
-    kerasdist.enable()
+    enable()
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:

@@ -45,7 +45,7 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
         recipe: the validated recipe (``data`` and ``model`` are read).
         model: the built ``keras.Model`` (compiled or not) of the recipe.
         splits: ``{split string: (x, y)}`` already loaded by the caller; splits not given are
-            loaded here (:func:`kerasdist.data.sources.load_split`; for a ``tfrecord`` source with
+            loaded here (:func:`kerasdist.data.inputs.check_sample`; for a ``tfrecord`` source with
             a whole split name, the first :data:`MAX_CHECKED_RECORDS` records only; for a
             ``python`` source's training split under ``trainer.steps_per_epoch``, the first
             :data:`FIRST_CHECKED_BATCHES` global batches).
@@ -67,6 +67,7 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
                                                            limit=_limit(recipe, field))
         where = f"{field} '{split}' of data.source '{recipe.data.source}'" + (
             f" (data.path '{recipe.data.path}')" if recipe.data.path else "")
+        _check_dtypes(x, y, model, where)
         _check_finite(y, f"{where}: labels")
         if not isinstance(x, dict):  # several named inputs (a tfrecord spec): labels only
             _check_finite(x, f"{where}: examples")
@@ -104,23 +105,56 @@ def _limit(recipe: Recipe, field: str) -> int:
     """Examples checked from a streaming split: :data:`MAX_CHECKED_RECORDS`, or the first
     :data:`FIRST_CHECKED_BATCHES` global batches of a function source's training split under
     ``trainer.steps_per_epoch`` (it may be endless)."""
-    function_source = recipe.data.source in ("python", "tfds")
-    if function_source and field == "data.train_split" and recipe.trainer.steps_per_epoch:
+    if recipe.data.traits.function and field == "data.train_split" and recipe.trainer.steps_per_epoch:
         return FIRST_CHECKED_BATCHES * recipe.data.batch_size
     return MAX_CHECKED_RECORDS
 
 
 def _load(data_config, split: str, *, limit: int = MAX_CHECKED_RECORDS) -> Split:
-    from kerasdist.config.data_configs import streams
-    from kerasdist.data.sources import load_split
+    from kerasdist.data.inputs import check_sample
 
-    if streams(data_config, split):
-        from kerasdist.data.file_streams import sample_split
+    return check_sample(data_config, split, limit)
 
-        # the default tfrecord layout is checked as the in-memory sources are, on raw arrays
-        raw = data_config.source == "tfrecord" and data_config.features is None
-        return sample_split(data_config, split, limit, preprocessed=not raw)
-    return load_split(data_config, split)
+
+def _is_text(values) -> bool:
+    return np.asarray(values).dtype.kind in "SUO"  # bytes, str, object (tf.string as NumPy)
+
+
+def _model_input_dtypes(model) -> dict:
+    """``{input name: dtype name}`` of the model's inputs (empty when it is not built)."""
+    try:
+        inputs = list(model.inputs or [])
+    except (AttributeError, ValueError):
+        return {}
+    out = {}
+    for tensor in inputs:
+        name = getattr(tensor, "name", "") or ""
+        out[name.split(":")[0]] = str(getattr(tensor, "dtype", ""))
+    return out
+
+
+def _check_dtypes(x, y, model, where: str) -> None:
+    """Strings where the model takes numbers (a feature or the labels) fail only inside the first
+    training step, after the run directory was written: refused here, naming the field."""
+    if _is_text(y):
+        raise DataError(f"{where}: labels are strings ({np.asarray(y).dtype}); the model's loss "
+                        "takes numbers (class ids or targets). Received: label "
+                        f"{np.asarray(y).reshape(-1)[0]!r}")
+    wanted = _model_input_dtypes(model)
+    items = x.items() if isinstance(x, dict) else [("", x)]
+    for name, values in items:
+        if not _is_text(values):
+            continue
+        dtype = wanted.get(name, "") if name else \
+            (next(iter(wanted.values())) if len(wanted) == 1 else "")
+        if "string" in dtype:
+            continue
+        field = f"input '{name}'" if name else "examples"
+        dtypes = ", ".join(sorted(set(wanted.values()))) or "numbers"
+        raise DataError(f"{where}: {field} are strings ({np.asarray(values).dtype}), the model "
+                        f"'{getattr(model, 'name', 'model')}' takes {dtypes} (turn text into "
+                        "numbers in the data function, or give the model a string input). "
+                        f"Received: {np.asarray(values).reshape(-1)[0]!r}")
 
 
 def _check_finite(values: np.ndarray, what: str) -> None:

@@ -94,18 +94,9 @@ def _evaluation_input(data, split: str, run_dir: Path):
     files as it is evaluated, a csv source with the vocabularies the run saved in ``run_dir``
     (so its ids are those training used, even if the training files changed since); an
     in-memory source is loaded whole, as training loaded it."""
-    from kerasdist.config.data_configs import streams
+    from kerasdist.data.inputs import eval_dataset
 
-    if streams(data, split):
-        from kerasdist.data.file_streams import evaluation_dataset
-
-        return evaluation_dataset(data, split, run_dir=run_dir)
-    from kerasdist.data.pipeline import make_dataset_fn
-    from kerasdist.data.sources import load_split
-
-    x, y = load_split(data, split)
-    return make_dataset_fn(x, y, global_batch_size=data.batch_size, training=False,
-                           normalize=data.normalize, prefetch=data.prefetch)(None)
+    return eval_dataset(data, split, run_dir=run_dir)
 
 
 class Evaluator:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 RUN_INFO = "run.json"
 METRICS = "metrics.json"
 MODEL = "model.keras"
+INFERENCE_MODEL = "inference_model.keras"  # a csv run: the model behind its preprocessing
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
 LOG_DIR = "logs"

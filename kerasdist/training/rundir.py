@@ -109,6 +109,21 @@ class RunDir:
         return self.path / outputs.MODEL
 
     @property
+    def inference_model(self) -> Path:
+        """``inference_model.keras``: the finished model behind its source's preprocessing
+        (a csv run: it predicts raw rows; :func:`kerasdist.data.inputs.serving_model`)."""
+        return self.path / outputs.INFERENCE_MODEL
+
+    def save_inference_model(self, recipe, model) -> Path | None:
+        """Save ``model`` behind the data source's preprocessing as ``inference_model.keras``
+        (atomically), when the source has any; returns its path or None."""
+        from kerasdist.data.inputs import serving_model
+
+        serving = serving_model(recipe.data, model, self.path)
+        return None if serving is None else outputs.save_model_atomic(serving,
+                                                                      self.inference_model)
+
+    @property
     def checkpoints(self) -> Path:
         """``checkpoints/``: the checkpoint store's folder."""
         return self.path / outputs.CHECKPOINT_DIR

@@ -63,7 +63,8 @@ def check_path(path: Path) -> None:
 
 def refuse_links(path: Path, entries: set[str]) -> None:
     """Refuse a symbolic link among the layout's names in ``entries`` (names in ``path``)."""
-    layout = {RUN_INFO, outputs.METRICS, outputs.MODEL, outputs.CHECKPOINT_DIR,
+    layout = {RUN_INFO, outputs.METRICS, outputs.MODEL, outputs.INFERENCE_MODEL,
+              outputs.CHECKPOINT_DIR,
               outputs.TENSORBOARD_DIR, outputs.LOG_DIR, outputs.RAY_DIR, outputs.EVAL_FILE,
               LOCK_NAME}
     for name in sorted(entries & layout):

@@ -311,6 +311,11 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
     check_finite_state(model, f"the trained model at global step {steps}", keeps=(
         f"{run_dir.model.name} and the newest checkpoint on disk stay the last good ones"))
     model_path = run_dir.save_model(model) if recipe.output.save_model else None
+    if model_path is not None:
+        serving = run_dir.save_inference_model(recipe, model)
+        if serving is not None:
+            log.info(f"saved {serving.name}: the model behind the data's preprocessing (it "
+                     "predicts raw rows)")
     stopped = stop_reason(steps=steps, start_step=start_step, epochs=recipe.trainer.epochs,
                           steps_per_epoch=data.steps_per_epoch, callbacks=from_recipe)
     result = RunResult(

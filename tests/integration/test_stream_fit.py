@@ -262,3 +262,30 @@ def test_an_endless_python_source_trains_with_steps_per_epoch(tmp_path, monkeypa
     assert code == EXIT_BAD_INPUT, err[-2000:]
     assert "trainer.steps_per_epoch" in err and "endless_user_data:endless" in err
     assert not (tmp_path / "run2").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_csv_runs_inference_model_predicts_raw_rows_to_the_summarys_metric(tmp_path,
+                                                                             monkeypatch):
+    """Issue 41, item 3: the csv preprocessing (standardization with the training split's
+    statistics, one-hot vocabularies) is saved as Keras layers in front of the trained model:
+    ``inference_model.keras`` takes the raw test csv's columns and scores the summary's
+    held-out accuracy."""
+    data, model = _make("csv", tmp_path, monkeypatch)
+    result = fit(_recipe(tmp_path, data, model))
+    served = keras.models.load_model(tmp_path / "run" / "inference_model.keras")
+    columns: dict[str, list] = {}
+    for path in sorted((tmp_path / "csv").glob("test-*.csv")):
+        with open(path, newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                for key, value in row.items():
+                    columns.setdefault(key, []).append(value)
+    labels = np.asarray(columns.pop("y"), np.int64)
+    raw = {"a": np.asarray(columns["a"], np.float32)[:, None],
+           "b": np.asarray(columns["b"], np.float32)[:, None],
+           "color": tf.constant([[c] for c in columns["color"]])}  # Keras takes no str arrays
+    predicted = served.predict(raw, batch_size=64, verbose=0).argmax(axis=-1)
+    accuracy = float((predicted == labels).mean())
+    written = json.loads((tmp_path / "run" / "metrics.json").read_text())["evaluation"]
+    assert len(labels) == 160 and accuracy == pytest.approx(written["accuracy"], abs=1e-6)
+    assert accuracy == pytest.approx(result.evaluation["accuracy"], abs=1e-6) and accuracy > 0.85

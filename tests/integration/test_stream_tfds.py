@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from kerasdist import fit
 from kerasdist.config import validate_recipe
-from kerasdist.data.file_streams import build_streaming
+from kerasdist.data.inputs import build_streaming
 from kerasdist.errors import DataError
 
 tfds = pytest.importorskip("tensorflow_datasets")

@@ -223,13 +223,12 @@ def test_the_stream_row_reads_the_default_rows_examples_from_tfrecord_files(tmp_
     from kerasdist.bench.command import stream_data
     from kerasdist.bench.runner import strategy_recipe
     from kerasdist.config import validate_recipe
-    from kerasdist.config.data_configs import streams
     from kerasdist.data import load_split
 
     recipe = load_recipe(str(RECIPE), ["data.train_split=test[:300]", "data.eval_split=test[300:400]"])
     raw = stream_data(recipe.model_dump(mode="json"), recipe, tmp_path)
     row = validate_recipe(strategy_recipe(raw, "default_stream", workers=2, run_dir=tmp_path / "r"))
-    assert row.strategy.kind == "default" and streams(row.data, row.data.train_split)
+    assert row.strategy.kind == "default" and row.data.traits.streams
     for mine, theirs in (("train", "test[:300]"), ("test", "test[300:400]")):
         ours = load_split(row.data, f"{mine}[:100%]")  # the files, read whole to compare
         for a, b in zip(ours, load_split(recipe.data, theirs), strict=True):

@@ -291,3 +291,23 @@ def test_a_shrunk_cluster_keeps_the_global_batch_and_refuses_a_count_it_does_not
             "strategy": {"kind": "multi_worker"}, "data": {"batch_size": 45},
             "trainer": {"gradient_accumulation_steps": 5},
             "cluster": {"kind": "local", "workers": 3, "min_workers": 2}}))(2)
+
+
+def test_validate_prints_only_the_chosen_source_kinds_data_fields(tmp_path):
+    """Issue 41, item 1 (the printing part): ``kerasdist validate`` shows the common ``data``
+    fields and the chosen kind's, not the 25 fields of every kind; every field belongs to one."""
+    import yaml
+
+    from kerasdist.config.data_configs import COMMON_DATA_FIELDS, SOURCE_TRAITS, DataConfig
+
+    owned = set(COMMON_DATA_FIELDS).union(*(t.fields for t in SOURCE_TRAITS.values()))
+    assert owned == set(DataConfig.model_fields)
+    (tmp_path / "t.csv").write_text("a,y\n1,0\n", encoding="utf-8")
+    recipe = validate_recipe({"data": {"source": "csv", "path": str(tmp_path), "label": "y",
+                                       "train_split": "t", "eval_split": None}})
+    data = yaml.safe_load(dump_recipe(recipe))["data"]
+    assert set(data) == set(COMMON_DATA_FIELDS) | {"path", "label", "numeric", "categorical",
+                                                   "label_dtype"}
+    assert validate_recipe({**yaml.safe_load(dump_recipe(recipe))}) == recipe
+    embedded = yaml.safe_load(dump_recipe(validate_recipe({})))["data"]
+    assert set(embedded) == set(COMMON_DATA_FIELDS)

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from kerasdist.config import validate_recipe
-from kerasdist.data.file_streams import build_streaming
+from kerasdist.data.inputs import build_streaming
 from kerasdist.data.writers import write_csv_splits, write_example_tfrecords, write_image_folder
 from kerasdist.errors import DataError
 

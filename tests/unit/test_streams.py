@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from kerasdist.config import validate_recipe
-from kerasdist.data.file_streams import build_streaming
+from kerasdist.data.inputs import build_streaming
 from kerasdist.data.sources import write_tfrecord
 from kerasdist.data.streams import (
     _eval_fn,

@@ -1,27 +1,25 @@
-"""Data sources: each returns a split as in-memory NumPy arrays ``(x, y)``.
+"""The readers of the in-memory formats and of the MNIST TFRecord layout: leaf functions (no
+other ``kerasdist.data`` module is imported) that the source kinds (:mod:`kerasdist.data.sources`)
+call.
 
-Supported sources (``data.source``):
-
-* ``embedded``: the real MNIST test set (10,000 digits, IDX files) shipped inside the package, so the
-  quickstart runs with no network. Only the split ``test`` exists. Provenance: ``sample/README.md``.
-* ``tfds``: ``tensorflow_datasets.load(name, split=..., data_dir=...)`` (downloads when online).
-* ``idx``: a folder of the original MNIST IDX files (``train-images-idx3-ubyte[.gz]``, ...).
-* ``npz``: a Keras ``mnist.npz`` file (``x_train, y_train, x_test, y_test``).
-* ``tfrecord``: a folder of ``<split>*.tfrecord*`` files in the seed's schema: ``image_raw`` (bytes,
-  raw uint8 28x28) and ``label`` (int64). :func:`write_tfrecord` writes that schema.
-* ``synthetic_linear``: the seed-001 regression ``y = 2 x + 10 + N(0, noise_std^2)``, ``x ~ N(0, 1)``,
-  seeded by ``data.shuffle_seed`` and the split name.
+* ``embedded``: the real MNIST test set (10,000 digits, IDX files) shipped inside the package
+  (:func:`embedded_dir`; provenance: ``sample/README.md``);
+* IDX files (:func:`read_idx`, :func:`load_idx_split`), a Keras ``mnist.npz``
+  (:func:`load_npz_split`);
+* the seed's TFRecord layout: ``image_raw`` (bytes, raw uint8 square image) and ``label`` (int64):
+  :func:`parse_square_image` (one record), :func:`parse_square_images` (a batch),
+  :func:`write_tfrecord`;
+* the synthetic splits (:func:`synthetic_linear`, :func:`synthetic_clicks`);
+* :func:`corrupt_file`: the message for a TFRecord file TensorFlow cannot read to its end.
 
 Images are ``uint8`` of shape ``(N, 28, 28)``; labels ``int64`` of shape ``(N,)``. The linear source
-gives ``float32`` ``x`` and ``y`` of shape ``(N, 1)``. Split strings use TFDS slicing
-(``test[:80%]``); they are resolved with ``tfds.core.ReadInstruction``.
+gives ``float32`` ``x`` and ``y`` of shape ``(N, 1)``.
 """
 
 from __future__ import annotations
 
 import gzip
 import re
-import types
 import zlib
 from importlib import resources
 from pathlib import Path
@@ -144,6 +142,35 @@ def parse_square_image(record):
     return tf.reshape(image, [side, side]), parsed["label"]
 
 
+def parse_square_images(records):
+    """A batch of seed-layout records -> (uint8 ``(b, side, side)``, int64 ``(b,)``)."""
+    import tensorflow as tf
+
+    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+    parsed = tf.io.parse_example(records, spec)
+    images = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
+    side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.shape(images)[1], tf.float32))), tf.int32)
+    return tf.reshape(images, [-1, side, side]), parsed["label"]
+
+
+def tf_message(err) -> str:
+    """The first line of a TensorFlow error, without its ``{{function_node ...}}`` prefix."""
+    text = str(getattr(err, "message", err)).strip().splitlines()
+    text = text[0] if text else type(err).__name__
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)[:300]
+
+
+def corrupt_file(path: str, err) -> DataError:
+    """A ``DataError`` for a TFRecord file TensorFlow cannot read to its end (``DataLossError``:
+    truncated, or a bad checksum), naming the file and the byte offset TensorFlow gives."""
+    detail = tf_message(err)
+    offset = re.search(r"(?:record|corrupted record) at (\d+)", detail)
+    where = f" at byte {offset.group(1)}" if offset else ""
+    return DataError(f"data.path: TFRecord file '{path}' is truncated or corrupt{where} (written "
+                     f"partly, or damaged): {detail}. Received: file '{path}'")
+
+
 def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Split from ``<folder>/<split>*.tfrecord*`` in the seed schema, as uint8 ``(N, H, W)`` images
     and int64 ``(N,)`` labels (read with :func:`parse_tfrecords`).
@@ -168,13 +195,20 @@ def sample_tfrecord_split(folder: Path, split: str,
     if not files:
         raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     images, labels = [], []
-    try:
-        records = parse_tfrecords(files)
-        for image, label in (records if limit is None else records.take(limit)).batch(4096):
-            images.append(image.numpy())
-            labels.append(label.numpy())
-    except tf.errors.OpError as err:
-        raise DataError(f"data.path: cannot parse TFRecords in '{folder}': {err.message}") from None
+    for path in files:
+        wanted = None if limit is None else limit - sum(len(y) for y in labels)
+        if wanted is not None and wanted <= 0:
+            break
+        try:
+            records = parse_tfrecords([path])
+            for image, label in (records if wanted is None else records.take(wanted)).batch(4096):
+                images.append(image.numpy())
+                labels.append(label.numpy())
+        except tf.errors.DataLossError as err:
+            raise corrupt_file(path, err) from None
+        except tf.errors.OpError as err:
+            raise DataError(f"data.path: cannot parse the TFRecords of '{path}': "
+                            f"{err.message.splitlines()[0][:300]}") from None
     if not images:
         raise DataError(f"data.path: the '{split}*.tfrecord*' files in '{folder}' hold no records")
     return np.concatenate(images), np.concatenate(labels).astype(np.int64)
@@ -229,86 +263,3 @@ def synthetic_clicks(split: str, *, num_examples: int, num_users: int, num_items
     clicks = rng.random(num_examples) < 1.0 / (1.0 + np.exp(-logits))
     return (np.stack([users, items], axis=1).astype(np.int64),
             clicks.astype(np.float32)[:, None])
-
-
-def _full_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
-    source = config.source
-    if source == "embedded":
-        if split != "test":
-            raise DataError(f"the embedded sample holds only the MNIST 'test' split (10,000 real "
-                            f"digits); use e.g. 'test[:80%]'. Received: split '{split}'")
-        return load_idx_split(embedded_dir(), "test")
-    if source == "idx":
-        return load_idx_split(Path(config.path), split)
-    if source == "npz":
-        return load_npz_split(Path(config.path), split)
-    if source == "tfrecord":
-        return load_tfrecord_split(Path(config.path), split)
-    if source == "synthetic_linear":
-        return synthetic_linear(split, num_examples=config.num_examples,
-                                noise_std=config.noise_std, seed=config.shuffle_seed)
-    if source == "synthetic_clicks":
-        return synthetic_clicks(split, num_examples=config.num_examples,
-                                num_users=config.num_users, num_items=config.num_items,
-                                seed=config.shuffle_seed)
-    raise DataError(f"data.source: unknown source '{source}'")
-
-
-def _load_tfds(config, split: str) -> tuple[np.ndarray, np.ndarray]:
-    import tensorflow_datasets as tfds
-
-    try:
-        ds = tfds.load(config.name, split=split, as_supervised=True, batch_size=-1,
-                       data_dir=str(config.data_dir) if config.data_dir else None)
-    except Exception as err:  # TFDS raises many types (network, registration, split errors)
-        raise DataError(f"data.source 'tfds': cannot load '{config.name}' split '{split}': {err}. "
-                        "Offline? Use data.source: embedded.") from None
-    x, y = tfds.as_numpy(ds)
-    if x.ndim == 4 and x.shape[-1] == 1:
-        x = x[..., 0]
-    return x, as_labels(y, f"data.source 'tfds' '{config.name}' split '{split}'")
-
-
-def load_split(config, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Load ``split`` (TFDS slicing syntax) of the source described by a ``DataConfig``.
-
-    Returns:
-        ``(x, y)`` NumPy arrays; see the module docs for shapes and dtypes.
-
-    Raises:
-        DataError: missing files, unknown split name or an out-of-range slice.
-    """
-    if config.source == "tfds" and config.input is None and config.label is None:
-        return _load_tfds(config, split)  # as_supervised pairs, as before
-    from kerasdist.config.data_configs import streams
-
-    if streams(config, split) and not (config.source == "tfrecord" and config.features is None):
-        # (tfds with data.input / data.label too)
-        # the new streaming kinds, read whole through the stream's decoder (evaluator, bench)
-        from kerasdist.data.file_streams import sample_split
-
-        return sample_split(config, split, None)
-    import tensorflow_datasets as tfds
-
-    try:
-        instruction = tfds.core.ReadInstruction.from_spec(split)
-    except (ValueError, AssertionError) as err:
-        raise DataError(f"bad split string {split!r}: {err}") from None
-    parts = []
-    cache: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name in {re.match(r"\s*([\w-]+)", part).group(1) for part in split.split("+")}:
-        cache[name] = _full_split(config, name)
-    infos = {name: types.SimpleNamespace(num_examples=len(arr[0]), shard_lengths=[len(arr[0])])
-             for name, arr in cache.items()}
-    try:
-        absolute = instruction.to_absolute(infos)
-    except (ValueError, AssertionError) as err:
-        raise DataError(f"split {split!r}: {err}") from None
-    for part in absolute:
-        x, y = cache[part.splitname]
-        parts.append((x[part.from_:part.to], y[part.from_:part.to]))
-    x = np.concatenate([p[0] for p in parts])
-    y = np.concatenate([p[1] for p in parts])
-    if len(x) == 0:
-        raise DataError(f"split {split!r} selects no examples")
-    return x, y

@@ -1,0 +1,90 @@
+"""Registry of the source kinds (``data.source``), one module per kind behind one protocol
+(:class:`kerasdist.data.sources.base.SourceKind`), as :mod:`kerasdist.strategies` does for
+strategies.
+
+Built-in kinds are registered by module path and imported on first use (listing or validating
+never imports a kind, nor TensorFlow). Their traits (streams or not, needs a path, shard units)
+are declared in :data:`kerasdist.config.data_configs.SOURCE_TRAITS`, which validation reads. The
+consumers (launch, training, the evaluator, the bench) call the entry points of
+:mod:`kerasdist.data.inputs`, never a kind directly, and compare no ``data.source`` string.
+
+Adding a source: a config trait line in ``SOURCE_TRAITS`` (and its name in ``DataSource``), one
+module here with one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in
+``_BUILTIN`` below.
+
+The readers of the in-memory formats are re-exported here under their former names
+(:mod:`kerasdist.data.readers`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kerasdist.data.readers import (  # noqa: F401 - the former names of kerasdist.data.sources
+    LINEAR_B,
+    LINEAR_W,
+    MNIST_IDX_FILES,
+    as_labels,
+    embedded_dir,
+    load_idx_split,
+    load_npz_split,
+    load_tfrecord_split,
+    parse_square_image,
+    parse_tfrecords,
+    read_idx,
+    sample_tfrecord_split,
+    synthetic_clicks,
+    synthetic_linear,
+    tfrecord_files,
+    write_tfrecord,
+)
+from kerasdist.errors import DataError
+
+_BUILTIN: dict[str, str] = {
+    "embedded": "kerasdist.data.sources.embedded:EmbeddedKind",
+    "idx": "kerasdist.data.sources.idx:IdxKind",
+    "npz": "kerasdist.data.sources.npz:NpzKind",
+    "synthetic_linear": "kerasdist.data.sources.synthetic:SyntheticLinearKind",
+    "synthetic_clicks": "kerasdist.data.sources.synthetic:SyntheticClicksKind",
+    "tfrecord": "kerasdist.data.sources.tfrecord:TFRecordKind",
+    "csv": "kerasdist.data.sources.csv:CsvKind",
+    "image_folder": "kerasdist.data.sources.image_folder:ImageFolderKind",
+    "python": "kerasdist.data.sources.python:PythonKind",
+    "tfds": "kerasdist.data.sources.tfds:TfdsKind",
+}
+_OBJECTS: dict = {}
+
+
+def available() -> list[str]:
+    """The registered source kinds, sorted."""
+    return sorted(set(_BUILTIN) | set(_OBJECTS))
+
+
+def get(kind: str):
+    """The :class:`~kerasdist.data.sources.base.SourceKind` object of ``kind``.
+
+    Raises:
+        DataError: unknown kind; the message lists the available ones.
+    """
+    if kind not in _OBJECTS:
+        if kind not in _BUILTIN:
+            raise DataError(f"data.source: unknown source '{kind}'; available: "
+                            f"{', '.join(available())}. Received: source='{kind}'")
+        module, _, name = _BUILTIN[kind].partition(":")
+        _OBJECTS[kind] = getattr(importlib.import_module(module), name)()
+    return _OBJECTS[kind]
+
+
+def of(config):
+    """The kind object of a ``DataConfig`` (its ``source``)."""
+    return get(config.source)
+
+
+def load_split(config, split: str):
+    """The whole of ``split`` of the ``DataConfig``'s source as NumPy ``(x, y)`` (TFDS slicing
+    syntax for the in-memory sources, ``tfrecord``, ``tfds`` and ``python``).
+
+    Raises:
+        DataError: missing files, unknown split name or an out-of-range slice.
+    """
+    return of(config).load(config, split)
