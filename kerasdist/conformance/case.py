@@ -3,6 +3,8 @@ case lists are in :mod:`kerasdist.conformance.cases` and :mod:`kerasdist.conform
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -88,3 +90,15 @@ def sgd_compile(*, optimizer=None, metrics=("accuracy",), loss=SCCE, **extra) ->
     """``compile`` arguments: SGD(0.05) unless given, the case's loss and metrics."""
     metrics = metrics if isinstance(metrics, dict) else list(metrics)
     return {"optimizer": optimizer or _optimizer(), "loss": loss, "metrics": metrics, **extra}
+
+
+def task_name() -> tuple[str, bool]:
+    """``(name, is_chief)`` of this process from ``TF_CONFIG`` (``main`` without one)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return "main", True
+    task = json.loads(raw).get("task", {})
+    kind, index = task.get("type", "worker"), int(task.get("index", 0))
+    if kind == "chief":
+        return "main", True
+    return f"{kind}-{index}", kind == "worker" and index == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from kerasdist.conformance import models
-from kerasdist.conformance.case import Case, sgd_compile
+from kerasdist.conformance.case import Case, sgd_compile, task_name
 from kerasdist.conformance.data import CLASSES, FEATURES, SEQ_LEN, WIDE_VOCAB
 
 # (case suffix, shown name, keras.optimizers class name, keyword arguments)
@@ -51,8 +51,6 @@ def _sparse_case(suffix: str, shown: str, class_name: str, kwargs: dict) -> Case
 
 
 def _task() -> str:
-    from kerasdist.conformance.task import task_name
-
     return task_name()[0]
 
 

@@ -16,9 +16,10 @@ collective until ``COLLECTIVE_TIMEOUT_S``; both then go on).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
+
+from kerasdist.conformance.case import task_name
 
 LOGICAL_CPUS = 2
 COLLECTIVE_TIMEOUT_S = 60
@@ -87,18 +88,6 @@ def coordinated(kind: str) -> bool:
     from kerasdist.strategies import get
 
     return kind != "reference" and get(kind).traits.topology == "coordinator"
-
-
-def task_name() -> tuple[str, bool]:
-    """``(name, is_chief)`` of this process from ``TF_CONFIG`` (``main`` without one)."""
-    raw = os.environ.get("TF_CONFIG")
-    if not raw:
-        return "main", True
-    task = json.loads(raw).get("task", {})
-    kind, index = task.get("type", "worker"), int(task.get("index", 0))
-    if kind == "chief":
-        return "main", True
-    return f"{kind}-{index}", kind == "worker" and index == 0
 
 
 def run_plan(plan: dict) -> int:

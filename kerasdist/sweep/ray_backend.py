@@ -76,7 +76,7 @@ def shutdown() -> None:
 def _run_fit(command: list[str], log: str, cwd: str, env: dict[str, str]) -> int:
     """Inside the Ray task: run the trial's ``kerasdist fit`` and return its exit code. A
     cancelled task (``KeyboardInterrupt``) sends the trial SIGTERM and waits for it."""
-    from kerasdist.sweep.backends import STOP_GRACE_S, _with_driver
+    from kerasdist.sweep.processes import STOP_GRACE_S, _with_driver
 
     with open(log, "ab") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
