@@ -49,7 +49,7 @@ def test_report_names_versions_devices_and_mends(capsys, monkeypatch):
     assert {"keras#20585", "tensorflow#72388", "keras#20582"} <= set(report["mends"])
     states = {"active", "needed", "not needed", "not applicable"}
     assert set(report["mends"].values()) <= states | {f"unknown version: {s}" for s in states}
-    assert report["supported"] == {"tensorflow": ">=2.20,<2.22", "keras": ">=3.15,<3.16"}
+    assert report["supported"] == {"tensorflow": ">=2.20,<2.22", "keras": ">=3.14,<3.16"}
     assert report["cluster"]["source"] == "none"
 
 
