@@ -49,6 +49,17 @@ def _model():
     return model, keras.optimizers.Adam(0.01)
 
 
+def _replica_step(model, optimizer):
+    """One replica's step: half the mean squared error, its gradient applied."""
+    def replica(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x, training=True) - y) ** 2) / 2.0
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+    return replica
+
+
 def mirrored() -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     mark("strategy")
@@ -58,14 +69,10 @@ def mirrored() -> None:
     mark("model")
     dataset = strategy.experimental_distribute_dataset(_data(32))
 
+    replica = _replica_step(model, optimizer)
+
     @tf.function
     def step(batch):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((model(x, training=True) - y) ** 2) / 2.0
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
         return strategy.reduce("SUM", strategy.run(replica, args=batch), axis=None)
 
     step(next(iter(dataset)))
@@ -90,14 +97,10 @@ def parameter_server() -> None:
     per_worker = coordinator.create_per_worker_dataset(lambda: _data(32))
     iterator = iter(per_worker)
 
+    replica = _replica_step(model, optimizer)
+
     @tf.function
     def step(it):
-        def replica(x, y):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean((model(x, training=True) - y) ** 2) / 2.0
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply(grads, model.trainable_variables)
-            return loss
         return strategy.run(replica, args=next(it))
 
     coordinator.schedule(step, args=(iterator,))
