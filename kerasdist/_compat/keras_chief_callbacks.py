@@ -237,12 +237,26 @@ class _StagedSaves:
         return self._write(self._kerasdist_model.save_weights, filepath, args, kwargs)
 
 
+def _target_folder(callback, epoch, batch, logs) -> str:
+    """The folder this save of ``callback`` (a ModelCheckpoint) writes into, with the path's
+    placeholders (``{epoch}``, metrics) filled in as Keras fills them."""
+    try:
+        path = callback._get_file_path(epoch, batch, logs or {})
+    except (KeyError, IndexError, ValueError):  # Keras raises its own error in the call
+        path = callback.filepath
+    return os.path.dirname(os.path.abspath(os.fspath(path)))
+
+
 def _checkpoint_save(original):
     @functools.wraps(original)
     def _save_model(self, epoch, batch, logs):
         kind = role(self.model)
+        parent = None if _is_remote(self.filepath) else _target_folder(self, epoch, batch, logs)
+        if parent is not None and kind != _SINGLE:  # made before any barrier: Keras's own
+            os.makedirs(parent, exist_ok=True)  # exists-then-makedirs on the chief cannot race
+            # a worker's staging folder in the same place (FileExistsError, CI 2026-11-27)
         if kind != _OTHER:  # remote paths: written in place by the chief, no barrier
-            turn = _turn(self.model, kind if not _is_remote(self.filepath) else _SINGLE)
+            turn = _turn(self.model, kind if parent is not None else _SINGLE)
             with turn, _swapped(self, _model=_StagedSaves(self._model)), _own_saves():
                 return original(self, epoch, batch, logs)
         if _is_remote(self.filepath):
@@ -250,7 +264,6 @@ def _checkpoint_save(original):
                 private = os.path.join(folder, os.path.basename(self.filepath))
                 with _swapped(self, filepath=private), _own_saves():
                     return original(self, epoch, batch, logs)
-        parent = os.path.dirname(os.path.abspath(os.fspath(self.filepath)))
         with worker_save(self.model, parent) as save:
             staged = os.path.join(save.folder, os.path.basename(self.filepath))
             with _swapped(self, filepath=staged), _own_saves():

@@ -249,6 +249,42 @@ def test_on_a_folder_shared_with_the_chief_only_the_chief_writes(
     assert os.listdir(private_tmp) == []
 
 
+@pytest.mark.parametrize("templated", [False, True], ids=["plain", "epoch-folder"])
+def test_the_chief_and_a_worker_never_both_make_a_new_checkpoint_folder(
+        mended, workers_barrier, tmp_path, private_tmp, monkeypatch, templated):
+    """CI 2026-11-27: Keras's ModelCheckpoint makes a missing folder with check-then-create
+    (``os.makedirs`` without ``exist_ok``) while worker 1 makes the same folder for its staging
+    files: FileExistsError on the chief. Here the worker's makedirs is held until a
+    check-then-create has begun, so the collision happens every time one begins."""
+    real_makedirs = os.makedirs
+    checked, made = threading.Event(), threading.Event()
+
+    def ordered_makedirs(name, mode=0o777, exist_ok=False):
+        if not os.fspath(name).startswith(str(tmp_path / "new")):
+            return real_makedirs(name, mode, exist_ok)
+        if not exist_ok:  # Keras's: it saw no folder; the worker now makes it first
+            checked.set()
+            made.wait(timeout=10)
+            return real_makedirs(name, mode, exist_ok)
+        checked.wait(timeout=0.5)
+        try:
+            return real_makedirs(name, mode, exist_ok)
+        finally:
+            made.set()
+
+    monkeypatch.setattr(os, "makedirs", ordered_makedirs)
+    template = tmp_path / "new" / ("epoch{epoch}" if templated else "flat") / "model.keras"
+    chief, other = _model(task_id=0), _model(task_id=1)
+    callbacks = [keras.callbacks.ModelCheckpoint(str(template)) for _ in range(2)]
+    for callback, model in zip(callbacks, (chief, other), strict=True):
+        callback.set_model(model)
+    _as_two_workers(workers_barrier, lambda: callbacks[0].on_epoch_end(0, {"loss": 1.0}),
+                    lambda: callbacks[1].on_epoch_end(0, {"loss": 1.0}))
+    written = tmp_path / "new" / ("epoch1" if templated else "flat")
+    assert os.listdir(written) == ["model.keras"]
+    assert os.listdir(tmp_path / "new") == [written.name]  # no literal "{epoch}" folder
+
+
 @pytest.mark.parametrize("weights_only", [False, True], ids=["keras", "weights.h5"])
 def test_a_worker_checkpoint_to_a_folder_of_its_own_is_kept(
         mended, workers_barrier, tmp_path, private_tmp, weights_only):
