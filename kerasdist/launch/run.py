@@ -192,45 +192,11 @@ def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
     return tf_config
 
 
-def chief_log(recipe: Recipe) -> Path | None:
-    """The log file of the task of a local cluster whose progress is the run's (the task that
-    writes the outputs, in a process of its own): ``worker-0.log`` under ``multi_worker``,
-    ``chief-0.log`` for an elastic parameter-server run (its coordinator is task ``chief:0``);
-    None where that task is not a task of the local cluster (a parameter-server coordinator in
-    the launching process, whose output is the console already; Ray, which forwards its
-    workers' output itself)."""
-    from kerasdist.launch.coordinator import elastic
-
-    if recipe.cluster.kind != "local":
-        return None
-    topology = registry.for_recipe(recipe).traits.topology
-    if topology == "peers":
-        return RunDir.of(recipe).logs / "worker-0.log"
-    if topology == "coordinator" and elastic(recipe):
-        return RunDir.of(recipe).logs / "chief-0.log"
-    return None
-
-
-@contextlib.contextmanager
-def _chief_echo(recipe: Recipe, *, echo: bool):
-    """While a local cluster runs, its chief's new log lines on the console (Keras's progress,
-    one line an epoch; kerasdist's notices: resume, early stop; TensorFlow's start-up noise left
-    out), without a prefix: one task speaks. Nothing with ``echo`` False (``fit --quiet``)."""
-    from kerasdist.launch.echo import Echo
-
-    path = chief_log(recipe) if echo else None
-    if path is None:
-        yield
-        return
-    with Echo() as shown:
-        shown.follow(path)
-        yield
-
-
 def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
                echo: bool = True) -> RunResult | None:
     """A local or Ray cluster started from this process (see :func:`run_recipe`)."""
     from kerasdist.launch import isolation, model_check
+    from kerasdist.launch.console import chief_echo
 
     recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
     deferred = model_check.deferred(recipe, RunDir.of(recipe).path)
@@ -252,7 +218,7 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
             tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
             try:
                 mark("launching")
-                with _chief_echo(recipe, echo=echo):
+                with chief_echo(recipe, echo=echo):
                     if isolated or _coordinator_in_a_child(recipe, callbacks):
                         return _run_child(recipe, overwrite=overwrite, verbose=verbose,
                                           isolate=isolated)
@@ -320,7 +286,7 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
             child process in a private network namespace) unless it runs exposed
             (``cluster.allow_network_exposure``) with the coordinator here.
         echo: on a local cluster, show the chief task's new log lines on the console while it
-            runs (:func:`chief_log`; default True; ``fit --quiet``: False).
+            runs (:func:`kerasdist.launch.console.chief_log`; default True; ``fit --quiet``: False).
 
     Raises:
         RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts (also:
