@@ -96,7 +96,7 @@ def test_csv_with_a_utf8_bom_reads_its_label_column(tmp_path):
 @pytest.mark.parametrize("value, dtype, needles", [
     ("cat", "int64", ["column 'y' of '", "train-000.csv' line 7 is not an integer class id",
                       "Received: 'cat'"]),
-    ("0.25", "int64", ["line 7", "Set data.label_dtype: float32", "Received: '0.25'"]),
+    ("0.25", "int64", ["line 7", "Set data.source.label_dtype: float32", "Received: '0.25'"]),
     ("nan", "float32", ["line 7 is not a finite number", "Received: 'nan'"]),
 ])
 def test_csv_bad_label_names_file_line_column_and_value(tmp_path, value, dtype, needles):
@@ -191,11 +191,11 @@ def test_image_size_and_channels_default_to_the_first_image_and_mixed_sizes_are_
         built = _build(_recipe(tmp_path, data, steps_per_epoch=1))
     x, _ = _all(built.eval_fn(_ctx()))
     assert x.shape == (8, 8, 8, 1)
-    assert "data.image_size [8, 8] and data.channels 1 taken from the first training image" \
+    assert "data.source.image_size [8, 8] and data.source.channels 1 taken from the first training image" \
         in caplog.text
     _png(tmp_path / "img" / "test" / "0" / "big.png", np.zeros((9, 8, 1), np.uint8))
     with pytest.raises(DataError, match=r"big.png' is 9x8, other images 8x8 .* need "
-                       "data.image_size"):
+                       "data.source.image_size"):
         _build(_recipe(tmp_path, data))
     resized = _build(_recipe(tmp_path, {**data, "image_size": [4, 4]}))
     assert _all(resized.eval_fn(_ctx()))[0].shape == (9, 4, 4, 1)
@@ -253,7 +253,7 @@ def test_string_features_or_labels_are_refused_naming_the_field(tmp_path, monkey
 
 def test_an_error_raised_by_a_user_generator_is_a_data_error(tmp_path, monkeypatch):
     recipe = _python(tmp_path, monkeypatch, "raising")
-    with pytest.raises(DataError, match=r"data.function 'user_defect_mod:raising'.*"
+    with pytest.raises(DataError, match=r"data.source.function 'user_defect_mod:raising'.*"
                        "the user's file went away"):
         _build(recipe)
     from kerasdist.training.checks import check_inputs
@@ -304,7 +304,7 @@ def test_a_truncated_tfrecord_of_the_default_layout_is_named_with_its_file(tmp_p
 # ---------------------------------------------------------------------------------------- paths
 def test_a_relative_path_that_does_not_exist_names_the_directory_searched(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"data.path does not exist \(a relative path is resolved "
+    with pytest.raises(ValueError, match=r"data.source.path does not exist \(a relative path is resolved "
                        rf"against the working directory, {tmp_path}\)"):
         _recipe(tmp_path, {"source": "csv", "path": "no/such/folder", "label": "y"})
     (tmp_path / "csvs").mkdir()

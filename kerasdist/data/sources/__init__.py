@@ -77,7 +77,7 @@ def get(kind: str):
 
 def of(config):
     """The kind object of a ``DataConfig`` (its ``source``)."""
-    return get(config.source)
+    return get(config.kind)
 
 
 def load_split(config, split: str):

@@ -119,7 +119,7 @@ class MemoryKind(SourceKind):
 
     def shard_policy(self, config, pipelines):
         return shard_policy(config, pipelines, units=None,
-                            why_not=f"source '{config.source}' is held in memory (no files to "
+                            why_not=f"source '{config.kind}' is held in memory (no files to "
                             "shard)")
 
     def stream(self, recipe, pipelines):
