@@ -11,8 +11,9 @@ call and nothing else does: the resumable training stream and evaluation input
 (:meth:`SourceKind.stream`), the sidecar evaluator's input (:meth:`SourceKind.eval_dataset`), a
 sample of decoded examples (:meth:`SourceKind.sample`, :meth:`SourceKind.check_sample`) and the
 whole split as arrays (:meth:`SourceKind.load`). Adding a source is one module here with one
-class, and one line in the registry (:mod:`kerasdist.data.sources`) and in
-:data:`kerasdist.config.data_configs.SOURCE_TRAITS`.
+class, one line in the registry (:mod:`kerasdist.data.sources`) and one config class in
+:mod:`kerasdist.config.source_configs`. A kind reads its own fields as ``config.source.<field>``
+and the common ones (splits, batch size, seed) as ``config.<field>``.
 """
 
 from __future__ import annotations
