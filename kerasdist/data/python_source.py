@@ -169,6 +169,26 @@ def raised(err, config, split: str) -> DataError:
                      f"read: {detail}. Received: split='{split}'")
 
 
+PY_FUNC_NODES = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
+"""TensorFlow's ops that run Python inside a ``tf.data`` pipeline (``Dataset.from_generator``,
+``tf.py_function``, ``tf.numpy_function``): an error from one of them, met while the input
+iterator was read, is an exception of the user's data function."""
+
+
+def from_user_code(err) -> bool:
+    """Whether ``err`` (a TensorFlow ``OpError`` that ended training or evaluation) was raised by
+    Python code of the data function while the input iterator was read: an ``UnknownError`` or
+    ``InvalidArgumentError`` whose failing node is a Python-function op and that came through
+    ``IteratorGetNext`` (TensorFlow names both in the error; a Python function in the model is not
+    read through the iterator)."""
+    import tensorflow as tf
+
+    if not isinstance(err, (tf.errors.UnknownError, tf.errors.InvalidArgumentError)):
+        return False
+    text = str(getattr(err, "message", err))
+    return "IteratorGetNext" in text and any(f"node {name}" in text for name in PY_FUNC_NODES)
+
+
 def _reduce_count(ds, config, split: str) -> int:
     import numpy as np
     import tensorflow as tf

@@ -65,6 +65,11 @@ class SourceKind:
         """The whole of ``split`` as NumPy arrays (reference evaluations, the bench)."""
         return self.sample(config, split, None)
 
+    def input_failure(self, config, err: BaseException, split: str):
+        """The ``DataError`` to report for ``err``, raised while training read ``split``, when it
+        is the source's own failure; None (the default) reports ``err`` as it is."""
+        return None
+
     def serving_model(self, config, model, run_dir):
         """``model`` with the source's preprocessing in front, which predicts on the source's
         raw examples (saved as ``inference_model.keras``), or None when the model's own input
@@ -191,6 +196,12 @@ class FunctionKind(SourceKind):
         from kerasdist.data import python_source
 
         return python_source.call(self.function(config), config, split)
+
+    def input_failure(self, config, err, split):
+        from kerasdist.data import python_source
+
+        return python_source.raised(err, config, split) if python_source.from_user_code(err) \
+            else None
 
     def eval_dataset(self, config, split, *, run_dir):
         return file_streams.evaluation_dataset(config, self._split(config, split), None)
