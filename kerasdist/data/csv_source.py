@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,25 @@ def _input_name(column: str) -> str:
     import re
 
     return re.sub(r"[^\w.-]", "_", column) or "column"
+
+
+_SCANS: dict[tuple, tuple] = {}
+"""The pre-pass results of this process by ``(source config, units, files' size and mtime)``: the
+launch preflight, the data checks and the stream's build each open the source, and a split whose
+files have not changed is read once, not once per step."""
+_MAX_SCANS = 16
+
+
+def _stamp(units: list[str]) -> tuple:
+    """Size and modification time (ns) of each unit's file: a file rewritten is read again."""
+    stamps = []
+    for unit in units:
+        try:
+            stat = os.stat(file_of(unit))
+        except OSError:
+            return (None,)  # unreadable: not cached, the read names the error
+        stamps.append((stat.st_size, stat.st_mtime_ns))
+    return tuple(stamps)
 
 
 class _Welford:
@@ -211,6 +231,10 @@ class CsvSource(FileSource):
             self._scanned = {}
         if split in self._scanned:
             return self._scanned[split]
+        key = (repr(self.config.source), tuple(units), _stamp(units))
+        if key in _SCANS:  # read by an earlier check of this process (launch, data, build)
+            self._scanned[split] = _SCANS[key]
+            return _SCANS[key]
         config = self.config
         numeric, categorical = self._columns()
         label, dtype = config.source.label_name, config.source.label_dtype
@@ -233,6 +257,10 @@ class CsvSource(FileSource):
                     for column in categorical:
                         seen[column].add(row[index[column]])
         self._scanned[split] = (stats, seen)
+        if None not in key[2]:
+            _SCANS[key] = (stats, seen)
+        while len(_SCANS) > _MAX_SCANS:
+            _SCANS.pop(next(iter(_SCANS)))
         return self._scanned[split]
 
     def open(self, run_dir) -> list[str]:

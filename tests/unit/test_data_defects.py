@@ -311,3 +311,24 @@ def test_a_relative_path_that_does_not_exist_names_the_directory_searched(tmp_pa
     with pytest.raises(DataError, match=rf"no files for split 'train' .* in 'csvs' \(relative to "
                        rf"the working directory {tmp_path}\)"):
         _build(_recipe(tmp_path, {"source": "csv", "path": "csvs", "label": "y"}))
+
+
+def test_a_csv_split_is_read_once_by_the_checks_before_training(tmp_path, monkeypatch):
+    """The launch preflight, the data checks and the stream's build each open the csv source;
+    each split's pre-pass (every numeric cell parsed) runs once in the process, not once each
+    (three times for the training split before this was cached)."""
+    from kerasdist.data import csv_source
+    from kerasdist.data.inputs import examples_per_worker
+    from kerasdist.training.checks import check_inputs
+
+    parsed = []
+    real = csv_source._float
+    monkeypatch.setattr(csv_source, "_float", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    recipe = _recipe(tmp_path, {**_csv(tmp_path / "csv"), "numeric": ["a", "b"]})
+    examples_per_worker(recipe)
+    check_inputs(recipe, _dense_model(width=2 + 4))
+    _build(recipe)
+    assert len(parsed) == 2 * (40 + 16)  # two numeric columns, 40 training + 16 test rows, once
+    (tmp_path / "csv" / "test-000.csv").write_text("a,b,color,y\n1,2,red,0\n", encoding="utf-8")
+    _build(recipe)  # a file rewritten is read again
+    assert len(parsed) == 2 * (40 + 16) + 2
