@@ -226,15 +226,23 @@ class CsvSource(FileSource):
 
     def _scan(self, split: str, units: list[str]) -> tuple:
         """The pre-pass over a split's files (see module docs): checks every numeric cell and
-        label, and returns ``(statistics per numeric column, vocabulary sets)``."""
+        label, and returns ``(statistics per numeric column, vocabulary sets)``; once per split
+        and process while its files are unchanged (:data:`_SCANS`)."""
         if self._scanned is None:
             self._scanned = {}
-        if split in self._scanned:
-            return self._scanned[split]
-        key = (repr(self.config.source), tuple(units), _stamp(units))
-        if key in _SCANS:  # read by an earlier check of this process (launch, data, build)
+        if split not in self._scanned:
+            key = (repr(self.config.source), tuple(units), _stamp(units))
+            if key not in _SCANS:  # not read by an earlier check of this process
+                scanned = self._read(units)
+                if None in key[2]:
+                    return scanned
+                _SCANS[key] = scanned
+                while len(_SCANS) > _MAX_SCANS:
+                    _SCANS.pop(next(iter(_SCANS)))
             self._scanned[split] = _SCANS[key]
-            return _SCANS[key]
+        return self._scanned[split]
+
+    def _read(self, units: list[str]) -> tuple:
         config = self.config
         numeric, categorical = self._columns()
         label, dtype = config.source.label_name, config.source.label_dtype
@@ -248,20 +256,15 @@ class CsvSource(FileSource):
                 index = {c: header.index(c) for c in header}
                 for line, row in enumerate(rows, start=2):
                     if len(row) != len(header):
-                        raise DataError(f"data.source.path: '{path}' line {line} has {len(row)} fields, "
-                                        f"the header {len(header)}. Received: {row[:8]}")
+                        raise DataError(f"data.source.path: '{path}' line {line} has {len(row)} "
+                                        f"fields, the header {len(header)}. Received: {row[:8]}")
                     for column in numeric:
                         stats[column].add(_float(row[index[column]], column=column, path=path,
                                                  line=line))
                     _label(row[index[label]], dtype=dtype, column=label, path=path, line=line)
                     for column in categorical:
                         seen[column].add(row[index[column]])
-        self._scanned[split] = (stats, seen)
-        if None not in key[2]:
-            _SCANS[key] = (stats, seen)
-        while len(_SCANS) > _MAX_SCANS:
-            _SCANS.pop(next(iter(_SCANS)))
-        return self._scanned[split]
+        return stats, seen
 
     def open(self, run_dir) -> list[str]:
         units = self.check(self.config.train_split)
