@@ -58,6 +58,27 @@ def level_for(verbose, *, is_chief: bool = True) -> int:
     return logging.WARNING
 
 
+def one_line_deprecations() -> None:
+    """Print a :class:`~kerasdist.errors.RecipeDeprecationWarning` as one line on stderr
+    (``kerasdist: deprecated: ...``), not Python's two-line warning with a source line."""
+    import warnings
+
+    from kerasdist.errors import RecipeDeprecationWarning
+
+    shown = warnings.showwarning
+    if getattr(shown, "_kerasdist", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, RecipeDeprecationWarning):
+            print(f"kerasdist: deprecated: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show._kerasdist = True
+    warnings.showwarning = show
+
+
 def configure(verbose=None, *, task: str | None = None, is_chief: bool = True) -> logging.Logger:
     """Set up the ``kerasdist`` logger for this process (idempotent: replaces its own handler).
 

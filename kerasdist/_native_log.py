@@ -53,18 +53,37 @@ TEARDOWN_CONTINUED = (
 )
 
 
+PY_FUNC_FAILURE = re.compile(r"^W\d{4} [\d:. ]+\d+ (op_kernel|local_rendezvous)\.cc:\d+\] .*"
+                             r"(UNKNOWN|INVALID_ARGUMENT): [A-Z]\w*(Error|Exception)\b")
+"""The first line of the warning TensorFlow's executor writes (once per kernel and once per
+rendezvous) when a Python function inside a ``tf.data`` pipeline raised, e.g. a user's
+``Dataset.from_generator`` generator mid-training: the Python traceback follows on its own lines.
+kerasdist reports that error once, naming the data function
+(:func:`kerasdist.data.python_source.from_user_code`); dropped with its traceback
+(:data:`PY_FUNC_CONTINUED`)."""
+PY_FUNC_CONTINUED = (
+    re.compile(r"^$"),
+    re.compile(r"^Traceback \(most recent call last\):$"),
+    re.compile(r"^  File \""),
+    re.compile(r"^    "),
+    re.compile(r"^[A-Z]\w*(Error|Exception)\b"),
+    re.compile(r"^\t \[\[.*\]\]$"),
+)
+
+
 def is_noise(line: str) -> bool:
     """True for a line of :data:`NOISE`."""
     return any(pattern.search(line) for pattern in NOISE)
 
 
 class NoiseDropper:
-    """Line-by-line filter: drops :data:`NOISE` lines, and each :data:`TEARDOWN` message with the
-    continuation lines right after it; passes everything else (the same continuation lines after
-    any other line included)."""
+    """Line-by-line filter: drops :data:`NOISE` lines, and each :data:`TEARDOWN` and
+    :data:`PY_FUNC_FAILURE` message with the continuation lines right after it; passes everything
+    else (the same continuation lines after any other line included)."""
 
     def __init__(self):
         self.in_teardown = False
+        self.in_py_func = False
 
     def keep(self, line: str) -> bool:
         if TEARDOWN.search(line):
@@ -73,6 +92,12 @@ class NoiseDropper:
         if self.in_teardown and any(p.search(line) for p in TEARDOWN_CONTINUED):
             return False
         self.in_teardown = False
+        if PY_FUNC_FAILURE.search(line):
+            self.in_py_func = True
+            return False
+        if self.in_py_func and any(p.search(line.rstrip("\n")) for p in PY_FUNC_CONTINUED):
+            return False
+        self.in_py_func = False
         return not is_noise(line)
 
 

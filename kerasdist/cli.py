@@ -381,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     _log.configure(getattr(args, "verbose", None))
+    _log.one_line_deprecations()
     from kerasdist import _exit
     from kerasdist._compat import versions
 

@@ -78,6 +78,12 @@ class DataError(KerasdistError, ValueError):
     """A data source is missing, unreadable or inconsistent with the recipe."""
 
 
+class RecipeDeprecationWarning(FutureWarning):
+    """A recipe written in a form that is still read for one release (e.g. the flat ``data``
+    section, :func:`kerasdist.config.data_configs.lift_flat_source`); the message names the new
+    form. ``kerasdist`` commands print it as one line on standard error."""
+
+
 class ClusterError(KerasdistError, RuntimeError):
     """A cluster spec is invalid, or a task could not start."""
 

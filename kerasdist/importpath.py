@@ -1,6 +1,6 @@
 """Import a user's object from a recipe's import path ``package.module:Name``.
 
-One loader for every recipe field that names user code (``model.name``, ``data.function``,
+One loader for every recipe field that names user code (``model.name``, ``data.source.function``,
 ``optimizer.name``, a loss, metric or callback ``class_name``), so each gets the same checks and
 the same messages: the field, what went wrong, and the text received.
 

@@ -313,7 +313,8 @@ def _recipe(row: Row, run_dir: Path) -> dict:
     recipe = yaml.safe_load((REPO / "recipes" / base).read_text(encoding="utf-8"))
     recipe["data"].update(batch_size=row.global_batch, eval_split=None)
     if row.name == "emb":  # fewer generated impressions: the start-up, not the table, shrinks
-        recipe["data"].update(num_examples=EMB_EXAMPLES, shuffle_buffer=EMB_EXAMPLES)
+        recipe["data"].update(shuffle_buffer=EMB_EXAMPLES)
+        recipe["data"]["source"]["num_examples"] = EMB_EXAMPLES
     recipe["cluster"] = {"kind": "tf_config", "threads_per_task": 1}
     recipe["trainer"] = {"epochs": 1, "steps_per_epoch": row.steps_per_epoch, "seed": 42,
                          "validation": False, "checkpoint": {"enabled": False}}

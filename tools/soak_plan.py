@@ -162,16 +162,17 @@ def _model_and_data(spec: RunSpec, data_dir: Path) -> tuple[dict, dict]:
         return ({"name": "kerasdist.models.examples:tabular_mlp",
                  "params": {"num_features": 4, "num_classes": 2, "hidden": 8, "dropout": 0.0},
                  "loss": "sparse_categorical_crossentropy_from_logits", "metrics": ["accuracy"]},
-                {"source": "csv", "path": str(data_dir / folder / "{split}-*.csv"), "label": "y",
-                 "train_split": "train", "eval_split": "test"})
+                {"source": {"kind": "csv", "path": str(data_dir / folder / "{split}-*.csv"),
+                            "label": "y"}, "train_split": "train", "eval_split": "test"})
     if spec.source == "image_folder":
         return ({"name": "kerasdist.models.examples:small_image_cnn",
                  "params": {"image_size": [8, 8], "channels": 1, "num_classes": 2, "dropout": 0.0},
                  "loss": "sparse_categorical_crossentropy_from_logits", "metrics": ["accuracy"]},
-                {"source": "image_folder", "path": str(data_dir / "images" / "{split}"),
-                 "image_size": [8, 8], "channels": 1, "train_split": "train", "eval_split": "test"})
+                {"source": {"kind": "image_folder", "path": str(data_dir / "images" / "{split}"),
+                            "image_size": [8, 8], "channels": 1},
+                 "train_split": "train", "eval_split": "test"})
     return ({"name": "linear"},
-            {"source": "synthetic_linear", "num_examples": 256, "train_split": "train",
+            {"source": {"kind": "synthetic_linear", "num_examples": 256}, "train_split": "train",
              "eval_split": "test"})
 
 

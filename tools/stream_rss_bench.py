@@ -75,8 +75,8 @@ def write_npz(folder: Path, records: int, copies: int) -> Path:
 
 
 def run(folder: Path, kind: str, steps: int, run_dir: Path) -> dict:
-    data = ({"source": "tfrecord", "path": str(folder)} if kind == "stream" else
-            {"source": "npz", "path": str(folder / "mnist.npz")})
+    data = ({"source": {"kind": "tfrecord", "path": str(folder)}} if kind == "stream" else
+            {"source": {"kind": "npz", "path": str(folder / "mnist.npz")}})
     recipe = {"model": {"name": "kerasdist.models.examples:small_image_cnn",
                         "params": {"image_size": [28, 28], "channels": 1, "num_classes": 10},
                         "loss": "sparse_categorical_crossentropy_from_logits"},
@@ -104,7 +104,7 @@ def input_speed(folder: Path, batches: int = 300) -> dict:
 
     x, y = load_idx_split(embedded_dir(), "test")
     write_tfrecord(x, y, folder / "train-000.tfrecord")
-    recipe = validate_recipe({"data": {"source": "tfrecord", "path": str(folder),
+    recipe = validate_recipe({"data": {"source": {"kind": "tfrecord", "path": str(folder)},
                                        "train_split": "train", "eval_split": None,
                                        "batch_size": 128}})
     ctx = tf.distribute.InputContext()

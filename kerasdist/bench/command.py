@@ -59,10 +59,10 @@ def stream_data(raw: dict, recipe, out: Path) -> dict:
         if x.dtype != np.uint8 or x.ndim != 3 or x.shape[1] != x.shape[2]:
             raise RecipeError(f"--strategies default_stream writes the recipe's data as MNIST-layout "
                               f"TFRecords: it needs uint8 square images (N, H, H). Received: "
-                              f"{x.dtype} {tuple(x.shape)} from data.source '{recipe.data.source}'")
+                              f"{x.dtype} {tuple(x.shape)} from data.source '{recipe.data.kind}'")
         write_tfrecord(x, y, folder / f"{name}.tfrecord")
-    data = {**raw["data"], "source": "tfrecord", "path": str(folder), "train_split": "train",
-            "eval_split": "test"}
+    data = {**raw["data"], "source": {"kind": "tfrecord", "path": str(folder)},
+            "train_split": "train", "eval_split": "test"}
     return {**raw, "data": data}
 
 

@@ -259,8 +259,15 @@ def _message(item: dict[str, Any]) -> str:
 
 
 def _clean_loc(loc: tuple) -> tuple:
-    # The strategy section is validated by kind (no union tag in the path); keep the path as is.
-    return tuple(loc)
+    # The strategy section is validated by kind (no union tag in the path). data.source is a
+    # discriminated union: pydantic puts the kind's tag in the path (data.source.csv.path), which
+    # is not a key of the recipe: drop it (data.source.path).
+    from kerasdist.config.source_configs import source_config_classes
+
+    loc = tuple(loc)
+    if loc[:2] == ("data", "source") and len(loc) > 2 and loc[2] in source_config_classes():
+        return loc[:2] + loc[3:]
+    return loc
 
 
 def _key_marks(text: str) -> dict[tuple[str, ...], tuple[int, int]]:
@@ -300,15 +307,9 @@ def _deep_copy(value: Any) -> Any:
 
 
 def dump_recipe(recipe: Recipe) -> str:
-    """The resolved recipe (every default filled in) as YAML text; its ``data`` section holds
-    the common fields and the chosen source kind's only (``SourceTraits.fields``)."""
-    from kerasdist.config.data_configs import COMMON_DATA_FIELDS
-
-    dumped = recipe.model_dump(mode="json")
-    if isinstance(dumped.get("data"), dict):
-        keep = set(COMMON_DATA_FIELDS) | set(recipe.data.traits.fields)
-        dumped["data"] = {k: v for k, v in dumped["data"].items() if k in keep}
-    return yaml.safe_dump(dumped, sort_keys=False)
+    """The resolved recipe (every default filled in) as YAML text; ``data.source`` holds the
+    chosen source kind's fields only."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
 
 
 def json_schema() -> dict[str, Any]:
@@ -337,6 +338,10 @@ def json_schema() -> dict[str, Any]:
         if kind != default_kind:  # `kind` may be left out only for the default kind
             sub["required"] = sorted({*sub.get("required", ()), "kind"})
         variants.append(sub)
+    source = defs["DataConfig"]["properties"]["source"]  # a kind's name alone is accepted too
+    source["oneOf"] = [*source["oneOf"], {"enum": sorted(source["discriminator"]["mapping"]),
+                                          "type": "string"}]
+    del source["discriminator"]  # (a JSON Schema discriminator only picks between mappings)
     schema["properties"]["strategy"] = {
         "oneOf": variants, "default": strategy.get("default"),
         "description": "The tf.distribute strategy, chosen by `kind`; the other fields depend "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kerasdist.config.loader import json_schema
+from kerasdist.config.source_configs import source_config_classes
 from kerasdist.config.strategy_configs import strategy_config_classes
 
 BEGIN = "<!-- BEGIN GENERATED: recipe reference; python -m kerasdist.config.reference docs/recipes.md -->"
@@ -58,7 +59,21 @@ def recipe_reference_markdown() -> str:
             continue
         parts.append(f"### `{section}`\n\n{_text(sub.get('description', ''))}\n\n{_HEADER}\n"
                      + "\n".join(_rows(section, sub, defs, prop.get("default") or {})))
+        if section == "data":
+            parts.append(_source_section())
     return "\n\n".join(parts) + "\n"
+
+
+def _source_section() -> str:
+    """One table per built-in ``data.source`` kind (its fields beside ``kind``)."""
+    parts = []
+    for kind, cls in source_config_classes().items():
+        sub = cls.model_json_schema()
+        rows = _rows("data.source", sub, sub.get("$defs", {}), {}, skip=("kind",))
+        table = f"{_HEADER}\n" + "\n".join(rows) if rows else "No other fields."
+        parts.append(f"#### `data.source.kind: {kind}`\n\n{_text(sub.get('description', ''))}"
+                     f"\n\n" + table)
+    return "\n\n".join(parts)
 
 
 def _strategy_section(prop: dict[str, Any]) -> str:
@@ -86,6 +101,11 @@ def _rows(prefix: str, schema: dict[str, Any], defs: dict[str, Any], defaults: d
         if name in skip:
             continue
         path = f"{prefix}.{name}"
+        if path == "data.source":  # one table per kind follows
+            kinds = " · ".join(f"`{k}`" for k in source_config_classes())
+            rows.append(_row(f"{path}.kind", kinds, _value((prop.get("default") or {}).get(
+                "kind")), prop.get("description", "")))
+            continue
         nested = _resolve(prop, defs)
         optional = [_resolve(o, defs) for o in prop.get("anyOf", ()) if "$ref" in o]
         if len(optional) == 1 and optional[0].get("properties"):  # a section that may be null

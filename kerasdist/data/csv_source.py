@@ -11,7 +11,7 @@ the column). A file's unit carries the permutation from its own column order to 
 
 Before anything is written every file of a split is read once in Python (the pre-pass): each
 numeric cell and each label must parse (a finite float32 number; an int64 class id or, with
-``data.label_dtype: float32``, a finite number), so that a bad value is reported with its file,
+``data.source.label_dtype: float32``, a finite number), so that a bad value is reported with its file,
 line, column and value instead of a TensorFlow error in the middle of training. The training
 split's pass also computes the numeric columns' mean and std (Welford's algorithm in float64) and
 the categorical vocabularies. A UTF-8 byte order mark (Excel's "CSV UTF-8") is accepted."""
@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def _header(path: str) -> list[str]:
         with _open(path) as handle:
             return next(csv.reader(handle), [])
     except (OSError, UnicodeDecodeError) as err:
-        raise DataError(f"data.path: cannot read CSV file '{path}': {err}") from None
+        raise DataError(f"data.source.path: cannot read CSV file '{path}': {err}") from None
 
 
 def file_of(unit: str) -> str:
@@ -79,7 +80,7 @@ def _float(value: str, *, column: str, path: str, line: int) -> float:
         number = math.nan
     if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
         big = " (as float32: at most 3.4e38 in size)" if math.isfinite(number) else ""
-        raise DataError(f"data.numeric: column '{column}' of '{path}' line {line} is not a finite "
+        raise DataError(f"data.source.numeric: column '{column}' of '{path}' line {line} is not a finite "
                         f"number{big}. Received: {value!r}")
     return number
 
@@ -92,8 +93,8 @@ def _label(value: str, *, dtype: str, column: str, path: str, line: int) -> None
             number = math.nan
         if math.isfinite(number) and abs(number) <= FLOAT32_MAX:
             return
-        raise DataError(f"data.label: column '{column}' of '{path}' line {line} is not a finite "
-                        f"number (data.label_dtype float32). Received: {value!r}")
+        raise DataError(f"data.source.label: column '{column}' of '{path}' line {line} is not a finite "
+                        f"number (data.source.label_dtype float32). Received: {value!r}")
     try:
         int(value.strip())
         return
@@ -101,12 +102,12 @@ def _label(value: str, *, dtype: str, column: str, path: str, line: int) -> None
         pass
     try:
         float(value)
-        hint = ("; a regression target? Set data.label_dtype: float32 (class labels are whole "
+        hint = ("; a regression target? Set data.source.label_dtype: float32 (class labels are whole "
                 "numbers)")
     except ValueError:
         hint = ""
-    raise DataError(f"data.label: column '{column}' of '{path}' line {line} is not an integer "
-                    f"class id (data.label_dtype int64){hint}. Received: {value!r}")
+    raise DataError(f"data.source.label: column '{column}' of '{path}' line {line} is not an integer "
+                    f"class id (data.source.label_dtype int64){hint}. Received: {value!r}")
 
 
 def _input_name(column: str) -> str:
@@ -114,6 +115,25 @@ def _input_name(column: str) -> str:
     import re
 
     return re.sub(r"[^\w.-]", "_", column) or "column"
+
+
+_SCANS: dict[tuple, tuple] = {}
+"""The pre-pass results of this process by ``(source config, units, files' size and mtime)``: the
+launch preflight, the data checks and the stream's build each open the source, and a split whose
+files have not changed is read once, not once per step."""
+_MAX_SCANS = 16
+
+
+def _stamp(units: list[str]) -> tuple:
+    """Size and modification time (ns) of each unit's file: a file rewritten is read again."""
+    stamps = []
+    for unit in units:
+        try:
+            stat = os.stat(file_of(unit))
+        except OSError:
+            return (None,)  # unreadable: not cached, the read names the error
+        stamps.append((stat.st_size, stat.st_mtime_ns))
+    return tuple(stamps)
 
 
 class _Welford:
@@ -169,21 +189,21 @@ class CsvSource(FileSource):
     def _columns(self) -> tuple[list[str], list[str]]:
         config = self.config
         _, header = self.reference()
-        categorical = list(config.categorical)
-        numeric = list(config.numeric) if config.numeric is not None else [
-            c for c in header if c != config.label_name and c not in categorical]
+        categorical = list(config.source.categorical)
+        numeric = list(config.source.numeric) if config.source.numeric is not None else [
+            c for c in header if c != config.source.label_name and c not in categorical]
         return numeric, categorical
 
     def check(self, split):
         files = super().check(split)
-        label = self.config.label_name
+        label = self.config.source.label_name
         first, reference = self.reference()
         if label not in reference:
-            raise DataError(f"data.label: column '{label}' is not in the header of '{first}' "
+            raise DataError(f"data.source.label: column '{label}' is not in the header of '{first}' "
                             f"(line 1: {', '.join(reference)}). Received: label='{label}'")
-        for column in (self.config.numeric or []) + self.config.categorical:
+        for column in (self.config.source.numeric or []) + self.config.source.categorical:
             if column not in reference:
-                raise DataError(f"data.numeric/data.categorical: column '{column}' is not in "
+                raise DataError(f"data.source.numeric/data.source.categorical: column '{column}' is not in "
                                 f"the header of '{first}' ({', '.join(reference)}). Received: "
                                 f"'{column}'")
         units = []
@@ -191,14 +211,14 @@ class CsvSource(FileSource):
             header = _header(path)
             for column in reference:
                 if column not in header:
-                    raise DataError(f"data.path: '{path}' has no column '{column}', which the "
+                    raise DataError(f"data.source.path: '{path}' has no column '{column}', which the "
                                     f"training split's '{first}' has (columns are matched by "
                                     f"name). Received: header {header}")
             for column in header:
                 if column not in reference or header.count(column) > 1:
                     what = "twice" if header.count(column) > 1 else \
                         f"which the training split's '{first}' has not"
-                    raise DataError(f"data.path: '{path}' has a column '{column}' {what} "
+                    raise DataError(f"data.source.path: '{path}' has a column '{column}' {what} "
                                     f"(columns are matched by name). Received: header {header}")
             units.append(path + UNIT_SEP + ",".join(str(header.index(c)) for c in reference))
         self._scan(split, units)
@@ -206,14 +226,26 @@ class CsvSource(FileSource):
 
     def _scan(self, split: str, units: list[str]) -> tuple:
         """The pre-pass over a split's files (see module docs): checks every numeric cell and
-        label, and returns ``(statistics per numeric column, vocabulary sets)``."""
+        label, and returns ``(statistics per numeric column, vocabulary sets)``; once per split
+        and process while its files are unchanged (:data:`_SCANS`)."""
         if self._scanned is None:
             self._scanned = {}
-        if split in self._scanned:
-            return self._scanned[split]
+        if split not in self._scanned:
+            key = (repr(self.config.source), tuple(units), _stamp(units))
+            if key not in _SCANS:  # not read by an earlier check of this process
+                scanned = self._read(units)
+                if None in key[2]:
+                    return scanned
+                _SCANS[key] = scanned
+                while len(_SCANS) > _MAX_SCANS:
+                    _SCANS.pop(next(iter(_SCANS)))
+            self._scanned[split] = _SCANS[key]
+        return self._scanned[split]
+
+    def _read(self, units: list[str]) -> tuple:
         config = self.config
         numeric, categorical = self._columns()
-        label, dtype = config.label_name, config.label_dtype
+        label, dtype = config.source.label_name, config.source.label_dtype
         stats = {c: _Welford() for c in numeric}
         seen: dict[str, set[str]] = {c: set() for c in categorical}
         for unit in units:
@@ -224,16 +256,15 @@ class CsvSource(FileSource):
                 index = {c: header.index(c) for c in header}
                 for line, row in enumerate(rows, start=2):
                     if len(row) != len(header):
-                        raise DataError(f"data.path: '{path}' line {line} has {len(row)} fields, "
-                                        f"the header {len(header)}. Received: {row[:8]}")
+                        raise DataError(f"data.source.path: '{path}' line {line} has {len(row)} "
+                                        f"fields, the header {len(header)}. Received: {row[:8]}")
                     for column in numeric:
                         stats[column].add(_float(row[index[column]], column=column, path=path,
                                                  line=line))
                     _label(row[index[label]], dtype=dtype, column=label, path=path, line=line)
                     for column in categorical:
                         seen[column].add(row[index[column]])
-        self._scanned[split] = (stats, seen)
-        return self._scanned[split]
+        return stats, seen
 
     def open(self, run_dir) -> list[str]:
         units = self.check(self.config.train_split)
@@ -249,10 +280,10 @@ class CsvSource(FileSource):
             self.schema = CsvSchema(**json.loads(saved.read_text(encoding="utf-8")))
             first, reference = self.reference()
             if set(self.schema.header) != set(reference):
-                raise DataError(f"data.path: the columns of '{first}' ({', '.join(reference)}) "
+                raise DataError(f"data.source.path: the columns of '{first}' ({', '.join(reference)}) "
                                 f"are not those the run's '{saved}' was computed on "
                                 f"({', '.join(self.schema.header)}). Received: path="
-                                f"'{self.config.path}'")
+                                f"'{self.config.source.path}'")
         else:
             self.schema = self._compute(train_units)
             self.artifacts[CSV_SCHEMA_FILE] = self.schema.to_json()
@@ -271,7 +302,7 @@ class CsvSource(FileSource):
 
         schema, config = self.schema, self.config
         reference = self.reference()[1]
-        label_dtype = getattr(tf, config.label_dtype)
+        label_dtype = getattr(tf, config.source.label_dtype)
         mean = tf.constant(schema.mean if config.normalize else [0.0] * len(schema.numeric),
                            tf.float32)
         std = tf.constant(schema.std if config.normalize else [1.0] * len(schema.numeric),
@@ -298,7 +329,7 @@ class CsvSource(FileSource):
                 ids = tables[column].lookup(fields[:, where[column]])
                 parts.append(tf.one_hot(ids, len(schema.vocabulary[column]) + 1, dtype=tf.float32))
             x = tf.concat(parts, axis=-1)
-            y = tf.strings.to_number(tf.strings.strip(fields[:, where[config.label_name]]),
+            y = tf.strings.to_number(tf.strings.strip(fields[:, where[config.source.label_name]]),
                                      label_dtype)
             return (x[0], y[0]) if single else (x, y)
 

@@ -1,4 +1,5 @@
-"""An example ``data.function`` for ``data.source: python`` (docs/own-model-and-data.md).
+"""An example ``data.source.function`` for ``data.source: {kind: python, function: ...}``
+(docs/own-model-and-data.md).
 
 ``embedded_digits(split, input_context=None)`` returns the embedded MNIST digits of ``split`` (a
 slice of the MNIST test set, e.g. ``'test[:80%]'``; TFDS slicing syntax) as a ``tf.data.Dataset``

@@ -149,7 +149,7 @@ def build_files(source, recipe, pipelines: int) -> Streaming:
     if eval_units is not None:
         eval_fn = _file_eval_fn(source, eval_units, config, shard=policy != "off")
         num_eval = sum(source.count(eval_units))
-    log.info(f"input: source '{config.source}' streams {len(train_units)} training file(s) "
+    log.info(f"input: source '{config.kind}' streams {len(train_units)} training file(s) "
              f"({sum(counts)} examples)")
     return Streaming(train_fn=_file_train_fn(source, train_units, config, policy),
                      eval_fn=eval_fn, per_pipeline=_per_pipeline(counts, pipelines, policy),
@@ -211,8 +211,8 @@ def build_function(fn, recipe, pipelines: int) -> Streaming:
         counted = python_source.count(train, config, split=config.train_split)
     own = python_source.takes_context(fn)
     if config.auto_shard == "file" and not own and pipelines > 1:
-        raise RecipeError(f"data.auto_shard 'file' needs a data.function that takes input_context "
-                          f"(it shards itself). Received: function='{config.function}'")
+        raise RecipeError(f"data.auto_shard 'file' needs a data.source.function that takes input_context "
+                          f"(it shards itself). Received: function='{config.source.function}'")
     policy = shard_policy(config, pipelines, units=pipelines if own else None)
     if policy == "data" and own:
         policy = "file"
@@ -223,7 +223,7 @@ def build_function(fn, recipe, pipelines: int) -> Streaming:
         eval_fn = _python_eval_fn(fn, config, shard=policy != "off")
     size = (f"starts with at least {counted} training examples (not counted whole: "
             "trainer.steps_per_epoch is set)") if bounded else f"gives {counted} training examples"
-    log.info(f"input: data.function '{python_source.describe(config)}' {size}; "
+    log.info(f"input: data.source.function '{python_source.describe(config)}' {size}; "
              + ("it shards itself (input_context)" if own else "sharded by data"))
     per_pipeline = counted if (own or policy == "off") else counted // max(pipelines, 1)
     if own and pipelines > 1:
@@ -279,14 +279,14 @@ def sample_records(config, split: str, ds, source, limit: int | None, *, preproc
             xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
             ys.append(y.numpy())
     except tf.errors.OpError as err:
-        if source is None:  # the user's data.function raised while it was read
+        if source is None:  # the user's data.source.function raised while it was read
             from kerasdist.data.python_source import raised
 
             raise raised(err, config, split) from None
-        raise DataError(f"data.source '{config.source}': split '{split}' does not decode: "
+        raise DataError(f"data.source '{config.kind}': split '{split}' does not decode: "
                         f"{err.message.splitlines()[0][:300]}. Received: split='{split}'") from None
     if not ys:
-        raise DataError(f"data.source '{config.source}': split '{split}' holds no examples. "
+        raise DataError(f"data.source '{config.kind}': split '{split}' holds no examples. "
                         f"Received: split='{split}'")
     x = {k: np.concatenate([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) \
         else np.concatenate(xs)

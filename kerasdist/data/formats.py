@@ -33,17 +33,17 @@ CHECKED_RECORDS = 8
 
 
 def split_files(config, split: str, pattern: str) -> list[str]:
-    """The sorted files of ``split``: ``data.path`` with ``{split}`` replaced, or
-    ``<data.path>/<split><pattern>`` for a folder.
+    """The sorted files of ``split``: ``data.source.path`` with ``{split}`` replaced, or
+    ``<data.source.path>/<split><pattern>`` for a folder.
 
     Raises:
         DataError: a glob without ``{split}`` (every split would read the same files).
     """
-    path = str(config.path)
+    path = str(config.source.path)
     if "{split}" in path:
         return sorted(glob.glob(path.replace("{split}", split)))
     if is_pattern(path):
-        raise DataError(f"data.path is a glob without {{split}}: every split would read the same "
+        raise DataError(f"data.source.path is a glob without {{split}}: every split would read the same "
                         f"files. Received: path='{path}'; use e.g. '{Path(path).parent}/{{split}}"
                         f"{Path(path).name}'")
     return sorted(str(p) for p in Path(path).glob(f"{split}{pattern}"))
@@ -89,7 +89,7 @@ class FileSource:
 
     def searched(self, split: str) -> str:
         """Where the split's files are looked for (for messages)."""
-        path = str(self.config.path)
+        path = str(self.config.source.path)
         return path.replace("{split}", split) if "{split}" in path else path
 
     def check(self, split: str) -> list[str]:
@@ -100,9 +100,9 @@ class FileSource:
         """
         units = self.units(split)
         if not units:
-            raise DataError(f"data.path: no files for split '{split}' of source "
-                            f"'{self.config.source}' in {_where(self.searched(split))}. "
-                            f"Received: path='{self.config.path}'")
+            raise DataError(f"data.source.path: no files for split '{split}' of source "
+                            f"'{self.config.kind}' in {_where(self.searched(split))}. "
+                            f"Received: path='{self.config.source.path}'")
         return units
 
 
@@ -129,7 +129,7 @@ def _file_of(unit: str) -> str:
 
 
 class TFRecordSource(FileSource):
-    """``tf.train.Example`` records parsed with ``data.features`` (default: MNIST layout).
+    """``tf.train.Example`` records parsed with ``data.source.features`` (default: MNIST layout).
 
     A split is a whole split name (its files are the units) or a TFDS slice such as
     ``train[:80%]`` or ``train[:1000]+test[-500:]``: the slice is taken over the split's records
@@ -189,24 +189,24 @@ class TFRecordSource(FileSource):
         return tf.data.Dataset.from_tensor_slices(units).flat_map(_piece_records)
 
     def _parse_spec(self) -> dict:
-        """``tf.io.parse_example``'s spec of ``data.features``."""
+        """``tf.io.parse_example``'s spec of ``data.source.features``."""
         import tensorflow as tf
 
         return {name: tf.io.FixedLenFeature([] if s.dtype == "string" else s.shape,
                                             getattr(tf, s.dtype))
-                for name, s in self.config.feature_specs.items()}
+                for name, s in self.config.source.feature_specs.items()}
 
     def _split_label(self, decoded: dict):
         """``(x, y)``: the label feature apart; a single input feature unwrapped from its dict."""
-        y = decoded.pop(self.config.label_name)
+        y = decoded.pop(self.config.source.label_name)
         return (next(iter(decoded.values())) if len(decoded) == 1 else decoded), y
 
     def decoder(self):
         import tensorflow as tf
 
-        if self.config.features is None:  # the seed layout: a square raw image of any side
+        if self.config.source.features is None:  # the seed layout: a square raw image of any side
             return parse_square_image
-        specs, parse_spec = self.config.feature_specs, self._parse_spec()
+        specs, parse_spec = self.config.source.feature_specs, self._parse_spec()
 
         def decode(record):
             parsed = tf.io.parse_single_example(record, parse_spec)
@@ -218,9 +218,9 @@ class TFRecordSource(FileSource):
     def batch_decoder(self):
         import tensorflow as tf
 
-        if self.config.features is None:
+        if self.config.source.features is None:
             return parse_square_images
-        specs, parse_spec = self.config.feature_specs, self._parse_spec()
+        specs, parse_spec = self.config.source.feature_specs, self._parse_spec()
 
         def decode(records):
             parsed = tf.io.parse_example(records, parse_spec)
@@ -261,24 +261,25 @@ class TFRecordSource(FileSource):
                 raise corrupt_file(_file_of(unit), err) from None
             except (tf.errors.OpError, ValueError) as err:
                 detail = tf_message(err)
-                if record is not None and self.config.features is not None:
+                if record is not None and self.config.source.features is not None:
                     detail = _size_mismatch(record, self.config) or detail
                 raise DataError(
-                    f"data.features does not match file '{_file_of(unit)}' (record {index}): {detail}. "
+                    f"data.source.features does not match file '{_file_of(unit)}' (record "
+                    f"{index}): {detail}. "
                     f"Received: features={_spec_text(self.config)}") from None
         return units
 
 
 def _size_mismatch(record, config) -> str | None:
     """Which feature of a serialized ``tf.train.Example`` holds another number of values than
-    ``data.features`` declares (both counts), or None."""
+    ``data.source.features`` declares (both counts), or None."""
     import tensorflow as tf
 
     try:
         example = tf.train.Example.FromString(bytes(record.numpy()))
     except Exception:  # noqa: BLE001 - not an Example: the parse error says so
         return None
-    for name, spec in config.feature_specs.items():
+    for name, spec in config.source.feature_specs.items():
         if spec.dtype == "string" or name not in example.features.feature:
             continue
         feature = example.features.feature[name]
@@ -288,13 +289,13 @@ def _size_mismatch(record, config) -> str | None:
         for d in spec.shape:
             wanted *= d
         if values != wanted:
-            return (f"feature '{name}' holds {values} values, data.features gives shape "
+            return (f"feature '{name}' holds {values} values, data.source.features gives shape "
                     f"{list(spec.shape)} ({wanted} values)")
     return None
 
 
 def _spec_text(config) -> str:
-    return json.dumps({k: v.model_dump() for k, v in config.feature_specs.items()})
+    return json.dumps({k: v.model_dump() for k, v in config.source.feature_specs.items()})
 
 
 def _decode_batch_feature(values, spec):
@@ -363,7 +364,7 @@ def _image_size(path: str) -> tuple[int, int, int]:
             width, height = image.size
             return height, width, len(image.getbands())
     except (OSError, UnidentifiedImageError) as err:
-        raise DataError(f"data.path: '{path}' is not a readable image: {err}. Received: file "
+        raise DataError(f"data.source.path: '{path}' is not a readable image: {err}. Received: file "
                         f"'{path}'") from None
 
 
@@ -371,7 +372,7 @@ class ImageFolderSource(FileSource):
     """``<path>/<split>/<class_name>/**/*.png|jpg`` (see :func:`image_files`): classes are the
     training split's class folders, ids in sorted order (``keras.utils.image_dataset_from_directory``'s
     ids); ``x`` is float32 ``(height, width, channels)`` (in [0, 1] when ``data.normalize``, else
-    [0, 255]), ``y`` int64. Without ``data.image_size`` (and ``data.channels``), they are the
+    [0, 255]), ``y`` int64. Without ``data.source.image_size`` (and ``data.source.channels``), they are the
     first training image's, logged, and every image must have that size; with it, every image is
     resized to it (bilinear, as Keras)."""
 
@@ -380,7 +381,7 @@ class ImageFolderSource(FileSource):
     channels: int | None = None
 
     def folder(self, split: str) -> Path:
-        path = str(self.config.path)
+        path = str(self.config.source.path)
         return Path(path.replace("{split}", split)) if "{split}" in path else Path(path) / split
 
     def searched(self, split: str) -> str:
@@ -395,10 +396,10 @@ class ImageFolderSource(FileSource):
         folder = self.folder(train_split)
         self.classes = class_names(folder)
         if not self.classes:
-            raise DataError(f"data.path: {_where(folder)} holds no class folders "
+            raise DataError(f"data.source.path: {_where(folder)} holds no class folders "
                             f"(<class_name>/*.png|jpg) for split '{train_split}'. Received: "
-                            f"path='{self.config.path}'")
-        self.image_size, self.channels = self.config.image_size, self.config.channels
+                            f"path='{self.config.source.path}'")
+        self.image_size, self.channels = self.config.source.image_size, self.config.source.channels
         if self.image_size is None or self.channels is None:
             files = image_files(folder)
             if not files:
@@ -409,9 +410,9 @@ class ImageFolderSource(FileSource):
             from kerasdist._log import get_logger
 
             get_logger("data").info(
-                f"input: image_folder: data.image_size {list(self.image_size)} and data.channels "
-                f"{self.channels} taken from the first training image '{files[0][0]}' (set "
-                "them to resize every image)")
+                f"input: image_folder: data.source.image_size {list(self.image_size)} and "
+                f"data.source.channels {self.channels} taken from the first training image "
+                f"'{files[0][0]}' (set them to resize every image)")
         return self.classes
 
     def units(self, split):
@@ -421,20 +422,20 @@ class ImageFolderSource(FileSource):
         units = super().check(split)
         unknown = sorted({u.split(CLASS_SEP)[1] for u in units} - set(self.classes))
         if unknown:
-            raise DataError(f"data.path: split '{split}' has class folders the training split has "
+            raise DataError(f"data.source.path: split '{split}' has class folders the training split has "
                             f"not ({', '.join(unknown[:5])}) in '{self.folder(split)}'. Received: "
                             f"classes {unknown[:5]}")
         import tensorflow as tf
 
-        if self.config.image_size is None:  # no resize: every image must have the same size
+        if self.config.source.image_size is None:  # no resize: every image must have the same size
             for unit in units:
                 path = unit.split(CLASS_SEP)[0]
                 size = _image_size(path)[:2]
                 if size != tuple(self.image_size):
                     raise DataError(
-                        f"data.image_size: '{path}' is {size[0]}x{size[1]}, other images "
+                        f"data.source.image_size: '{path}' is {size[0]}x{size[1]}, other images "
                         f"{self.image_size[0]}x{self.image_size[1]} (taken from the first "
-                        "training image): images of mixed sizes need data.image_size (every "
+                        "training image): images of mixed sizes need data.source.image_size (every "
                         f"image is then resized to it). Received: image_size=None")
         for unit in units[:CHECKED_RECORDS]:
             path = unit.split(CLASS_SEP)[0]
@@ -442,7 +443,7 @@ class ImageFolderSource(FileSource):
                 tf.io.decode_image(tf.io.read_file(path), channels=self.channels,
                                    expand_animations=False)
             except tf.errors.OpError as err:
-                raise DataError(f"data.path: '{path}' is not a readable image: "
+                raise DataError(f"data.source.path: '{path}' is not a readable image: "
                                 f"{err.message.splitlines()[0][:200]}. Received: file '{path}'") \
                     from None
         return units
@@ -459,7 +460,7 @@ class ImageFolderSource(FileSource):
         table = tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
             tf.constant(self.classes), tf.range(len(self.classes), dtype=tf.int64)), -1)
         scale = 255.0 if config.normalize else 1.0
-        resize = config.image_size is not None
+        resize = config.source.image_size is not None
 
         def decode(unit):
             parts = tf.strings.split(unit, CLASS_SEP)

@@ -8,6 +8,8 @@ branch on how a source is read; each kind's code is in :mod:`kerasdist.data.sour
 * :func:`sample`, :func:`check_sample`: decoded examples as NumPy arrays (the bad-input checks);
 * :func:`load_split`: a whole split as NumPy arrays (the bench, reference evaluations);
 * :func:`examples_per_worker`: the launch preflight's count of a split (reads no split whole);
+* :func:`input_failure`: an error met while training read the input, as the source's
+  :class:`~kerasdist.errors.DataError` (a user's data function that raised mid-training);
 * :func:`serving_model`: the trained model behind the source's preprocessing (csv), which
   predicts raw rows: ``inference_model.keras``.
 """
@@ -18,7 +20,8 @@ from kerasdist.data import sources
 from kerasdist.data.streams import StreamInput, build_data, resolve_shard_policy
 
 __all__ = ["StreamInput", "build_streaming", "check_sample", "eval_dataset", "examples_per_worker",
-           "load_split", "resolve_shard_policy", "sample", "serving_model", "train_input"]
+           "input_failure", "load_split", "resolve_shard_policy", "sample", "serving_model",
+           "train_input"]
 
 
 def train_input(recipe, *, replicas: int, pipelines: int = 1,
@@ -74,3 +77,11 @@ def serving_model(config, model, run_dir):
     source: normalization and one-hot lookups from the run's ``data/csv-schema.json``), which
     predicts on raw examples; None when ``model`` already takes them (every other source)."""
     return sources.of(config).serving_model(config, model, run_dir)
+
+
+def input_failure(config, err: BaseException, split: str):
+    """A :class:`~kerasdist.errors.DataError` naming the source when ``err`` (an error that ended
+    training or evaluation) came from reading ``split`` of the source, e.g. an exception raised by
+    the user's ``data.source.function`` generator mid-training; None otherwise (the error is
+    reported as it is)."""
+    return sources.of(config).input_failure(config, err, split)

@@ -1,4 +1,4 @@
-"""Source ``python``: the user's ``data.function`` returns the ``tf.data.Dataset`` of a split.
+"""Source ``python``: the user's ``data.source.function`` returns the ``tf.data.Dataset`` of a split.
 
 Contract: ``function(split: str, input_context: tf.distribute.InputContext | None = None)
 -> tf.data.Dataset`` of **unbatched** ``(features, label)`` examples, the same examples in the same
@@ -24,52 +24,53 @@ from kerasdist.importpath import import_attribute, is_builtin, require_kind
 
 
 def load_function(config) -> Callable:
-    """Import ``data.function`` and check it is a function taking ``split`` (nothing is called).
+    """Import ``data.source.function`` and check it is a function taking ``split`` (nothing is called).
 
     Raises:
         DataError: the module does not import, has no callable of that name, or it is not a
             function of one positional argument (a class, a built-in, the standard library).
     """
-    path = config.function
-    fn = import_attribute(path, field="data.function", error=DataError,
+    path = config.source.function
+    fn = import_attribute(path, field="data.source.function", error=DataError,
                           received=f"function='{path}'", what="Python function")
     if is_builtin(fn):
         module_name, _, attr = path.partition(":")
-        raise DataError(f"data.function: '{module_name}' has no Python function '{attr}'. "
+        raise DataError(f"data.source.function: '{module_name}' has no Python function '{attr}'. "
                         f"Received: function='{path}'")
     # checked before it is ever called: a function of (split) (not a class, not the stdlib)
-    return require_kind(fn, path, field="data.function", error=DataError,
+    return require_kind(fn, path, field="data.source.function", error=DataError,
                         what="a function (split, input_context=None) -> tf.data.Dataset",
                         function_args=(1,))
 
 
 def tfds_function(config) -> Callable:
-    """Source ``tfds`` as a data function: ``split -> (data.input, data.label)`` pairs of the
-    prepared TFDS dataset ``data.name`` in ``data.data_dir`` (``tfds.builder(...).as_dataset``,
+    """Source ``tfds`` as a data function: ``split -> (data.source.input, data.source.label)`` pairs of the
+    prepared TFDS dataset ``data.source.name`` in ``data.source.data_dir`` (``tfds.builder(...).as_dataset``,
     files in order, ``shuffle_files=False``; TFDS slicing such as ``train[:80%]`` works). Nothing is
     downloaded here: a dataset not prepared in ``data_dir`` is refused.
 
     Raises:
         DataError: (when called) the dataset is not prepared, or lacks a named feature.
     """
-    feature_in, feature_label = config.input or "image", config.label_name
+    feature_in, feature_label = config.source.input or "image", config.source.label_name
 
     def load(split):
         import tensorflow_datasets as tfds
 
         try:
-            builder = tfds.builder(config.name, data_dir=str(config.data_dir)
-                                   if config.data_dir else None)
+            builder = tfds.builder(config.source.name, data_dir=str(config.source.data_dir)
+                                   if config.source.data_dir else None)
             ds = builder.as_dataset(split=split, shuffle_files=False)
         except Exception as err:  # noqa: BLE001 - TFDS raises many types
             first = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-            raise DataError(f"data.source 'tfds': cannot read '{config.name}' split '{split}' from "
-                            f"data.data_dir '{config.data_dir}': {first}. Prepare it there first "
+            raise DataError(f"data.source 'tfds': cannot read '{config.source.name}' split "
+                            f"'{split}' from data.source.data_dir '{config.source.data_dir}': "
+                            f"{first}. Prepare it there first "
                             f"(tfds build / builder.download_and_prepare()). Received: "
-                            f"name='{config.name}'") from None
-        for field, name in (("data.input", feature_in), ("data.label", feature_label)):
+                            f"name='{config.source.name}'") from None
+        for field, name in (("data.source.input", feature_in), ("data.source.label", feature_label)):
             if name not in ds.element_spec:
-                raise DataError(f"{field}: '{config.name}' has no feature '{name}' (features: "
+                raise DataError(f"{field}: '{config.source.name}' has no feature '{name}' (features: "
                                 f"{', '.join(ds.element_spec)}). Received: '{name}'")
         return ds.map(lambda f: (f[feature_in], f[feature_label]))
 
@@ -78,7 +79,7 @@ def tfds_function(config) -> Callable:
 
 def describe(config) -> str:
     """How messages name the function: the import path, or ``tfds:<name>``."""
-    return config.function or f"tfds:{config.name}"
+    return getattr(config.source, "function", None) or f"tfds:{config.source.name}"
 
 
 def takes_context(fn: Callable) -> bool:
@@ -100,15 +101,15 @@ def call(fn: Callable, config, split: str, input_context=None):
     try:
         ds = fn(split, input_context=input_context) if takes_context(fn) else fn(split)
     except Exception as err:  # noqa: BLE001 - the user's code
-        raise DataError(f"data.function '{describe(config)}' raised {type(err).__name__} for split "
+        raise DataError(f"data.source.function '{describe(config)}' raised {type(err).__name__} for split "
                         f"'{split}': {err}. Received: split='{split}'") from None
     if not isinstance(ds, tf.data.Dataset):
-        raise DataError(f"data.function '{describe(config)}' must return a tf.data.Dataset of "
+        raise DataError(f"data.source.function '{describe(config)}' must return a tf.data.Dataset of "
                         f"unbatched (features, label). Received: {type(ds).__name__} for split "
                         f"'{split}'")
     spec = ds.element_spec
     if not (isinstance(spec, tuple) and len(spec) == 2):
-        raise DataError(f"data.function '{describe(config)}' must return a dataset of (features, "
+        raise DataError(f"data.source.function '{describe(config)}' must return a dataset of (features, "
                         f"label) pairs. Received: element_spec {spec!r} for split '{split}'")
     return ds
 
@@ -126,7 +127,7 @@ training split is not counted: only its first batches are read (:func:`count_fir
 
 def count(ds, config, *, split: str, field: str = "data.train_split",
           limit: int | None = None) -> int:
-    """Examples in ``ds``, one split of ``data.function``: its cardinality when TensorFlow knows
+    """Examples in ``ds``, one split of ``data.source.function``: its cardinality when TensorFlow knows
     it, else one streaming pass of at most ``limit + 1`` examples.
 
     Args:
@@ -147,7 +148,7 @@ def count(ds, config, *, split: str, field: str = "data.train_split",
     if known >= 0:
         return known
     if known != tf.data.INFINITE_CARDINALITY:
-        with startup(f"counting the examples of data.function '{describe(config)}' split "
+        with startup(f"counting the examples of data.source.function '{describe(config)}' split "
                      f"'{split}' (at most {limit:,})"):
             counted = _reduce_count(ds.take(limit + 1), config, split)
         if counted <= limit:
@@ -164,8 +165,28 @@ def raised(err, config, split: str) -> DataError:
     own = [line for line in lines if not line.startswith(("Traceback", "File ", "^"))
            and ("Error" in line or "Exception" in line)]
     detail = (own[-1] if own else (lines[0] if lines else type(err).__name__))[:300]
-    return DataError(f"data.function '{describe(config)}' failed while its split '{split}' was "
+    return DataError(f"data.source.function '{describe(config)}' failed while its split '{split}' was "
                      f"read: {detail}. Received: split='{split}'")
+
+
+PY_FUNC_NODES = ("PyFunc", "EagerPyFunc", "PyFuncStateless")
+"""TensorFlow's ops that run Python inside a ``tf.data`` pipeline (``Dataset.from_generator``,
+``tf.py_function``, ``tf.numpy_function``): an error from one of them, met while the input
+iterator was read, is an exception of the user's data function."""
+
+
+def from_user_code(err) -> bool:
+    """Whether ``err`` (a TensorFlow ``OpError`` that ended training or evaluation) was raised by
+    Python code of the data function while the input iterator was read: an ``UnknownError`` or
+    ``InvalidArgumentError`` whose failing node is a Python-function op and that came through
+    ``IteratorGetNext`` (TensorFlow names both in the error; a Python function in the model is not
+    read through the iterator)."""
+    import tensorflow as tf
+
+    if not isinstance(err, (tf.errors.UnknownError, tf.errors.InvalidArgumentError)):
+        return False
+    text = str(getattr(err, "message", err))
+    return "IteratorGetNext" in text and any(f"node {name}" in text for name in PY_FUNC_NODES)
 
 
 def _reduce_count(ds, config, split: str) -> int:
@@ -186,14 +207,14 @@ def count_first(ds, wanted: int, config=None, split: str = "train") -> int:
     known = int(ds.cardinality().numpy())
     if known >= 0:
         return known
-    with startup(f"reading the first {wanted} examples of data.function's training split"):
+    with startup(f"reading the first {wanted} examples of data.source.function's training split"):
         return _reduce_count(ds.take(wanted), config, split)
 
 
 def _too_long(config, *, split: str, field: str, limit: int, endless: bool) -> DataError:
     what = ("is endless (cardinality INFINITE)" if endless
             else f"has more than {limit:,} examples (endless?)")
-    head = f"data.function '{describe(config)}': {field} '{split}' {what}"
+    head = f"data.source.function '{describe(config)}': {field} '{split}' {what}"
     if field == "data.train_split":
         return DataError(f"{head}; without trainer.steps_per_epoch kerasdist counts one pass of it "
                          f"to set the epoch length (at most {limit:,} examples). Set "

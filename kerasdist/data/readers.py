@@ -68,7 +68,7 @@ def _find(folder: Path, stem: str) -> Path:
     for name in (stem, stem + ".gz"):
         if (folder / name).is_file():
             return folder / name
-    raise DataError(f"data.path: '{folder}' has no '{stem}' or '{stem}.gz'")
+    raise DataError(f"data.source.path: '{folder}' has no '{stem}' or '{stem}.gz'")
 
 
 def load_idx_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
@@ -106,15 +106,15 @@ def load_npz_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
         with np.load(path, allow_pickle=False) as archive:
             keys = set(archive.files)
             if f"x_{split}" not in keys or f"y_{split}" not in keys:
-                raise DataError(f"data.path: '{path}' has no x_{split}/y_{split} arrays "
+                raise DataError(f"data.source.path: '{path}' has no x_{split}/y_{split} arrays "
                                 f"(found: {', '.join(sorted(keys))})")
             x, y = archive[f"x_{split}"], archive[f"y_{split}"]
     except (OSError, ValueError, EOFError, zlib.error) as err:
-        raise DataError(f"data.path: cannot read npz file '{path}': {err}") from None
+        raise DataError(f"data.source.path: cannot read npz file '{path}': {err}") from None
     if len(x) != len(y):
-        raise DataError(f"data.path '{path}': {len(x)} examples in x_{split} but {len(y)} labels "
+        raise DataError(f"data.source.path '{path}': {len(x)} examples in x_{split} but {len(y)} labels "
                         f"in y_{split}")
-    return x, as_labels(y, f"data.path '{path}' y_{split}")
+    return x, as_labels(y, f"data.source.path '{path}' y_{split}")
 
 
 def tfrecord_files(folder: Path, split: str) -> list[str]:
@@ -167,7 +167,7 @@ def corrupt_file(path: str, err) -> DataError:
     detail = tf_message(err)
     offset = re.search(r"(?:record|corrupted record) at (\d+)", detail)
     where = f" at byte {offset.group(1)}" if offset else ""
-    return DataError(f"data.path: TFRecord file '{path}' is truncated or corrupt{where} (written "
+    return DataError(f"data.source.path: TFRecord file '{path}' is truncated or corrupt{where} (written "
                      f"partly, or damaged): {detail}. Received: file '{path}'")
 
 
@@ -193,7 +193,7 @@ def sample_tfrecord_split(folder: Path, split: str,
 
     files = tfrecord_files(folder, split)
     if not files:
-        raise DataError(f"data.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
+        raise DataError(f"data.source.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     images, labels = [], []
     for path in files:
         wanted = None if limit is None else limit - sum(len(y) for y in labels)
@@ -207,10 +207,10 @@ def sample_tfrecord_split(folder: Path, split: str,
         except tf.errors.DataLossError as err:
             raise corrupt_file(path, err) from None
         except tf.errors.OpError as err:
-            raise DataError(f"data.path: cannot parse the TFRecords of '{path}': "
+            raise DataError(f"data.source.path: cannot parse the TFRecords of '{path}': "
                             f"{err.message.splitlines()[0][:300]}") from None
     if not images:
-        raise DataError(f"data.path: the '{split}*.tfrecord*' files in '{folder}' hold no records")
+        raise DataError(f"data.source.path: the '{split}*.tfrecord*' files in '{folder}' hold no records")
     return np.concatenate(images), np.concatenate(labels).astype(np.int64)
 
 

@@ -76,7 +76,7 @@ def _preflight(recipe: Recipe, *, overwrite: bool, model_check: bool = True) -> 
     check_shape(recipe)
     run_dir = RunDir.of(recipe)
     run_dir.check_path()
-    # files, feature spec, columns, data.function, both splits: checked for every source kind
+    # files, feature spec, columns, data.source.function, both splits: checked for every source kind
     per_worker = examples_per_worker(recipe)
     if per_worker < recipe.data.batch_size:
         raise DataError(f"data.train_split '{recipe.data.train_split}' has {per_worker} "

@@ -32,7 +32,7 @@ files is still met only during training."""
 
 FIRST_CHECKED_BATCHES = 4
 """Global batches of the training split checked by :func:`check_inputs` for a ``python`` (or
-``tfds`` with ``data.input``) source when ``trainer.steps_per_epoch`` is set: such a split may be
+``tfds`` with ``data.source.input``) source when ``trainer.steps_per_epoch`` is set: such a split may be
 endless, so only its first batches are read."""
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -65,8 +65,9 @@ def check_inputs(recipe: Recipe, model, *, splits: Mapping[str, Split] | None = 
     for field, split in names:
         x, y = splits[split] if split in splits else _load(recipe.data, split,
                                                            limit=_limit(recipe, field))
-        where = f"{field} '{split}' of data.source '{recipe.data.source}'" + (
-            f" (data.path '{recipe.data.path}')" if recipe.data.path else "")
+        path = getattr(recipe.data.source, "path", None)
+        where = f"{field} '{split}' of data.source '{recipe.data.kind}'" + (
+            f" (data.source.path '{path}')" if path else "")
         _check_dtypes(x, y, model, where)
         _check_finite(y, f"{where}: labels")
         if not isinstance(x, dict):  # several named inputs (a tfrecord spec): labels only

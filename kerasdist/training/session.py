@@ -180,7 +180,10 @@ def _recipe_callbacks(recipe: Recipe, run_dir: RunDir) -> list:
 def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
     import tensorflow as tf
 
+    from kerasdist.data.inputs import input_failure
+
     total = run.recipe.trainer.epochs * run.data.steps_per_epoch
+    split = run.recipe.data.train_split
     try:
         if run.start_step < total:
             log.info(f"training from global step {run.start_step} of {total} "
@@ -190,8 +193,12 @@ def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
             # said once by the CLI (RunDir.complete_notice), before the cluster starts
             log.debug("all epochs already completed by the checkpoint; evaluating only")
             history = {}
+        split = run.recipe.data.eval_split
         return history, loop.evaluate(run)
     except tf.errors.OpError as err:
+        data_error = input_failure(run.recipe.data, err, split)
+        if data_error is not None:  # the user's data function raised: exit 2 naming it
+            raise data_error from None
         raised = strategy.explain_failure(err, config=run.recipe.strategy, tf_config=tf_config,
                                           start_step=run.start_step)
         if raised is err:

@@ -175,7 +175,8 @@ def test_embedding_recipe_splits_its_tables_over_the_ps_and_learns(inprocess_ps_
 
     recipe = yaml.safe_load((REPO / "recipes" / "embedding_ps.yaml").read_text())
     recipe["model"]["params"].update(num_items=8192, dim=8)
-    recipe["data"].update(num_items=8192, num_examples=40_000, shuffle_buffer=40_000)
+    recipe["data"].update(shuffle_buffer=40_000)
+    recipe["data"]["source"].update(num_items=8192, num_examples=40_000)
     recipe["strategy"]["variable_partitioning"] = "fixed"
     recipe["trainer"].update(epochs=2, steps_per_epoch=60, verbose=0)
     recipe["output"] = {"run_dir": str(tmp_path / "run"), "tensorboard": False}
@@ -194,4 +195,4 @@ def test_embedding_recipe_splits_its_tables_over_the_ps_and_learns(inprocess_ps_
     assert metrics["evaluation"]["accuracy"] > 0.6
     x, y = load_split(config.data, "train")
     assert x.dtype == np.int64 and x.shape == (40_000, 2) and set(np.unique(y)) == {0.0, 1.0}
-    assert x[:, 1].max() < 8192 and x[:, 0].max() < config.data.num_users
+    assert x[:, 1].max() < 8192 and x[:, 0].max() < config.data.source.num_users

@@ -193,14 +193,14 @@ def _bad(case, tmp_path, monkeypatch):
         return data, model, "train-0.tfrecord' (record 1)"
     if case == "label":
         data, model = _csv(tmp_path / "csv")
-        return {**data, "label": "price"}, model, "data.label: column 'price' is not in the header"
+        return {**data, "label": "price"}, model, "data.source.label: column 'price' is not in the header"
     if case == "empty":
         (tmp_path / "img" / "train").mkdir(parents=True)
         return ({"source": "image_folder", "path": str(tmp_path / "img")},
                 {"name": CNN, "params": {}}, "holds no class folders")
     _, model = _python(tmp_path, monkeypatch)
     function = {"import": "no_such_module_q:make", "raises": "user_stream_data:broken"}[case]
-    needle = {"import": "data.function: cannot import module 'no_such_module_q'",
+    needle = {"import": "data.source.function: cannot import module 'no_such_module_q'",
               "raises": "raised RuntimeError for split 'train': no such table"}[case]
     return {"source": "python", "function": function}, model, needle
 

@@ -73,6 +73,6 @@ def test_a_resumed_tfds_stream_continues_where_it_stopped(tmp_path, data_dir):
 
 
 def test_a_missing_tfds_feature_is_named(tmp_path, data_dir):
-    with pytest.raises(DataError, match=r"data.label: 'kerasdist_tiny_points' has no feature "
+    with pytest.raises(DataError, match=r"data.source.label: 'kerasdist_tiny_points' has no feature "
                        r"'label' \(features: point, side\). Received: 'label'"):
         build_streaming(_recipe(tmp_path, data_dir, label=None), pipelines=1)

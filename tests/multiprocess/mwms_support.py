@@ -23,7 +23,8 @@ def linear_recipe(tmp_path: Path, name: str, **sections) -> Path:
     """recipes/linear_mwms.yaml made small and deterministic (2048 examples, 64 steps/epoch x 2,
     backups every 10 steps, 20 s collective timeout); ``sections`` update it section by section."""
     raw = yaml.safe_load((REPO / "recipes" / "linear_mwms.yaml").read_text())
-    raw["data"].update(num_examples=2048, shuffle_seed=7)
+    raw["data"].update(shuffle_seed=7)
+    raw["data"]["source"]["num_examples"] = 2048
     raw["optimizer"].update(learning_rate=0.02, momentum=0.9)
     raw["strategy"]["timeout_s"] = 20
     raw["cluster"].update(max_restarts=1, threads_per_task=1)

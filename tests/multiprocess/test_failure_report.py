@@ -30,7 +30,7 @@ def _recipe(tmp_path: Path, name: str, callbacks: list, strategy: dict | None = 
     if strategy is not None:
         raw["strategy"] = strategy
     raw["trainer"]["epochs"] = 3
-    raw["data"]["num_examples"] = 512
+    raw["data"]["source"]["num_examples"] = 512
     recipe.write_text(yaml.safe_dump(raw))
     return recipe
 

@@ -104,10 +104,10 @@ def test_unknown_data_source(write_recipe):
 
 @pytest.mark.parametrize("source", ["idx", "npz", "tfrecord"])
 def test_file_sources_need_an_existing_path(write_recipe, tmp_path, source):
-    with pytest.raises(RecipeError, match="data.path is required"):
+    with pytest.raises(RecipeError, match="data.source.path is required"):
         load_recipe(write_recipe(f"data: {{source: {source}}}"))
     missing = tmp_path / "nowhere"
-    with pytest.raises(RecipeError, match=f"data.path does not exist.*{missing}"):
+    with pytest.raises(RecipeError, match=f"data.source.path does not exist.*{missing}"):
         load_recipe(write_recipe(f"data: {{source: {source}, path: '{missing}'}}"))
 
 
@@ -294,20 +294,21 @@ def test_a_shrunk_cluster_keeps_the_global_batch_and_refuses_a_count_it_does_not
 
 
 def test_validate_prints_only_the_chosen_source_kinds_data_fields(tmp_path):
-    """Issue 41, item 1 (the printing part): ``kerasdist validate`` shows the common ``data``
-    fields and the chosen kind's, not the 25 fields of every kind; every field belongs to one."""
+    """Issue 41, item 1: ``kerasdist validate`` shows the common ``data`` fields and, under
+    ``data.source``, the chosen kind's fields only; the printed form validates to the same recipe."""
     import yaml
 
-    from kerasdist.config.data_configs import COMMON_DATA_FIELDS, SOURCE_TRAITS, DataConfig
+    from kerasdist.config.data_configs import KIND_FIELDS, DataConfig
 
-    owned = set(COMMON_DATA_FIELDS).union(*(t.fields for t in SOURCE_TRAITS.values()))
-    assert owned == set(DataConfig.model_fields)
+    assert not KIND_FIELDS & set(DataConfig.model_fields)  # the kinds' fields left data
     (tmp_path / "t.csv").write_text("a,y\n1,0\n", encoding="utf-8")
-    recipe = validate_recipe({"data": {"source": "csv", "path": str(tmp_path), "label": "y",
+    recipe = validate_recipe({"data": {"source": {"kind": "csv", "path": str(tmp_path),
+                                                  "label": "y"},
                                        "train_split": "t", "eval_split": None}})
     data = yaml.safe_load(dump_recipe(recipe))["data"]
-    assert set(data) == set(COMMON_DATA_FIELDS) | {"path", "label", "numeric", "categorical",
-                                                   "label_dtype"}
+    assert set(data) == set(DataConfig.model_fields)
+    assert set(data["source"]) == {"kind", "path", "label", "numeric", "categorical",
+                                   "label_dtype"}
     assert validate_recipe({**yaml.safe_load(dump_recipe(recipe))}) == recipe
     embedded = yaml.safe_load(dump_recipe(validate_recipe({})))["data"]
-    assert set(embedded) == set(COMMON_DATA_FIELDS)
+    assert embedded["source"] == {"kind": "embedded"}

@@ -96,7 +96,7 @@ def test_csv_with_a_utf8_bom_reads_its_label_column(tmp_path):
 @pytest.mark.parametrize("value, dtype, needles", [
     ("cat", "int64", ["column 'y' of '", "train-000.csv' line 7 is not an integer class id",
                       "Received: 'cat'"]),
-    ("0.25", "int64", ["line 7", "Set data.label_dtype: float32", "Received: '0.25'"]),
+    ("0.25", "int64", ["line 7", "Set data.source.label_dtype: float32", "Received: '0.25'"]),
     ("nan", "float32", ["line 7 is not a finite number", "Received: 'nan'"]),
 ])
 def test_csv_bad_label_names_file_line_column_and_value(tmp_path, value, dtype, needles):
@@ -191,11 +191,11 @@ def test_image_size_and_channels_default_to_the_first_image_and_mixed_sizes_are_
         built = _build(_recipe(tmp_path, data, steps_per_epoch=1))
     x, _ = _all(built.eval_fn(_ctx()))
     assert x.shape == (8, 8, 8, 1)
-    assert "data.image_size [8, 8] and data.channels 1 taken from the first training image" \
+    assert "data.source.image_size [8, 8] and data.source.channels 1 taken from the first training image" \
         in caplog.text
     _png(tmp_path / "img" / "test" / "0" / "big.png", np.zeros((9, 8, 1), np.uint8))
     with pytest.raises(DataError, match=r"big.png' is 9x8, other images 8x8 .* need "
-                       "data.image_size"):
+                       "data.source.image_size"):
         _build(_recipe(tmp_path, data))
     resized = _build(_recipe(tmp_path, {**data, "image_size": [4, 4]}))
     assert _all(resized.eval_fn(_ctx()))[0].shape == (9, 4, 4, 1)
@@ -253,7 +253,7 @@ def test_string_features_or_labels_are_refused_naming_the_field(tmp_path, monkey
 
 def test_an_error_raised_by_a_user_generator_is_a_data_error(tmp_path, monkeypatch):
     recipe = _python(tmp_path, monkeypatch, "raising")
-    with pytest.raises(DataError, match=r"data.function 'user_defect_mod:raising'.*"
+    with pytest.raises(DataError, match=r"data.source.function 'user_defect_mod:raising'.*"
                        "the user's file went away"):
         _build(recipe)
     from kerasdist.training.checks import check_inputs
@@ -304,10 +304,31 @@ def test_a_truncated_tfrecord_of_the_default_layout_is_named_with_its_file(tmp_p
 # ---------------------------------------------------------------------------------------- paths
 def test_a_relative_path_that_does_not_exist_names_the_directory_searched(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match=r"data.path does not exist \(a relative path is resolved "
+    with pytest.raises(ValueError, match=r"data.source.path does not exist \(a relative path is resolved "
                        rf"against the working directory, {tmp_path}\)"):
         _recipe(tmp_path, {"source": "csv", "path": "no/such/folder", "label": "y"})
     (tmp_path / "csvs").mkdir()
     with pytest.raises(DataError, match=rf"no files for split 'train' .* in 'csvs' \(relative to "
                        rf"the working directory {tmp_path}\)"):
         _build(_recipe(tmp_path, {"source": "csv", "path": "csvs", "label": "y"}))
+
+
+def test_a_csv_split_is_read_once_by_the_checks_before_training(tmp_path, monkeypatch):
+    """The launch preflight, the data checks and the stream's build each open the csv source;
+    each split's pre-pass (every numeric cell parsed) runs once in the process, not once each
+    (three times for the training split before this was cached)."""
+    from kerasdist.data import csv_source
+    from kerasdist.data.inputs import examples_per_worker
+    from kerasdist.training.checks import check_inputs
+
+    parsed = []
+    real = csv_source._float
+    monkeypatch.setattr(csv_source, "_float", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    recipe = _recipe(tmp_path, {**_csv(tmp_path / "csv"), "numeric": ["a", "b"]})
+    examples_per_worker(recipe)
+    check_inputs(recipe, _dense_model(width=2 + 4))
+    _build(recipe)
+    assert len(parsed) == 2 * (40 + 16)  # two numeric columns, 40 training + 16 test rows, once
+    (tmp_path / "csv" / "test-000.csv").write_text("a,b,color,y\n1,2,red,0\n", encoding="utf-8")
+    _build(recipe)  # a file rewritten is read again
+    assert len(parsed) == 2 * (40 + 16) + 2

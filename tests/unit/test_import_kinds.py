@@ -132,7 +132,7 @@ def test_a_data_function_of_another_kind_is_refused_uncalled(user_module, functi
     from kerasdist.data.python_source import load_function
 
     config = validate_recipe({"data": {"source": "python", "function": function}}).data
-    with pytest.raises(DataError, match=r"^data.function: .*Received:"):
+    with pytest.raises(DataError, match=r"^data.source.function: .*Received:"):
         load_function(config)
     assert not user_module.exists()
 

@@ -189,13 +189,13 @@ def test_a_feature_spec_that_does_not_match_names_file_and_record(tmp_path):
     with pytest.raises(DataError) as err:
         build_streaming(_recipe(tmp_path, data), pipelines=1)
     text = str(err.value)
-    assert "data.features does not match file" in text and "train-0.tfrecord' (record 1)" in text
+    assert "data.source.features does not match file" in text and "train-0.tfrecord' (record 1)" in text
     assert '"extra": {"dtype": "float32", "shape": [3], "encoding": "none"}' in text
 
 
 def test_a_missing_label_column_names_the_file(tmp_path):
     data = {**_csv(tmp_path / "csv"), "label": "price"}
-    with pytest.raises(DataError, match=r"data.label: column 'price' is not in the header of "
+    with pytest.raises(DataError, match=r"data.source.label: column 'price' is not in the header of "
                        r"'.*train-000.csv' \(line 1: a, b, color, y\). Received: label='price'"):
         build_streaming(_recipe(tmp_path, data), pipelines=1)
 
@@ -219,7 +219,7 @@ def test_an_empty_image_folder_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("function, needle", [
-    ("no_such_mod_xyz:make", "data.function: cannot import module 'no_such_mod_xyz'"),
+    ("no_such_mod_xyz:make", "data.source.function: cannot import module 'no_such_mod_xyz'"),
     ("user_data_mod:missing", "has no Python function 'missing'"),
     ("user_data_mod:not_a_dataset", "must return a tf.data.Dataset of unbatched (features, "
      "label). Received: list for split 'train'"),

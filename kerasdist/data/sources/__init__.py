@@ -3,14 +3,15 @@
 strategies.
 
 Built-in kinds are registered by module path and imported on first use (listing or validating
-never imports a kind, nor TensorFlow). Their traits (streams or not, needs a path, shard units)
-are declared in :data:`kerasdist.config.data_configs.SOURCE_TRAITS`, which validation reads. The
-consumers (launch, training, the evaluator, the bench) call the entry points of
-:mod:`kerasdist.data.inputs`, never a kind directly, and compare no ``data.source`` string.
+never imports a kind, nor TensorFlow). Each kind's fields and traits (streams or not, path may be
+a pattern, shard units) are declared on its config class in
+:mod:`kerasdist.config.source_configs`, which validation reads. The consumers (launch, training,
+the evaluator, the bench) call the entry points of :mod:`kerasdist.data.inputs`, never a kind
+directly, and compare no ``data.source`` string.
 
-Adding a source: a config trait line in ``SOURCE_TRAITS`` (and its name in ``DataSource``), one
-module here with one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in
-``_BUILTIN`` below.
+Adding a source: one config class in :mod:`kerasdist.config.source_configs`, one module here with
+one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in ``_BUILTIN`` below
+(docs/own-model-and-data.md, "Adding a source").
 
 The readers of the in-memory formats are re-exported here under their former names
 (:mod:`kerasdist.data.readers`).
@@ -76,8 +77,8 @@ def get(kind: str):
 
 
 def of(config):
-    """The kind object of a ``DataConfig`` (its ``source``)."""
-    return get(config.source)
+    """The kind object of a ``DataConfig`` (its ``source.kind``)."""
+    return get(config.kind)
 
 
 def load_split(config, split: str):

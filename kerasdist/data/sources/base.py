@@ -11,8 +11,9 @@ call and nothing else does: the resumable training stream and evaluation input
 (:meth:`SourceKind.stream`), the sidecar evaluator's input (:meth:`SourceKind.eval_dataset`), a
 sample of decoded examples (:meth:`SourceKind.sample`, :meth:`SourceKind.check_sample`) and the
 whole split as arrays (:meth:`SourceKind.load`). Adding a source is one module here with one
-class, and one line in the registry (:mod:`kerasdist.data.sources`) and in
-:data:`kerasdist.config.data_configs.SOURCE_TRAITS`.
+class, one line in the registry (:mod:`kerasdist.data.sources`) and one config class in
+:mod:`kerasdist.config.source_configs`. A kind reads its own fields as ``config.source.<field>``
+and the common ones (splits, batch size, seed) as ``config.<field>``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class SourceKind:
     def load(self, config, split: str) -> Split:
         """The whole of ``split`` as NumPy arrays (reference evaluations, the bench)."""
         return self.sample(config, split, None)
+
+    def input_failure(self, config, err: BaseException, split: str):
+        """The ``DataError`` to report for ``err``, raised while training read ``split``, when it
+        is the source's own failure; None (the default) reports ``err`` as it is."""
+        return None
 
     def serving_model(self, config, model, run_dir):
         """``model`` with the source's preprocessing in front, which predicts on the source's
@@ -125,7 +131,7 @@ class MemoryKind(SourceKind):
 
     def shard_policy(self, config, pipelines):
         return shard_policy(config, pipelines, units=None,
-                            why_not=f"source '{config.source}' is held in memory (no files to "
+                            why_not=f"source '{config.kind}' is held in memory (no files to "
                             "shard)")
 
     def stream(self, recipe, pipelines):
@@ -196,6 +202,12 @@ class FunctionKind(SourceKind):
         from kerasdist.data import python_source
 
         return python_source.call(self.function(config), config, split)
+
+    def input_failure(self, config, err, split):
+        from kerasdist.data import python_source
+
+        return python_source.raised(err, config, split) if python_source.from_user_code(err) \
+            else None
 
     def eval_dataset(self, config, split, *, run_dir):
         return file_streams.evaluation_dataset(config, self._split(config, split), None)

@@ -13,4 +13,4 @@ class IdxKind(MemoryKind):
     kind = "idx"
 
     def whole(self, config, name):
-        return load_idx_split(Path(config.path), name)
+        return load_idx_split(Path(config.source.path), name)

@@ -12,4 +12,4 @@ class NpzKind(MemoryKind):
     kind = "npz"
 
     def whole(self, config, name):
-        return load_npz_split(Path(config.path), name)
+        return load_npz_split(Path(config.source.path), name)

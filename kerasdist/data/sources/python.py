@@ -1,4 +1,4 @@
-"""Source ``python``: the user's ``data.function`` returns a split's ``tf.data.Dataset``
+"""Source ``python``: the user's ``data.source.function`` returns a split's ``tf.data.Dataset``
 (:mod:`kerasdist.data.python_source`)."""
 
 from __future__ import annotations

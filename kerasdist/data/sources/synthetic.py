@@ -13,14 +13,14 @@ class SyntheticLinearKind(MemoryKind):
     kind = "synthetic_linear"
 
     def whole(self, config, name):
-        return synthetic_linear(name, num_examples=config.num_examples,
-                                noise_std=config.noise_std, seed=config.shuffle_seed)
+        return synthetic_linear(name, num_examples=config.source.num_examples,
+                                noise_std=config.source.noise_std, seed=config.shuffle_seed)
 
 
 class SyntheticClicksKind(MemoryKind):
     kind = "synthetic_clicks"
 
     def whole(self, config, name):
-        return synthetic_clicks(name, num_examples=config.num_examples,
-                                num_users=config.num_users, num_items=config.num_items,
+        return synthetic_clicks(name, num_examples=config.source.num_examples,
+                                num_users=config.source.num_users, num_items=config.source.num_items,
                                 seed=config.shuffle_seed)

@@ -1,5 +1,5 @@
 """Source ``tfds``: a prepared TensorFlow Datasets dataset, streamed as a function source
-(``data.input`` / ``data.label`` name its features); read whole, without them, as
+(``data.source.input`` / ``data.source.label`` name its features); read whole, without them, as
 ``tfds.load(as_supervised=True)`` pairs."""
 
 from __future__ import annotations
@@ -17,17 +17,17 @@ class TfdsKind(FunctionKind):
         return python_source.tfds_function(config)
 
     def load(self, config, split):
-        if config.input is not None or config.label is not None:
+        if config.source.input is not None or config.source.label is not None:
             return super().load(config, split)
         import tensorflow_datasets as tfds
 
         try:
-            ds = tfds.load(config.name, split=split, as_supervised=True, batch_size=-1,
-                           data_dir=str(config.data_dir) if config.data_dir else None)
+            ds = tfds.load(config.source.name, split=split, as_supervised=True, batch_size=-1,
+                           data_dir=str(config.source.data_dir) if config.source.data_dir else None)
         except Exception as err:  # noqa: BLE001 - TFDS raises many types (network, registration)
-            raise DataError(f"data.source 'tfds': cannot load '{config.name}' split '{split}': "
+            raise DataError(f"data.source 'tfds': cannot load '{config.source.name}' split '{split}': "
                             f"{err}. Offline? Use data.source: embedded.") from None
         x, y = tfds.as_numpy(ds)
         if x.ndim == 4 and x.shape[-1] == 1:
             x = x[..., 0]
-        return x, as_labels(y, f"data.source 'tfds' '{config.name}' split '{split}'")
+        return x, as_labels(y, f"data.source 'tfds' '{config.source.name}' split '{split}'")

@@ -1,4 +1,4 @@
-"""Source ``tfrecord``: ``tf.train.Example`` files parsed with ``data.features`` (default: the
+"""Source ``tfrecord``: ``tf.train.Example`` files parsed with ``data.source.features`` (default: the
 MNIST layout), streamed as files or pieces of files
 (:class:`~kerasdist.data.formats.TFRecordSource`)."""
 
@@ -17,9 +17,9 @@ class TFRecordKind(FileKind):
 
     def check_sample(self, config, split, limit):
         # the default MNIST layout is checked as the in-memory sources are, on raw uint8 arrays
-        return self.sample(config, split, limit, preprocessed=config.features is not None)
+        return self.sample(config, split, limit, preprocessed=config.source.features is not None)
 
     def load(self, config, split):
-        if config.features is None:  # the MNIST layout as uint8 arrays, as the idx source gives
-            return slice_split(split, lambda name: load_tfrecord_split(Path(config.path), name))
+        if config.source.features is None:  # the MNIST layout as uint8 arrays, as the idx source gives
+            return slice_split(split, lambda name: load_tfrecord_split(Path(config.source.path), name))
         return super().load(config, split)
