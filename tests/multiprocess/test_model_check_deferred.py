@@ -26,7 +26,7 @@ def _recipe(tmp_path, *, label=10, strategy="multi_worker", ps=0):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(textwrap.dedent(f"""
         model: {{name: mnist_cnn}}
-        data: {{source: npz, path: '{tmp_path / "data.npz"}', train_split: train,
+        data: {{source: {{kind: npz, path: '{tmp_path / "data.npz"}'}}, train_split: train,
                 eval_split: test, batch_size: 32}}
         strategy: {{kind: {strategy}}}
         cluster: {{kind: local, workers: 2, ps: {ps}, threads_per_task: 1}}
