@@ -140,7 +140,7 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
     # a driver that was killed: trial 0 RUNNING in the storage, its epoch 1 answered
     from kerasdist.sweep.study import open_study, suggest, trial_dir, trial_recipe
 
-    study = open_study(driver.plan)
+    study = open_study(driver.plan)  # an earlier driver asked trial 0
     trial = study.ask()
     params = suggest(trial, driver.plan.config)
     folder = trial_dir(driver.plan, trial.number)
@@ -156,3 +156,41 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
     assert trials[0].params == params
     assert started[0].epoch == 3 and len(started[0].history) == 2  # went on from epoch 2
     assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+
+
+def test_trials_are_written_by_number_through_optunas_public_interfaces(tmp_path, monkeypatch):
+    # another study first in the same storage: storage ids and trial numbers differ
+    from kerasdist.sweep.study import TrialBook
+
+    driver, _, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=2,
+                           pruner={"name": "threshold", "options": {"upper": 0.5}})
+    url = driver.plan.config.storage_url()
+    (tmp_path / "out").mkdir()
+    other = optuna.create_study(storage=url, study_name="other")
+    for _ in range(3):
+        other.tell(other.ask(), 1.0)
+    book = TrialBook.open(driver.plan)
+    book.study.ask()  # trials 0 and 1, as asked by a driver now gone
+    second = book.study.ask()
+    assert second.number == 1
+    assert book.report(1, 1, 0.25) and not book.report(1, 1, 9.0)  # a reported step stands
+    assert not book.should_prune(1)
+    assert book.report(1, 2, 0.75) and book.should_prune(1)  # over the threshold's upper 0.5
+    book.set_user_attr(1, "dir", "trial-0001")
+    again = optuna.load_study(study_name="kerasdist-sweep", storage=url).trials
+    assert again[1].intermediate_values == {1: 0.25, 2: 0.75}
+    assert again[1].user_attrs == {"dir": "trial-0001"} and again[0].user_attrs == {}
+    assert all(not t.intermediate_values for t in other.trials)
+    with pytest.raises(KeyError):
+        book.trial(2)
+
+
+def test_the_sweep_reads_no_private_optuna_attribute():
+    # e.g. FrozenTrial._trial_id / Trial._trial_id: a restarted driver re-attaches by number
+    import re
+
+    import kerasdist.sweep as sweep
+
+    for path in Path(sweep.__file__).parent.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\._trial_id|\._study_id|\._storage\b", text), path
