@@ -139,11 +139,10 @@ class RayTrial:
 
     def wait(self, timeout_s: float = 70.0) -> int | None:
         """Wait for the end (after :meth:`stop`); the exit code."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.poll()
-            if code is not None:
-                return code
-            time.sleep(0.2)
+        from kerasdist.sweep.processes import poll_until_exit
+
+        code = poll_until_exit(self.poll, timeout_s)
+        if code is not None:
+            return code
         self._ray.cancel(self.ref, force=True)
         return self.poll()

@@ -194,3 +194,15 @@ def test_the_sweep_reads_no_private_optuna_attribute():
     for path in Path(sweep.__file__).parent.glob("*.py"):
         text = path.read_text(encoding="utf-8")
         assert not re.search(r"\._trial_id|\._study_id|\._storage\b", text), path
+
+
+def test_a_trials_end_is_polled_until_its_code_or_the_timeout():
+    import time
+
+    from kerasdist.sweep.processes import poll_until_exit
+
+    codes = iter([None, None, 0])
+    assert poll_until_exit(lambda: next(codes), 5.0, interval_s=0.01) == 0
+    started = time.monotonic()
+    assert poll_until_exit(lambda: None, 0.3, interval_s=0.05) is None
+    assert 0.3 <= time.monotonic() - started < 3.0
