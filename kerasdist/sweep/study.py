@@ -34,8 +34,15 @@ def require_optuna():
     return optuna
 
 
-def make_sampler(config: SweepConfig):
-    """Optuna's sampler named by ``sampler.name``, seeded with ``sampler.seed``.
+RESEEDED = ("tpe", "random", "cmaes", "gp")
+"""Samplers whose seed a re-run moves on (grid and qmc find their next point in the study)."""
+
+
+def make_sampler(config: SweepConfig, *, trials_before: int = 0):
+    """Optuna's sampler named by ``sampler.name``, seeded with ``sampler.seed``; a re-run of a
+    study that holds ``trials_before`` trials seeds tpe, random, cmaes and gp with ``sampler.seed
+    + trials_before``, so it does not propose again what the first run's sampler proposed (the
+    same seed would draw the same first values).
 
     Raises:
         RecipeError: ``sampler.options`` the sampler's constructor refuses.
@@ -49,7 +56,9 @@ def make_sampler(config: SweepConfig):
     try:
         if spec.name == "grid":
             return samplers.GridSampler(grid_space(config), seed=spec.seed, **spec.options)
-        return classes[spec.name](seed=spec.seed, **spec.options)
+        seed = spec.seed + trials_before if spec.seed is not None and \
+            spec.name in RESEEDED else spec.seed
+        return classes[spec.name](seed=seed, **spec.options)
     except (TypeError, ValueError) as err:
         raise RecipeError(f"sampler.options: the {spec.name} sampler refuses them: {err}. "
                           f"Received: options={dict(spec.options)!r}") from None
@@ -159,6 +168,9 @@ def open_study(plan: SweepPlan, *, storage=None):
     study = optuna.create_study(storage=storage, study_name=config.output.study,
                                 sampler=make_sampler(config), pruner=make_pruner(config),
                                 direction=config.objective.direction, load_if_exists=True)
+    before = len(study.get_trials(deepcopy=False))
+    if before:  # a re-run: the sampler goes on from where the seed would repeat itself
+        study.sampler = make_sampler(config, trials_before=before)
     wanted = fingerprint(config)
     found = study.user_attrs.get(FINGERPRINT_ATTR)
     if found is None:

@@ -136,6 +136,7 @@ def test_failed_trials_are_recorded_with_their_log_and_bounded(tmp_path, monkeyp
 
 def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
     driver, started, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr / e, trials=2,
+                                 sampler={"name": "random", "seed": 0},
                                  pruner={"name": "median", "options": {"n_startup_trials": 5}})
     # a driver that was killed: trial 0 RUNNING in the storage, its epoch 1 answered
     from kerasdist.sweep.study import open_study, suggest, trial_dir, trial_recipe
@@ -154,6 +155,7 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
     assert [t.number for t in trials] == [0, 1]  # not counted twice
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     assert trials[0].params == params
+    assert trials[1].params != params  # the re-run's sampler does not repeat the first draw
     assert started[0].epoch == 3 and len(started[0].history) == 2  # went on from epoch 2
     assert sorted(trials[0].intermediate_values) == [1, 2, 3]
 
