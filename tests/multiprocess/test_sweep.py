@@ -2,7 +2,9 @@
 best.yaml trains; a driver SIGKILLed mid-trial leaves no process behind, and the same command
 then resumes the interrupted trial at its checkpoint's step and ends with exactly ``trials``
 finished; (extended) multi-worker trials on 2 workers pruned at one epoch boundary on every task;
-MLflow parent and child runs on a real ``mlflow server``."""
+a parameter-server trial pruned by its coordinator (limited by its progress, not the wall
+clock); MLflow parent and child runs on a real ``mlflow server``; the Ray backend on a local Ray,
+and a SIGKILLed Ray driver whose local Ray and trial end with it (the trial saving first)."""
 
 from __future__ import annotations
 
