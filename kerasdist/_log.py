@@ -24,6 +24,9 @@ import sys
 
 LOGGER_NAME = "kerasdist"
 _HANDLER_MARK = "_kerasdist_handler"
+# Set by kerasdist's local launcher in every task it starts (kerasdist.launch.status): such a
+# task's standard output is a log file of its own, not a console other tasks write too.
+LAUNCHED_ENV = "KERASDIST_STATUS_FILE"
 
 
 class _StdoutHandler(logging.StreamHandler):
@@ -84,3 +87,34 @@ def ensure_configured() -> None:
     """Configure with the defaults when nobody has (library use without the CLI)."""
     if not any(getattr(h, _HANDLER_MARK, False) for h in get_logger().handlers):
         configure()
+
+
+def shared_console() -> bool:
+    """Whether this process's standard output is a console that the cluster's other tasks may
+    write too: every task not started by kerasdist's local launcher (a Slurm step's output file,
+    a pod's log, Ray's forwarded output, a terminal of ``fit --this-task``)."""
+    import os
+
+    return not os.environ.get(LAUNCHED_ENV)
+
+
+def keras_verbose(verbose=None, *, is_chief: bool = True):
+    """Keras's ``fit`` verbosity for this process (issue 42, item 2).
+
+    Args:
+        verbose: ``--verbose`` / ``trainer.verbose``: 0, 1, 2, ``'auto'`` or None (= ``'auto'``).
+        is_chief: whether this process writes the run's outputs.
+
+    Returns:
+        0 for a task other than the chief on a :func:`shared_console` (one task speaks there, so
+        its lines need no prefix; the others' warnings keep theirs); otherwise ``'auto'``/None
+        becomes 1 (Keras's progress bar) on a terminal and 2 (one line an epoch) elsewhere (a
+        file, a pipe: Keras's bar would write its backspaces and colour codes there), and 0, 1
+        or 2 are kept.
+    """
+    if not is_chief and shared_console():
+        return 0
+    if verbose in (None, "auto"):
+        stream = sys.stdout
+        return 1 if getattr(stream, "isatty", lambda: False)() else 2
+    return verbose

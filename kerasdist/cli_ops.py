@@ -166,8 +166,19 @@ def _this_task(args) -> int:
         contextlib.nullcontext()
     if slurm and spec.num("ps") > 0:  # the job ends when the chief ends (slurm_job)
         return _this_slurm_task(args, spec, serves, watch)
-    with watch:
+    with watch, _task_prefix(spec):
         return serve() if serves else run_script(args.script, list(args.script_args))
+
+
+def _task_prefix(spec):
+    """Every task runs the script under multi-worker (their output shares the job's console:
+    each line says its task); under parameter server only the chief does (no prefix)."""
+    import contextlib
+
+    from kerasdist.launch.echo import prefixed_output
+
+    speakers = spec.num("worker") + spec.num("chief") if spec.num("ps") == 0 else 1
+    return prefixed_output(spec.task_name) if speakers > 1 else contextlib.nullcontext()
 
 
 def _this_slurm_task(args, spec, serves: bool, watch) -> int:

@@ -61,18 +61,24 @@ def rows(canaries: list[dict], logs: dict, notes: dict, signatures: dict) -> lis
             continue
         needed = sum(1 for v in c["mends"].values() if v.split(": ")[-1] in ("needed", "active"))
         needed = f"{needed} of {len(c['mends'])}"
-        sig = signatures.get(tf, c.get("signatures"))
+        flipped = ", ".join(f"{k} {a}->{b}" for k, (a, b) in c["flipped"].items()) or "none"
+        pair = f"{tf}/{keras}"  # a TF minor run with two Keras versions: keys TF/KERAS
+
+        def given(table, kind=None, default=None, pair=pair, tf=tf):
+            keys = [(pair, kind), (tf, kind)] if kind else [pair, tf]
+            return next((table[k] for k in keys if k in table), default)
+
+        sig = given(signatures, default=c.get("signatures"))
         sig = "-" if sig is None else (f"none of {sig['symbols']}" if not sig["differ"] else
                                        ", ".join(sig["differ"]))
-        flipped = ", ".join(f"{k} {a}->{b}" for k, (a, b) in c["flipped"].items()) or "none"
-        matrix = logs.get((tf, "matrix"))
+        matrix = given(logs, "matrix")
         if matrix is None and "cells" in c:
             changed = c.get("changed", {})
             matrix = (f"`kerasdist conformance`: {len(changed)} cells differ from expected.json"
                       + (": " + ", ".join(changed) if changed else ""))
         unknown = " (untested version)" if c.get("warning") else ""
-        lines.append(f"| {tf}{unknown} | {keras} | {notes.get(tf, '-')} | "
-                     f"{logs.get((tf, 'fast'), '-')} | {matrix or '-'} | {needed} | {flipped} | {sig} |")
+        lines.append(f"| {tf}{unknown} | {keras} | {given(notes, default='-')} | "
+                     f"{given(logs, 'fast', '-')} | {matrix or '-'} | {needed} | {flipped} | {sig} |")
     return lines
 
 
@@ -80,8 +86,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--canary", nargs="+", type=Path, required=True)
     parser.add_argument("--log", action="append", default=[],
-                        help="TF:fast=path or TF:matrix=path (a pytest log)")
-    parser.add_argument("--note", action="append", default=[], help="TF:text")
+                        help="TF:fast=path or TF:matrix=path (a pytest log); TF/KERAS:... for one "
+                        "pair of a TF version run with two Keras versions")
+    parser.add_argument("--note", action="append", default=[], help="TF:text or TF/KERAS:text")
     parser.add_argument("--signatures", action="append", default=[],
                         help="TF=path: a JSON {symbols, differ} of the patched symbols' signatures "
                              "against tests/unit/compat_targets.json")

@@ -55,9 +55,9 @@ def _index_stream(ids, count: int, *, seed, buffer: int):
 
 
 def memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
-    import tensorflow as tf
+    def train_fn(ctx, skip_batches: int):  # TensorFlow imported here: a launcher's count needs none
+        import tensorflow as tf
 
-    def train_fn(ctx, skip_batches: int):
         pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
         ids, count = _shard_ids(len(x), pipelines, pipeline_id, shard=shard)
         ds = _index_stream(ids, count, seed=data_config.shuffle_seed + pipeline_id,
@@ -74,9 +74,9 @@ def memory_train_fn(x, y, data_config, *, shard: bool, normalize: bool):
 
 
 def memory_eval_fn(x, y, data_config, *, shard: bool):
-    import tensorflow as tf
-
     def eval_fn(ctx):
+        import tensorflow as tf
+
         batch = ctx.get_per_replica_batch_size(data_config.batch_size)
         ds = tf.data.Dataset.from_tensor_slices((x, y))
         if shard and ctx.num_input_pipelines > 1:

@@ -4,6 +4,8 @@ prefix (:meth:`Echo.follow`: the chief's progress under ``kerasdist fit``)."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import sys
 import threading
 from pathlib import Path
@@ -70,4 +72,48 @@ class Echo:
                 sys.stdout.flush()
 
 
-__all__ = ["Echo"]
+class PrefixedStream:
+    """A text stream that writes every line to ``stream`` with ``prefix`` in front (after each
+    ``\n`` and ``\r``, so a progress bar redrawn in place keeps it); everything else (``isatty``,
+    ``fileno``, ``encoding``) is ``stream``'s."""
+
+    def __init__(self, stream, prefix: str):
+        self._stream, self._prefix, self._at_start = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        out = []
+        for piece in re.split(r"([\r\n])", text):
+            if piece in ("\r", "\n"):
+                out.append(piece)
+                self._at_start = True
+            elif piece:
+                if self._at_start:
+                    out.append(self._prefix)
+                    self._at_start = False
+                out.append(piece)
+        self._stream.write("".join(out))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def prefixed_output(name: str):
+    """While the block runs, ``sys.stdout`` and ``sys.stderr`` lines start with ``[<name>] `` (a
+    task whose console other tasks write too, e.g. ``launch --this-task`` under Slurm: issue 42,
+    item 2). Output written to the file descriptors directly (TensorFlow's native log) is not."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (PrefixedStream(stream, f"[{name}] ") for stream in saved)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
+
+
+__all__ = ["Echo", "PrefixedStream", "prefixed_output"]

@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kerasdist import errors
+from kerasdist import _log, errors
 from kerasdist.errors import PEER_LOST, Preempted, TrainingError, classify, exit_code
 
-STATUS_ENV = "KERASDIST_STATUS_FILE"
+STATUS_ENV = _log.LAUNCHED_ENV  # its presence also tells a task it has a log of its own
 
 
 def summary(err: BaseException, limit: int = 1500) -> str:

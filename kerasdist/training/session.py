@@ -28,7 +28,7 @@ import contextlib
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from kerasdist._log import ensure_configured, get_logger
+from kerasdist._log import ensure_configured, get_logger, keras_verbose
 from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist._timeline import mark, set_task
 from kerasdist.strategies import RunContext, registry
@@ -291,7 +291,8 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
             callbacks = [*callbacks, *([tracker] if tracker is not None else [])]
         run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
-                         verbose=recipe.trainer.verbose if verbose is None else verbose,
+                         verbose=keras_verbose(
+                             recipe.trainer.verbose if verbose is None else verbose, is_chief=is_chief),
                          task=task, is_chief=is_chief, state_callbacks=from_recipe)
         log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
                  f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "

@@ -67,8 +67,10 @@ def _logs(hosts: HostSet, processes: dict, tail: int = 3000) -> str:
 
 
 def _epoch_losses(log: str) -> list[float]:
-    """The per-epoch training losses Keras's ``verbose=2`` prints (``... - loss: 0.4321``)."""
-    return [float(x) for x in re.findall(r"^\d+/\d+ - .*\bloss: ([\d.]+)", log, re.M)]
+    """The per-epoch training losses Keras's ``verbose=2`` prints (``... - loss: 0.4321``), after
+    the ``[worker:N] `` prefix ``launch --this-task`` gives a multi-worker script's lines."""
+    return [float(x) for x in re.findall(r"^(?:\[\S+\] )?\d+/\d+ - .*\bloss: ([\d.]+)", log,
+                                         re.M)]
 
 
 # ------------------------------------------------------------- kerasdist launch --this-task
@@ -100,7 +102,8 @@ def test_this_task_runs_a_multi_worker_script_on_three_hosts(tmp_path):
     assert codes == dict.fromkeys(MW_LAYOUT, 0), logs
     accuracy = {}
     for name, log in own.items():
-        (value,) = re.findall(rf"^task {name} held-out accuracy: ([\d.]+)$", log, re.M)
+        (value,) = re.findall(rf"^\[{name}\] task {name} held-out accuracy: ([\d.]+)$", log,
+                              re.M)  # each line prefixed with its task (issue 42 item 2)
         accuracy[name] = float(value)
     losses = _epoch_losses(own["worker:0"])
     print(f"epoch losses (worker:0) {losses}; held-out accuracy {accuracy}")

@@ -197,6 +197,9 @@ def test_this_task_runs_the_same_script_on_a_real_cluster(tmp_path):
                           text=True, timeout=230)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "trained worker 0 2" in done.stdout and "trained worker 1 2" in done.stdout
+    # both tasks speak on one console (issue 42 item 2): each line names its task
+    assert "[worker:0] trained worker 0 2" in done.stdout, done.stdout[-2000:]
+    assert "[worker:1] trained worker 1 2" in done.stdout, done.stdout[-2000:]
 
 
 KILLED_ONCE = textwrap.dedent("""
