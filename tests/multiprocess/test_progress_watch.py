@@ -38,11 +38,11 @@ def test_a_silent_idle_command_is_stopped_as_stalled_with_its_children(tmp_path)
 
 @pytest.mark.timeout(120)
 def test_a_command_that_writes_is_progressing_and_one_that_spins_is_over_budget(tmp_path):
-    writes = ("import time\nfor i in range(8):\n    open('out.txt', 'a').write('x')\n"
-              "    time.sleep(0.5)\n")
+    writes = ("import time\nfor i in range(24):\n    open('out.txt', 'a').write('x')\n"
+              "    time.sleep(0.5)\n")  # 12 s; its start-up (no write yet) must stay under 5 s
     done = run_while_progressing([*PY, writes], cwd=tmp_path, env=dict(os.environ),
-                                 watch=[tmp_path], stall_s=2, stall_cpu_s=100, poll_s=0.2)
-    assert done.returncode == 0 and done.wall_s > 3.5  # longer than stall_s, but progressing
+                                 watch=[tmp_path], stall_s=5, stall_cpu_s=100, poll_s=0.2)
+    assert done.returncode == 0 and done.wall_s > 11  # longer than stall_s, but progressing
     with pytest.raises(AssertionError, match="over its budget of 2"):
         run_while_progressing([*PY, "while True: pass"], cwd=tmp_path, env=dict(os.environ),
                               watch=[tmp_path], stall_s=600, cpu_budget_s=2, poll_s=0.2)
