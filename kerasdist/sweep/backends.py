@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from kerasdist.sweep.processes import STOP_GRACE_S, _with_driver
+from kerasdist.sweep.processes import STOP_GRACE_S, _with_driver, poll_until_exit
 
 
 class LocalTrial:
@@ -64,12 +64,9 @@ class LocalTrial:
 
     def wait(self, timeout_s: float = STOP_GRACE_S + 10) -> int | None:
         """Wait for the exit (after :meth:`stop`, SIGKILL at its grace); the exit code."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.poll()
-            if code is not None:
-                return code
-            time.sleep(0.2)
+        code = poll_until_exit(self.poll, timeout_s)
+        if code is not None:
+            return code
         self._signal(signal.SIGKILL)
         return self.proc.wait(timeout=10)
 

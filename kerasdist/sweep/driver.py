@@ -25,7 +25,7 @@ from kerasdist.errors import EXIT_FAILED, EXIT_OK, RunDirError
 from kerasdist.sweep import gate
 from kerasdist.sweep.plan import SweepPlan
 from kerasdist.sweep.study import (
-    open_study,
+    TrialBook,
     require_optuna,
     run_dir,
     suggest,
@@ -40,10 +40,9 @@ LOG_TAIL_LINES = 12
 
 @dataclass
 class Running:
-    """A trial the driver runs: its Optuna number and id, folder, process, what its gate said."""
+    """A trial the driver runs: its Optuna number, folder, process, what its gate said."""
 
     number: int
-    trial_id: int
     folder: Path
     proc: Any
     started: float
@@ -112,6 +111,7 @@ class Driver:
         self.start_trial = backend_start or start_trial
         self.running: dict[int, Running] = {}
         self.study = None
+        self.book: TrialBook | None = None
         self.tracker = None
 
     # ------------------------------------------------------------------------------ the loop
@@ -129,7 +129,8 @@ class Driver:
         with contextlib.ExitStack() as stack:
             stack.enter_context(sweep_lock(self.plan.out))
             stack.enter_context(terminate_on_sigterm())
-            self.study = open_study(self.plan)
+            self.book = TrialBook.open(self.plan)
+            self.study = self.book.study
             if self.config.backend == "ray":
                 from kerasdist.sweep import ray_backend
 
@@ -180,16 +181,16 @@ class Driver:
                     pending or finished + len(self.running) < self.config.trials):
                 if pending:
                     frozen = pending.pop(0)
-                    self._start(frozen.number, frozen._trial_id, dict(frozen.params), resumed=True)
+                    self._start(frozen.number, dict(frozen.params), resumed=True)
                 else:
                     trial = self.study.ask()
-                    self._start(trial.number, trial._trial_id, suggest(trial, self.config))
+                    self._start(trial.number, suggest(trial, self.config))
             if not self.running and finished >= self.config.trials:
                 return EXIT_OK
             time.sleep(POLL_S)
 
     # ------------------------------------------------------------------------------ a trial
-    def _start(self, number: int, trial_id: int, params: dict[str, Any], *, resumed=False) -> None:
+    def _start(self, number: int, params: dict[str, Any], *, resumed=False) -> None:
         folder = trial_dir(self.plan, number)
         folder.mkdir(parents=True, exist_ok=True)
         recipe = folder / "recipe.yaml"
@@ -200,12 +201,10 @@ class Driver:
             temp = recipe.with_suffix(".yaml.tmp")
             temp.write_text(header + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
             temp.replace(recipe)
-        from optuna.trial import Trial
-
-        Trial(self.study, trial_id).set_user_attr("dir", str(folder))
+        self.book.set_user_attr(number, "dir", str(folder))
         proc = self.start_trial(self.config.backend, recipe=recipe, log=folder / "trial.log",
                                 cores=self.plan.cores_per_trial)
-        run = Running(number=number, trial_id=trial_id, folder=folder, proc=proc,
+        run = Running(number=number, folder=folder, proc=proc,
                       started=time.monotonic())
         self.running[number] = run
         what = "resumed" if resumed else "started"
@@ -216,8 +215,6 @@ class Driver:
 
     def _answer_gate(self, run: Running) -> None:
         """Report every new epoch value of ``run`` and write its decision."""
-        from optuna.trial import Trial
-
         gate_dir = run.folder / "gate"
         while True:
             number = run.epoch + 1
@@ -232,13 +229,11 @@ class Driver:
                 if decided.read_text(encoding="utf-8").strip() == gate.PRUNE:
                     run.pruned_at = number
                 continue
-            trial = Trial(self.study, run.trial_id)
             prune = value is None
             if value is not None:
                 run.values[number] = value
-                with contextlib.suppress(Exception):  # a step reported before the interruption
-                    trial.report(value, number)
-                prune = self.config.pruner.name != "none" and trial.should_prune()
+                self.book.report(run.number, number, value)  # kept if reported before a restart
+                prune = self.config.pruner.name != "none" and self.book.should_prune(run.number)
             if self.config.pruner.name != "none":
                 gate.write_atomic(gate.decision_path(gate_dir, number),
                                   gate.PRUNE if prune else gate.CONTINUE)
@@ -267,10 +262,8 @@ class Driver:
             self.study.tell(trial, value)
             state = "COMPLETE"
         else:
-            from optuna.trial import Trial
-
-            Trial(self.study, run.trial_id).set_user_attr("failure", why)
-            Trial(self.study, run.trial_id).set_user_attr("log", str(run.folder / "trial.log"))
+            self.book.set_user_attr(trial, "failure", why)
+            self.book.set_user_attr(trial, "log", str(run.folder / "trial.log"))
             self.study.tell(trial, state=states.FAIL)
             state = "FAIL"
         tail = f": {why}" if state == "FAIL" else (f" ({self.config.objective.metric}={value:.6g})"

@@ -9,6 +9,14 @@ stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster and leave
 starts ``kerasdist fit`` as its child with ``PR_SET_PDEATHSIG``: when Ray ends the task (the
 driver gone, or :meth:`RayTrial.stop` cancelling it) the trial gets SIGTERM and saves its
 checkpoint, as on the local backend. Needs ``pip install 'kerasdist[ray]'``.
+
+A SIGKILLed driver takes its local Ray with it by Ray's own fate sharing (the GCS and the raylet
+it started get SIGKILL when it dies, ``PR_SET_PDEATHSIG``), and a Ray worker whose raylet is
+gone exits. By default that worker first SIGKILLs its child processes
+(``RAY_kill_child_processes_on_worker_exit``, Ray's guard against leaked children): the trial
+would end without its save. So on the local Ray it starts the driver sets that variable to
+``false`` (unless it is set already): the trial is ended by the worker's end instead, through its
+``PR_SET_PDEATHSIG`` SIGTERM, and saves first. On a cluster it joins, Ray's own setting holds.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from pathlib import Path
 
 from kerasdist.errors import ClusterError
 
+KILL_CHILDREN_ENV = "RAY_kill_child_processes_on_worker_exit"
+"""Ray's switch: a worker SIGKILLs its child processes when it exits (default true)."""
 _TASK = None
 _STARTED_HERE = False
 
@@ -45,6 +55,8 @@ def connect(*, address: str | None, cores_per_trial: int, parallel: int,
             if address is None:
                 cpus = max(machine_cores(), cores_per_trial)  # a trial of more tasks than
                 # cores runs over-subscribed, as `kerasdist fit` would run it here
+                os.environ.setdefault(KILL_CHILDREN_ENV, "false")  # the raylet and workers
+                # inherit it: a trial ends by its PDEATHSIG SIGTERM and saves (module docs)
                 ray.init(address="local", num_cpus=cpus, include_dashboard=False,
                          object_store_memory=OBJECT_STORE_BYTES, log_to_driver=False,
                          configure_logging=False, logging_config=_quiet(ray))
@@ -139,11 +151,10 @@ class RayTrial:
 
     def wait(self, timeout_s: float = 70.0) -> int | None:
         """Wait for the end (after :meth:`stop`); the exit code."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            code = self.poll()
-            if code is not None:
-                return code
-            time.sleep(0.2)
+        from kerasdist.sweep.processes import poll_until_exit
+
+        code = poll_until_exit(self.poll, timeout_s)
+        if code is not None:
+            return code
         self._ray.cancel(self.ref, force=True)
         return self.poll()

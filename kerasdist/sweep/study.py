@@ -34,8 +34,15 @@ def require_optuna():
     return optuna
 
 
-def make_sampler(config: SweepConfig):
-    """Optuna's sampler named by ``sampler.name``, seeded with ``sampler.seed``.
+RESEEDED = ("tpe", "random", "cmaes", "gp")
+"""Samplers whose seed a re-run moves on (grid and qmc find their next point in the study)."""
+
+
+def make_sampler(config: SweepConfig, *, trials_before: int = 0):
+    """Optuna's sampler named by ``sampler.name``, seeded with ``sampler.seed``; a re-run of a
+    study that holds ``trials_before`` trials seeds tpe, random, cmaes and gp with ``sampler.seed
+    + trials_before``, so it does not propose again what the first run's sampler proposed (the
+    same seed would draw the same first values).
 
     Raises:
         RecipeError: ``sampler.options`` the sampler's constructor refuses.
@@ -49,7 +56,9 @@ def make_sampler(config: SweepConfig):
     try:
         if spec.name == "grid":
             return samplers.GridSampler(grid_space(config), seed=spec.seed, **spec.options)
-        return classes[spec.name](seed=spec.seed, **spec.options)
+        seed = spec.seed + trials_before if spec.seed is not None and \
+            spec.name in RESEEDED else spec.seed
+        return classes[spec.name](seed=seed, **spec.options)
     except (TypeError, ValueError) as err:
         raise RecipeError(f"sampler.options: the {spec.name} sampler refuses them: {err}. "
                           f"Received: options={dict(spec.options)!r}") from None
@@ -142,8 +151,12 @@ def check_storage(plan: SweepPlan):
                           f"Received: storage={url!r}") from None
 
 
-def open_study(plan: SweepPlan):
+def open_study(plan: SweepPlan, *, storage=None):
     """The sweep's study: created, or loaded from the storage (a re-run continues it).
+
+    Args:
+        plan: the checked sweep.
+        storage: an Optuna storage already opened by :func:`check_storage` (default: opened here).
 
     Raises:
         RecipeError: the storage cannot be opened; the study in it was made by another sweep
@@ -151,10 +164,13 @@ def open_study(plan: SweepPlan):
     """
     optuna = require_optuna()
     config = plan.config
-    storage = check_storage(plan)
+    storage = storage if storage is not None else check_storage(plan)
     study = optuna.create_study(storage=storage, study_name=config.output.study,
                                 sampler=make_sampler(config), pruner=make_pruner(config),
                                 direction=config.objective.direction, load_if_exists=True)
+    before = len(study.get_trials(deepcopy=False))
+    if before:  # a re-run: the sampler goes on from where the seed would repeat itself
+        study.sampler = make_sampler(config, trials_before=before)
     wanted = fingerprint(config)
     found = study.user_attrs.get(FINGERPRINT_ATTR)
     if found is None:
@@ -165,6 +181,71 @@ def open_study(plan: SweepPlan):
                           f"sweep ({', '.join(differs)} differ); use a new output.dir or "
                           f"output.study. Received: {', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
     return study
+
+
+class TrialBook:
+    """The sweep's study and its storage, with trials addressed by their number.
+
+    Optuna's ask-and-tell interface ends a trial by its number (``Study.tell(number, ...)``),
+    but reports an intermediate value or sets an attribute through a ``Trial``, which only
+    ``Study.ask`` hands out: a trial asked by an earlier driver (interrupted, resumed by this
+    one) has none. So every trial is written here by number: its storage id from the storage's
+    ``get_trial_id_from_study_id_trial_number`` (the study found by name), its values and
+    attributes with the storage's ``set_trial_intermediate_value`` / ``set_trial_user_attr``,
+    and the prune decision from the study's pruner (``study.pruner.prune(study, trial)``, what
+    ``Trial.should_prune`` asks). The storage is the one the study was created on, so the study
+    reads what is written here (Optuna re-reads unfinished trials from the database).
+
+    Args:
+        study: the sweep's Optuna study.
+        storage: the Optuna storage it was created on.
+    """
+
+    def __init__(self, study, storage):
+        self.study, self.storage = study, storage
+        self._ids: dict[int, int] = {}
+
+    @classmethod
+    def open(cls, plan: SweepPlan) -> "TrialBook":
+        """Open the storage and the study (:func:`check_storage`, :func:`open_study`).
+
+        Raises:
+            RecipeError: as :func:`open_study`.
+        """
+        storage = check_storage(plan)
+        return cls(open_study(plan, storage=storage), storage)
+
+    def _id(self, number: int) -> int:
+        if number not in self._ids:
+            study_id = self.storage.get_study_id_from_name(self.study.study_name)
+            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(
+                study_id, number)
+        return self._ids[number]
+
+    def trial(self, number: int):
+        """The ``FrozenTrial`` numbered ``number``, as stored now.
+
+        Raises:
+            KeyError: the study has no trial ``number``.
+        """
+        return self.storage.get_trial(self._id(number))
+
+    def report(self, number: int, step: int, value: float) -> bool:
+        """Record ``value`` as trial ``number``'s intermediate value at ``step`` (the 1-based
+        epoch), unless that step has one already (reported before the driver was interrupted:
+        it stands). Returns whether it was recorded."""
+        if step in self.trial(number).intermediate_values:
+            return False
+        self.storage.set_trial_intermediate_value(self._id(number), step, float(value))
+        return True
+
+    def should_prune(self, number: int) -> bool:
+        """The study's pruner's decision on trial ``number`` with the values it has now."""
+        return bool(self.study.pruner.prune(self.study, self.trial(number)))
+
+    def set_user_attr(self, number: int, key: str, value: Any) -> None:
+        """Set a user attribute (JSON-serializable ``value``) of the running trial ``number``."""
+        self.storage.set_trial_user_attr(self._id(number), key, value)
 
 
 def suggest(trial, config: SweepConfig) -> dict[str, Any]:

@@ -136,11 +136,12 @@ def test_failed_trials_are_recorded_with_their_log_and_bounded(tmp_path, monkeyp
 
 def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
     driver, started, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr / e, trials=2,
+                                 sampler={"name": "random", "seed": 0},
                                  pruner={"name": "median", "options": {"n_startup_trials": 5}})
     # a driver that was killed: trial 0 RUNNING in the storage, its epoch 1 answered
     from kerasdist.sweep.study import open_study, suggest, trial_dir, trial_recipe
 
-    study = open_study(driver.plan)
+    study = open_study(driver.plan)  # an earlier driver asked trial 0
     trial = study.ask()
     params = suggest(trial, driver.plan.config)
     folder = trial_dir(driver.plan, trial.number)
@@ -154,5 +155,56 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
     assert [t.number for t in trials] == [0, 1]  # not counted twice
     assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
     assert trials[0].params == params
+    assert trials[1].params != params  # the re-run's sampler does not repeat the first draw
     assert started[0].epoch == 3 and len(started[0].history) == 2  # went on from epoch 2
     assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+
+
+def test_trials_are_written_by_number_through_optunas_public_interfaces(tmp_path, monkeypatch):
+    # another study first in the same storage: storage ids and trial numbers differ
+    from kerasdist.sweep.study import TrialBook
+
+    driver, _, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=2,
+                           pruner={"name": "threshold", "options": {"upper": 0.5}})
+    url = driver.plan.config.storage_url()
+    (tmp_path / "out").mkdir()
+    other = optuna.create_study(storage=url, study_name="other")
+    for _ in range(3):
+        other.tell(other.ask(), 1.0)
+    book = TrialBook.open(driver.plan)
+    book.study.ask()  # trials 0 and 1, as asked by a driver now gone
+    second = book.study.ask()
+    assert second.number == 1
+    assert book.report(1, 1, 0.25) and not book.report(1, 1, 9.0)  # a reported step stands
+    assert not book.should_prune(1)
+    assert book.report(1, 2, 0.75) and book.should_prune(1)  # over the threshold's upper 0.5
+    book.set_user_attr(1, "dir", "trial-0001")
+    again = optuna.load_study(study_name="kerasdist-sweep", storage=url).trials
+    assert again[1].intermediate_values == {1: 0.25, 2: 0.75}
+    assert again[1].user_attrs == {"dir": "trial-0001"} and again[0].user_attrs == {}
+    assert all(not t.intermediate_values for t in other.trials)
+    with pytest.raises(KeyError):
+        book.trial(2)
+
+
+def test_the_sweep_reads_no_private_optuna_attribute():
+    # e.g. FrozenTrial._trial_id / Trial._trial_id: a restarted driver re-attaches by number
+    import re
+
+    import kerasdist.sweep as sweep
+
+    for path in Path(sweep.__file__).parent.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"\._trial_id|\._study_id|\._storage\b", text), path
+
+
+def test_a_trials_end_is_polled_until_its_code_or_the_timeout():
+    import time
+
+    from kerasdist.sweep.processes import poll_until_exit
+
+    codes = iter([None, None, 0])
+    assert poll_until_exit(lambda: next(codes), 5.0, interval_s=0.01) == 0
+    started = time.monotonic()
+    assert poll_until_exit(lambda: None, 0.3, interval_s=0.05) is None
+    assert 0.3 <= time.monotonic() - started < 3.0
