@@ -59,8 +59,9 @@ def _add_slurm(targets, add_recipe_args) -> None:
     slurm.add_argument("--time", default=None, help="time limit (Slurm format, e.g. 02:00:00)")
     slurm.add_argument("--partition", default=None, help="Slurm partition")
     slurm.add_argument("--signal-s", type=int, default=DEFAULT_SIGNAL_S,
-                       help="seconds before the time limit at which Slurm sends SIGUSR1: save "
-                            f"and requeue (default {DEFAULT_SIGNAL_S}; 0: no --signal)")
+                       help="seconds before the time limit at which Slurm sends the recipe's "
+                            "cluster.preemption_signal (default USR1): save and requeue "
+                            f"(default {DEFAULT_SIGNAL_S}; 0: no --signal)")
     slurm.add_argument("--no-requeue", action="store_true", help="leave out --requeue")
     slurm.add_argument("--name", default=None, help="job name (default: from the recipe file)")
     slurm.add_argument("--kerasdist", default="kerasdist",
