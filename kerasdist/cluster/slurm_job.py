@@ -135,8 +135,41 @@ def after_preemption(max_restarts: int) -> str:
                     "SIGTERM Slurm may be requeueing or ending the job itself)")
         return f"not requeued: scontrol exited {done.returncode}"
     log.warning(f"preempted; requeued job {job} (restart {count + 1} of at most {max_restarts}): "
-                "it resumes from the checkpoint just saved")
+                "it resumes from its last checkpoint")
     return "requeued"
+
+
+class ScriptPreempted(KeyboardInterrupt):
+    """The preemption signal ended a user's script under ``kerasdist launch --this-task`` (exit
+    128 + ``signum``). A ``KeyboardInterrupt``, so that the script's ``except Exception`` handlers
+    let it pass, as Ctrl-C."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"{signal.Signals(self.signum).name} received: the script was stopped "
+                         "(it resumes from its own last checkpoint)")
+
+
+@contextlib.contextmanager
+def signal_ends_script(signal_name: str):
+    """While a user's script runs (``launch --this-task`` in a Slurm job), the preemption signal
+    ``signal_name`` (``'USR1'``, ...) raises :class:`ScriptPreempted` in the main thread. kerasdist
+    cannot save the script's state: a requeued job's script resumes from its own checkpoints
+    (e.g. ``keras.callbacks.BackupAndRestore``). The script may install its own handler, which
+    then wins. Restores the previous handler on exit."""
+    from kerasdist.keras.preemption import signal_of
+
+    signum = signal_of(signal_name)
+
+    def on_signal(number, _frame):
+        log.warning(f"{signal.Signals(number).name} received: stopping the script (preemption)")
+        raise ScriptPreempted(number)
+
+    previous = signal.signal(signum, on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _step_id() -> str:
@@ -302,5 +335,6 @@ def _gone(tf_config, chief: str, what: str) -> TaskFailedError:
 
 
 __all__ = ["GONE_AFTER_S", "PERIOD_S", "RELEASE_SIGNAL", "RELEASE_WAIT_S", "REQUEUE_WAIT_S",
-           "START_TIMEOUT_S", "after_preemption", "check_commands", "log_start", "release_servers",
-           "restart_count", "serve_until_chief_ends"]
+           "START_TIMEOUT_S", "ScriptPreempted", "after_preemption", "check_commands",
+           "log_start", "release_servers", "restart_count", "serve_until_chief_ends",
+           "signal_ends_script"]

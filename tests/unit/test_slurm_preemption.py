@@ -117,3 +117,60 @@ def test_fit_past_the_cap_exits_2_before_anything_trains(tmp_path, monkeypatch, 
     err = capsys.readouterr().err
     assert "cluster.max_restarts=1" in err and "SLURM_RESTART_COUNT=2" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def _this_task_step(tmp_path, monkeypatch, *, restarts: str = "0"):
+    """Task 0 of a 1-task Slurm step (a multi-worker cluster of one), with stand-in ``scontrol``
+    logging its arguments to ``calls``; a script that marks its start, then sends itself SIGUSR1
+    (what --signal=USR1@N does) and would otherwise run on."""
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "scontrol $*" >> {calls}\n'
+                        'if [ "$1" = show ]; then echo "JobId=7 Requeue=1 Restarts=0"; fi\n')
+    scontrol.chmod(0o755)
+    for name, value in (("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}"),
+                        ("SLURM_PROCID", "0"), ("SLURM_STEP_NUM_TASKS", "1"),
+                        ("SLURM_STEP_NODELIST", "n1"), ("SLURM_STEP_TASKS_PER_NODE", "1"),
+                        ("SLURM_JOB_ID", "7"), ("SLURM_STEP_ID", "0"),
+                        ("SLURM_RESTART_COUNT", restarts)):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TF_CONFIG", "")  # launch --this-task sets it: restored at the end
+    monkeypatch.delenv("TF_CONFIG")
+    started = tmp_path / "started"
+    script = tmp_path / "train.py"
+    script.write_text("import os, signal, sys, time\n"
+                      f"open({str(started)!r}, 'w').close()\n"
+                      "os.kill(os.getpid(), signal.SIGUSR1)\n"
+                      "time.sleep(30)\nsys.exit(0)\n")
+    return script, calls, started
+
+
+def test_launch_this_task_stops_the_script_on_the_signal_and_task_0_requeues(tmp_path,
+                                                                            monkeypatch):
+    script, calls, started = _this_task_step(tmp_path, monkeypatch)
+    code = main(["launch", "--this-task", "--max-restarts", "2", str(script)])
+    assert code == 128 + signal.SIGUSR1 and started.exists()
+    assert "scontrol requeue 7" in calls.read_text()
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # restored
+
+
+def test_launch_this_task_without_max_restarts_does_not_requeue(tmp_path, monkeypatch, capsys):
+    script, calls, _ = _this_task_step(tmp_path, monkeypatch, restarts="5")  # no cap either
+    assert main(["launch", "--this-task", str(script)]) == 128 + signal.SIGUSR1
+    out = "".join(capsys.readouterr())
+    assert not calls.exists() and "give --max-restarts" in out
+
+
+def test_launch_this_task_past_the_cap_exits_2_before_the_script_runs(tmp_path, monkeypatch,
+                                                                      capsys):
+    script, _, started = _this_task_step(tmp_path, monkeypatch, restarts="3")
+    assert main(["launch", "--this-task", "--max-restarts", "2", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "cluster.max_restarts=2" in err and "SLURM_RESTART_COUNT=3" in err, err
+    assert not started.exists()
+
+
+def test_launch_refuses_an_unknown_preemption_signal(tmp_path, monkeypatch, capsys):
+    script, _, started = _this_task_step(tmp_path, monkeypatch)
+    assert main(["launch", "--this-task", "--preemption-signal", "BOGUS", str(script)]) == 2
+    assert "--preemption-signal" in capsys.readouterr().err and not started.exists()
