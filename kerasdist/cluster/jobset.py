@@ -16,6 +16,11 @@ JobSet gives every pod a stable DNS name when ``spec.network.enableDNSHostnames`
 * ``JOB_COMPLETION_INDEX``: set by Kubernetes in every pod of an Indexed Job: the task index;
 * ``JOBSET_SUBDOMAIN`` (optional): the subdomain, when it is not the JobSet's name.
 
+A Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``) runs every task in the one
+replicated job Trainer v2 builds, named ``node``: there the pod's ``JOB_COMPLETION_INDEX`` is its
+rank, mapped to roles as under Slurm (:func:`rank_roles`: rank 0 the chief, then the ps, then the
+workers; without ps every rank is a worker).
+
 The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one chief under
 ``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
 port serves all). The result is a validated :class:`~kerasdist.cluster.spec.TFConfig`: a JobSet
@@ -49,6 +54,17 @@ def task_counts(*, needs_ps: bool, workers: int, ps: int) -> dict[str, int]:
     return {"chief": 1, "ps": ps, "worker": workers}
 
 
+TRAINER_NODE = "node"
+"""The replicated job of Kubeflow Trainer v2's trainer (its ``numNodes`` pods): roles by rank."""
+
+
+def rank_roles(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """``(task type, index)`` of every rank: the chief, then the ps, then the workers (the order
+    of TF's ``SlurmClusterResolver``), e.g. ``{'chief': 1, 'ps': 1, 'worker': 2}`` ->
+    ``[('chief', 0), ('ps', 0), ('worker', 0), ('worker', 1)]``."""
+    return [(job, index) for job in ("chief", "ps", "worker") for index in range(counts.get(job, 0))]
+
+
 def pod_host(jobset: str, replicated_job: str, index: int, subdomain: str | None = None) -> str:
     """The DNS name JobSet gives pod ``index`` of the (only) Job of ``replicated_job``."""
     return f"{jobset}-{replicated_job}-0-{index}.{subdomain or jobset}"
@@ -74,22 +90,33 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
         raise ClusterError(f"cluster.kind 'jobset' must run in a pod of a JobSet (kerasdist export "
                            f"jobset maps them); missing {', '.join(missing)}. Received: unset")
     counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps)
-    role = environ["REPLICATED_JOB_NAME"]
-    if role not in counts:
+    replicated = environ["REPLICATED_JOB_NAME"]
+    if replicated != TRAINER_NODE and replicated not in counts:
         raise ClusterError(f"REPLICATED_JOB_NAME must name a task type of the recipe "
-                           f"({', '.join(counts)}). Received: {role!r}")
+                           f"({', '.join(counts)}) or Trainer v2's '{TRAINER_NODE}'. "
+                           f"Received: {replicated!r}")
     try:
         index = int(environ["JOB_COMPLETION_INDEX"])
     except ValueError:
         raise ClusterError("JOB_COMPLETION_INDEX must be an integer. Received: "
                            f"{environ['JOB_COMPLETION_INDEX']!r}") from None
-    if not 0 <= index < counts[role]:
-        raise ClusterError(f"JOB_COMPLETION_INDEX must be within 0..{counts[role] - 1} for "
-                           f"replicated job '{role}' (the recipe's count). Received: {index}")
+    size = sum(counts.values()) if replicated == TRAINER_NODE else counts[replicated]
+    if not 0 <= index < size:
+        raise ClusterError(f"JOB_COMPLETION_INDEX must be within 0..{size - 1} for replicated "
+                           f"job '{replicated}' (the recipe's count). Received: {index}")
     name, subdomain = environ["JOBSET_NAME"], environ.get("JOBSET_SUBDOMAIN") or None
-    cluster = {job: [f"{pod_host(name, job, i, subdomain)}:{port}" for i in range(count)]
-               for job, count in counts.items()}
+    if replicated == TRAINER_NODE:  # one replicated job of every task: roles by rank
+        ranks = rank_roles(counts)
+        cluster = {job: [f"{pod_host(name, TRAINER_NODE, rank, subdomain)}:{port}"
+                         for rank, (kind, _) in enumerate(ranks) if kind == job]
+                   for job in counts}
+        role, index = ranks[index]
+    else:
+        cluster = {job: [f"{pod_host(name, job, i, subdomain)}:{port}" for i in range(count)]
+                   for job, count in counts.items()}
+        role = replicated
     return validate(cluster, role, index, require_ps=needs_ps)
 
 
-__all__ = ["JOBSET_VARIABLES", "pod_host", "task_counts", "tf_config_from_jobset"]
+__all__ = ["JOBSET_VARIABLES", "TRAINER_NODE", "pod_host", "rank_roles", "task_counts",
+           "tf_config_from_jobset"]
