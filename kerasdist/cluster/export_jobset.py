@@ -27,6 +27,7 @@ import copy
 from typing import Any
 
 from kerasdist.cluster.export import IMAGE_UID, RUNS_MOUNT, PodResources, job_name
+from kerasdist.cluster.roles import recipe_counts
 from kerasdist.errors import RecipeError
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -35,28 +36,6 @@ ANNOTATIONS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
                "REPLICATED_JOB_NAME": "jobset.sigs.k8s.io/replicatedjob-name"}
 """Environment variable -> the pod annotation JobSet sets, read through the downward API."""
 _DEFAULT_RESOURCES = PodResources()
-
-
-def recipe_counts(recipe, *, what: str = "export jobset") -> dict[str, int]:
-    """Task type -> tasks of a multi-task recipe (:func:`kerasdist.cluster.jobset.task_counts`).
-
-    Raises:
-        RecipeError: a one-process strategy or ``cluster.ps`` 0 under ``parameter_server``,
-            the message starting with ``what``.
-    """
-    from kerasdist.cluster.jobset import task_counts
-    from kerasdist.errors import ClusterError
-
-    traits = recipe.strategy.traits
-    if traits.topology not in ("peers", "coordinator"):
-        kind = recipe.strategy.kind
-        raise RecipeError(f"{what}: strategy.kind '{kind}' runs in one process; Kubernetes pods "
-                          f"need 'multi_worker' or 'parameter_server'. Received: kind='{kind}'")
-    try:
-        return task_counts(needs_ps=traits.needs_ps, workers=recipe.cluster.workers,
-                           ps=recipe.cluster.ps)
-    except ClusterError as err:
-        raise RecipeError(f"{what}: {err}") from None
 
 
 def _container(*, image: str, command: list[str], resources: PodResources, port: int,
@@ -137,7 +116,7 @@ def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = 
         RecipeError: a one-process strategy, ``cluster.ps`` 0 under ``parameter_server``, an
             empty image, or a name too long for the pods' host names.
     """
-    counts = recipe_counts(recipe)
+    counts = recipe_counts(recipe, what="export jobset")
     name = name or job_name(recipe_path)
     check_names(image=image, name=name, hosts=[f"{name}-{job}-0-{n - 1}" for job, n in counts.items()],
            what="export jobset", pattern="<name>-<type>-0-<index>")
@@ -183,4 +162,4 @@ def pod_environments(manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
 
 
 __all__ = ["API_VERSION", "ANNOTATIONS", "check_names", "jobset_manifest", "pod_environments",
-           "pod_template_spec", "recipe_counts"]
+           "pod_template_spec"]

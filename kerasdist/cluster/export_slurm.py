@@ -33,6 +33,7 @@ from pathlib import Path
 
 from kerasdist._version import __version__
 from kerasdist.cluster.export import job_name
+from kerasdist.cluster.roles import recipe_counts
 from kerasdist.errors import RecipeError
 
 DEFAULT_SIGNAL_S = 300
@@ -68,23 +69,14 @@ class SlurmOptions:
 
 
 def task_counts(recipe) -> dict[str, int]:
-    """``{'chief': 1, 'ps': P, 'worker': W}`` (parameter server) or ``{'worker': W}``.
+    """``{'chief': 1, 'ps': P, 'worker': W}`` (parameter server) or ``{'worker': W}``
+    (:func:`kerasdist.cluster.roles.recipe_counts`).
 
     Raises:
         RecipeError: a strategy that runs in one process, or a parameter-server recipe with
             ``cluster.ps`` 0.
     """
-    kind, cluster = recipe.strategy.kind, recipe.cluster
-    topology = recipe.strategy.traits.topology
-    if topology == "peers":
-        return {"worker": cluster.workers}
-    if topology == "coordinator":
-        if cluster.ps < 1:
-            raise RecipeError("export slurm: a parameter-server recipe needs cluster.ps >= 1. "
-                              f"Received: cluster.ps={cluster.ps}")
-        return {"chief": 1, "ps": cluster.ps, "worker": cluster.workers}
-    raise RecipeError(f"strategy.kind '{kind}' runs in one process; a Slurm job of several tasks "
-                      f"needs 'multi_worker' or 'parameter_server'. Received: kind='{kind}'")
+    return recipe_counts(recipe, what="export slurm")
 
 
 def sbatch_script(recipe, *, recipe_path: str, options: SlurmOptions = SlurmOptions(),

@@ -18,7 +18,7 @@ export writes two documents:
 
 Every pod runs ``kerasdist fit <recipe> --set cluster.kind=jobset``; its role comes from its rank
 (``JOB_COMPLETION_INDEX`` in replicated job ``node``: rank 0 the chief, then the ps, then the
-workers; :func:`kerasdist.cluster.jobset.rank_roles`), its peers from the DNS names
+workers; :func:`kerasdist.cluster.roles.rank_roles`), its peers from the DNS names
 ``<trainjob>-node-0-<rank>.<trainjob>`` (the JobSet Trainer v2 creates is named as the TrainJob).
 """
 
@@ -28,13 +28,9 @@ import copy
 from typing import Any
 
 from kerasdist.cluster.export import PodResources, job_name
-from kerasdist.cluster.export_jobset import (
-    check_names,
-    pod_environments,
-    pod_template_spec,
-    recipe_counts,
-)
+from kerasdist.cluster.export_jobset import check_names, pod_environments, pod_template_spec
 from kerasdist.cluster.jobset import TRAINER_NODE
+from kerasdist.cluster.roles import recipe_counts
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 ANCESTOR_LABEL = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}

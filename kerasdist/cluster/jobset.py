@@ -18,8 +18,8 @@ JobSet gives every pod a stable DNS name when ``spec.network.enableDNSHostnames`
 
 A Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``) runs every task in the one
 replicated job Trainer v2 builds, named ``node``: there the pod's ``JOB_COMPLETION_INDEX`` is its
-rank, mapped to roles as under Slurm (:func:`rank_roles`: rank 0 the chief, then the ps, then the
-workers; without ps every rank is a worker).
+rank, mapped to roles as under Slurm (:func:`kerasdist.cluster.roles.rank_roles`: rank 0 the
+chief, then the ps, then the workers; without ps every rank is a worker).
 
 The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one chief under
 ``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
@@ -32,6 +32,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from kerasdist.cluster.roles import rank_roles, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
 
@@ -39,30 +40,8 @@ JOBSET_VARIABLES = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_COMPLETION_INDEX"
 """The environment variables every pod needs (see module docs)."""
 
 
-def task_counts(*, needs_ps: bool, workers: int, ps: int) -> dict[str, int]:
-    """Replicated job (= task type) -> pods: ``{'chief': 1, 'ps': ps, 'worker': workers}`` with
-    ps, else ``{'worker': workers}``.
-
-    Raises:
-        ClusterError: a parameter-server recipe with ``cluster.ps`` 0.
-    """
-    if not needs_ps:
-        return {"worker": workers}
-    if ps < 1:
-        raise ClusterError("cluster.kind 'jobset' with a parameter-server strategy needs "
-                           f"cluster.ps >= 1. Received: cluster.ps={ps}")
-    return {"chief": 1, "ps": ps, "worker": workers}
-
-
 TRAINER_NODE = "node"
 """The replicated job of Kubeflow Trainer v2's trainer (its ``numNodes`` pods): roles by rank."""
-
-
-def rank_roles(counts: Mapping[str, int]) -> list[tuple[str, int]]:
-    """``(task type, index)`` of every rank: the chief, then the ps, then the workers (the order
-    of TF's ``SlurmClusterResolver``), e.g. ``{'chief': 1, 'ps': 1, 'worker': 2}`` ->
-    ``[('chief', 0), ('ps', 0), ('worker', 0), ('worker', 1)]``."""
-    return [(job, index) for job in ("chief", "ps", "worker") for index in range(counts.get(job, 0))]
 
 
 def pod_host(jobset: str, replicated_job: str, index: int, subdomain: str | None = None) -> str:
@@ -89,7 +68,7 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
     if missing:
         raise ClusterError(f"cluster.kind 'jobset' must run in a pod of a JobSet (kerasdist export "
                            f"jobset maps them); missing {', '.join(missing)}. Received: unset")
-    counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps)
+    counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps, where="cluster.kind 'jobset'")
     replicated = environ["REPLICATED_JOB_NAME"]
     if replicated != TRAINER_NODE and replicated not in counts:
         raise ClusterError(f"REPLICATED_JOB_NAME must name a task type of the recipe "
@@ -118,5 +97,4 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
     return validate(cluster, role, index, require_ps=needs_ps)
 
 
-__all__ = ["JOBSET_VARIABLES", "TRAINER_NODE", "pod_host", "rank_roles", "task_counts",
-           "tf_config_from_jobset"]
+__all__ = ["JOBSET_VARIABLES", "TRAINER_NODE", "pod_host", "tf_config_from_jobset"]
