@@ -143,7 +143,9 @@ class ClusterConfig(_Frozen):
     * ``slurm``: the role comes from the Slurm job (``SlurmClusterResolver``), one task per node
       or per ``srun`` task.
     * ``jobset``: the role comes from a Kubernetes JobSet pod (``kerasdist export jobset``): its
-      replicated job and completion index, the peers' DNS names (:mod:`kerasdist.cluster.jobset`).
+      replicated job and completion index, the peers' DNS names (:mod:`kerasdist.cluster.jobset`);
+      in a Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``), its rank in the
+      replicated job ``node``.
     * ``ray``: ``workers`` Ray Train workers (``TensorflowTrainer``), each running kerasdist's
       lifecycle as one multi-worker task (:mod:`kerasdist.launch.ray_run`); needs
       ``pip install 'kerasdist[ray]'``.
@@ -157,8 +159,9 @@ class ClusterConfig(_Frozen):
     max_restarts: int = Field(0, ge=0, description="local, ray (multi_worker): cluster restarts "
                               "after a task dies (resuming from the last backup at its exact "
                               "step; on Ray: FailureConfig.max_failures). slurm: requeues a "
-                              "preempted job may ask for (SLURM_RESTART_COUNT below it); jobset: "
-                              "the JobSet's failurePolicy.maxRestarts.")
+                              "preempted job may ask for (SLURM_RESTART_COUNT below it; a job "
+                              "requeued more often is refused at start, exit 2); jobset: the "
+                              "JobSet's failurePolicy.maxRestarts.")
     preemption_signal: PreemptionSignal = Field(
         "USR1", description="slurm: the signal that stops training at one agreed step with a "
         "checkpoint, after which task 0 requeues the job (besides SIGTERM and SIGINT, always "
