@@ -1,5 +1,5 @@
 """The ``kerasdist export`` sub-command: a deployment manifest for a recipe (a Slurm batch script,
-a Kubernetes JobSet, a Kubeflow TFJob: legacy).
+a Kubernetes JobSet, a Kubeflow Trainer v2 TrainJob, a Kubeflow TFJob: legacy).
 
 Registered by :mod:`kerasdist.cli`; exit codes as in :mod:`kerasdist.errors`.
 """
@@ -12,8 +12,8 @@ from kerasdist.errors import EXIT_OK
 
 
 def add_parser(sub, add_recipe_args) -> None:
-    """Add the ``export`` sub-command (``export slurm``, ``export jobset``, ``export tfjob``) to
-    ``sub``."""
+    """Add the ``export`` sub-command (``export slurm``, ``export jobset``, ``export trainjob``,
+    ``export tfjob``) to ``sub``."""
     export = sub.add_parser("export", help="write a deployment manifest for a recipe")
     targets = export.add_subparsers(dest="target", metavar="TARGET", required=True)
     _add_slurm(targets, add_recipe_args)
@@ -26,6 +26,11 @@ def add_parser(sub, add_recipe_args) -> None:
                                                "manifest: pods derive their roles (cluster.kind "
                                                "jobset)")
     _add_kubernetes_args(jobset, add_recipe_args, "JobSet")
+    trainjob = targets.add_parser("trainjob", help="Kubeflow Trainer v2 TrainJob + its "
+                                                   "TrainingRuntime (trainer.kubeflow.org/"
+                                                   "v1alpha1): pods derive their roles by rank "
+                                                   "(cluster.kind jobset)")
+    _add_kubernetes_args(trainjob, add_recipe_args, "TrainJob")
 
 
 def _add_kubernetes_args(parser, add_recipe_args, kind: str) -> None:
@@ -59,8 +64,9 @@ def _add_slurm(targets, add_recipe_args) -> None:
     slurm.add_argument("--time", default=None, help="time limit (Slurm format, e.g. 02:00:00)")
     slurm.add_argument("--partition", default=None, help="Slurm partition")
     slurm.add_argument("--signal-s", type=int, default=DEFAULT_SIGNAL_S,
-                       help="seconds before the time limit at which Slurm sends SIGUSR1: save "
-                            f"and requeue (default {DEFAULT_SIGNAL_S}; 0: no --signal)")
+                       help="seconds before the time limit at which Slurm sends the recipe's "
+                            "cluster.preemption_signal (default USR1): save and requeue "
+                            f"(default {DEFAULT_SIGNAL_S}; 0: no --signal)")
     slurm.add_argument("--no-requeue", action="store_true", help="leave out --requeue")
     slurm.add_argument("--name", default=None, help="job name (default: from the recipe file)")
     slurm.add_argument("--kerasdist", default="kerasdist",
@@ -86,7 +92,7 @@ def _run_slurm(args, recipe) -> int:
 
 
 def run(args, recipe) -> int:
-    """``kerasdist export slurm|jobset|tfjob``: write the script or manifest of ``recipe``
+    """``kerasdist export slurm|jobset|trainjob|tfjob``: write the script or manifest of ``recipe``
     (validated, nothing imported) to ``args.output`` (atomically) or stdout."""
     if args.target == "slurm":
         return _run_slurm(args, recipe)
@@ -97,11 +103,18 @@ def run(args, recipe) -> int:
                   name=args.name, namespace=args.namespace,
                   resources=PodResources(cpu=args.cpu, memory=args.memory, gpus=args.gpus),
                   pvc=args.pvc, overrides=tuple(args.overrides))
-    if args.target == "jobset":
-        manifest = jobset_manifest(recipe, **common)
+    if args.target == "trainjob":
+        import yaml
+
+        from kerasdist.cluster.export_trainjob import trainjob_manifests
+
+        documents = trainjob_manifests(recipe, **common)
+        manifest = documents[-1]
+        text = yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)
     else:
-        manifest = tfjob_manifest(recipe, evaluator=args.evaluator, **common)
-    text = dump_manifest(manifest)
+        manifest = jobset_manifest(recipe, **common) if args.target == "jobset" else \
+            tfjob_manifest(recipe, evaluator=args.evaluator, **common)
+        text = dump_manifest(manifest)
     if args.output == "-":
         print(text, end="")
     else:

@@ -13,7 +13,10 @@ import math
 import os
 from pathlib import Path
 
-from kerasdist.errors import EXIT_BAD_INPUT, EXIT_OK
+from kerasdist._log import get_logger
+from kerasdist.errors import EXIT_BAD_INPUT, EXIT_OK, ClusterError
+
+log = get_logger("launch")
 
 
 def threads_per_task(text: str) -> int:
@@ -65,8 +68,15 @@ def add_parsers(sub, add_role_args) -> None:
                         "script once as the coordinator (chief) and servers on the ps/workers")
     launch.add_argument("--chief", action="store_true",
                         help="multi-worker: add a chief:0 task that also runs the script")
-    launch.add_argument("--max-restarts", type=int, default=0,
-                        help="restart the cluster (or a dead PS worker) this many times")
+    launch.add_argument("--max-restarts", type=int, default=None,
+                        help="restart the cluster (or a dead PS worker) this many times "
+                             "(default 0); with --this-task in a Slurm job: the requeues task 0 "
+                             "may ask for after --preemption-signal (a job requeued more often is "
+                             "refused, exit 2; default: no requeue, no cap)")
+    launch.add_argument("--preemption-signal", default="USR1",
+                        help="with --this-task in a Slurm job: the signal (sbatch "
+                             "--signal=<SIG>@N) that stops the script; task 0 then requeues the "
+                             "job within --max-restarts (default USR1)")
     launch.add_argument("--log-dir", default="kerasdist-logs", help="per-task logs (default "
                         "./kerasdist-logs)")
     launch.add_argument("--threads-per-task", type=threads_per_task, default=0,
@@ -164,7 +174,7 @@ def _this_task(args) -> int:
     watch = TaskWatch(watched, args.task_timeout_s, task=spec.task_name,
                       setting="--task-timeout-s") if watched else \
         contextlib.nullcontext()
-    if slurm and spec.num("ps") > 0:  # the job ends when the chief ends (slurm_job)
+    if slurm:  # preemption, requeue; a parameter-server job ends when the chief ends
         return _this_slurm_task(args, spec, serves, watch)
     with watch, _task_prefix(spec):
         return serve() if serves else run_script(args.script, list(args.script_args))
@@ -182,21 +192,47 @@ def _task_prefix(spec):
 
 
 def _this_slurm_task(args, spec, serves: bool, watch) -> int:
-    """A parameter-server task of a Slurm step under ``--this-task``: a ps or worker serves until
-    the chief ends (exit 0 on its release, 1 when it is gone); the chief runs the script and,
-    when it exits 0, releases them (:mod:`kerasdist.cluster.slurm_job`)."""
+    """A task of a Slurm step under ``--this-task`` (:mod:`kerasdist.cluster.slurm_job`): a
+    parameter-server ps or worker serves until the chief ends (exit 0 on its release, 1 when it
+    is gone); the other tasks run the script, and a parameter-server chief that exits 0 releases
+    the servers. ``--preemption-signal`` stops the script (exit 128 + its number); task 0 then
+    requeues the job while ``SLURM_RESTART_COUNT`` < ``--max-restarts`` (given), and a job
+    requeued more often than that is refused at start (exit 2)."""
     from kerasdist.cluster import slurm_job
     from kerasdist.launch.script_task import run_script
 
-    slurm_job.check_commands("scancel")
-    with watch:
+    preemption_signal = args.preemption_signal
+    if args.max_restarts is not None:
+        slurm_job.log_start(spec, args.max_restarts)
+    if spec.num("ps") > 0:
+        slurm_job.check_commands("scancel")
+    with watch, _task_prefix(spec):  # a multi-worker step's tasks share the job's output
         if serves:
-            slurm_job.serve_until_chief_ends(spec)
+            slurm_job.serve_until_chief_ends(spec, preemption_signal=preemption_signal)
             return EXIT_OK
-        code = run_script(args.script, list(args.script_args))
-    if code == 0 and spec.task_type == "chief":
+        try:
+            with slurm_job.signal_ends_script(preemption_signal):
+                code = run_script(args.script, list(args.script_args))
+        except slurm_job.ScriptPreempted as stop:
+            if args.max_restarts is not None:
+                slurm_job.after_preemption(args.max_restarts)
+            else:
+                log.warning("preempted; not requeued: give --max-restarts N to requeue the job")
+            return 128 + stop.signum
+    if code == 0 and spec.task_type == "chief" and spec.num("ps") > 0:
         slurm_job.release_servers(spec)
     return code
+
+
+def _signal_name(text: str) -> str:
+    """``--preemption-signal``, checked as ``cluster.preemption_signal`` is (exit 2 naming it)."""
+    from kerasdist.config.schema import PREEMPTION_SIGNALS
+
+    name = text.strip().upper().removeprefix("SIG")
+    if name not in PREEMPTION_SIGNALS:
+        raise ClusterError(f"--preemption-signal must name one of {', '.join(PREEMPTION_SIGNALS)} "
+                           f"(with or without 'SIG'). Received: {text!r}")
+    return name
 
 
 def _cmd_launch(args) -> int:
@@ -207,8 +243,12 @@ def _cmd_launch(args) -> int:
     from kerasdist.launch.processes import check_task_count
     from kerasdist.launch.script import ScriptCluster, dry_run, launch
 
+    args.preemption_signal = _signal_name(args.preemption_signal)
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise ClusterError(f"--max-restarts must be >= 0. Received: --max-restarts {args.max_restarts}")
     if args.this_task:
         return _this_task(args)
+    args.max_restarts = args.max_restarts or 0
     if args.ray:
         return _launch_on_ray(args)
     low, high = parse_worker_range(args.workers)
@@ -253,9 +293,6 @@ def _launch_on_ray(args) -> int:
         if not math.isfinite(value) or value < 0 or (value == 0 and not low_ok):
             raise ClusterError(f"--ray needs {flag} {'>= 0' if low_ok else '> 0'} (a finite "
                                f"number). Received: {flag} {value:g}")
-    if args.max_restarts < 0:
-        raise ClusterError(f"--max-restarts must be >= 0. Received: --max-restarts "
-                           f"{args.max_restarts}")
     if not Path(args.script).is_file():
         raise ClusterError(f"script: no such file. Received: {args.script!r}")
     placement = ray_run.RayPlacement(workers=high, cpus=args.cpus_per_worker,

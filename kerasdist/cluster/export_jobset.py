@@ -27,6 +27,7 @@ import copy
 from typing import Any
 
 from kerasdist.cluster.export import IMAGE_UID, RUNS_MOUNT, PodResources, job_name
+from kerasdist.cluster.roles import recipe_counts
 from kerasdist.errors import RecipeError
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -37,22 +38,6 @@ ANNOTATIONS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
 _DEFAULT_RESOURCES = PodResources()
 
 
-def _counts(recipe) -> dict[str, int]:
-    from kerasdist.cluster.jobset import task_counts
-    from kerasdist.errors import ClusterError
-
-    traits = recipe.strategy.traits
-    if traits.topology not in ("peers", "coordinator"):
-        kind = recipe.strategy.kind
-        raise RecipeError(f"strategy.kind '{kind}' runs in one process; a JobSet needs "
-                          f"'multi_worker' or 'parameter_server'. Received: kind='{kind}'")
-    try:
-        return task_counts(needs_ps=traits.needs_ps, workers=recipe.cluster.workers,
-                           ps=recipe.cluster.ps)
-    except ClusterError as err:
-        raise RecipeError(f"export jobset: {err}") from None
-
-
 def _container(*, image: str, command: list[str], resources: PodResources, port: int,
                pvc: str | None) -> dict[str, Any]:
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
@@ -60,11 +45,51 @@ def _container(*, image: str, command: list[str], resources: PodResources, port:
         "fieldPath": f"metadata.annotations['{annotation}']"}}}
             for name, annotation in ANNOTATIONS.items()]
     container: dict[str, Any] = {"name": CONTAINER_NAME, "image": image, "command": command,
-                                 "env": env, "ports": [{"name": "tf-grpc", "containerPort": port}],
+                                 "env": env, "ports": [{"name": "tf-grpc", "containerPort": port,
+                                           "protocol": "TCP"}],
                                  "resources": resources.as_dict()}
     if pvc:
         container["volumeMounts"] = [{"name": "runs", "mountPath": RUNS_MOUNT}]
     return container
+
+
+def check_names(*, image: str, name: str, hosts: list[str], what: str, pattern: str) -> None:
+    """Refuse (:class:`RecipeError`, starting with ``what``) an empty image or a pod host name
+    (``hosts``, of form ``pattern``) longer than a DNS label's 63 characters."""
+    if not image:
+        raise RecipeError(f"{what}: --image must name a container image. Received: ''")
+    longest = max(len(host) for host in hosts)
+    if longest > 63:
+        raise RecipeError(f"{what}: the pods' host names '{pattern}' must be at most 63 "
+                          f"characters; give a shorter --name. Received: name={name!r} "
+                          f"({longest} characters)")
+
+
+def pod_template_spec(recipe, *, counts: dict[str, int], recipe_path: str, image: str, name: str,
+                      resources: PodResources, pvc: str | None, overrides: tuple[str, ...],
+                      container_name: str = CONTAINER_NAME) -> dict[str, Any]:
+    """The pod spec every task's pod runs: ``kerasdist fit <recipe> --set cluster.kind=jobset``
+    with the recipe's counts, the JobSet environment (:data:`ANNOTATIONS`), uid
+    :data:`IMAGE_UID`, the run directory on ``pvc`` (when given)."""
+    cluster = recipe.cluster
+    command = ["kerasdist", "fit", str(recipe_path), "--set", "cluster.kind=jobset",
+               "--set", f"cluster.workers={cluster.workers}"]
+    if "ps" in counts:
+        command += ["--set", f"cluster.ps={cluster.ps}"]
+    for item in overrides:
+        command += ["--set", item]
+    if pvc:
+        command += ["--set", f"output.run_dir={RUNS_MOUNT}/{name}"]
+    container = _container(image=image, command=command, resources=resources,
+                           port=cluster.port_base, pvc=pvc)
+    container["name"] = container_name
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never", "containers": [container],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_UID,
+                            "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID}}
+    if pvc:
+        pod_spec["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": pvc}}]
+    return pod_spec
 
 
 def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = None,
@@ -91,32 +116,13 @@ def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = 
         RecipeError: a one-process strategy, ``cluster.ps`` 0 under ``parameter_server``, an
             empty image, or a name too long for the pods' host names.
     """
-    if not image:
-        raise RecipeError("export jobset: --image must name a container image. Received: ''")
-    counts = _counts(recipe)
+    counts = recipe_counts(recipe, what="export jobset")
     name = name or job_name(recipe_path)
-    longest = max(len(f"{name}-{job}-0-{n - 1}") for job, n in counts.items())
-    if longest > 63:
-        raise RecipeError(f"export jobset: the pods' host names '<name>-<type>-0-<index>' must "
-                          f"be at most 63 characters; give a shorter --name. Received: "
-                          f"name={name!r} ({longest} characters)")
+    check_names(image=image, name=name, hosts=[f"{name}-{job}-0-{n - 1}" for job, n in counts.items()],
+           what="export jobset", pattern="<name>-<type>-0-<index>")
     cluster = recipe.cluster
-    command = ["kerasdist", "fit", str(recipe_path), "--set", "cluster.kind=jobset",
-               "--set", f"cluster.workers={cluster.workers}"]
-    if "ps" in counts:
-        command += ["--set", f"cluster.ps={cluster.ps}"]
-    for item in overrides:
-        command += ["--set", item]
-    if pvc:
-        command += ["--set", f"output.run_dir={RUNS_MOUNT}/{name}"]
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [_container(image=image, command=command, resources=resources,
-                                  port=cluster.port_base, pvc=pvc)],
-        "securityContext": {"runAsNonRoot": True, "runAsUser": IMAGE_UID,
-                            "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID}}
-    if pvc:
-        pod_spec["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": pvc}}]
+    pod_spec = pod_template_spec(recipe, counts=counts, recipe_path=recipe_path, image=image,
+                                 name=name, resources=resources, pvc=pvc, overrides=overrides)
     replicated = [{"name": job, "replicas": 1, "template": {"spec": {
         "parallelism": count, "completions": count, "completionMode": "Indexed",
         "backoffLimit": 0, "template": {"spec": copy.deepcopy(pod_spec)}}}}
@@ -155,4 +161,5 @@ def pod_environments(manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
     return result
 
 
-__all__ = ["API_VERSION", "ANNOTATIONS", "jobset_manifest", "pod_environments"]
+__all__ = ["API_VERSION", "ANNOTATIONS", "check_names", "jobset_manifest", "pod_environments",
+           "pod_template_spec"]

@@ -13,10 +13,11 @@ The script asks for one Slurm task per kerasdist task and runs them all in one `
 
 What the script holds, and why:
 
-* ``--requeue`` and ``--signal=USR1@N``: Slurm sends SIGUSR1 to every task N seconds before the
-  time limit; kerasdist saves at one agreed step and task 0 requeues the job (``scontrol
-  requeue``), which resumes there (:mod:`kerasdist.cluster.slurm_job`). Without ``B:`` the signal
-  reaches the tasks themselves, so the script needs no ``trap``.
+* ``--requeue`` and ``--signal=<SIG>@N`` (``cluster.preemption_signal``, default USR1): Slurm
+  sends the signal to every task N seconds before the time limit; kerasdist saves at one agreed
+  step and task 0 requeues the job (``scontrol requeue``), which resumes there
+  (:mod:`kerasdist.cluster.slurm_job`). Without ``B:`` the signal reaches the tasks themselves,
+  so the script needs no ``trap``.
 * ``--open-mode=append``: a requeued run appends to the same output file.
 * ``srun --kill-on-bad-exit=1``: a task that fails (bad input: exit 2) ends the step at once.
 * ``cluster.workers`` (and ``cluster.ps``) set on the command line: a step whose task count
@@ -32,11 +33,12 @@ from pathlib import Path
 
 from kerasdist._version import __version__
 from kerasdist.cluster.export import job_name
+from kerasdist.cluster.roles import recipe_counts
 from kerasdist.errors import RecipeError
 
 DEFAULT_SIGNAL_S = 300
-"""Seconds before the time limit at which Slurm sends SIGUSR1 (``--signal=USR1@300``): the time
-to reach the next agreed step and save."""
+"""Seconds before the time limit at which Slurm sends ``cluster.preemption_signal``
+(``--signal=USR1@300``): the time to reach the next agreed step and save."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,8 @@ class SlurmOptions:
         cpus_per_task: CPUs per task (``--cpus-per-task``).
         time: the time limit (``--time``, Slurm's format, e.g. ``"02:00:00"``).
         partition: the partition (``--partition``).
-        signal_s: seconds before the time limit for SIGUSR1 (:data:`DEFAULT_SIGNAL_S`); 0 = no
-            ``--signal`` line.
+        signal_s: seconds before the time limit at which Slurm sends the recipe's
+            ``cluster.preemption_signal`` (:data:`DEFAULT_SIGNAL_S`); 0 = no ``--signal`` line.
         requeue: write ``--requeue`` (default True).
         name: the job name; default from the recipe file name.
         kerasdist: how a task runs kerasdist (default ``kerasdist``; e.g.
@@ -67,23 +69,14 @@ class SlurmOptions:
 
 
 def task_counts(recipe) -> dict[str, int]:
-    """``{'chief': 1, 'ps': P, 'worker': W}`` (parameter server) or ``{'worker': W}``.
+    """``{'chief': 1, 'ps': P, 'worker': W}`` (parameter server) or ``{'worker': W}``
+    (:func:`kerasdist.cluster.roles.recipe_counts`).
 
     Raises:
         RecipeError: a strategy that runs in one process, or a parameter-server recipe with
             ``cluster.ps`` 0.
     """
-    kind, cluster = recipe.strategy.kind, recipe.cluster
-    topology = recipe.strategy.traits.topology
-    if topology == "peers":
-        return {"worker": cluster.workers}
-    if topology == "coordinator":
-        if cluster.ps < 1:
-            raise RecipeError("export slurm: a parameter-server recipe needs cluster.ps >= 1. "
-                              f"Received: cluster.ps={cluster.ps}")
-        return {"chief": 1, "ps": cluster.ps, "worker": cluster.workers}
-    raise RecipeError(f"strategy.kind '{kind}' runs in one process; a Slurm job of several tasks "
-                      f"needs 'multi_worker' or 'parameter_server'. Received: kind='{kind}'")
+    return recipe_counts(recipe, what="export slurm")
 
 
 def sbatch_script(recipe, *, recipe_path: str, options: SlurmOptions = SlurmOptions(),
@@ -124,7 +117,7 @@ def sbatch_script(recipe, *, recipe_path: str, options: SlurmOptions = SlurmOpti
     if options.requeue:
         lines.append("#SBATCH --requeue")
     if options.signal_s:
-        lines.append(f"#SBATCH --signal=USR1@{options.signal_s}")
+        lines.append(f"#SBATCH --signal={recipe.cluster.preemption_signal}@{options.signal_s}")
     settings = ["cluster.kind=slurm", f"cluster.workers={counts['worker']}"]
     if "ps" in counts:
         settings.append(f"cluster.ps={counts['ps']}")

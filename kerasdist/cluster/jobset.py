@@ -16,6 +16,11 @@ JobSet gives every pod a stable DNS name when ``spec.network.enableDNSHostnames`
 * ``JOB_COMPLETION_INDEX``: set by Kubernetes in every pod of an Indexed Job: the task index;
 * ``JOBSET_SUBDOMAIN`` (optional): the subdomain, when it is not the JobSet's name.
 
+A Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``) runs every task in the one
+replicated job Trainer v2 builds, named ``node``: there the pod's ``JOB_COMPLETION_INDEX`` is its
+rank, mapped to roles as under Slurm (:func:`kerasdist.cluster.roles.rank_roles`: rank 0 the
+chief, then the ps, then the workers; without ps every rank is a worker).
+
 The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one chief under
 ``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
 port serves all). The result is a validated :class:`~kerasdist.cluster.spec.TFConfig`: a JobSet
@@ -27,6 +32,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from kerasdist.cluster.roles import rank_roles, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
 
@@ -34,19 +40,8 @@ JOBSET_VARIABLES = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_COMPLETION_INDEX"
 """The environment variables every pod needs (see module docs)."""
 
 
-def task_counts(*, needs_ps: bool, workers: int, ps: int) -> dict[str, int]:
-    """Replicated job (= task type) -> pods: ``{'chief': 1, 'ps': ps, 'worker': workers}`` with
-    ps, else ``{'worker': workers}``.
-
-    Raises:
-        ClusterError: a parameter-server recipe with ``cluster.ps`` 0.
-    """
-    if not needs_ps:
-        return {"worker": workers}
-    if ps < 1:
-        raise ClusterError("cluster.kind 'jobset' with a parameter-server strategy needs "
-                           f"cluster.ps >= 1. Received: cluster.ps={ps}")
-    return {"chief": 1, "ps": ps, "worker": workers}
+TRAINER_NODE = "node"
+"""The replicated job of Kubeflow Trainer v2's trainer (its ``numNodes`` pods): roles by rank."""
 
 
 def pod_host(jobset: str, replicated_job: str, index: int, subdomain: str | None = None) -> str:
@@ -73,23 +68,33 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
     if missing:
         raise ClusterError(f"cluster.kind 'jobset' must run in a pod of a JobSet (kerasdist export "
                            f"jobset maps them); missing {', '.join(missing)}. Received: unset")
-    counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps)
-    role = environ["REPLICATED_JOB_NAME"]
-    if role not in counts:
+    counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps, where="cluster.kind 'jobset'")
+    replicated = environ["REPLICATED_JOB_NAME"]
+    if replicated != TRAINER_NODE and replicated not in counts:
         raise ClusterError(f"REPLICATED_JOB_NAME must name a task type of the recipe "
-                           f"({', '.join(counts)}). Received: {role!r}")
+                           f"({', '.join(counts)}) or Trainer v2's '{TRAINER_NODE}'. "
+                           f"Received: {replicated!r}")
     try:
         index = int(environ["JOB_COMPLETION_INDEX"])
     except ValueError:
         raise ClusterError("JOB_COMPLETION_INDEX must be an integer. Received: "
                            f"{environ['JOB_COMPLETION_INDEX']!r}") from None
-    if not 0 <= index < counts[role]:
-        raise ClusterError(f"JOB_COMPLETION_INDEX must be within 0..{counts[role] - 1} for "
-                           f"replicated job '{role}' (the recipe's count). Received: {index}")
+    size = sum(counts.values()) if replicated == TRAINER_NODE else counts[replicated]
+    if not 0 <= index < size:
+        raise ClusterError(f"JOB_COMPLETION_INDEX must be within 0..{size - 1} for replicated "
+                           f"job '{replicated}' (the recipe's count). Received: {index}")
     name, subdomain = environ["JOBSET_NAME"], environ.get("JOBSET_SUBDOMAIN") or None
-    cluster = {job: [f"{pod_host(name, job, i, subdomain)}:{port}" for i in range(count)]
-               for job, count in counts.items()}
+    if replicated == TRAINER_NODE:  # one replicated job of every task: roles by rank
+        ranks = rank_roles(counts)
+        cluster = {job: [f"{pod_host(name, TRAINER_NODE, rank, subdomain)}:{port}"
+                         for rank, (kind, _) in enumerate(ranks) if kind == job]
+                   for job in counts}
+        role, index = ranks[index]
+    else:
+        cluster = {job: [f"{pod_host(name, job, i, subdomain)}:{port}" for i in range(count)]
+                   for job, count in counts.items()}
+        role = replicated
     return validate(cluster, role, index, require_ps=needs_ps)
 
 
-__all__ = ["JOBSET_VARIABLES", "pod_host", "task_counts", "tf_config_from_jobset"]
+__all__ = ["JOBSET_VARIABLES", "TRAINER_NODE", "pod_host", "tf_config_from_jobset"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 
+from kerasdist.cluster.roles import task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
 
@@ -37,14 +38,13 @@ def slurm_jobs(*, needs_ps: bool, num_tasks: int, num_ps: int = 0) -> dict[str, 
     Raises:
         ClusterError: too few tasks for the requested roles.
     """
-    if not needs_ps:
-        return {"worker": num_tasks}
-    workers = num_tasks - 1 - num_ps
-    if num_ps < 1 or workers < 1:
+    workers = num_tasks - (1 + num_ps if needs_ps else 0)
+    if workers < 1:
         raise ClusterError(f"cluster.kind 'slurm' with a parameter-server strategy needs "
                            f"1 chief + cluster.ps (>= 1) ps + >= 1 worker Slurm tasks. Received: "
                            f"{num_tasks} task(s), ps={num_ps}")
-    return {"chief": 1, "ps": num_ps, "worker": workers}
+    return task_counts(needs_ps=needs_ps, workers=workers, ps=num_ps,
+                       where="cluster.kind 'slurm'")
 
 
 def tf_config_from_slurm(*, needs_ps: bool, num_ps: int = 0, port_base: int = 8888,

@@ -20,8 +20,8 @@ coordinator) has finished (measured before this module: 10 minutes, until cancel
   ports to close before it exits 0. After a failure it releases nothing: the servers see its
   port close and exit 1, and the step fails.
 
-**Preemption and requeue.** Slurm sends ``--signal=USR1@N`` (:data:`kerasdist.keras.preemption.
-SLURM_SIGNAL`) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
+**Preemption and requeue.** Slurm sends ``--signal=<SIG>@N`` (``cluster.preemption_signal``,
+default USR1) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
 Either stops training at one agreed step with a checkpoint (exit 130). Then task 0 (the chief)
 asks Slurm to requeue the job (:func:`after_preemption`: ``scontrol requeue $SLURM_JOB_ID``) when
 the job allows it (``sbatch --requeue``) and ``SLURM_RESTART_COUNT`` is below
@@ -74,11 +74,32 @@ def restart_count() -> int:
 
 
 def log_start(tf_config, max_restarts: int) -> None:
-    """Log this task's Slurm job, step and restart count (a requeued job's tasks say so)."""
+    """Log this task's Slurm job, step and restart count (a requeued job's tasks say so), and
+    refuse a run past the requeue cap.
+
+    ``SLURM_RESTART_COUNT`` counts the job's requeues so far. Task 0 asks for a requeue only
+    while it is below ``cluster.max_restarts`` (:func:`after_preemption`), so a run with a count
+    *equal* to the cap is the last one allowed (it trains; a further preemption stops with a
+    checkpoint and is not requeued). A count *above* the cap means someone else requeued the job
+    (``scontrol requeue``, Slurm's own preemption or node-failure requeue) more often than the
+    recipe allows: refused before anything trains.
+
+    Raises:
+        ClusterError: (exit 2) ``SLURM_RESTART_COUNT`` above ``max_restarts`` (both named), or
+            not an integer.
+    """
     job = os.environ.get("SLURM_JOB_ID", "?")
+    count = restart_count()
+    if count > max_restarts:
+        raise ClusterError(f"Slurm job {job} has been requeued {count} time(s), more than the "
+                           f"recipe allows (cluster.max_restarts={max_restarts}): not starting "
+                           f"again; raise cluster.max_restarts to go on from the last checkpoint. "
+                           f"Received: SLURM_RESTART_COUNT={count}")
+    last = " (the last run it allows: a further preemption is not requeued)" \
+        if count and count == max_restarts else ""
     log.info(f"task {tf_config.task_name}: Slurm job {job} step {os.environ.get('SLURM_STEP_ID', '?')}"
-             f", SLURM_RESTART_COUNT={restart_count()} (requeues allowed: cluster.max_restarts="
-             f"{max_restarts})")
+             f", SLURM_RESTART_COUNT={count} (requeues allowed: cluster.max_restarts="
+             f"{max_restarts}){last}")
 
 
 def _requeue_allowed(job: str) -> bool:
@@ -114,8 +135,41 @@ def after_preemption(max_restarts: int) -> str:
                     "SIGTERM Slurm may be requeueing or ending the job itself)")
         return f"not requeued: scontrol exited {done.returncode}"
     log.warning(f"preempted; requeued job {job} (restart {count + 1} of at most {max_restarts}): "
-                "it resumes from the checkpoint just saved")
+                "it resumes from its last checkpoint")
     return "requeued"
+
+
+class ScriptPreempted(KeyboardInterrupt):
+    """The preemption signal ended a user's script under ``kerasdist launch --this-task`` (exit
+    128 + ``signum``). A ``KeyboardInterrupt``, so that the script's ``except Exception`` handlers
+    let it pass, as Ctrl-C."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"{signal.Signals(self.signum).name} received: the script was stopped "
+                         "(it resumes from its own last checkpoint)")
+
+
+@contextlib.contextmanager
+def signal_ends_script(signal_name: str):
+    """While a user's script runs (``launch --this-task`` in a Slurm job), the preemption signal
+    ``signal_name`` (``'USR1'``, ...) raises :class:`ScriptPreempted` in the main thread. kerasdist
+    cannot save the script's state: a requeued job's script resumes from its own checkpoints
+    (e.g. ``keras.callbacks.BackupAndRestore``). The script may install its own handler, which
+    then wins. Restores the previous handler on exit."""
+    from kerasdist.keras.preemption import signal_of
+
+    signum = signal_of(signal_name)
+
+    def on_signal(number, _frame):
+        log.warning(f"{signal.Signals(number).name} received: stopping the script (preemption)")
+        raise ScriptPreempted(number)
+
+    previous = signal.signal(signum, on_signal)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 def _step_id() -> str:
@@ -176,10 +230,18 @@ class _Released(Exception):
 
 
 def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
-                           start_timeout_s: float = START_TIMEOUT_S) -> None:
+                           start_timeout_s: float = START_TIMEOUT_S,
+                           preemption_signal: str = "USR1") -> None:
     """Serve this ps or worker task until the chief releases it (exit 0) or is gone (exit 1):
     see the module docs. In a process kerasdist owns (the CLI) the process ends here with that
     code; in a library call the release returns and a gone chief raises.
+
+    Args:
+        tf_config: this task's role (a ``ps`` or ``worker`` of a cluster with a chief).
+        intra_op_threads: the server's intra-op threads (0: TF's default).
+        start_timeout_s: seconds to wait for the chief's port to answer a first time.
+        preemption_signal: ``cluster.preemption_signal`` (default ``'USR1'``): ignored here (the
+            chief saves and requeues); ``'TERM'`` is handled as SIGTERM below.
 
     Raises:
         TaskFailedError: the chief ended without releasing this task, or never started.
@@ -189,11 +251,13 @@ def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
     from kerasdist.cluster.server import start_server
 
     released = threading.Event()
-    from kerasdist.keras.preemption import SLURM_SIGNAL
+    from kerasdist.keras.preemption import signal_of
 
-    previous = {sig: signal.getsignal(sig) for sig in (RELEASE_SIGNAL, signal.SIGTERM, SLURM_SIGNAL)}
+    preempt = signal_of(preemption_signal)
+    previous = {sig: signal.getsignal(sig) for sig in (RELEASE_SIGNAL, signal.SIGTERM, preempt)}
     signal.signal(RELEASE_SIGNAL, lambda *_: released.set())
-    signal.signal(SLURM_SIGNAL, signal.SIG_IGN)  # the chief saves and requeues
+    if preempt != signal.SIGTERM:
+        signal.signal(preempt, signal.SIG_IGN)  # the chief saves and requeues
     terminated = threading.Event()
 
     def on_sigterm(*_):
@@ -271,5 +335,6 @@ def _gone(tf_config, chief: str, what: str) -> TaskFailedError:
 
 
 __all__ = ["GONE_AFTER_S", "PERIOD_S", "RELEASE_SIGNAL", "RELEASE_WAIT_S", "REQUEUE_WAIT_S",
-           "START_TIMEOUT_S", "after_preemption", "check_commands", "log_start", "release_servers",
-           "restart_count", "serve_until_chief_ends"]
+           "START_TIMEOUT_S", "ScriptPreempted", "after_preemption", "check_commands",
+           "log_start", "release_servers", "restart_count", "serve_until_chief_ends",
+           "signal_ends_script"]

@@ -126,6 +126,12 @@ MAX_THREADS_PER_TASK = 1024
 768 threads); TensorFlow aborts a task given a thread count it cannot use."""
 
 
+PreemptionSignal = Literal["USR1", "TERM", "INT", "HUP", "ALRM", "XCPU", "QUIT"]
+PREEMPTION_SIGNALS: tuple[str, ...] = PreemptionSignal.__args__
+"""Names ``cluster.preemption_signal`` takes (without ``SIG``): signals a process can catch that
+Slurm's ``--signal`` can send, except ``USR2`` (kerasdist's release signal under Slurm)."""
+
+
 class ClusterConfig(_Frozen):
     """``cluster``: where the tasks of the strategy run.
 
@@ -137,7 +143,9 @@ class ClusterConfig(_Frozen):
     * ``slurm``: the role comes from the Slurm job (``SlurmClusterResolver``), one task per node
       or per ``srun`` task.
     * ``jobset``: the role comes from a Kubernetes JobSet pod (``kerasdist export jobset``): its
-      replicated job and completion index, the peers' DNS names (:mod:`kerasdist.cluster.jobset`).
+      replicated job and completion index, the peers' DNS names (:mod:`kerasdist.cluster.jobset`);
+      in a Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``), its rank in the
+      replicated job ``node``.
     * ``ray``: ``workers`` Ray Train workers (``TensorflowTrainer``), each running kerasdist's
       lifecycle as one multi-worker task (:mod:`kerasdist.launch.ray_run`); needs
       ``pip install 'kerasdist[ray]'``.
@@ -151,8 +159,15 @@ class ClusterConfig(_Frozen):
     max_restarts: int = Field(0, ge=0, description="local, ray (multi_worker): cluster restarts "
                               "after a task dies (resuming from the last backup at its exact "
                               "step; on Ray: FailureConfig.max_failures). slurm: requeues a "
-                              "preempted job may ask for (SLURM_RESTART_COUNT below it); jobset: "
-                              "the JobSet's failurePolicy.maxRestarts.")
+                              "preempted job may ask for (SLURM_RESTART_COUNT below it; a job "
+                              "requeued more often is refused at start, exit 2); jobset: the "
+                              "JobSet's failurePolicy.maxRestarts.")
+    preemption_signal: PreemptionSignal = Field(
+        "USR1", description="slurm: the signal that stops training at one agreed step with a "
+        "checkpoint, after which task 0 requeues the job (besides SIGTERM and SIGINT, always "
+        "watched); kerasdist export slurm writes it as --signal=<SIG>@<seconds>. A name with or "
+        "without 'SIG', any case: " + ", ".join(PREEMPTION_SIGNALS) + " (USR2 is kerasdist's "
+        "release signal; KILL and STOP cannot be caught).")
     min_workers: int | None = Field(
         None, ge=1, description="local, ray: elastic worker count. On ray it is Ray Train's own "
         "elastic scaling (ScalingConfig(num_workers=(min_workers, workers))): after a lost worker "
@@ -203,6 +218,18 @@ class ClusterConfig(_Frozen):
                                    description="ray: logical CPUs each worker reserves.")
     gpus_per_worker: float = Field(0.0, ge=0, allow_inf_nan=False,
                                    description="ray: GPUs each worker reserves (0 = none).")
+
+    @field_validator("preemption_signal", mode="before")
+    @classmethod
+    def _signal_name(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        name = value.strip().upper().removeprefix("SIG")
+        if name not in PREEMPTION_SIGNALS:
+            raise ValueError(f"cluster.preemption_signal must name one of "
+                             f"{', '.join(PREEMPTION_SIGNALS)} (with or without 'SIG'). "
+                             f"Received: {value!r}")
+        return name
 
     @model_validator(mode="after")
     def _min_workers_within_workers(self) -> ClusterConfig:

@@ -22,14 +22,24 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 also when sent to the whole process group)."""
 
 SLURM_SIGNAL = signal.SIGUSR1
-"""Under ``cluster.kind: slurm`` this signal stops training too: the one users ask Slurm to send
-before the time limit (``sbatch --signal=USR1@300``; ``kerasdist export slurm`` writes it)."""
+"""The default of ``cluster.preemption_signal``: under ``cluster.kind: slurm`` the signal users ask
+Slurm to send before the time limit (``sbatch --signal=USR1@300``; ``kerasdist export slurm``
+writes the recipe's) stops training too."""
+
+
+def signal_of(name: str) -> signal.Signals:
+    """The signal named ``name`` (``cluster.preemption_signal``: ``'USR1'``, ``'TERM'``, ...)."""
+    return signal.Signals[f"SIG{name}"]
 
 
 def preemption_signals(recipe) -> tuple[int, ...]:
     """The signals that stop ``recipe``'s training with an agreed checkpoint: :data:`SIGNALS`,
-    and :data:`SLURM_SIGNAL` under ``cluster.kind: slurm``."""
-    return SIGNALS + ((SLURM_SIGNAL,) if recipe.cluster.kind == "slurm" else ())
+    and ``cluster.preemption_signal`` (default :data:`SLURM_SIGNAL`) under ``cluster.kind:
+    slurm``."""
+    if recipe.cluster.kind != "slurm":
+        return SIGNALS
+    extra = signal_of(recipe.cluster.preemption_signal)
+    return SIGNALS + (() if extra in SIGNALS else (extra,))
 
 
 class PreemptionWatch:

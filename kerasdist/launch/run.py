@@ -333,7 +333,8 @@ def _run_task(recipe: Recipe, tf_config: TFConfig, topology: str, *, overwrite: 
             if under_slurm:  # ends when the chief ends (kerasdist.cluster.slurm_job)
                 from kerasdist.cluster.slurm_job import serve_until_chief_ends
 
-                serve_until_chief_ends(tf_config, intra_op_threads=recipe.intra_op_threads())
+                serve_until_chief_ends(tf_config, intra_op_threads=recipe.intra_op_threads(),
+                                       preemption_signal=recipe.cluster.preemption_signal)
                 return None
             from kerasdist.cluster.server import serve
 

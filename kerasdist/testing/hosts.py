@@ -296,6 +296,13 @@ class HostSet:
         self._processes[host].append(proc)
         return proc
 
+    def enter_argv(self, host: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in ``host``'s network namespace with ``nsenter``: unlike :meth:`run`
+        (``ip netns exec``) no mount namespace, no kill timeout and no tracking; for daemons
+        whose owner stops them (:class:`kerasdist.testing.slurm.SlurmCluster`)."""
+        self._check(host)
+        return ["nsenter", f"--net=/var/run/netns/{self.namespace(host)}", *argv]
+
     @staticmethod
     def output(proc: subprocess.Popen) -> str:
         """The output so far of a process started by :meth:`run` without ``capture``."""

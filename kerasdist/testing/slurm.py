@@ -240,12 +240,11 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def _wrap(self, node: int, argv: Sequence[str], *, hosts_file: bool = False) -> list[str]:
         if self.hosts is None:
             return list(argv)
-        wrapped = ["nsenter", f"--net=/var/run/netns/{self.hosts.namespace(node)}"]
         if hosts_file:  # a private /etc/hosts naming the nodes, for this process and its children
             from kerasdist.testing.hosts import with_hosts_file
 
-            return wrapped + with_hosts_file(self.work_dir / "etc-hosts", argv)
-        return wrapped + list(argv)
+            argv = with_hosts_file(self.work_dir / "etc-hosts", argv)
+        return self.hosts.enter_argv(node, argv)
 
     def _spawn(self, node: int, argv: Sequence[str], log: str, *,
                hosts_file: bool = False) -> subprocess.Popen:

@@ -225,18 +225,27 @@ def _preempt_and_resume(slurm: SlurmCluster, script: Path, tmp_path: Path, *, to
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(900, method="signal")
+@pytest.mark.parametrize("signal_name", ["USR1", "HUP"])
 def test_usr1_saves_requeues_and_resumes_a_multi_worker_job_at_the_exact_step(tmp_path,
-                                                                             slurm_cluster):
+                                                                             slurm_cluster,
+                                                                             signal_name):
     """SIGUSR1 (what --signal=USR1@300 sends before the time limit; here scancel --signal) to a
     2-worker job: both save at one agreed step, task 0 runs scontrol requeue, the requeued job
-    (SLURM_RESTART_COUNT=1) resumes at that step and ends at exactly the recipe's step count."""
+    (SLURM_RESTART_COUNT=1) resumes at that step and ends at exactly the recipe's step count.
+    The same with ``cluster.preemption_signal: HUP`` (the script's --signal=HUP@300)."""
     recipe = _linear_recipe(tmp_path, workers=2, epochs=30)
+    if signal_name != "USR1":
+        raw = yaml.safe_load(recipe.read_text())
+        raw["cluster"]["preemption_signal"] = signal_name
+        recipe.write_text(yaml.safe_dump(raw), encoding="utf-8")
     script = _export(recipe, tmp_path, "--nodes", "1")
+    assert f"#SBATCH --signal={signal_name}@300" in script.read_text().splitlines()
     info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=30 * 31,
-                                          signal_command=["scancel", "--signal=USR1"],
+                                          signal_command=["scancel", f"--signal={signal_name}"],
                                           timeout_s=780)
-    print(f"\nsaved and resumed at step {step}; restarts {info['Restarts']}")
+    print(f"\n{signal_name}: saved and resumed at step {step}; restarts {info['Restarts']}")
     assert "requeued job" in out and "SLURM_RESTART_COUNT=1" in out, out[-6000:]
+    assert f"SIG{signal_name} received" in out, out[-6000:]
 
 
 @pytest.mark.slow
@@ -296,3 +305,50 @@ def test_scontrol_requeue_of_a_parameter_server_job_resumes_at_the_exact_step(tm
                                           timeout_s=2200, require_save=False)
     print(f"\nscontrol requeue: resumed at step {step}; restarts {info['Restarts']}")
     assert "serving on while chief:0 runs" in out, out[-6000:]
+
+
+_COUNTER = """\
+import pathlib, sys, time
+state, total = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+step = int(state.read_text()) if state.exists() else 0
+print(f"counter: starting at step {step}", flush=True)
+while step < total:
+    time.sleep(0.5)
+    step += 1
+    state.write_text(str(step))
+print(f"counter: done at step {step}", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+@pytest.mark.timeout(600, method="signal")
+def test_launch_this_task_requeues_a_users_script_on_the_signal(tmp_path, slurm_cluster):
+    """``srun kerasdist launch --this-task --max-restarts 1 script.py`` (one task; the script
+    keeps its own step in a file, as a script with its own checkpoints does): SIGUSR1 mid-run
+    stops the script, task 0 requeues the job, the requeued script resumes from its own state
+    and finishes; the job is COMPLETED with one restart."""
+    user_script = tmp_path / "counter.py"
+    user_script.write_text(_COUNTER)
+    state = tmp_path / "state"
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --ntasks=1\n#SBATCH --requeue\n"
+                      "#SBATCH --output=script-%j.out\n#SBATCH --open-mode=append\n"
+                      "set -euo pipefail\n"
+                      f"srun --kill-on-bad-exit=1 {KERASDIST} launch --this-task --max-restarts 1 "
+                      f"{user_script} {state} 60\n")
+    job = slurm_cluster.sbatch(script, cwd=tmp_path, env=TASK_ENV)
+    deadline = time.monotonic() + 300
+    while not (state.exists() and state.read_text() and int(state.read_text()) >= 5):
+        assert time.monotonic() < deadline, _output(tmp_path)[-4000:]
+        time.sleep(0.5)
+    slurm_cluster.command(["scancel", "--signal=USR1", str(job)])
+    info = slurm_cluster.wait(job, timeout_s=420)
+    out = _output(tmp_path)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", out[-6000:]
+    assert info["Restarts"] == "1", (info, out[-6000:])
+    assert "requeued job" in out and "SIGUSR1 received: stopping the script" in out, out[-6000:]
+    starts = [int(s) for s in re.findall(r"counter: starting at step (\d+)", out)]
+    print(f"\nthe script started at steps {starts}; restarts {info['Restarts']}")
+    assert starts[0] == 0 and len(starts) == 2 and 5 <= starts[1] < 60, out[-6000:]
+    assert state.read_text() == "60" and "counter: done at step 60" in out

@@ -92,7 +92,7 @@ def test_parameter_server_layout_and_policies():
     assert spec["failurePolicy"] == {"maxRestarts": 4}
     assert spec["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
     (container,) = jobs["worker"]["template"]["spec"]["containers"]
-    assert container["ports"] == [{"name": "tf-grpc", "containerPort": 2222}]
+    assert container["ports"] == [{"name": "tf-grpc", "containerPort": 2222, "protocol": "TCP"}]
     args = build_parser().parse_args(container["command"][1:])
     assert args.overrides == ["cluster.kind=jobset", "cluster.workers=3", "cluster.ps=2",
                               "trainer.epochs=3"]

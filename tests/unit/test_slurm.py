@@ -72,3 +72,18 @@ def test_recipe_with_slurm_cluster_dispatches_through_slurm(slurm_step, monkeypa
     run_module.run_recipe(recipe)
     assert seen["tf_config"].cluster == {"worker": ("n7:7000", "n7:7001")}
     assert seen["tf_config"].task_name == "worker:1"
+
+
+def test_the_shared_role_counts_name_what_is_missing():
+    """kerasdist.cluster.roles serves Slurm, JobSet and Trainer v2 alike: the counts and the rank
+    order (chief, ps, workers: TF's SlurmClusterResolver order)."""
+    from kerasdist.cluster.roles import rank_roles, task_counts
+
+    with pytest.raises(ClusterError, match=r"cluster.kind 'jobset' with a parameter-server .*"
+                                           r"Received: cluster.workers=2, cluster.ps=0"):
+        task_counts(needs_ps=True, workers=2, ps=0, where="cluster.kind 'jobset'")
+    counts = task_counts(needs_ps=True, workers=2, ps=1, where="x")
+    assert counts == slurm_jobs(needs_ps=True, num_tasks=4, num_ps=1)
+    assert rank_roles(counts) == [("chief", 0), ("ps", 0), ("worker", 0), ("worker", 1)]
+    assert rank_roles(task_counts(needs_ps=False, workers=2, ps=0, where="x")) == \
+        [("worker", 0), ("worker", 1)]

@@ -1,0 +1,119 @@
+"""Export a recipe for Kubeflow Trainer v2 (``kerasdist export trainjob recipe.yaml``).
+
+Kubeflow Trainer v2 (API ``trainer.kubeflow.org/v1alpha1``) runs a ``TrainJob`` on a *training
+runtime*: a JobSet template whose replicated job ``node`` (labelled
+``trainer.kubeflow.org/trainjob-ancestor-step: trainer``) runs the trainer's ``numNodes`` pods.
+Trainer v2 has no TensorFlow runtime (its maintainers dropped distributed TensorFlow), so the
+export writes two documents:
+
+* a namespaced ``TrainingRuntime`` with no ML policy of a framework (a plain runtime): the JobSet
+  template of :mod:`kerasdist.cluster.export_jobset` with every task in the one replicated job
+  ``node`` (one Indexed Job, ``1 + cluster.ps + cluster.workers`` pods under
+  ``parameter_server``, ``cluster.workers`` under ``multi_worker``), DNS host names, the JobSet
+  environment through the downward API, ``failurePolicy.maxRestarts: cluster.max_restarts``;
+  under ``parameter_server`` the Job's ``successPolicy`` (``succeededIndexes: "0"``, Kubernetes
+  >= 1.31) makes the chief's success the Job's: Kubernetes then ends the ps and worker servers;
+* a ``TrainJob`` naming that runtime, with the image, the command, ``numNodes`` and the
+  resources per node.
+
+Every pod runs ``kerasdist fit <recipe> --set cluster.kind=jobset``; its role comes from its rank
+(``JOB_COMPLETION_INDEX`` in replicated job ``node``: rank 0 the chief, then the ps, then the
+workers; :func:`kerasdist.cluster.roles.rank_roles`), its peers from the DNS names
+``<trainjob>-node-0-<rank>.<trainjob>`` (the JobSet Trainer v2 creates is named as the TrainJob).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from kerasdist.cluster.export import PodResources, job_name
+from kerasdist.cluster.export_jobset import check_names, pod_environments, pod_template_spec
+from kerasdist.cluster.jobset import TRAINER_NODE
+from kerasdist.cluster.roles import recipe_counts
+
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+ANCESTOR_LABEL = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+"""The label by which Trainer v2 finds the replicated job its ``spec.trainer`` fills in."""
+_DEFAULT_RESOURCES = PodResources()
+
+
+def trainjob_manifests(recipe, *, recipe_path: str, image: str, name: str | None = None,
+                       namespace: str | None = None,
+                       resources: PodResources = _DEFAULT_RESOURCES, pvc: str | None = None,
+                       overrides: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The ``TrainingRuntime`` and the ``TrainJob`` (plain dicts) of a validated recipe (see
+    module docs).
+
+    Args:
+        recipe: the validated recipe (``multi_worker`` or ``parameter_server``).
+        recipe_path: the recipe's path inside the image.
+        image: container image with kerasdist.
+        name: the TrainJob's name (its pods' host names start with it; the runtime is
+            ``<name>-runtime``); default from the recipe file name.
+        namespace: Kubernetes namespace of both; omitted when None.
+        resources: per-pod CPU, memory and GPUs (``resourcesPerNode``).
+        pvc: PersistentVolumeClaim for the run directory (shared checkpoints).
+        overrides: extra ``--set`` overrides passed to every pod.
+
+    Returns:
+        ``[TrainingRuntime, TrainJob]``.
+
+    Raises:
+        RecipeError: a one-process strategy, ``cluster.ps`` 0 under ``parameter_server``, an
+            empty image, or a name too long for the pods' host names.
+    """
+    counts = recipe_counts(recipe, what="export trainjob")
+    tasks = sum(counts.values())
+    name = name or job_name(recipe_path)
+    check_names(image=image, name=name, hosts=[f"{name}-{TRAINER_NODE}-0-{tasks - 1}"],
+           what="export trainjob", pattern=f"<name>-{TRAINER_NODE}-0-<rank>")
+    pod_spec = pod_template_spec(recipe, counts=counts, recipe_path=recipe_path, image=image,
+                                 name=name, resources=resources, pvc=pvc, overrides=overrides,
+                                 container_name=TRAINER_NODE)
+    job_spec: dict[str, Any] = {"parallelism": tasks, "completions": tasks,
+                                "completionMode": "Indexed", "backoffLimit": 0,
+                                "template": {"spec": pod_spec}}
+    if "chief" in counts:  # the chief's success ends the Job (Kubernetes' Job successPolicy)
+        job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
+    runtime_name = f"{name}-runtime"
+    runtime = {"apiVersion": API_VERSION, "kind": "TrainingRuntime",
+               "metadata": _metadata(runtime_name, namespace),
+               "spec": {"mlPolicy": {"numNodes": tasks}, "template": {"spec": {
+                   "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+                   "failurePolicy": {"maxRestarts": recipe.cluster.max_restarts},
+                   "replicatedJobs": [{"name": TRAINER_NODE, "replicas": 1, "template": {
+                       "metadata": {"labels": dict(ANCESTOR_LABEL)}, "spec": job_spec}}]}}}}
+    (container,) = pod_spec["containers"]
+    trainer = {"image": image, "command": list(container["command"]), "numNodes": tasks,
+               "resourcesPerNode": copy.deepcopy(container["resources"])}
+    trainjob = {"apiVersion": API_VERSION, "kind": "TrainJob",
+                "metadata": _metadata(name, namespace),
+                "spec": {"runtimeRef": {"name": runtime_name, "kind": "TrainingRuntime",
+                                        "apiGroup": API_VERSION.split("/")[0]},
+                         "trainer": trainer}}
+    return [runtime, trainjob]
+
+
+def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name,
+                                "labels": {"app.kubernetes.io/created-by": "kerasdist"}}
+    if namespace:
+        metadata["namespace"] = namespace
+    return metadata
+
+
+def trainjob_pod_environments(runtime: dict[str, Any],
+                              trainjob: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """``{'node:<rank>': environment}`` of every pod Trainer v2 would start for ``trainjob`` on
+    ``runtime`` (the JobSet is named as the TrainJob; ``numNodes`` pods); for tests and dry
+    runs."""
+    spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
+    nodes = trainjob["spec"]["trainer"]["numNodes"]
+    for job in spec["replicatedJobs"]:
+        if job["name"] == TRAINER_NODE:
+            job["template"]["spec"].update(parallelism=nodes, completions=nodes)
+    return pod_environments({"metadata": {"name": trainjob["metadata"]["name"]}, "spec": spec})
+
+
+__all__ = ["ANCESTOR_LABEL", "API_VERSION", "trainjob_manifests", "trainjob_pod_environments"]
