@@ -380,6 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_BAD_INPUT
+    if args.command == "fit" and not _log.shared_console():  # a task of the local launcher:
+        from kerasdist._preload import tensorflow_in_background  # it trains, so TF's import
+
+        tensorflow_in_background()  # overlaps its recipe's validation (issue 42, item 8)
     _log.configure(getattr(args, "verbose", None))
     _log.one_line_deprecations()
     from kerasdist import _exit

@@ -118,10 +118,11 @@ def _recipe_args(kind: str, run_dir: Path) -> list[str]:
     return args
 
 
-def run_kerasdist(kind: str, work: Path) -> dict:
+def run_kerasdist(kind: str, work: Path, repeat: int = 0) -> dict:
+    """A user's first run of the recipe: a new run directory each repeat."""
     timeline = work / "timeline.jsonl"
     timeline.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "kerasdist", "fit", *_recipe_args(kind, work / "run")]
+    cmd = [sys.executable, "-m", "kerasdist", "fit", *_recipe_args(kind, work / f"run-{repeat}")]
     subprocess.run(cmd, env=_env(KERASDIST_TIMELINE=str(timeline)), cwd=work, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     return phases(_read(timeline), chief="worker:0" if kind == "multi_worker" else "chief:0")
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
                 tasks = 2 if kind == "multi_worker" else 4
                 rows[kind]["import"].append(run_import(tasks))
                 rows[kind]["floor"].append(run_floor(kind, work))
-                rows[kind]["kerasdist"].append(run_kerasdist(kind, work))
+                rows[kind]["kerasdist"].append(run_kerasdist(kind, work, repeat))
                 print(f"repeat {repeat + 1} {kind}: import {rows[kind]['import'][-1]:.1f} s, "
                       f"floor {rows[kind]['floor'][-1]:.1f} s, kerasdist "
                       f"{rows[kind]['kerasdist'][-1]['total']:.1f} s", flush=True)

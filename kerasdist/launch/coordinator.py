@@ -88,20 +88,12 @@ def _resumable(err: BaseException, recipe: Recipe) -> TaskFailedError:
 
 
 def _import_while_servers_start() -> None:
-    """Import TensorFlow and Keras in a daemon thread while the ps and worker servers start and
-    the supervisor waits for them to listen: the coordinator's own import (seconds) then overlaps
-    theirs instead of following it (issue 42, item 8). The session's own imports wait for this
-    one (Python's import lock); an error here is left for them to raise."""
-    import threading
+    """Import TensorFlow and Keras while the ps and worker servers start and the supervisor waits
+    for them to listen: the coordinator's own import (seconds) then overlaps theirs instead of
+    following it (issue 42, item 8; :mod:`kerasdist._preload`)."""
+    from kerasdist._preload import tensorflow_in_background
 
-    def load() -> None:
-        try:
-            import keras  # noqa: F401
-            import tensorflow  # noqa: F401
-        except Exception:  # noqa: BLE001 - the session's import raises it where it is handled
-            pass
-
-    threading.Thread(target=load, name="kerasdist-import", daemon=True).start()
+    tensorflow_in_background()
 
 
 def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> RunResult:
