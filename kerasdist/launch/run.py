@@ -46,16 +46,14 @@ if TYPE_CHECKING:
 log = _log.get_logger("launch")
 
 
-def preflight(recipe: Recipe, *, overwrite: bool, model_check: bool = True) -> RunDir:
+def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     """Every bad-input check of a local cluster, in the launching process, before any process
     starts or any file is written: the number of tasks against this machine's cores
     (:func:`kerasdist.launch.processes.check_task_count`), the strategy's own (global batch vs
     replicas known in advance),
     the run directory (path, fingerprint), the data splits (readable, at least one global batch),
     and the model built here against the data (labels within its classes, shapes, NaN/inf:
-    :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here) unless
-    ``model_check`` is False: then the tasks' own checks are the first to build the model
-    (:mod:`kerasdist.launch.model_check`).
+    :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here).
 
     Returns:
         The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
@@ -65,10 +63,10 @@ def preflight(recipe: Recipe, *, overwrite: bool, model_check: bool = True) -> R
         Interrupted: SIGINT/SIGTERM (:func:`kerasdist._signals.startup`).
     """
     with startup("checking the recipe, its data and its run directory"):
-        return _preflight(recipe, overwrite=overwrite, model_check=model_check)
+        return _preflight(recipe, overwrite=overwrite)
 
 
-def _preflight(recipe: Recipe, *, overwrite: bool, model_check: bool = True) -> RunDir:
+def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     from kerasdist.data.inputs import examples_per_worker
     from kerasdist.training import checks
 
@@ -83,10 +81,7 @@ def _preflight(recipe: Recipe, *, overwrite: bool, model_check: bool = True) -> 
                         f"examples, fewer than one global batch. Received: "
                         f"batch_size={recipe.data.batch_size}")
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
-    if model_check:
-        checks.check_recipe_here(recipe)
-    else:
-        checks.check_run_dir_path(recipe.output.run_dir)
+    checks.check_recipe_here(recipe)
     return run_dir
 
 
@@ -195,12 +190,11 @@ def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
 def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
                echo: bool = True) -> RunResult | None:
     """A local or Ray cluster started from this process (see :func:`run_recipe`)."""
-    from kerasdist.launch import isolation, model_check
+    from kerasdist.launch import isolation
     from kerasdist.launch.console import chief_echo
 
     recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
-    deferred = model_check.deferred(recipe, RunDir.of(recipe).path)
-    run_dir = preflight(recipe, overwrite=overwrite, model_check=not deferred)
+    run_dir = preflight(recipe, overwrite=overwrite)
     mark("preflight")
     if recipe.cluster.kind == "ray":
         isolated = _plan_ray(recipe, callbacks)
@@ -210,30 +204,22 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
 
     with startup("checking the tracking server"):
         recipe = tracking.check(recipe, isolated=isolated)  # untracked when allowed and unreachable
-    refused = None
-    try:
-        with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
-            run_dir.claim(held, recipe, overwrite=overwrite,
-                          checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
-            tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
-            try:
-                mark("launching")
-                with chief_echo(recipe, echo=echo):
-                    if isolated or _coordinator_in_a_child(recipe, callbacks):
-                        return _run_child(recipe, overwrite=overwrite, verbose=verbose,
-                                          isolate=isolated)
-                    return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
-                                                 callbacks=callbacks)
-            except BaseException as err:
-                if tracker is not None:  # e.g. a task killed before its chief could say so
-                    tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
-                refused = model_check.refused(err, run_dir.path) if deferred else None
-                if refused is None:
-                    raise
-    finally:
-        if refused is not None:  # the tasks' model check failed: nothing of it is left written
-            model_check.undo_fresh_run(run_dir.path)
-    raise refused  # its own error, as if this process had checked (exit 2)
+    with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
+        run_dir.claim(held, recipe, overwrite=overwrite,
+                      checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
+        tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
+        try:
+            mark("launching")
+            with chief_echo(recipe, echo=echo):
+                if isolated or _coordinator_in_a_child(recipe, callbacks):
+                    return _run_child(recipe, overwrite=overwrite, verbose=verbose,
+                                      isolate=isolated)
+                return isolation.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                             callbacks=callbacks)
+        except BaseException as err:
+            if tracker is not None:  # e.g. a task killed before its chief could say so
+                tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
+            raise
 
 
 def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
