@@ -16,11 +16,10 @@ import os
 import sys
 from typing import Sequence
 
-from kerasdist import _log, cli_export, cli_ops
+from kerasdist import _log, cli_bench, cli_export, cli_ops
 from kerasdist.errors import (
     BAD_INPUT,
     EXIT_BAD_INPUT,
-    EXIT_FAILED,
     EXIT_OK,
     KerasdistError,
     exit_code,
@@ -302,44 +301,8 @@ def _cmd_export(args) -> int:
     return cli_export.run(args, _load_without_imports(args))
 
 
-def _split(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
 def _cmd_bench(args) -> int:
-    from kerasdist.errors import RecipeError
-
-    try:
-        sweep = [int(n) for n in _split(args.sweep_workers)]
-    except ValueError:
-        raise RecipeError("--sweep-workers takes integers. "
-                          f"Received: '{args.sweep_workers}'") from None
-    if any(n < 1 for n in sweep) or args.workers < 1:
-        raise RecipeError(f"worker counts must be >= 1. Received: workers={args.workers}, "
-                          f"sweep={sweep}")
-    if sweep and not {"multi_worker", "parameter_server"} & set(_split(args.strategies)):
-        raise RecipeError("--sweep-workers sweeps multi_worker and parameter_server; --strategies "
-                          f"has neither. Received: strategies='{args.strategies}'")
-    from kerasdist.bench.command import run_bench
-    from kerasdist.bench.report import markdown_table
-    from kerasdist.bench.scaling import parse_counts
-
-    scaling = parse_counts(args.coordinator_scaling) if args.coordinator_scaling else []
-
-    result = run_bench(recipe_path=args.recipe, overrides=args.overrides,
-                       strategies=_split(args.strategies), baselines=_split(args.baselines),
-                       repeats=args.repeats, workers=args.workers, sweep_workers=sweep,
-                       out_dir=args.out, target=args.target_accuracy, timeout_s=args.timeout,
-                       coordinator_scaling=scaling)
-    print(markdown_table(result))
-    print(f"kerasdist: bench.json, bench.md and plots in {args.out}")
-    failed = [n for n, r in result["rows"].items() if r["summary"]["succeeded"] < r["summary"]["runs"]]
-    failed += [f"sweep {p['strategy']} x{p['workers']}" for p in result["sweep"]
-               if p["succeeded"] < p["runs"]]
-    if failed:
-        print(f"kerasdist: runs failed in: {', '.join(failed)} (see {args.out}/logs)", file=sys.stderr)
-        return EXIT_FAILED
-    return EXIT_OK
+    return cli_bench.run(args)
 
 
 def _cmd_conformance(args) -> int:
