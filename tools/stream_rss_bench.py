@@ -98,9 +98,10 @@ def input_speed(folder: Path, batches: int = 300) -> dict:
     import tensorflow as tf
 
     from kerasdist.config import validate_recipe
+    from kerasdist.data import stream
     from kerasdist.data.inputs import build_streaming
-    from kerasdist.data.memory_stream import memory_train_fn as _memory_train_fn
     from kerasdist.data.sources import embedded_dir, load_idx_split, write_tfrecord
+    from kerasdist.data.sources.base import memory_units
 
     x, y = load_idx_split(embedded_dir(), "test")
     write_tfrecord(x, y, folder / "train-000.tfrecord")
@@ -110,8 +111,7 @@ def input_speed(folder: Path, batches: int = 300) -> dict:
     ctx = tf.distribute.InputContext()
     out = {}
     for name, ds in (("stream", build_streaming(recipe, pipelines=1).train_fn(ctx, 0)),
-                     ("memory", _memory_train_fn(x, y, recipe.data, shard=False,
-                                                 normalize=True)(ctx, 0))):
+                     ("memory", stream.train_fn(memory_units(x, y, "off"), recipe.data)(ctx, 0))):
         start = time.perf_counter()
         for _ in ds.take(batches):
             pass

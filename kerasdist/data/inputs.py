@@ -31,7 +31,7 @@ def train_input(recipe, *, replicas: int, pipelines: int = 1,
 
 
 def build_streaming(recipe, *, pipelines: int):
-    """The source kind's :class:`~kerasdist.data.file_streams.Streaming` for ``pipelines`` input
+    """The source kind's :class:`~kerasdist.data.stream.Streaming` for ``pipelines`` input
     pipelines: ``train_fn(ctx, skip_batches)``, ``eval_fn(ctx)``, examples per pipeline, the shard
     policy and the files the chief writes (csv vocabularies).
 

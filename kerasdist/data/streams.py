@@ -13,8 +13,7 @@ https://www.tensorflow.org/tutorials/distribute/input#sharding):
 * ``data``: pipeline ``i`` of ``N`` keeps examples ``i, i+N, ...`` (``Dataset.shard``) before
   shuffling; every example is seen once per pass over the split.
 * ``file``: pipeline ``i`` reads files ``i, i+N, ...`` of a streaming split (``csv``,
-  ``image_folder``, ``tfrecord`` with a plain split name; :mod:`kerasdist.data.file_streams`, which
-  builds the streams of every streaming source); needs at least N files.
+  ``image_folder``, ``tfrecord`` with a plain split name); needs at least N files.
 * ``off``: every pipeline reads every example, shuffled with its own seed (``shuffle_seed + i``).
 * ``auto`` (default): ``file`` for a streaming source that can be sharded by file, else ``data``.
 
@@ -24,17 +23,16 @@ which worker ran which step is not recorded. A run resumed at global step ``s`` 
 worker's stream at batch ``ceil(s / workers)`` (its fair share): the global step is exact, the
 batches seen around the restart are the fair-share ones.
 
-Resuming at an exact step. The training input is one endless stream per pipeline whose order is a
-pure function of the recipe: pass ``p`` over the shard is the permutation drawn with the stateless
-seed ``(shuffle_seed + pipeline, p)`` (``tf.random.experimental.stateless_shuffle``; in-memory
-sources are shuffled in a ``shuffle_buffer`` of examples, a buffer at least as large as the shard
-being a full stateless permutation; tfrecord files are permuted per pass and their records
-shuffled in a ``shuffle_buffer`` with a per-pass seed).
-Unlike ``shuffle(reshuffle_each_iteration=True)``, whose order depends on how many iterators were
-created before, this gives the same batches in the same order in every run. Training that restarts
-at global step ``s`` starts the stream at batch ``s * local_replicas`` (``Dataset.skip`` on example
-indices, before any gather or decoding), exactly where the interrupted run stopped. An "epoch" is
-``steps_per_epoch`` steps of that stream, not a pass aligned to the split's end.
+Resuming at an exact step. Every source rides the one stream of :mod:`kerasdist.data.stream`:
+one endless stream per pipeline whose order is a pure function of the recipe (pass ``p`` permuted
+with the stateless seed ``(shuffle_seed + pipeline, p)``, records shuffled in a ``shuffle_buffer``
+with a per-pass seed; an in-memory split's units are its examples, so a buffer at least as large
+as the shard is a full stateless permutation). Unlike ``shuffle(reshuffle_each_iteration=True)``,
+whose order depends on how many iterators were created before, this gives the same batches in the
+same order in every run. Training that restarts at global step ``s`` starts the stream at batch
+``s * local_replicas`` (``Dataset.skip`` on raw records or example ids, before any decoding or
+gather), exactly where the interrupted run stopped. An "epoch" is ``steps_per_epoch`` steps of
+that stream, not a pass aligned to the split's end.
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ from typing import TYPE_CHECKING, Callable
 from kerasdist._log import get_logger
 from kerasdist.data import sources
 from kerasdist.data.convert import check_batch_divisible
-from kerasdist.data.memory_stream import _eval_fn, _memory_train_fn  # noqa: F401 - former names
 from kerasdist.errors import DataError
 
 if TYPE_CHECKING:

@@ -7,14 +7,23 @@ import pytest
 import tensorflow as tf
 
 from kerasdist.config import validate_recipe
+from kerasdist.data import stream
 from kerasdist.data.inputs import build_streaming
 from kerasdist.data.sources import write_tfrecord
+from kerasdist.data.sources.base import memory_units
 from kerasdist.data.streams import (
-    _eval_fn,
-    _memory_train_fn,
     resolve_shard_policy,
 )
 from kerasdist.errors import RecipeError
+
+
+def _memory_train_fn(x, y, config, *, shard: bool):
+    """The in-memory training stream as every kind builds it (:mod:`kerasdist.data.stream`)."""
+    return stream.train_fn(memory_units(x, y, "data" if shard else "off"), config)
+
+
+def _eval_fn(x, y, config, *, shard: bool):
+    return stream.eval_fn(memory_units(x, y, "data" if shard else "off"), config, shard=shard)
 
 
 def _ctx(pipeline_id: int, pipelines: int = 2):
@@ -39,7 +48,7 @@ def _config(**data):
 
 def test_stream_is_reproducible_and_skip_resumes_exactly():
     x, y = _data()
-    fn = _memory_train_fn(x, y, _config(), shard=True, normalize=True)
+    fn = _memory_train_fn(x, y, _config(), shard=True)
     full = _labels(fn(_ctx(0), 0), 12)  # 12 batches of 4 = 2.4 passes over a 20-example shard
     assert full == _labels(fn(_ctx(0), 0), 12)  # a second iterator: same order
     assert _labels(fn(_ctx(0), 5), 7) == full[5:]  # resume at batch 5 == continuing
@@ -50,23 +59,23 @@ def test_stream_is_reproducible_and_skip_resumes_exactly():
 
 def test_small_shuffle_buffer_is_a_buffer_and_still_resumes_exactly():
     x, y = _data()
-    fn = _memory_train_fn(x, y, _config(shuffle_buffer=2), shard=True, normalize=True)
+    fn = _memory_train_fn(x, y, _config(shuffle_buffer=2), shard=True)
     full = _labels(fn(_ctx(0), 0), 12)
     assert full == _labels(fn(_ctx(0), 0), 12)
     assert _labels(fn(_ctx(0), 5), 7) == full[5:]
     # A 2-example buffer can only move an example a little: the first batch of 4 comes from the
     # shard's first 5 examples (0, 2, ..., 8), unlike a full permutation.
     assert set(full[0]) <= {0, 2, 4, 6, 8} and sorted(sum(full[:5], [])) == list(range(0, 40, 2))
-    no_shuffle = _memory_train_fn(x, y, _config(shuffle_buffer=0), shard=True, normalize=True)
+    no_shuffle = _memory_train_fn(x, y, _config(shuffle_buffer=0), shard=True)
     assert _labels(no_shuffle(_ctx(0), 0), 2) == [[0, 2, 4, 6], [8, 10, 12, 14]]
 
 
 def test_shards_are_disjoint_and_off_reads_everything():
     x, y = _data()
-    fn = _memory_train_fn(x, y, _config(), shard=True, normalize=True)
+    fn = _memory_train_fn(x, y, _config(), shard=True)
     seen = [set(sum(_labels(fn(_ctx(i), 0), 5), [])) for i in (0, 1)]
     assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(40))
-    off = _memory_train_fn(x, y, _config(), shard=False, normalize=True)
+    off = _memory_train_fn(x, y, _config(), shard=False)
     assert sorted(sum(_labels(off(_ctx(1), 0), 10), [])) == list(range(40))
 
 
@@ -124,3 +133,19 @@ def test_a_sliced_tfrecord_split_streams_pieces_of_files_and_resumes(tmp_path, m
     assert _labels(built.train_fn(_ctx(1), 3), 5) == streams[1][3:]
     evaluated = [b[1].numpy().tolist() for b in built.eval_fn(_ctx(0, 1))]
     assert sum(evaluated, []) == [10, 11]
+
+
+def test_every_source_rides_the_one_stream():
+    """Issue 41 item 2: the per-pass order, the resume skip and the decode live in one module;
+    a second stream (a source kind building its own endless, reshuffled dataset) fails here."""
+    from pathlib import Path
+
+    import kerasdist
+
+    package = Path(kerasdist.__file__).parent
+    markers = ("Dataset.counter", "stateless_shuffle")
+    elsewhere = sorted(
+        f"{path.relative_to(package)}: {marker}"
+        for path in package.rglob("*.py") if path != package / "data" / "stream.py"
+        for marker in markers if marker in path.read_text(encoding="utf-8"))
+    assert not elsewhere, elsewhere

@@ -1,10 +1,14 @@
 """The protocol every source kind implements (:class:`SourceKind`), and its three families:
 
 * :class:`MemoryKind`: a split is read whole into NumPy arrays (``embedded``, ``idx``, ``npz``,
-  ``synthetic_*``); its units are example ids, streamed by :mod:`kerasdist.data.memory_stream`;
+  ``synthetic_*``); its units are example ids, gathered from the arrays a batch at a time;
 * :class:`FileKind`: a :class:`~kerasdist.data.formats.FileSource` (``tfrecord``, ``csv``,
-  ``image_folder``) whose units are files, streamed by :mod:`kerasdist.data.file_streams`;
+  ``image_folder``) whose units are files (:mod:`kerasdist.data.file_streams`);
 * :class:`FunctionKind`: a function returns a split's ``tf.data.Dataset`` (``python``, ``tfds``).
+
+All three describe a split as :class:`~kerasdist.data.stream.Units` and ride the one resumable
+stream of :mod:`kerasdist.data.stream` (shard policy, per-pass order, skip to the exact step,
+decode, batch).
 
 Every family gives the same four things, which the entry points of :mod:`kerasdist.data.inputs`
 call and nothing else does: the resumable training stream and evaluation input
@@ -23,8 +27,9 @@ import types
 
 import numpy as np
 
-from kerasdist.data import file_streams, memory_stream
+from kerasdist.data import file_streams, stream
 from kerasdist.data.convert import shard_policy
+from kerasdist.data.stream import Streaming, Units
 from kerasdist.errors import DataError
 
 Split = tuple[np.ndarray, np.ndarray]
@@ -35,7 +40,7 @@ class SourceKind:
 
     kind: str = ""
 
-    def stream(self, recipe, pipelines: int) -> file_streams.Streaming:
+    def stream(self, recipe, pipelines: int) -> Streaming:
         """The training stream (``train_fn(ctx, skip_batches)``), the evaluation input, the
         examples per pipeline and the shard policy, for ``pipelines`` input pipelines.
 
@@ -138,20 +143,40 @@ class MemoryKind(SourceKind):
         config = recipe.data
         policy = self.shard_policy(config, pipelines)
         x, y = self.load(config, config.train_split)
-        train_fn = memory_stream.memory_train_fn(x, y, config, shard=policy == "data",
-                                                 normalize=config.normalize)
+        train_fn = stream.train_fn(memory_units(x, y, policy), config)
         eval_fn, num_eval = None, 0
         if config.eval_split:
             ex, ey = self.load(config, config.eval_split)
-            eval_fn = memory_stream.memory_eval_fn(ex, ey, config, shard=policy != "off")
+            eval_fn = stream.eval_fn(memory_units(ex, ey, policy), config, shard=policy != "off")
             num_eval = len(ex)
         per_pipeline = len(x) // pipelines if policy == "data" else len(x)
-        return file_streams.Streaming(train_fn=train_fn, eval_fn=eval_fn, per_pipeline=per_pipeline,
-                                      num_eval=num_eval, policy=policy)
+        return Streaming(train_fn=train_fn, eval_fn=eval_fn, per_pipeline=per_pipeline,
+                         num_eval=num_eval, policy=policy)
 
     def eval_dataset(self, config, split, *, run_dir):
         x, y = self.load(config, split)
-        return memory_stream.memory_eval_dataset(x, y, config)
+        return stream.global_batches(memory_units(x, y, "off"), config)
+
+
+def memory_units(x, y, policy: str) -> Units:
+    """An in-memory split (``x``, ``y``: NumPy arrays of equal length) as the stream's
+    :class:`~kerasdist.data.stream.Units`: the units are example ids (``data`` sharding keeps ids
+    ``i, i+N, ...``), a batch of ids is gathered from the arrays, as graph constants built inside
+    each dataset function."""
+
+    def read(ids, ctx):
+        import tensorflow as tf
+
+        return tf.data.Dataset.from_tensor_slices(ids)
+
+    def batch_decoder():
+        import tensorflow as tf
+
+        xs, ys = tf.constant(x), tf.constant(y)
+        return lambda ids: (tf.gather(xs, ids), tf.gather(ys, ids))
+
+    return Units(read=read, values=len(x), shard="units" if policy == "data" else "none",
+                 examples=True, batch_decoder=batch_decoder)
 
 
 class FileKind(SourceKind):
@@ -173,13 +198,12 @@ class FileKind(SourceKind):
         return self.source(config).serving_model(model, run_dir)
 
     def eval_dataset(self, config, split, *, run_dir):
-        records, source = file_streams.file_split(self.source(config), split, run_dir=run_dir)
-        return file_streams.evaluation_dataset(config, records, source)
+        units = file_streams.file_split(self.source(config), split, run_dir=run_dir)
+        return stream.global_batches(units, config)
 
     def sample(self, config, split, limit, *, run_dir=None, preprocessed=True):
-        records, source = file_streams.file_split(self.source(config), split, run_dir=run_dir)
-        return file_streams.sample_records(config, split, records, source, limit,
-                                           preprocessed=preprocessed)
+        units = file_streams.file_split(self.source(config), split, run_dir=run_dir)
+        return file_streams.sample_records(config, split, units, limit, preprocessed=preprocessed)
 
 
 class FunctionKind(SourceKind):
@@ -198,10 +222,8 @@ class FunctionKind(SourceKind):
     def stream(self, recipe, pipelines):
         return file_streams.build_function(self.function(recipe.data), recipe, pipelines)
 
-    def _split(self, config, split):
-        from kerasdist.data import python_source
-
-        return python_source.call(self.function(config), config, split)
+    def _split(self, config, split) -> Units:
+        return file_streams.function_units(self.function(config), config, split, "off")
 
     def input_failure(self, config, err, split):
         from kerasdist.data import python_source
@@ -210,7 +232,7 @@ class FunctionKind(SourceKind):
             else None
 
     def eval_dataset(self, config, split, *, run_dir):
-        return file_streams.evaluation_dataset(config, self._split(config, split), None)
+        return stream.global_batches(self._split(config, split), config)
 
     def sample(self, config, split, limit, *, run_dir=None):
-        return file_streams.sample_records(config, split, self._split(config, split), None, limit)
+        return file_streams.sample_records(config, split, self._split(config, split), limit)

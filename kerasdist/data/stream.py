@@ -1,0 +1,221 @@
+"""The one resumable stream every source kind rides: shard policy, per-pass order, skip to the exact
+step, decode, batch. A kind (:mod:`kerasdist.data.sources`) describes what it reads as
+:class:`Units`; this module turns that into ``train_fn(input_context, skip_batches)`` and
+``eval_fn(input_context)``, whatever the source. It compares no ``data.source`` and imports
+TensorFlow only when a dataset is built.
+
+A split is a sequence of **units** read in order into raw records: the files of a file source
+(``tfrecord``, ``csv``, ``image_folder``: one image is one file), the example ids of an in-memory
+source (``embedded``, ``idx``, ``npz``, ``synthetic_*``: a record is an example id, gathered from
+the arrays when a batch is decoded), or none for a function source (``python``, ``tfds``: the
+function's dataset is the records).
+
+Pipeline ``i`` of ``N`` (``ctx.input_pipeline_id``, ``ctx.num_input_pipelines``) gets its share by
+:attr:`Units.shard`: ``units`` keeps units ``i, i+N, ...`` (``data.auto_shard: file``, and ``data``
+for an in-memory source, whose units are examples); ``records`` reads every unit in one common
+order and keeps records ``i, i+N, ...`` (``Dataset.shard``); ``none`` reads everything (``off``,
+or a function that shards itself through ``input_context``).
+
+Order. The training input is one endless stream per pipeline, a pure function of the recipe:
+pass ``p`` (``Dataset.counter`` + ``flat_map``, never iterator state):
+
+1. permutes the pipeline's units with ``tf.random.experimental.stateless_shuffle`` seeded with
+   ``(shuffle_seed + i, p)`` (``(shuffle_seed, p)`` under ``records`` sharding: one common order),
+   when ``data.shuffle_buffer`` > 0 -- for units that are examples, only when the buffer covers the
+   pipeline's units (it is then a full permutation and nothing else shuffles);
+2. shuffles the records in a ``shuffle_buffer`` seeded with ``(shuffle_seed + i) * 1_000_003 + p``
+   (``reshuffle_each_iteration=False``) when the buffer is > 0 and step 1 did not already permute
+   every example.
+
+A run resumed at global step ``s`` restarts each pipeline ``s * local_replicas`` per-replica
+batches in: ``Dataset.skip`` on the raw records, before any decoding or gather (a skipped file
+record is read but not decoded; a skipped example id costs nothing). Decoding runs with
+``deterministic=True``, one vectorized decode per batch when the source has one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+from kerasdist.data.convert import preprocess
+
+
+@dataclass
+class Streaming:
+    """What a source kind's ``stream`` hands back to :func:`kerasdist.data.streams.build_data`:
+    ``train_fn(ctx, skip_batches)``, ``eval_fn(ctx)`` (or None), the examples one pipeline holds,
+    the evaluation split's size, the shard policy and the files the chief writes (path -> text)."""
+
+    train_fn: object
+    eval_fn: object | None
+    per_pipeline: int
+    num_eval: int
+    policy: str
+    artifacts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Units:
+    """A split as the stream reads it (see module docs).
+
+    Attributes:
+        read: ``read(units, ctx) -> tf.data.Dataset`` of the raw records of ``units`` (a 1-D
+            tensor: file names, int64 example ids; None for a function source) in order.
+        values: the split's units: file names (``list[str]``), a number of examples ``n`` (ids
+            ``0..n-1``), or None (a function source: one dataset, no units).
+        shard: ``'units'``, ``'records'`` or ``'none'`` (see module docs).
+        examples: the units are examples (in-memory ids): a permutation that covers them all is
+            the whole shuffle.
+        decoder: ``decoder() -> decode(record) -> (x, y)``, per record; None: the records are
+            decoded examples already. Called inside each dataset function (lookup tables and
+            constants belong to the graph that builds the dataset).
+        batch_decoder: ``batch_decoder() -> decode(records) -> (x, y)`` on a batch of raw
+            records (one vectorized op), or returning None: ``decoder`` per record.
+    """
+
+    read: Callable
+    values: list | int | None
+    shard: Literal["units", "records", "none"]
+    examples: bool = False
+    decoder: Callable | None = None
+    batch_decoder: Callable | None = None
+
+    def decoders(self):
+        """``(batch_decode, decode)``, at most one of them not None (see attributes)."""
+        batched = self.batch_decoder() if self.batch_decoder is not None else None
+        if batched is not None:
+            return batched, None
+        return None, (self.decoder() if self.decoder is not None else None)
+
+
+def _pass_seed(seed, pass_index):
+    """int64 seed pair of pass ``pass_index`` of a stream seeded with ``seed`` (stateless)."""
+    import tensorflow as tf
+
+    return tf.stack([tf.cast(seed, tf.int64), tf.cast(pass_index, tf.int64)])
+
+
+def all_units(units: Units):
+    """Every unit of the split as a tensor (None for a function source)."""
+    return None if units.values is None else _all_units(units)[0]
+
+
+def _all_units(units: Units):
+    import tensorflow as tf
+
+    if isinstance(units.values, int):
+        return tf.range(units.values, dtype=tf.int64), units.values
+    return tf.constant(units.values), len(units.values)
+
+
+def _my_units(units: Units, pipelines: int, pipeline_id):
+    """``(tensor, count)``: the units pipeline ``pipeline_id`` reads and how many. The id may be a
+    symbolic tensor (parameter-server workers build their datasets inside a ``tf.function``);
+    ``count`` is then the largest share's size."""
+    import tensorflow as tf
+
+    everything, total = _all_units(units)
+    if units.shard != "units":
+        return everything, total
+    if isinstance(pipeline_id, int):
+        count = len(range(pipeline_id, total, pipelines))
+    else:
+        count = -(-total // pipelines)
+    mine = tf.range(tf.cast(pipeline_id, tf.int64), total, pipelines, dtype=tf.int64)
+    return (mine if isinstance(units.values, int) else tf.gather(everything, mine)), count
+
+
+def decoded_batches(ds, units: Units, batch: int, *, drop_remainder: bool):
+    """Raw records -> decoded batches of ``batch``: one vectorized decode per batch when the
+    source has one, else a deterministic parallel map per record, then batch."""
+    import tensorflow as tf
+
+    batched, single = units.decoders()
+    if batched is not None:
+        return ds.batch(batch, drop_remainder=drop_remainder).map(
+            batched, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if single is not None:
+        ds = ds.map(single, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.batch(batch, drop_remainder=drop_remainder)
+
+
+def train_fn(units: Units, config) -> Callable:
+    """``train_fn(ctx, skip_batches) -> tf.data.Dataset``: pipeline ``ctx.input_pipeline_id``'s
+    endless stream of per-replica batches (``ctx.get_per_replica_batch_size(data.batch_size)``,
+    incomplete batches dropped), ``skip_batches`` batches in, converted as
+    :func:`kerasdist.data.convert.preprocess` does and prefetched (``data.prefetch``)."""
+
+    def make(ctx, skip_batches: int):
+        import tensorflow as tf
+
+        n, i = ctx.num_input_pipelines, ctx.input_pipeline_id
+        buffer = config.shuffle_buffer
+        mine = count = None
+        if units.values is not None:
+            mine, count = _my_units(units, n, i)
+        unit_seed = config.shuffle_seed + (0 if units.shard == "records" else i)
+        record_seed = config.shuffle_seed + i
+        permute = bool(buffer) and mine is not None and (not units.examples or buffer >= count)
+        record_buffer = buffer if buffer and not (units.examples and permute) else 0
+
+        whole = units.read(None, ctx) if units.values is None else None  # a function: called once
+
+        def one_pass(pass_index):
+            if whole is not None:
+                records = whole
+            else:
+                ordered = mine
+                if permute:
+                    order = tf.random.experimental.stateless_shuffle(
+                        tf.range(tf.size(mine, out_type=tf.int64)),
+                        seed=_pass_seed(unit_seed, pass_index))
+                    ordered = tf.gather(mine, order)
+                records = units.read(ordered, ctx)
+            if units.shard == "records":
+                records = records.shard(n, i)
+            if record_buffer:
+                records = records.shuffle(record_buffer, seed=record_seed * 1_000_003 + pass_index,
+                                          reshuffle_each_iteration=False)
+            return records
+
+        per_replica = ctx.get_per_replica_batch_size(config.batch_size)
+        ds = tf.data.Dataset.counter(dtype=tf.int64).flat_map(one_pass)
+        if skip_batches:
+            ds = ds.skip(skip_batches * per_replica)  # raw records: nothing decoded
+        ds = decoded_batches(ds, units, per_replica, drop_remainder=True)
+        ds = ds.map(preprocess(config.normalize))
+        return ds.prefetch(tf.data.AUTOTUNE if config.prefetch < 0 else config.prefetch)
+
+    return make
+
+
+def eval_fn(units: Units, config, *, shard: bool) -> Callable:
+    """``eval_fn(ctx) -> tf.data.Dataset``: the split once, in order, per-replica batches with the
+    last partial one kept; records ``i, i+N, ...`` on pipeline ``i`` of ``N`` when ``shard`` and
+    the units do not shard themselves (``shard: none`` with ``shard`` True: a function that
+    takes ``input_context``)."""
+
+    def make(ctx):
+        import tensorflow as tf
+
+        records = units.read(all_units(units), ctx)
+        if shard and ctx.num_input_pipelines > 1 and units.shard != "none":
+            records = records.shard(ctx.num_input_pipelines, ctx.input_pipeline_id)
+        ds = decoded_batches(records, units, ctx.get_per_replica_batch_size(config.batch_size),
+                             drop_remainder=False)
+        return ds.map(preprocess(config.normalize)).prefetch(tf.data.AUTOTUNE)
+
+    return make
+
+
+def global_batches(units: Units, config):
+    """The split once as global batches (``data.batch_size``, the last partial one kept),
+    decoded and converted as training sees them, read as it is iterated (the sidecar
+    evaluator's input)."""
+    import tensorflow as tf
+
+    ds = decoded_batches(units.read(all_units(units), None), units, config.batch_size,
+                         drop_remainder=False)
+    return ds.map(preprocess(config.normalize)).prefetch(
+        tf.data.AUTOTUNE if config.prefetch < 0 else config.prefetch)
