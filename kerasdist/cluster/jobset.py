@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
-from kerasdist.cluster.roles import rank_roles, task_counts
+from kerasdist.cluster.roles import int_env, rank_roles, scheduler_env, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
 
@@ -64,21 +64,15 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
             a task type of the recipe, or an index out of range.
     """
     environ = os.environ if environ is None else environ
-    missing = [name for name in JOBSET_VARIABLES if not environ.get(name)]
-    if missing:
-        raise ClusterError(f"cluster.kind 'jobset' must run in a pod of a JobSet (kerasdist export "
-                           f"jobset maps them); missing {', '.join(missing)}. Received: unset")
+    scheduler_env(environ, JOBSET_VARIABLES, inside="cluster.kind 'jobset' must run in a pod of "
+                  "a JobSet (kerasdist export jobset maps them)")
     counts = task_counts(needs_ps=needs_ps, workers=workers, ps=ps, where="cluster.kind 'jobset'")
     replicated = environ["REPLICATED_JOB_NAME"]
     if replicated != TRAINER_NODE and replicated not in counts:
         raise ClusterError(f"REPLICATED_JOB_NAME must name a task type of the recipe "
                            f"({', '.join(counts)}) or Trainer v2's '{TRAINER_NODE}'. "
                            f"Received: {replicated!r}")
-    try:
-        index = int(environ["JOB_COMPLETION_INDEX"])
-    except ValueError:
-        raise ClusterError("JOB_COMPLETION_INDEX must be an integer. Received: "
-                           f"{environ['JOB_COMPLETION_INDEX']!r}") from None
+    index = int_env(environ, "JOB_COMPLETION_INDEX")
     size = sum(counts.values()) if replicated == TRAINER_NODE else counts[replicated]
     if not 0 <= index < size:
         raise ClusterError(f"JOB_COMPLETION_INDEX must be within 0..{size - 1} for replicated "

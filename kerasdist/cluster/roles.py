@@ -64,4 +64,27 @@ def recipe_counts(recipe, *, what: str) -> dict[str, int]:
         raise RecipeError(str(err)) from None
 
 
-__all__ = ["ROLE_ORDER", "rank_roles", "recipe_counts", "task_counts"]
+def scheduler_env(environ: Mapping[str, str], names, *, inside: str) -> None:
+    """Check that every variable of ``names`` a scheduler sets is in ``environ`` and not empty.
+
+    Raises:
+        ClusterError: ``must run {inside}; missing <names>``.
+    """
+    missing = [name for name in names if not environ.get(name)]
+    if missing:
+        raise ClusterError(f"{inside}; missing {', '.join(missing)}. Received: unset")
+
+
+def int_env(environ: Mapping[str, str], name: str) -> int:
+    """``environ[name]`` as an int (a scheduler's task count or index).
+
+    Raises:
+        ClusterError: the value is not an integer (names the variable and the value).
+    """
+    try:
+        return int(environ[name])
+    except ValueError:
+        raise ClusterError(f"{name} must be an integer. Received: {environ[name]!r}") from None
+
+
+__all__ = ["ROLE_ORDER", "int_env", "rank_roles", "recipe_counts", "scheduler_env", "task_counts"]

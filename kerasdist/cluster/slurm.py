@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from kerasdist.cluster.roles import task_counts
+from kerasdist.cluster.roles import int_env, scheduler_env, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
 
@@ -68,15 +68,9 @@ def tf_config_from_slurm(*, needs_ps: bool, num_ps: int = 0, port_base: int = 88
     import tensorflow as tf
 
     environ = os.environ
-    missing = [name for name in SLURM_VARIABLES if not environ.get(name)]
-    if missing:
-        raise ClusterError(f"cluster.kind 'slurm' must run inside a Slurm job step (srun); "
-                           f"missing {', '.join(missing)}. Received: unset")
-    try:
-        num_tasks = int(environ["SLURM_STEP_NUM_TASKS"])
-    except ValueError:
-        raise ClusterError("SLURM_STEP_NUM_TASKS must be an integer. "
-                           f"Received: {environ['SLURM_STEP_NUM_TASKS']!r}") from None
+    scheduler_env(environ, SLURM_VARIABLES,
+                  inside="cluster.kind 'slurm' must run inside a Slurm job step (srun)")
+    num_tasks = int_env(environ, "SLURM_STEP_NUM_TASKS")
     jobs = slurm_jobs(needs_ps=needs_ps, num_tasks=num_tasks, num_ps=num_ps)
     if num_workers is not None and jobs["worker"] != num_workers:
         wanted = num_workers + (1 + num_ps if needs_ps else 0)

@@ -143,3 +143,13 @@ def test_bad_exports_are_refused():
         jobset_manifest(mw, recipe_path="r.yaml", image="kd:1", name="x" * 60)
     with pytest.raises(RecipeError, match="--image"):
         jobset_manifest(mw, recipe_path="r.yaml", image="")
+
+
+def test_a_pod_without_the_jobset_variables_or_with_a_bad_index_is_refused_naming_them():
+    from kerasdist.errors import ClusterError
+
+    with pytest.raises(ClusterError, match="missing JOBSET_NAME, REPLICATED_JOB_NAME"):
+        tf_config_from_jobset(needs_ps=False, workers=2, environ={})
+    bad = {"JOBSET_NAME": "j", "REPLICATED_JOB_NAME": "worker", "JOB_COMPLETION_INDEX": "one"}
+    with pytest.raises(ClusterError, match="JOB_COMPLETION_INDEX must be an integer. Received: 'one'"):
+        tf_config_from_jobset(needs_ps=False, workers=2, environ=bad)
