@@ -13,7 +13,6 @@ was received, raised before anything is written (:func:`check_training_config`).
 
 from __future__ import annotations
 
-import fnmatch
 import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -342,28 +341,6 @@ def has_tensorboard(specs: Sequence[Any]) -> bool:
 
 
 # ------------------------------------------------------------------------------------- freezing
-def freeze_layers(model, patterns: Sequence[str] | None) -> None:
-    """Freeze every top-level layer of ``model`` whose name matches none of ``patterns``
-    (``fnmatch`` globs; ``model.trainable_layers``). None leaves the model as it is.
-
-    Raises:
-        RecipeError: a pattern matching no layer, or no trainable weight left.
-    """
-    if patterns is None:
-        return
-    names = [layer.name for layer in model.layers]
-    for pattern in patterns:
-        if not fnmatch.filter(names, pattern):
-            raise RecipeError(f"model.trainable_layers: '{pattern}' matches no layer of the model "
-                              f"(its layers: {', '.join(names)}). Received: "
-                              f"trainable_layers={list(patterns)!r}")
-    for layer in model.layers:
-        layer.trainable = any(fnmatch.fnmatchcase(layer.name, p) for p in patterns)
-    if not model.trainable_weights:
-        raise RecipeError("model.trainable_layers: the layers it names hold no trainable weight, "
-                          f"so nothing would train. Received: trainable_layers={list(patterns)!r}")
-
-
 # ---------------------------------------------------------------------------------- the check
 def check_training_config(recipe: Recipe, run_dir: Path | None = None) -> None:
     """Build (and discard) the recipe's optimizer, schedule, loss, metrics and callbacks with

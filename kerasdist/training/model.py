@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import fnmatch
+from typing import TYPE_CHECKING, Sequence
 
 from kerasdist._log import get_logger
 from kerasdist.errors import RecipeError
@@ -76,7 +77,6 @@ def build_model(recipe: Recipe):
 
     from kerasdist.keras.precision import float32_output, policy_scope
     from kerasdist.models import registry
-    from kerasdist.training.keras_objects import freeze_layers
 
     config, precision = recipe.model, recipe.trainer.precision
     spec = registry.check(config)
@@ -138,3 +138,25 @@ def build_compiled_model(recipe: Recipe, num_replicas: int = 1, **compile_kwargs
                  f"of {recipe.data.batch_size // (num_replicas * steps)} examples per replica "
                  "per optimizer update")
     return accumulate_gradients(model, steps)
+
+
+def freeze_layers(model, patterns: Sequence[str] | None) -> None:
+    """Freeze every top-level layer of ``model`` whose name matches none of ``patterns``
+    (``fnmatch`` globs; ``model.trainable_layers``). None leaves the model as it is.
+
+    Raises:
+        RecipeError: a pattern matching no layer, or no trainable weight left.
+    """
+    if patterns is None:
+        return
+    names = [layer.name for layer in model.layers]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise RecipeError(f"model.trainable_layers: '{pattern}' matches no layer of the model "
+                              f"(its layers: {', '.join(names)}). Received: "
+                              f"trainable_layers={list(patterns)!r}")
+    for layer in model.layers:
+        layer.trainable = any(fnmatch.fnmatchcase(layer.name, p) for p in patterns)
+    if not model.trainable_weights:
+        raise RecipeError("model.trainable_layers: the layers it names hold no trainable weight, "
+                          f"so nothing would train. Received: trainable_layers={list(patterns)!r}")
