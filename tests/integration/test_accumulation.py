@@ -88,8 +88,8 @@ def test_mirrored_two_replicas_accumulate_then_all_reduce_once():
 def _linear_recipe(run_dir, *, batch_size, steps, **strategy):
     return validate_recipe({
         "model": {"name": "linear"},
-        "data": {"source": "synthetic_linear", "num_examples": 256, "train_split": "train",
-                 "eval_split": "test", "batch_size": batch_size},
+        "data": {"source": {"kind": "synthetic_linear", "num_examples": 256},
+                 "train_split": "train", "eval_split": "test", "batch_size": batch_size},
         "optimizer": {"name": "sgd", "learning_rate": 0.05},
         "strategy": strategy or {"kind": "default"},
         "trainer": {"epochs": 2, "verbose": 0, "gradient_accumulation_steps": steps},

@@ -65,8 +65,9 @@ def _fit(tmp_path, capsys, model="{}", **data):
     recipe = tmp_path / "recipe.yaml"
     npz = _npz(tmp_path, **data)
     recipe.write_text(f"model: {model}\n"
-                      f"data: {{source: npz, path: '{npz}', train_split: train, eval_split: test, "
-                      f"batch_size: 32}}\ntrainer: {{epochs: 1, steps_per_epoch: 1, verbose: 0}}\n"
+                      f"data: {{source: {{kind: npz, path: '{npz}'}}, train_split: train, "
+                      f"eval_split: test, batch_size: 32}}\n"
+                      f"trainer: {{epochs: 1, steps_per_epoch: 1, verbose: 0}}\n"
                       f"output: {{run_dir: '{run_dir}', tensorboard: false}}\n", encoding="utf-8")
     code = main(["fit", str(recipe)])
     return code, capsys.readouterr().err, run_dir
@@ -105,8 +106,8 @@ def test_bad_data_exits_2_before_run_json(tmp_path, capsys, data, needle):
 def test_validate_check_data_reports_bad_data(tmp_path, capsys, data, needle):
     npz = _npz(tmp_path, **data)
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(f"data: {{source: npz, path: '{npz}', train_split: train, eval_split: test, "
-                      f"batch_size: 32}}\noutput: {{run_dir: '{tmp_path / 'run'}'}}\n",
+    recipe.write_text(f"data: {{source: {{kind: npz, path: '{npz}'}}, train_split: train, "
+                      f"eval_split: test, batch_size: 32}}\noutput: {{run_dir: '{tmp_path / 'run'}'}}\n",
                       encoding="utf-8")
     assert main(["validate", str(recipe), "--check-data"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err

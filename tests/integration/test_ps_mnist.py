@@ -46,8 +46,8 @@ def test_seed_cnn_learns_held_out_mnist_under_ps_fit(ps_strategy, kerasdist_enab
 def _linear_recipe(run_dir, epochs: int, every_steps: int | None = None):
     return validate_recipe({
         "model": {"name": "linear"},
-        "data": {"source": "synthetic_linear", "train_split": "train", "eval_split": "test",
-                 "num_examples": 256, "batch_size": 32},
+        "data": {"source": {"kind": "synthetic_linear", "num_examples": 256},
+                 "train_split": "train", "eval_split": "test", "batch_size": 32},
         "optimizer": {"name": "sgd", "learning_rate": 0.2},
         "strategy": {"kind": "parameter_server", "steps_per_execution": 2},
         "cluster": {"kind": "local", "workers": 2, "ps": 1},

@@ -36,7 +36,7 @@ def _csv(folder, n=480):
         rows[split] = [[f"{10 * x + 3:.4f}", f"{y:.4f}", c, t]
                        for x, y, c, t in zip(a, b, color, label, strict=True)]
     write_csv_splits(folder, ["a", "b", "color", "y"], rows, files_per_split=3)
-    return ({"source": "csv", "path": str(folder), "label": "y", "categorical": ["color"]},
+    return ({"source": {"kind": "csv", "path": str(folder), "label": "y", "categorical": ["color"]}},
             {"name": MLP, "params": {"num_features": 6, "dropout": 0.0}})
 
 
@@ -49,7 +49,7 @@ def _images(folder):
             r, c = divmod(k, 2)
             x[labels == k, 6 * r:6 * r + 6, 6 * c:6 * c + 6] += 180
         write_image_folder(folder, split, x, labels, size=(16, 16), rgb=True)
-    return ({"source": "image_folder", "path": str(folder), "image_size": [16, 16]},
+    return ({"source": {"kind": "image_folder", "path": str(folder), "image_size": [16, 16]}},
             {"name": CNN, "params": {"image_size": [16, 16], "channels": 3, "num_classes": 4,
                                 "dropout": 0.0}})
 
@@ -63,7 +63,7 @@ def _tfrecords(folder):
                          .numpy(), "target": i % 3} for i in range(k, n, 2)]
             write_example_tfrecords(folder / f"{split}-{k}.tfrecord", examples,
                                     {"pixels": "string", "target": "int64"})
-    return ({"source": "tfrecord", "path": str(folder), "features": spec, "label": "target"},
+    return ({"source": {"kind": "tfrecord", "path": str(folder), "features": spec, "label": "target"}},
             {"name": CNN, "params": {"image_size": [8, 8], "channels": 1, "num_classes": 3}})
 
 
@@ -75,7 +75,7 @@ def _sliced_tfrecords(folder):
     images = np.repeat((80 * labels).astype(np.uint8)[:, None, None], 8, 1).repeat(8, 2)
     for k in range(2):
         write_tfrecord(images[k::2], labels[k::2], folder / f"mixed-{k}.tfrecord")
-    return ({"source": "tfrecord", "path": str(folder), "train_split": "mixed[:75%]",
+    return ({"source": {"kind": "tfrecord", "path": str(folder)}, "train_split": "mixed[:75%]",
              "eval_split": "mixed[75%:]"},
             {"name": CNN, "params": {"image_size": [8, 8], "channels": 1, "num_classes": 3}})
 
@@ -97,7 +97,7 @@ def _python(folder, monkeypatch):
             raise RuntimeError("no such table")
     """), encoding="utf-8")
     monkeypatch.syspath_prepend(str(folder))
-    return ({"source": "python", "function": "user_stream_data:make"},
+    return ({"source": {"kind": "python", "function": "user_stream_data:make"}},
             {"name": MLP, "params": {"num_features": 2, "dropout": 0.0}})
 
 
@@ -188,21 +188,23 @@ def _write(tmp_path, data, model) -> str:
 def _bad(case, tmp_path, monkeypatch):
     if case == "spec":
         data, model = _tfrecords(tmp_path / "tfr")
-        data["features"] = {**data["features"],
-                            "pixels": {"dtype": "string", "shape": [28, 28], "encoding": "raw"}}
+        data["source"]["features"] = {**data["source"]["features"],
+                                      "pixels": {"dtype": "string", "shape": [28, 28],
+                                                 "encoding": "raw"}}
         return data, model, "train-0.tfrecord' (record 1)"
     if case == "label":
         data, model = _csv(tmp_path / "csv")
-        return {**data, "label": "price"}, model, "data.source.label: column 'price' is not in the header"
+        data["source"]["label"] = "price"
+        return data, model, "data.source.label: column 'price' is not in the header"
     if case == "empty":
         (tmp_path / "img" / "train").mkdir(parents=True)
-        return ({"source": "image_folder", "path": str(tmp_path / "img")},
+        return ({"source": {"kind": "image_folder", "path": str(tmp_path / "img")}},
                 {"name": CNN, "params": {}}, "holds no class folders")
     _, model = _python(tmp_path, monkeypatch)
     function = {"import": "no_such_module_q:make", "raises": "user_stream_data:broken"}[case]
     needle = {"import": "data.source.function: cannot import module 'no_such_module_q'",
               "raises": "raised RuntimeError for split 'train': no such table"}[case]
-    return {"source": "python", "function": function}, model, needle
+    return {"source": {"kind": "python", "function": function}}, model, needle
 
 
 @pytest.mark.timeout(180)
@@ -244,7 +246,7 @@ def test_an_endless_python_source_trains_with_steps_per_epoch(tmp_path, monkeypa
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({
         "model": {"name": "linear"}, "optimizer": {"name": "sgd", "learning_rate": 0.1},
-        "data": {"source": "python", "function": "endless_user_data:endless",
+        "data": {"source": {"kind": "python", "function": "endless_user_data:endless"},
                  "train_split": "train", "eval_split": "test", "batch_size": 16},
         "trainer": {"epochs": 2, "steps_per_epoch": 5, "verbose": 0},
         "output": {"run_dir": str(run_dir), "tensorboard": False}}))

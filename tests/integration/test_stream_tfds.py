@@ -1,5 +1,5 @@
 """Source ``tfds`` on a tiny dataset built locally by this module (no download): any TFDS dataset
-by name, with ``data.input`` and ``data.label`` naming its features, streamed and resumable."""
+by name, with ``data.source.input`` and ``data.source.label`` naming its features, streamed and resumable."""
 
 from __future__ import annotations
 
@@ -44,14 +44,16 @@ def data_dir(tmp_path_factory):
     return folder
 
 
-def _recipe(tmp_path, data_dir, **data):
+def _recipe(tmp_path, data_dir, source=(), **data):
+    """The recipe, ``source`` updating ``data.source``, ``data`` the other ``data`` fields."""
     return validate_recipe({
         "model": {"name": "kerasdist.models.examples:tabular_mlp",
                   "params": {"num_features": 2, "dropout": 0.0},
                   "loss": "sparse_categorical_crossentropy_from_logits", "metrics": ["accuracy"]},
-        "data": {"source": "tfds", "name": "kerasdist_tiny_points", "data_dir": str(data_dir),
-                 "input": "point", "label": "side", "train_split": "train", "eval_split": "test",
-                 "batch_size": 16, **data},
+        "data": {"source": {"kind": "tfds", "name": "kerasdist_tiny_points",
+                            "data_dir": str(data_dir), "input": "point", "label": "side",
+                            **dict(source)},
+                 "train_split": "train", "eval_split": "test", "batch_size": 16, **data},
         "trainer": {"epochs": 3, "verbose": 0},
         "output": {"run_dir": str(tmp_path / "run"), "tensorboard": False}})
 
@@ -75,4 +77,4 @@ def test_a_resumed_tfds_stream_continues_where_it_stopped(tmp_path, data_dir):
 def test_a_missing_tfds_feature_is_named(tmp_path, data_dir):
     with pytest.raises(DataError, match=r"data.source.label: 'kerasdist_tiny_points' has no feature "
                        r"'label' \(features: point, side\). Received: 'label'"):
-        build_streaming(_recipe(tmp_path, data_dir, label=None), pipelines=1)
+        build_streaming(_recipe(tmp_path, data_dir, source={"label": None}), pipelines=1)

@@ -45,8 +45,8 @@ class ToyStrategy(strategies.Strategy):
 def _recipe(run_dir, **strategy):
     return kerasdist.config.validate_recipe({
         "model": {"name": "linear"},
-        "data": {"source": "synthetic_linear", "train_split": "train", "eval_split": "test",
-                 "num_examples": 512, "batch_size": 32},
+        "data": {"source": {"kind": "synthetic_linear", "num_examples": 512},
+                 "train_split": "train", "eval_split": "test", "batch_size": 32},
         "optimizer": {"name": "sgd", "learning_rate": 0.1},
         "strategy": {"kind": "toy_one_device", **strategy},
         "trainer": {"epochs": 2, "verbose": 0},

@@ -66,8 +66,8 @@ def test_evaluate_once_equals_the_runs_own_held_out_figure(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"""
 model: {{name: linear}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 400}}
+data: {{source: {{kind: synthetic_linear, num_examples: 400}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 trainer: {{epochs: 2, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false}}
 """)

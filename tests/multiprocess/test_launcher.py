@@ -204,8 +204,8 @@ def _linear_recipe(tmp_path, kind: str):
     import yaml
 
     raw = {"model": {"name": "linear"},
-           "data": {"source": "synthetic_linear", "num_examples": 256, "train_split": "train",
-                    "batch_size": 32},
+           "data": {"source": {"kind": "synthetic_linear", "num_examples": 256},
+                    "train_split": "train", "batch_size": 32},
            "optimizer": {"name": "sgd", "learning_rate": 0.05},
            "strategy": {"kind": kind},
            "cluster": {"kind": "local", "workers": 2, "ps": 1 if kind == "parameter_server" else 0,

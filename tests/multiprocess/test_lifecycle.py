@@ -122,7 +122,7 @@ def test_bad_labels_are_refused_before_any_process_starts(tmp_path):
     np.savez(tmp_path / "bad.npz", x_train=x, y_train=y, x_test=x[:64], y_test=y[:64] % 10)
     recipe = mw.linear_recipe(
         tmp_path, "badlabel", model={"name": "mnist_cnn", "params": {}},
-        data={"source": "npz", "path": str(tmp_path / "bad.npz"), "train_split": "train",
+        data={"source": {"kind": "npz", "path": str(tmp_path / "bad.npz")}, "train_split": "train",
               "eval_split": "test", "batch_size": 64, "shuffle_buffer": 0},
         optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
         cluster={"max_restarts": 2})

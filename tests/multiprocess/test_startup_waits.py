@@ -76,8 +76,8 @@ def test_a_signal_during_the_counting_pass_ends_fit_within_seconds(signum, code,
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({
         "model": {"name": "linear"},
-        "data": {"source": "python", "function": "slow_user_data:slow", "train_split": "train",
-                 "eval_split": None, "batch_size": 16},
+        "data": {"source": {"kind": "python", "function": "slow_user_data:slow"},
+                 "train_split": "train", "eval_split": None, "batch_size": 16},
         "trainer": {"epochs": 1, "verbose": 0},  # no steps_per_epoch: the split is counted
         "output": {"run_dir": str(run_dir), "tensorboard": False}}))
     proc = _fit(recipe, env=_env(PYTHONPATH=str(tmp_path), ENDLESS_MARKER=str(marker)))
@@ -104,8 +104,8 @@ def test_a_signal_during_the_counting_pass_ends_fit_within_seconds(signum, code,
 
 
 LINEAR = {"model": {"name": "linear"},
-          "data": {"source": "synthetic_linear", "train_split": "train", "eval_split": "test",
-                   "batch_size": 50, "num_examples": 200},
+          "data": {"source": {"kind": "synthetic_linear", "num_examples": 200},
+                   "train_split": "train", "eval_split": "test", "batch_size": 50},
           "optimizer": {"name": "sgd", "learning_rate": 0.1},
           "trainer": {"epochs": 1, "verbose": 0}}
 

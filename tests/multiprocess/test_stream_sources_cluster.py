@@ -57,7 +57,8 @@ CSV_MODEL = {"name": "kerasdist.models.examples:tabular_mlp",
 @pytest.mark.timeout(900)  # 430 s and > 600 s seen under load average 12 (two cluster runs)
 def test_a_killed_two_worker_csv_run_resumes_to_the_weights_of_an_unkilled_one(tmp_path):
     _csv(tmp_path / "csv")
-    data = {"source": "csv", "path": str(tmp_path / "csv"), "label": "y", "categorical": ["color"]}
+    data = {"source": {"kind": "csv", "path": str(tmp_path / "csv"), "label": "y",
+                       "categorical": ["color"]}}
     reference = _recipe(tmp_path, "reference", data, CSV_MODEL)
     out = mw.finish(mw.launch(reference), timeout_s=300)
     clean = mw.metrics(tmp_path / "reference")
@@ -98,8 +99,8 @@ def test_an_image_folder_recipe_trains_under_parameter_server(tmp_path):
         write_image_folder(tmp_path / "img", split, x, labels, size=(16, 16), rgb=True)
     model = {"name": "kerasdist.models.examples:small_image_cnn",
              "params": {"image_size": [16, 16], "channels": 3, "num_classes": 4}}
-    recipe = _recipe(tmp_path, "ps", {"source": "image_folder", "path": str(tmp_path / "img"),
-                                      "image_size": [16, 16]}, model,
+    recipe = _recipe(tmp_path, "ps", {"source": {"kind": "image_folder", "path": str(tmp_path / "img"),
+                                                 "image_size": [16, 16]}}, model,
                      strategy={"kind": "parameter_server"}, cluster={"ps": 1},
                      trainer={"epochs": 3})
     process = mw.launch(recipe)
@@ -131,11 +132,11 @@ POINTS_MODEL = {"name": "kerasdist.models.examples:tabular_mlp",
 
 
 def _python_source(folder, monkeypatch, _):
-    """A user's ``data.function`` in a module of its own, importable by every task (PYTHONPATH)."""
+    """A user's ``data.source.function`` in a module of its own, importable by every task (PYTHONPATH)."""
     folder.mkdir()
     (folder / "cluster_user_data.py").write_text(textwrap.dedent(PYTHON_SOURCE), encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
-    return {"source": "python", "function": "cluster_user_data:make"}, POINTS_MODEL
+    return {"source": {"kind": "python", "function": "cluster_user_data:make"}}, POINTS_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +172,8 @@ def points_tfds(tmp_path_factory):
 
 
 def _tfds_source(folder, monkeypatch, prepared):
-    return ({"source": "tfds", "name": "kerasdist_cluster_points", "data_dir": str(prepared),
-             "input": "point", "label": "side"}, POINTS_MODEL)
+    return ({"source": {"kind": "tfds", "name": "kerasdist_cluster_points", "data_dir": str(prepared),
+                        "input": "point", "label": "side"}}, POINTS_MODEL)
 
 
 def _tfrecord_source(folder, monkeypatch, _):
@@ -190,7 +191,7 @@ def _tfrecord_source(folder, monkeypatch, _):
                                     {"pixels": "string", "target": "int64"})
     spec = {"pixels": {"dtype": "string", "shape": [8, 8, 1], "encoding": "png"},
             "target": {"dtype": "int64"}}
-    return ({"source": "tfrecord", "path": str(folder), "features": spec, "label": "target"},
+    return ({"source": {"kind": "tfrecord", "path": str(folder), "features": spec, "label": "target"}},
             {"name": "kerasdist.models.examples:small_image_cnn",
              "params": {"image_size": [8, 8], "channels": 1, "num_classes": 3}})
 
@@ -261,7 +262,8 @@ def test_an_endless_python_source_trains_on_two_multi_worker_workers(tmp_path, m
     folder.mkdir()
     (folder / "endless_cluster_data.py").write_text(ENDLESS_SOURCE, encoding="utf-8")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")]))
-    recipe = _recipe(tmp_path, "run", {"source": "python", "function": "endless_cluster_data:endless",
+    recipe = _recipe(tmp_path, "run", {"source": {"kind": "python",
+                                                  "function": "endless_cluster_data:endless"},
                                        "shuffle_buffer": 64}, POINTS_MODEL,
                      trainer={"steps_per_epoch": 20, "checkpoint": {"every_steps": 10}})
     process = mw.launch(recipe)

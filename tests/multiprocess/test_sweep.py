@@ -36,7 +36,7 @@ QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 
 LINEAR = {
     "model": {"name": "linear"},
-    "data": {"source": "synthetic_linear", "num_examples": 256, "train_split": "train",
+    "data": {"source": {"kind": "synthetic_linear", "num_examples": 256}, "train_split": "train",
              "eval_split": "test", "batch_size": 16, "shuffle_seed": 1},
     "optimizer": {"name": "sgd", "learning_rate": 0.05},
     "trainer": {"epochs": 2, "steps_per_epoch": 3, "seed": 1},

@@ -41,8 +41,8 @@ def _ps_recipe(tmp_path):
     import kerasdist
 
     raw = {"model": {"name": "linear"},
-           "data": {"source": "synthetic_linear", "num_examples": 256, "train_split": "train",
-                    "batch_size": 32},
+           "data": {"source": {"kind": "synthetic_linear", "num_examples": 256},
+                    "train_split": "train", "batch_size": 32},
            "strategy": {"kind": "parameter_server"},
            "cluster": {"kind": "local", "workers": 2, "ps": 1, "allow_network_exposure": True},
            "trainer": {"epochs": 1},

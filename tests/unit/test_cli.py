@@ -13,8 +13,8 @@ from kerasdist.cli import EXIT_BAD_INPUT, main
 
 LINEAR = """
 model: {{name: linear}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 optimizer: {{name: sgd, learning_rate: 0.1}}
 trainer: {{epochs: 1, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false}}
@@ -60,7 +60,7 @@ def test_missing_recipe_file(capsys, tmp_path):
 def test_missing_data_file_writes_nothing(write_recipe, tmp_path, capsys):
     (tmp_path / "idx").mkdir()
     run_dir = tmp_path / "run"
-    path = write_recipe(f"data: {{source: idx, path: '{tmp_path / 'idx'}'}}\n"
+    path = write_recipe(f"data: {{source: {{kind: idx, path: '{tmp_path / 'idx'}'}}}}\n"
                         f"output: {{run_dir: '{run_dir}'}}\n")
     assert main(["fit", str(path)]) == EXIT_BAD_INPUT
     assert "t10k-images-idx3-ubyte" in capsys.readouterr().err
@@ -176,7 +176,7 @@ def test_validate_check_data_reports_bad_labels(write_recipe, tmp_path, capsys):
     y = np.arange(32) % 10
     y[7] = 255
     np.savez(tmp_path / "d.npz", x_train=x, y_train=y, x_test=x, y_test=y)
-    path = write_recipe(f"data: {{source: npz, path: '{tmp_path / 'd.npz'}', train_split: train, "
+    path = write_recipe(f"data: {{source: {{kind: npz, path: '{tmp_path / 'd.npz'}'}}, train_split: train, "
                         f"eval_split: test, batch_size: 8}}\noutput: {{run_dir: '{tmp_path / 'run'}'}}\n")
     assert main(["validate", str(path)]) == 0
     capsys.readouterr()
@@ -247,12 +247,12 @@ def test_validate_checks_tf_config_for_a_tf_config_cluster(write_recipe, capsys,
 
 def test_item_ids_past_the_embedding_table_are_refused_before_anything_is_written(
         tmp_path, capsys):
-    """recipes/embedding_ps.yaml with data.num_items larger than the model's item table."""
+    """recipes/embedding_ps.yaml with data.source.num_items larger than the model's item table."""
     from pathlib import Path
 
     run_dir = tmp_path / "run"
     recipe = Path(__file__).resolve().parents[2] / "recipes" / "embedding_ps.yaml"
-    sets = ["model.params.num_items=1000", "data.num_items=2000", "data.num_examples=5000",
+    sets = ["model.params.num_items=1000", "data.source.num_items=2000", "data.source.num_examples=5000",
             "data.shuffle_buffer=5000", "data.eval_split=test[:1000]", "cluster={kind: this_process}",
             "strategy={kind: default}", f"output.run_dir={run_dir}"]
     assert main(["fit", str(recipe), *[a for s in sets for a in ("--set", s)]]) == EXIT_BAD_INPUT

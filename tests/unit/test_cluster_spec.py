@@ -91,8 +91,8 @@ def test_layouts_tensorflow_accepts():
 def test_evaluator_task_runs_the_sidecar_evaluator_not_training(write_recipe, tmp_path,
                                                                monkeypatch):
     run_dir = tmp_path / "run"
-    linear = (f"model: {{name: linear}}\ndata: {{source: synthetic_linear, train_split: train, "
-              f"eval_split: test, batch_size: 50, num_examples: 200}}\ntrainer: {{epochs: 1, "
+    linear = (f"model: {{name: linear}}\ndata: {{source: {{kind: synthetic_linear, num_examples: 200}}, "
+              f"train_split: train, eval_split: test, batch_size: 50}}\ntrainer: {{epochs: 1, "
               f"verbose: 0}}\noutput: {{run_dir: '{run_dir}', tensorboard: false}}\n")
     assert main(["fit", str(write_recipe(linear, "train.yaml"))]) == 0  # the run to follow
     steps = json.loads((run_dir / "metrics.json").read_text())["global_steps"]

@@ -108,7 +108,7 @@ def test_file_sources_need_an_existing_path(write_recipe, tmp_path, source):
         load_recipe(write_recipe(f"data: {{source: {source}}}"))
     missing = tmp_path / "nowhere"
     with pytest.raises(RecipeError, match=f"data.source.path does not exist.*{missing}"):
-        load_recipe(write_recipe(f"data: {{source: {source}, path: '{missing}'}}"))
+        load_recipe(write_recipe(f"data: {{source: {{kind: {source}, path: '{missing}'}}}}"))
 
 
 def test_custom_builder_by_import_path(write_recipe):

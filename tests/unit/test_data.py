@@ -54,14 +54,14 @@ def test_idx_folder_gzipped_or_not(tmp_path, digits, gz):
             shutil.copy(src, tmp_path / f"{name}.gz")
         else:
             (tmp_path / name).write_bytes(gzip.decompress(src.read_bytes()))
-    x, y = load_split(DataConfig(source="idx", path=tmp_path), "test[:100]")
+    x, y = load_split(DataConfig(source={"kind": "idx", "path": tmp_path}), "test[:100]")
     np.testing.assert_array_equal(x, digits[0][:100])
     np.testing.assert_array_equal(y, digits[1][:100])
 
 
 def test_idx_missing_files_and_corrupt(tmp_path):
     with pytest.raises(DataError, match="has no 't10k-images-idx3-ubyte'"):
-        load_split(DataConfig(source="idx", path=tmp_path), "test")
+        load_split(DataConfig(source={"kind": "idx", "path": tmp_path}), "test")
     bad = tmp_path / "bad"
     bad.write_bytes(b"\x01\x02\x03\x04rest")
     with pytest.raises(DataError, match="bad magic"):
@@ -72,25 +72,25 @@ def test_npz_keras_layout(tmp_path, digits):
     path = tmp_path / "mnist.npz"
     np.savez(path, x_train=digits[0][:50], y_train=digits[1][:50],
              x_test=digits[0][50:80], y_test=digits[1][50:80])
-    x, y = load_split(DataConfig(source="npz", path=path), "train[10:20]")
+    x, y = load_split(DataConfig(source={"kind": "npz", "path": path}), "train[10:20]")
     np.testing.assert_array_equal(y, digits[1][10:20])
-    x, _ = load_split(DataConfig(source="npz", path=path), "test")
+    x, _ = load_split(DataConfig(source={"kind": "npz", "path": path}), "test")
     assert len(x) == 30
     with pytest.raises(DataError, match="no x_validation"):
-        load_split(DataConfig(source="npz", path=path), "validation")
+        load_split(DataConfig(source={"kind": "npz", "path": path}), "validation")
 
 
 def test_tfrecord_seed_schema_round_trip(tmp_path, digits):
     write_tfrecord(digits[0][:64], digits[1][:64], tmp_path / "train.tfrecords")
-    x, y = load_split(DataConfig(source="tfrecord", path=tmp_path), "train[:40]")
+    x, y = load_split(DataConfig(source={"kind": "tfrecord", "path": tmp_path}), "train[:40]")
     np.testing.assert_array_equal(x, digits[0][:40])
     np.testing.assert_array_equal(y, digits[1][:40])
     with pytest.raises(DataError, match="no 'test\\*.tfrecord\\*' files"):
-        load_split(DataConfig(source="tfrecord", path=tmp_path), "test")
+        load_split(DataConfig(source={"kind": "tfrecord", "path": tmp_path}), "test")
 
 
 def test_synthetic_linear_is_seeded_and_follows_the_seed_law():
-    config = DataConfig(source="synthetic_linear", num_examples=5000)
+    config = DataConfig(source={"kind": "synthetic_linear", "num_examples": 5000})
     x, y = load_split(config, "train")
     x2, _ = load_split(config, "train")
     np.testing.assert_array_equal(x, x2)
@@ -143,7 +143,7 @@ def test_tfds_source_calls_tfds_load_with_split_and_data_dir(monkeypatch, tmp_pa
         return images, tf.constant([1, 2, 3], tf.int64)
 
     monkeypatch.setattr(tfds, "load", fake_load)
-    x, y = load_split(DataConfig(source="tfds", data_dir=tmp_path), "train[:10%]")
+    x, y = load_split(DataConfig(source={"kind": "tfds", "data_dir": tmp_path}), "train[:10%]")
     assert calls == [("mnist", "train[:10%]", True, -1, str(tmp_path))]
     assert x.shape == (3, 28, 28) and y.tolist() == [1, 2, 3]
 
@@ -169,7 +169,7 @@ def _npz(tmp_path, x, y, name="bad.npz"):
 def _recipe(path, **data):
     from kerasdist.config import Recipe
 
-    return Recipe(data=dict(source="npz", path=str(path), train_split="train",
+    return Recipe(data=dict(source={"kind": "npz", "path": str(path)}, train_split="train",
                             eval_split="test", batch_size=8, **data))
 
 
@@ -210,7 +210,7 @@ def test_nan_labels_are_refused_at_load_and_when_already_cast(tmp_path, cnn):
     y[5] = np.nan
     path = _npz(tmp_path, _images(), y)
     with pytest.raises(DataError, match=r"y_train: labels must be whole class numbers.*index 5"):
-        load_split(DataConfig(source="npz", path=path), "train")
+        load_split(DataConfig(source={"kind": "npz", "path": path}), "train")
     with np.errstate(invalid="ignore"):
         cast = y.astype(np.int64)  # what the loaders used to make of it: int64 min
     with pytest.raises(DataError, match="a NaN label cast to int64"):
@@ -255,7 +255,7 @@ def test_tfrecord_source_is_checked_on_a_bounded_sample(tmp_path, cnn):
 
     write_tfrecord(_images(8, side=32), np.arange(8) % 10, tmp_path / "tf" / "train-0.tfrecord")
     recipe = _recipe(tmp_path / "tf").model_copy(update={"data": DataConfig(
-        source="tfrecord", path=tmp_path / "tf", train_split="train", eval_split=None,
+        source={"kind": "tfrecord", "path": tmp_path / "tf"}, train_split="train", eval_split=None,
         batch_size=4)})
     with pytest.raises(DataError, match=r"shape \(32, 32\)"):
         checks.check_inputs(recipe, cnn)

@@ -30,6 +30,11 @@ def _recipe(tmp_path, data, **trainer):
                             "output": {"run_dir": str(tmp_path / "run")}})
 
 
+def _source(data, **fields):
+    """``data`` with ``fields`` set in its ``source`` mapping (a kind's own fields live there)."""
+    return {**data, "source": {**data["source"], **fields}}
+
+
 def _build(recipe):
     from kerasdist.data.streams import build_data
 
@@ -64,7 +69,7 @@ def _csv(folder, *, test_header=("a", "b", "color", "y"), bom=False):
     _write(folder / "test-000.csv", list(test_header),
            [[row[k] for k in order] + (["9"] if len(test_header) > 4 else [])
             for row in _rows(16)], bom=bom)
-    return {"source": "csv", "path": str(folder), "label": "y", "categorical": ["color"]}
+    return {"source": {"kind": "csv", "path": str(folder), "label": "y", "categorical": ["color"]}}
 
 
 def test_csv_eval_columns_in_another_order_are_matched_by_name(tmp_path):
@@ -87,8 +92,8 @@ def test_csv_missing_or_extra_column_is_refused_naming_file_and_column(tmp_path,
 
 
 def test_csv_with_a_utf8_bom_reads_its_label_column(tmp_path):
-    built = _build(_recipe(tmp_path, {**_csv(tmp_path / "csv", bom=True), "label": "a",
-                                      "categorical": ["color"], "label_dtype": "float32"}))
+    built = _build(_recipe(tmp_path, _source(_csv(tmp_path / "csv", bom=True), label="a",
+                                             categorical=["color"], label_dtype="float32")))
     x, y = _all(built.eval_fn(_ctx()))
     assert x.shape == (16, 2 + 4) and y[:3].tolist() == [0.5, 1.5, 2.5]
 
@@ -106,7 +111,7 @@ def test_csv_bad_label_names_file_line_column_and_value(tmp_path, value, dtype, 
     lines[6] = lines[6].rsplit(",", 1)[0] + "," + value
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(DataError) as raised:
-        _build(_recipe(tmp_path, {**data, "label_dtype": dtype}))
+        _build(_recipe(tmp_path, _source(data, label_dtype=dtype)))
     assert all(n in str(raised.value) for n in needles), str(raised.value)
 
 
@@ -127,7 +132,7 @@ def test_csv_statistics_are_stable_and_a_huge_value_is_refused(tmp_path):
     values = 1e9 + np.arange(40.0)  # a sum of squares cancels: its std came out wrong
     _write(folder / "train-000.csv", ["a", "y"], [[repr(float(v)), i % 2] for i, v in enumerate(values)])
     _write(folder / "test-000.csv", ["a", "y"], [[repr(float(values[0])), 0]])
-    built = _build(_recipe(tmp_path, {"source": "csv", "path": str(folder), "label": "y",
+    built = _build(_recipe(tmp_path, {"source": {"kind": "csv", "path": str(folder), "label": "y"},
                                       "batch_size": 4}))
     import json
 
@@ -137,8 +142,8 @@ def test_csv_statistics_are_stable_and_a_huge_value_is_refused(tmp_path):
     _write(folder / "train-000.csv", ["a", "y"], [["1.0", 0], ["1e200", 1]] * 8)
     with pytest.raises(DataError, match=r"column 'a' of '.*train-000.csv' line 3 is not a finite "
                        r"number \(as float32.*Received: '1e200'"):
-        _build(_recipe(tmp_path / "again", {"source": "csv", "path": str(folder), "label": "y",
-                                            "batch_size": 4}))
+        _build(_recipe(tmp_path / "again", {"source": {"kind": "csv", "path": str(folder),
+                                                       "label": "y"}, "batch_size": 4}))
 
 
 # --------------------------------------------------------------------------------- image_folder
@@ -165,8 +170,9 @@ def test_image_folder_reads_what_keras_image_dataset_from_directory_reads(tmp_pa
     import keras
 
     _tricky_folder(tmp_path / "img")
-    built = _build(_recipe(tmp_path, {"source": "image_folder", "path": str(tmp_path / "img"),
-                                      "normalize": False, "image_size": [6, 5], "channels": 3}))
+    built = _build(_recipe(tmp_path, {"source": {"kind": "image_folder", "path": str(tmp_path / "img"),
+                                                 "image_size": [6, 5], "channels": 3},
+                                      "normalize": False}))
     ours = _all(built.eval_fn(_ctx()))
     theirs = keras.utils.image_dataset_from_directory(
         tmp_path / "img" / "test", image_size=(6, 5), shuffle=False, batch_size=4)
@@ -186,7 +192,7 @@ def test_image_size_and_channels_default_to_the_first_image_and_mixed_sizes_are_
         for k in range(8):
             _png(tmp_path / "img" / split / str(k % 2) / f"{k}.png",
                  rng.integers(0, 255, (8, 8, 1), dtype=np.uint8))
-    data = {"source": "image_folder", "path": str(tmp_path / "img")}
+    data = {"source": {"kind": "image_folder", "path": str(tmp_path / "img")}}
     with caplog.at_level(logging.INFO, logger="kerasdist"):
         built = _build(_recipe(tmp_path, data, steps_per_epoch=1))
     x, _ = _all(built.eval_fn(_ctx()))
@@ -197,7 +203,7 @@ def test_image_size_and_channels_default_to_the_first_image_and_mixed_sizes_are_
     with pytest.raises(DataError, match=r"big.png' is 9x8, other images 8x8 .* need "
                        "data.source.image_size"):
         _build(_recipe(tmp_path, data))
-    resized = _build(_recipe(tmp_path, {**data, "image_size": [4, 4]}))
+    resized = _build(_recipe(tmp_path, _source(data, image_size=[4, 4])))
     assert _all(resized.eval_fn(_ctx()))[0].shape == (9, 4, 4, 1)
 
 
@@ -226,7 +232,7 @@ PY_MODULE = textwrap.dedent("""
 def _python(tmp_path, monkeypatch, function, **extra):
     (tmp_path / "user_defect_mod.py").write_text(PY_MODULE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(tmp_path))
-    return _recipe(tmp_path, {"source": "python", "function": f"user_defect_mod:{function}",
+    return _recipe(tmp_path, {"source": {"kind": "python", "function": f"user_defect_mod:{function}"},
                               "batch_size": 4, **extra})
 
 
@@ -268,8 +274,9 @@ def _records(folder, *, width=13, n=20):
     for split in ("train", "test"):
         write_example_tfrecords(folder / f"{split}.tfrecord", examples,
                                 {"x": "float32", "label": "int64"})
-    return {"source": "tfrecord", "path": str(folder),
-            "features": {"x": {"dtype": "float32", "shape": [12]}, "label": {"dtype": "int64"}}}
+    return {"source": {"kind": "tfrecord", "path": str(folder),
+                       "features": {"x": {"dtype": "float32", "shape": [12]},
+                                    "label": {"dtype": "int64"}}}}
 
 
 def test_a_spec_of_another_size_than_the_records_says_both_sizes(tmp_path):
@@ -297,7 +304,7 @@ def test_a_truncated_tfrecord_of_the_default_layout_is_named_with_its_file(tmp_p
     path = tmp_path / "tfr" / "test.tfrecord"
     path.write_bytes(path.read_bytes()[:-30])
     with pytest.raises(DataError) as raised:
-        _build(_recipe(tmp_path, {"source": "tfrecord", "path": str(tmp_path / "tfr")}))
+        _build(_recipe(tmp_path, {"source": {"kind": "tfrecord", "path": str(tmp_path / "tfr")}}))
     assert str(path) in str(raised.value), str(raised.value)
 
 
@@ -306,11 +313,11 @@ def test_a_relative_path_that_does_not_exist_names_the_directory_searched(tmp_pa
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"data.source.path does not exist \(a relative path is resolved "
                        rf"against the working directory, {tmp_path}\)"):
-        _recipe(tmp_path, {"source": "csv", "path": "no/such/folder", "label": "y"})
+        _recipe(tmp_path, {"source": {"kind": "csv", "path": "no/such/folder", "label": "y"}})
     (tmp_path / "csvs").mkdir()
     with pytest.raises(DataError, match=rf"no files for split 'train' .* in 'csvs' \(relative to "
                        rf"the working directory {tmp_path}\)"):
-        _build(_recipe(tmp_path, {"source": "csv", "path": "csvs", "label": "y"}))
+        _build(_recipe(tmp_path, {"source": {"kind": "csv", "path": "csvs", "label": "y"}}))
 
 
 def test_a_csv_split_is_read_once_by_the_checks_before_training(tmp_path, monkeypatch):
@@ -324,7 +331,7 @@ def test_a_csv_split_is_read_once_by_the_checks_before_training(tmp_path, monkey
     parsed = []
     real = csv_source._float
     monkeypatch.setattr(csv_source, "_float", lambda *a, **k: parsed.append(1) or real(*a, **k))
-    recipe = _recipe(tmp_path, {**_csv(tmp_path / "csv"), "numeric": ["a", "b"]})
+    recipe = _recipe(tmp_path, _source(_csv(tmp_path / "csv"), numeric=["a", "b"]))
     examples_per_worker(recipe)
     check_inputs(recipe, _dense_model(width=2 + 4))
     _build(recipe)

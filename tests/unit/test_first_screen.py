@@ -50,8 +50,8 @@ def test_verbose_2_and_the_environment_switch_keep_raw_stderr():
 
 LINEAR = """
 model: {{name: linear}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 trainer: {{epochs: 1}}
 output: {{run_dir: '{run_dir}', tensorboard: false}}
 """

@@ -50,8 +50,8 @@ class Negative(keras.optimizers.schedules.LearningRateSchedule):
 
 LINEAR = """
 model: {{name: linear{model}}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 optimizer: {optimizer}
 trainer: {{epochs: 1, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false}}
@@ -131,7 +131,7 @@ def test_an_import_path_of_another_kind_is_refused_unbuilt_and_uncalled(
 def test_a_data_function_of_another_kind_is_refused_uncalled(user_module, function):
     from kerasdist.data.python_source import load_function
 
-    config = validate_recipe({"data": {"source": "python", "function": function}}).data
+    config = validate_recipe({"data": {"source": {"kind": "python", "function": function}}}).data
     with pytest.raises(DataError, match=r"^data.source.function: .*Received:"):
         load_function(config)
     assert not user_module.exists()

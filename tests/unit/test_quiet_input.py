@@ -50,7 +50,7 @@ def test_a_csv_run_prints_no_ran_out_of_data_warning(tmp_path, recwarn, capsys):
                         "params": {"num_features": 2, "num_classes": 2, "hidden": 4},
                         "loss": "sparse_categorical_crossentropy_from_logits",
                         "metrics": ["accuracy"]},
-              "data": {"source": "csv", "path": str(tmp_path / "csv"), "label": "y",
+              "data": {"source": {"kind": "csv", "path": str(tmp_path / "csv"), "label": "y"},
                        "train_split": "train", "eval_split": "test", "batch_size": 10},
               "trainer": {"epochs": 2, "verbose": 0},
               "output": {"run_dir": str(tmp_path / "run"), "tensorboard": False}}

@@ -52,6 +52,7 @@ def test_every_recipe_and_its_flat_form_validate_to_the_same_recipe(path, monkey
         assert "deprecated" in notes[0]
 
 
+@pytest.mark.filterwarnings("default::kerasdist.errors.RecipeDeprecationWarning")  # as released
 def test_the_cli_prints_one_deprecation_line_and_trains_the_flat_form(tmp_path, capsys):
     recipe = tmp_path / "flat.yaml"
     recipe.write_text(yaml.safe_dump({

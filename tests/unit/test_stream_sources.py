@@ -27,7 +27,7 @@ def _csv(folder, *, files=3, n=90):
     rows = {split: [[f"{i}.5", f"{-i}", COLORS[i % 3], i % 2] for i in range(count)]
             for split, count in (("train", n), ("test", 30))}
     write_csv_splits(folder, ["a", "b", "color", "y"], rows, files_per_split=files)
-    return {"source": "csv", "path": str(folder), "label": "y", "categorical": ["color"]}
+    return {"source": {"kind": "csv", "path": str(folder), "label": "y", "categorical": ["color"]}}
 
 
 def _images(folder, n=40):
@@ -36,7 +36,8 @@ def _images(folder, n=40):
         x = rng.integers(0, 256, (n, 10, 12), dtype=np.uint8)
         x[:, 0, 0] = np.arange(n)  # pixel (0, 0) numbers the example
         write_image_folder(folder, split, x, np.arange(n) % 4, size=None, rgb=True)
-    return {"source": "image_folder", "path": str(folder), "image_size": [10, 12], "channels": 3,
+    return {"source": {"kind": "image_folder", "path": str(folder), "image_size": [10, 12],
+                       "channels": 3},
             "normalize": False}
 
 
@@ -51,7 +52,7 @@ def _tfrecords(folder, n=60, files=3):
                          "extra": [i, -i], "target": i % 3} for i in range(k, count, files)]
             write_example_tfrecords(folder / f"{split}-{k}.tfrecord", examples,
                                     {"pixels": "string", "extra": "float32", "target": "int64"})
-    return {"source": "tfrecord", "path": str(folder), "features": SPEC, "label": "target"}
+    return {"source": {"kind": "tfrecord", "path": str(folder), "features": SPEC, "label": "target"}}
 
 
 PY_MODULE = textwrap.dedent("""
@@ -72,7 +73,7 @@ PY_MODULE = textwrap.dedent("""
 def _python(folder, monkeypatch, function="numbers"):
     (folder / "user_data_mod.py").write_text(PY_MODULE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(folder))
-    return {"source": "python", "function": f"user_data_mod:{function}"}
+    return {"source": {"kind": "python", "function": f"user_data_mod:{function}"}}
 
 
 def _recipe(tmp_path, data, *, workers=1, **extra):
@@ -185,7 +186,7 @@ def test_tfrecord_spec_decodes_png_and_float_features_into_a_dict(tmp_path):
 # ------------------------------------------------------------------------------- bad input
 def test_a_feature_spec_that_does_not_match_names_file_and_record(tmp_path):
     data = _tfrecords(tmp_path / "tfr")
-    data["features"] = {**SPEC, "extra": {"dtype": "float32", "shape": [3]}}
+    data["source"]["features"] = {**SPEC, "extra": {"dtype": "float32", "shape": [3]}}
     with pytest.raises(DataError) as err:
         build_streaming(_recipe(tmp_path, data), pipelines=1)
     text = str(err.value)
@@ -194,7 +195,8 @@ def test_a_feature_spec_that_does_not_match_names_file_and_record(tmp_path):
 
 
 def test_a_missing_label_column_names_the_file(tmp_path):
-    data = {**_csv(tmp_path / "csv"), "label": "price"}
+    data = _csv(tmp_path / "csv")
+    data["source"]["label"] = "price"
     with pytest.raises(DataError, match=r"data.source.label: column 'price' is not in the header of "
                        r"'.*train-000.csv' \(line 1: a, b, color, y\). Received: label='price'"):
         build_streaming(_recipe(tmp_path, data), pipelines=1)
@@ -213,7 +215,7 @@ def test_a_non_number_in_a_numeric_column_names_file_line_and_value(tmp_path):
 
 def test_an_empty_image_folder_is_refused(tmp_path):
     (tmp_path / "img" / "train").mkdir(parents=True)
-    data = {"source": "image_folder", "path": str(tmp_path / "img")}
+    data = {"source": {"kind": "image_folder", "path": str(tmp_path / "img")}}
     with pytest.raises(DataError, match=r"holds no class folders .* for split 'train'"):
         build_streaming(_recipe(tmp_path, data), pipelines=1)
 
@@ -229,7 +231,8 @@ def test_an_empty_image_folder_is_refused(tmp_path):
 def test_a_bad_data_function_is_refused_naming_it(function, needle, tmp_path, monkeypatch):
     _python(tmp_path, monkeypatch)
     with pytest.raises(DataError) as err:
-        build_streaming(_recipe(tmp_path, {"source": "python", "function": function}), pipelines=1)
+        build_streaming(_recipe(tmp_path, {"source": {"kind": "python", "function": function}}),
+                        pipelines=1)
     assert needle in str(err.value)
 
 
@@ -265,7 +268,7 @@ ENDLESS_MODULE = textwrap.dedent("""
 def _endless(folder, monkeypatch, function):
     (folder / "user_endless_mod.py").write_text(ENDLESS_MODULE, encoding="utf-8")
     monkeypatch.syspath_prepend(str(folder))
-    return {"source": "python", "function": f"user_endless_mod:{function}"}
+    return {"source": {"kind": "python", "function": f"user_endless_mod:{function}"}}
 
 
 @pytest.mark.timeout(60)
@@ -311,8 +314,10 @@ def test_a_finite_generator_is_counted_and_an_endless_eval_split_is_refused(tmp_
     data = _endless(tmp_path, monkeypatch, "generated")
     assert build_streaming(_recipe(tmp_path, {**data, "eval_split": None}),
                            pipelines=1).per_pipeline == 40  # exactly the bound: counted
-    recipe = validate_recipe({"data": {**data, "train_split": "train", "eval_split": "test",
-                                       "batch_size": 8, "function": "user_endless_mod:endless"},
+    recipe = validate_recipe({"data": {"source": {**data["source"],
+                                                  "function": "user_endless_mod:endless"},
+                                       "train_split": "train", "eval_split": "test",
+                                       "batch_size": 8},
                               "trainer": {"steps_per_epoch": 3},
                               "output": {"run_dir": str(tmp_path / "run")}})
     with pytest.raises(DataError, match="data.eval_split 'test' has more than 40 examples"):

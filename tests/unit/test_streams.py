@@ -90,7 +90,8 @@ def test_file_sharding_reads_only_own_files_and_resumes(tmp_path):
     images = np.zeros((12, 2, 2), np.uint8)
     for part in range(4):
         write_tfrecord(images[:3], np.arange(3) + 3 * part, tmp_path / f"train-{part}.tfrecord")
-    config = _config(source="tfrecord", path=str(tmp_path), train_split="train", shuffle_buffer=4)
+    config = _config(source={"kind": "tfrecord", "path": str(tmp_path)}, train_split="train",
+                     shuffle_buffer=4)
     assert resolve_shard_policy(config, num_workers=2) == "file"
     recipe = validate_recipe({"data": {**config.model_dump(mode="json"), "eval_split": None},
                               "strategy": {"kind": "multi_worker"},
@@ -120,7 +121,8 @@ def test_a_sliced_tfrecord_split_streams_pieces_of_files_and_resumes(tmp_path, m
         write_tfrecord(images, np.arange(4) + 4 * part, tmp_path / f"train-{part}.tfrecord")
     write_tfrecord(images, np.arange(4) + 100, tmp_path / "test-0.tfrecord")
     monkeypatch.setattr(sources, "load_tfrecord_split", lambda *a: pytest.fail("read whole"))
-    recipe = validate_recipe({"data": {"batch_size": 2, "source": "tfrecord", "path": str(tmp_path),
+    recipe = validate_recipe({"data": {"batch_size": 2,
+                                       "source": {"kind": "tfrecord", "path": str(tmp_path)},
                                        "train_split": "train[2:10]+test[:25%]",
                                        "eval_split": "train[-2:]", "shuffle_buffer": 4},
                               "strategy": {"kind": "multi_worker"},

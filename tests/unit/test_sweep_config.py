@@ -15,7 +15,7 @@ pytest.importorskip("optuna")
 
 RECIPE = {
     "model": {"name": "linear"},
-    "data": {"source": "synthetic_linear", "num_examples": 128, "train_split": "train",
+    "data": {"source": {"kind": "synthetic_linear", "num_examples": 128}, "train_split": "train",
              "eval_split": "test", "batch_size": 16, "shuffle_seed": 1},
     "optimizer": {"name": "sgd", "learning_rate": 0.05},
     "trainer": {"epochs": 2, "steps_per_epoch": 2},

@@ -26,8 +26,8 @@ def _no_mlflow_telemetry(monkeypatch):
 
 LINEAR = """
 model: {{name: linear}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 optimizer: {{name: sgd, learning_rate: 0.1}}
 trainer: {{epochs: {epochs}, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false, tracking: {{kind: mlflow}}}}

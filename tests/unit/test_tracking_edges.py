@@ -16,8 +16,8 @@ mlflow = pytest.importorskip("mlflow")
 
 LINEAR = """
 model: {{name: linear}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 optimizer: {{name: sgd, learning_rate: 0.1}}
 trainer: {{epochs: 1, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false, tracking: {tracking}}}

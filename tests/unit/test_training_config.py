@@ -53,8 +53,8 @@ def halve(epoch, lr):
 
 LINEAR = """
 model: {{name: linear}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 optimizer: {optimizer}
 trainer: {{epochs: {epochs}, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false}}

@@ -24,8 +24,8 @@ def build():
 
 RECIPE = """
 model: {{name: '{module}:build', loss: mse}}
-data: {{source: synthetic_linear, train_split: train, eval_split: test, batch_size: 50,
-        num_examples: 200}}
+data: {{source: {{kind: synthetic_linear, num_examples: 200}}, train_split: train,
+        eval_split: test, batch_size: 50}}
 optimizer: {{name: sgd, learning_rate: 0.05}}
 trainer: {{epochs: 1, verbose: 0}}
 output: {{run_dir: '{run_dir}', tensorboard: false}}
