@@ -232,11 +232,9 @@ class ForkedTask:
         import subprocess
         import time
 
-        if timeout is None:
-            return self._reap(0)
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:  # never blocks holding the lock another thread polls with
+            if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             time.sleep(0.05)
         return self.returncode
@@ -250,9 +248,6 @@ class ForkedTask:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
 
 def start(argv: Sequence[str], *, env: dict, log_path: Path) -> ForkedTask:
