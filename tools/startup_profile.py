@@ -2,6 +2,7 @@
 ``kerasdist fit`` spend their start, beside the floor of TensorFlow and Keras alone.
 
     python tools/startup_profile.py [--repeats 3] [--kinds multi_worker,parameter_server]
+        [--variants default,exposed-fork-off,exposed-fork-on]
 
 Round-robin (repeat r of every row before repeat r+1 of any), each row its own process tree:
 
@@ -13,7 +14,11 @@ Round-robin (repeat r of every row before repeat r+1 of any), each row its own p
 * ``kerasdist`` -- ``kerasdist fit recipes/linear_mwms.yaml`` (the parameter-server row: the
   same recipe under ``strategy.kind: parameter_server`` with ``cluster.ps: 1``), one epoch, with
   ``KERASDIST_TIMELINE`` set (:mod:`kerasdist._timeline`): the command's process start to the
-  chief's first step, split into phases.
+  chief's first step, split into phases. ``--variants`` runs it several ways, side by side in
+  each repeat: ``default`` (as a user runs it: isolated in a network namespace where one can be
+  made), ``exposed-fork-off`` / ``exposed-fork-on`` (``KERASDIST_NO_NETNS=1`` and
+  ``cluster.allow_network_exposure: true``, the launcher in the command's process, with
+  ``KERASDIST_FORK_TASKS`` 0 or 1: :mod:`kerasdist.launch.forked`).
 
 Prints one table per kind (median over repeats, seconds) and ``kerasdist's own`` = kerasdist's
 time to first step minus the floor's, as a share of kerasdist's. Figures are for this machine
@@ -107,8 +112,17 @@ def run_floor(kind: str, work: Path) -> float:
     return step - first
 
 
-def _recipe_args(kind: str, run_dir: Path) -> list[str]:
-    sets = {"output.run_dir": str(run_dir), "trainer.epochs": 1, "trainer.verbose": 0,
+VARIANTS = {  # name -> (environment, recipe fields)
+    "default": ({}, {}),
+    "exposed-fork-off": ({"KERASDIST_NO_NETNS": "1", "KERASDIST_FORK_TASKS": "0"},
+                         {"cluster.allow_network_exposure": True}),
+    "exposed-fork-on": ({"KERASDIST_NO_NETNS": "1", "KERASDIST_FORK_TASKS": "1"},
+                        {"cluster.allow_network_exposure": True}),
+}
+
+
+def _recipe_args(kind: str, run_dir: Path, variant: str = "default") -> list[str]:
+    sets = {**VARIANTS[variant][1], "output.run_dir": str(run_dir), "trainer.epochs": 1, "trainer.verbose": 0,
             "output.tensorboard": False}
     if kind == "parameter_server":
         sets.update({"strategy": {"kind": "parameter_server"}, "cluster.ps": 1})
@@ -118,12 +132,14 @@ def _recipe_args(kind: str, run_dir: Path) -> list[str]:
     return args
 
 
-def run_kerasdist(kind: str, work: Path, repeat: int = 0) -> dict:
-    """A user's first run of the recipe: a new run directory each repeat."""
+def run_kerasdist(kind: str, work: Path, repeat: int = 0, variant: str = "default") -> dict:
+    """A user's first run of the recipe: a new run directory each repeat (and variant)."""
     timeline = work / "timeline.jsonl"
     timeline.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "kerasdist", "fit", *_recipe_args(kind, work / f"run-{repeat}")]
-    subprocess.run(cmd, env=_env(KERASDIST_TIMELINE=str(timeline)), cwd=work, check=True,
+    cmd = [sys.executable, "-m", "kerasdist", "fit",
+           *_recipe_args(kind, work / f"run-{variant}-{repeat}", variant)]
+    env = _env(KERASDIST_TIMELINE=str(timeline), **VARIANTS[variant][0])
+    subprocess.run(cmd, env=env, cwd=work, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     return phases(_read(timeline), chief="worker:0" if kind == "multi_worker" else "chief:0")
 
@@ -151,9 +167,16 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--kinds", default="multi_worker,parameter_server")
+    p.add_argument("--variants", default="default",
+                   help=f"comma list of kerasdist rows, of {', '.join(VARIANTS)}")
     args = p.parse_args(argv)
     kinds = args.kinds.split(",")
-    rows: dict = {k: {"import": [], "floor": [], "kerasdist": []} for k in kinds}
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown --variants {unknown}; known: {', '.join(VARIANTS)}")
+    rows: dict = {k: {"import": [], "floor": [], "kerasdist": {v: [] for v in variants}}
+                  for k in kinds}
     with tempfile.TemporaryDirectory(prefix="kerasdist-startup-") as tmp:
         for repeat in range(args.repeats):
             for kind in kinds:
@@ -162,10 +185,13 @@ def main(argv=None) -> int:
                 tasks = 2 if kind == "multi_worker" else 4
                 rows[kind]["import"].append(run_import(tasks))
                 rows[kind]["floor"].append(run_floor(kind, work))
-                rows[kind]["kerasdist"].append(run_kerasdist(kind, work, repeat))
+                for variant in variants:
+                    rows[kind]["kerasdist"][variant].append(
+                        run_kerasdist(kind, work, repeat, variant))
+                shown = ", ".join(f"kerasdist {v} {rows[kind]['kerasdist'][v][-1]['total']:.1f} s"
+                                  for v in variants)
                 print(f"repeat {repeat + 1} {kind}: import {rows[kind]['import'][-1]:.1f} s, "
-                      f"floor {rows[kind]['floor'][-1]:.1f} s, kerasdist "
-                      f"{rows[kind]['kerasdist'][-1]['total']:.1f} s", flush=True)
+                      f"floor {rows[kind]['floor'][-1]:.1f} s, {shown}", flush=True)
     for kind in kinds:
         report(kind, rows[kind])
     return 0
@@ -173,16 +199,21 @@ def main(argv=None) -> int:
 
 def report(kind: str, row: dict) -> None:
     med = statistics.median
-    total = med(r["total"] for r in row["kerasdist"])
     floor = med(row["floor"])
+    variants = list(row["kerasdist"])
     print(f"\n{kind}: time to first step, median of {len(row['floor'])} (s)")
     print(f"  {'import tensorflow, keras (all tasks at once)':64s} {med(row['import']):6.1f}")
     print(f"  {'floor: TF + Keras alone, same cluster and model':64s} {floor:6.1f}")
-    print(f"  {'kerasdist fit, command start to the first step':64s} {total:6.1f}")
+    print(f"  {'':64s} " + " ".join(f"{v[-18:]:>18s}" for v in variants))
+    totals = {v: med(r["total"] for r in row["kerasdist"][v]) for v in variants}
+    print(f"  {'kerasdist fit, command start to the first step':64s} "
+          + " ".join(f"{totals[v]:18.1f}" for v in variants))
     for label, _, _ in PHASES:
-        print(f"    {label:62s} {med(r[label] for r in row['kerasdist']):6.1f}")
-    print(f"  {'kerasdist own (kerasdist - floor), share of kerasdist':64s} "
-          f"{total - floor:6.1f}  ({(total - floor) / total:.0%})")
+        print(f"    {label:62s} " + " ".join(
+            f"{med(r[label] for r in row['kerasdist'][v]):18.1f}" for v in variants))
+    print(f"  {'kerasdist own (kerasdist - floor), share of kerasdist':64s} " + " ".join(
+        f"{f'{totals[v] - floor:.1f} ({(totals[v] - floor) / totals[v]:.0%})':>18s}"
+        for v in variants))
 
 
 if __name__ == "__main__":

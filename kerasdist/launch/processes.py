@@ -29,7 +29,8 @@ from kerasdist.importpath import child_pythonpath
 
 @dataclass
 class Task:
-    """A started task: its name (``worker:1``), process, log file and status file."""
+    """A started task: its name (``worker:1``), process (a :class:`subprocess.Popen`, or a
+    :class:`kerasdist.launch.forked.ForkedTask`), log file and status file."""
 
     name: str
     tf_config: TFConfig | None
@@ -149,13 +150,22 @@ class LocalLauncher:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.threads_per_task:
             env["TF_NUM_INTRAOP_THREADS"] = env["OMP_NUM_THREADS"] = str(self.threads_per_task)
-        with open(log_path, "ab") as log:
-            process = subprocess.Popen(list(argv), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        from kerasdist.launch import forked
+
+        if forked.ready(argv):  # the first attempt of a fit that imported TensorFlow for it
+            process = forked.start(argv, env=env, log_path=log_path)
+        else:
+            process = self._popen(argv, env, log_path)
         task = Task(name=name, tf_config=tf_config, process=process, log_path=log_path,
                     status_path=status_path)
         self.tasks.append(task)
         return task
+
+    @staticmethod
+    def _popen(argv: Sequence[str], env: dict, log_path: Path) -> subprocess.Popen:
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(list(argv), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def wait_listening(self, tasks: Sequence[Task], *, timeout_s: float) -> None:
         """Wait until every task's own process (or a process it started) listens on its port.

@@ -53,7 +53,8 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     replicas known in advance),
     the run directory (path, fingerprint), the data splits (readable, at least one global batch),
     and the model built here against the data (labels within its classes, shapes, NaN/inf:
-    :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here).
+    :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here; in a child
+    forked from this process where :mod:`kerasdist.launch.forked` applies).
 
     Returns:
         The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
@@ -68,7 +69,7 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
 
 def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     from kerasdist.data.inputs import examples_per_worker
-    from kerasdist.training import checks
+    from kerasdist.launch import forked
 
     strategy = registry.for_recipe(recipe)
     check_shape(recipe)
@@ -81,8 +82,18 @@ def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
                         f"examples, fewer than one global batch. Received: "
                         f"batch_size={recipe.data.batch_size}")
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
-    checks.check_recipe_here(recipe)
+    # checks.check_recipe_here, in a child forked from here where that applies (launch.forked)
+    forked.check_recipe(recipe, exposed=_exposed_here(recipe))
     return run_dir
+
+
+def _exposed_here(recipe: Recipe) -> bool:
+    """Whether a local cluster of ``recipe`` would run exposed, its launcher in this process
+    (:func:`kerasdist.launch.isolation.plan` then returns False)."""
+    from kerasdist.launch import isolation
+
+    return (recipe.cluster.kind == "local" and recipe.cluster.allow_network_exposure
+            and isolation.unavailable_reason() is not None)
 
 
 def check_shape(recipe: Recipe) -> None:

@@ -21,7 +21,10 @@ QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
 
 def linear_recipe(tmp_path: Path, name: str, **sections) -> Path:
     """recipes/linear_mwms.yaml made small and deterministic (2048 examples, 64 steps/epoch x 2,
-    backups every 10 steps, 20 s collective timeout); ``sections`` update it section by section."""
+    backups every 10 steps, 20 s collective timeout); ``sections`` update it section by section.
+    With ``KERASDIST_TEST_EXPOSED=1`` in the environment (and ``KERASDIST_NO_NETNS=1``), the
+    cluster runs exposed, its launcher in the command's process: the tests then exercise the
+    forked tasks of :mod:`kerasdist.launch.forked`."""
     raw = yaml.safe_load((REPO / "recipes" / "linear_mwms.yaml").read_text())
     raw["data"].update(shuffle_seed=7)
     raw["data"]["source"]["num_examples"] = 2048
@@ -30,6 +33,8 @@ def linear_recipe(tmp_path: Path, name: str, **sections) -> Path:
     raw["cluster"].update(max_restarts=1, threads_per_task=1)
     raw["trainer"].update(epochs=2, deterministic=True, checkpoint={"every_steps": 10})
     raw["output"] = {"run_dir": str(tmp_path / name), "tensorboard": False}
+    if os.environ.get("KERASDIST_TEST_EXPOSED") == "1":
+        raw["cluster"]["allow_network_exposure"] = True
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     path = tmp_path / f"{name}.yaml"

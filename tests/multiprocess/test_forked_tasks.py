@@ -1,0 +1,85 @@
+"""Tasks forked from the launching command (:mod:`kerasdist.launch.forked`, issue 42 item 8): an
+exposed local run forks its check and its tasks from the process that imported TensorFlow once,
+trains to the same weights as started tasks do, and bad input still starts nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mwms_support as mw
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.extended]
+
+EXPOSED = {"KERASDIST_NO_NETNS": "1"}  # the launcher runs in the command's own process
+
+
+def _fit(recipe: Path, timeline: Path, *, fork: bool) -> subprocess.CompletedProcess:
+    env = {**os.environ, **mw.QUIET, **EXPOSED, "KERASDIST_TIMELINE": str(timeline),
+           "KERASDIST_FORK_TASKS": "1" if fork else "0"}
+    return subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(recipe)], cwd=mw.REPO,
+                          env=env, text=True, capture_output=True, timeout=400)
+
+
+def _marks(timeline: Path, name: str) -> set[str]:
+    if not timeline.is_file():
+        return set()
+    return {m["task"] for m in map(json.loads, timeline.read_text().splitlines())
+            if m["mark"] == name}
+
+
+def _weights(out: str) -> str:
+    found = re.findall(r"done at global step \d+; weights sha256 ([0-9a-f]{64})", out)
+    assert found, out[-3000:]
+    return found[-1]
+
+
+@pytest.mark.timeout(900)
+def test_forked_tasks_train_to_the_weights_started_tasks_reach(tmp_path):
+    runs = {}
+    for fork in (True, False):
+        name = f"fork{int(fork)}"
+        recipe = mw.linear_recipe(tmp_path, name, cluster={"allow_network_exposure": True})
+        timeline = tmp_path / f"{name}.jsonl"
+        result = _fit(recipe, timeline, fork=fork)
+        out = result.stdout + result.stderr
+        assert result.returncode == 0, out[-4000:]
+        runs[fork] = (_weights(out), _marks(timeline, "forked"))
+    assert runs[True][1] == {"worker:0", "worker:1"}  # both tasks were forked ...
+    assert runs[False][1] == set()  # ... and none with KERASDIST_FORK_TASKS=0
+    assert runs[True][0] == runs[False][0]  # deterministic: the same weights either way
+
+
+@pytest.mark.timeout(600)
+def test_a_forked_check_refuses_bad_labels_as_before_and_starts_nothing(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (512, 28, 28), dtype=np.uint8)
+    y = rng.integers(0, 10, 512).astype(np.int64)
+    y[7] = 12  # a label out of range for the 10-class CNN
+    np.savez(tmp_path / "bad.npz", x_train=x, y_train=y, x_test=x[:64], y_test=y[:64] % 10)
+    errors = {}
+    for fork in (True, False):
+        name = f"bad{int(fork)}"
+        recipe = mw.linear_recipe(
+            tmp_path, name, model={"name": "mnist_cnn", "params": {}},
+            data={"source": "npz", "path": str(tmp_path / "bad.npz"), "train_split": "train",
+                  "eval_split": "test", "batch_size": 64, "shuffle_buffer": 0},
+            optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
+            cluster={"max_restarts": 2, "allow_network_exposure": True})
+        timeline = tmp_path / f"{name}.jsonl"
+        result = _fit(recipe, timeline, fork=fork)
+        assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
+        assert not (tmp_path / name).exists()  # nothing written
+        assert not _marks(timeline, "forked") and not any(  # no task started
+            m.startswith("spawn") for m in map(lambda line: json.loads(line)["mark"],
+                                               timeline.read_text().splitlines()))
+        errors[fork] = [line for line in result.stderr.splitlines()
+                        if line.startswith("kerasdist: error:")]
+    assert errors[True] and errors[True] == errors[False]
+    assert "12" in errors[True][0] and "data.train_split" in errors[True][0]
