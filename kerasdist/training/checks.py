@@ -90,9 +90,26 @@ def check_recipe_here(recipe: Recipe) -> None:
     from kerasdist.training.model import build_model
 
     check_run_dir_path(recipe.output.run_dir)
+    _size_thread_pools_as_training_will(recipe)
     model, _ = build_model(recipe)
     check_training_config(recipe)  # optimizer, schedule, loss, metrics, callbacks
     check_inputs(recipe, model)
+
+
+def _size_thread_pools_as_training_will(recipe: Recipe) -> None:
+    """Give TensorFlow the intra-op threads training will set in this process
+    (``cluster.threads_per_task`` resolved) before the model built here starts its runtime: a
+    parameter-server coordinator of an exposed local run trains in the process that checked, and
+    TensorFlow refuses a different number once its runtime runs ("Intra op parallelism cannot be
+    modified after initialization"); the same number is accepted."""
+    import tensorflow as tf
+
+    threads = recipe.intra_op_threads()
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+        except RuntimeError:  # this interpreter already runs TensorFlow (a notebook): as it is
+            pass
 
 
 def _loss_name(recipe: Recipe) -> str:

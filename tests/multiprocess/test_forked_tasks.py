@@ -15,7 +15,7 @@ import mwms_support as mw
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.extended]
+pytestmark = [pytest.mark.multiprocess]
 
 EXPOSED = {"KERASDIST_NO_NETNS": "1"}  # the launcher runs in the command's own process
 
@@ -68,7 +68,7 @@ def test_a_forked_check_refuses_bad_labels_as_before_and_starts_nothing(tmp_path
         name = f"bad{int(fork)}"
         recipe = mw.linear_recipe(
             tmp_path, name, model={"name": "mnist_cnn", "params": {}},
-            data={"source": "npz", "path": str(tmp_path / "bad.npz"), "train_split": "train",
+            data={"source": {"kind": "npz", "path": str(tmp_path / "bad.npz")}, "train_split": "train",
                   "eval_split": "test", "batch_size": 64, "shuffle_buffer": 0},
             optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
             cluster={"max_restarts": 2, "allow_network_exposure": True})
