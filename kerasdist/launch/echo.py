@@ -75,12 +75,29 @@ class Echo:
 class PrefixedStream:
     """A text stream that writes every line to ``stream`` with ``prefix`` in front (after each
     ``\n`` and ``\r``, so a progress bar redrawn in place keeps it); everything else (``isatty``,
-    ``fileno``, ``encoding``) is ``stream``'s."""
+    ``fileno``, ``encoding``) is ``stream``'s.
+
+    Tasks that share one console (a pipe or a terminal) must not interleave within a line:
+    ``print`` writes its arguments one by one. So text is held until a line (or a redraw) ends
+    and then written whole, prefix included, in one write followed by a flush (one ``write(2)``
+    of a line shorter than the pipe's atomic size); :meth:`flush` writes a held partial line
+    (a progress bar that flushes mid-line shows at once)."""
 
     def __init__(self, stream, prefix: str):
         self._stream, self._prefix, self._at_start = stream, prefix, True
+        self._held = ""
+        self._lock = threading.Lock()
 
     def write(self, text: str) -> int:
+        with self._lock:
+            self._held += text
+            cut = max(self._held.rfind("\n"), self._held.rfind("\r"))
+            if cut >= 0:
+                whole, self._held = self._held[:cut + 1], self._held[cut + 1:]
+                self._emit(whole)
+        return len(text)
+
+    def _emit(self, text: str) -> None:
         out = []
         for piece in re.split(r"([\r\n])", text):
             if piece in ("\r", "\n"):
@@ -92,10 +109,15 @@ class PrefixedStream:
                     self._at_start = False
                 out.append(piece)
         self._stream.write("".join(out))
-        return len(text)
+        self._stream.flush()
 
     def flush(self) -> None:
-        self._stream.flush()
+        with self._lock:
+            if self._held:
+                held, self._held = self._held, ""
+                self._emit(held)
+            else:
+                self._stream.flush()
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

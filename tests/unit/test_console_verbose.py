@@ -48,6 +48,7 @@ def test_a_prefixed_stream_names_the_task_on_every_line_and_every_redraw():
     stream = PrefixedStream(sink, "[worker:1] ")
     stream.write("Epoch 1/2\n1/4 ")
     stream.write("bar\r2/4 bar\nlast")
+    stream.flush()  # a partial line is held until its end, or a flush
     assert sink.getvalue() == "[worker:1] Epoch 1/2\n[worker:1] 1/4 bar\r[worker:1] 2/4 bar\n[worker:1] last"
     assert stream.isatty()
     import sys
@@ -56,3 +57,24 @@ def test_a_prefixed_stream_names_the_task_on_every_line_and_every_redraw():
     with prefixed_output("worker:0"):
         assert isinstance(sys.stdout, PrefixedStream)
     assert sys.stdout is before
+
+
+def test_a_prefixed_line_reaches_the_shared_console_whole_in_one_write():
+    """Two tasks print to one pipe (``launch --this-task``): ``print`` writes its arguments one
+    by one, so a stream that passed them on at once let another task's line land inside this
+    one ('[worker:1] trained[worker:0] trained worker 0 2\\n worker 1 2', a README-suite run)."""
+    from kerasdist.launch.echo import PrefixedStream
+
+    class Recorder:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    sink = Recorder()
+    print("trained worker", 1, 2, file=PrefixedStream(sink, "[worker:1] "))
+    assert sink.writes == ["[worker:1] trained worker 1 2\n"]
