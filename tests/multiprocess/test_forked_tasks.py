@@ -15,7 +15,7 @@ import mwms_support as mw
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.multiprocess]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 EXPOSED = {"KERASDIST_NO_NETNS": "1"}  # the launcher runs in the command's own process
 
