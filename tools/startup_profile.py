@@ -2,7 +2,7 @@
 ``kerasdist fit`` spend their start, beside the floor of TensorFlow and Keras alone.
 
     python tools/startup_profile.py [--repeats 3] [--kinds multi_worker,parameter_server]
-        [--variants default,exposed-fork-off,exposed-fork-on]
+        [--variants default,default-fork-off,exposed-fork-off,exposed-fork-on]
 
 Round-robin (repeat r of every row before repeat r+1 of any), each row its own process tree:
 
@@ -16,7 +16,9 @@ Round-robin (repeat r of every row before repeat r+1 of any), each row its own p
   ``KERASDIST_TIMELINE`` set (:mod:`kerasdist._timeline`): the command's process start to the
   chief's first step, split into phases. ``--variants`` runs it several ways, side by side in
   each repeat: ``default`` (as a user runs it: isolated in a network namespace where one can be
-  made), ``exposed-fork-off`` / ``exposed-fork-on`` (``KERASDIST_NO_NETNS=1`` and
+  made, its launcher and tasks forked from the command: :mod:`kerasdist.launch.netns`),
+  ``default-fork-off`` (the same with ``KERASDIST_FORK_TASKS=0``: the launcher and the tasks
+  started as new interpreters), ``exposed-fork-off`` / ``exposed-fork-on`` (``KERASDIST_NO_NETNS=1`` and
   ``cluster.allow_network_exposure: true``, the launcher in the command's process, with
   ``KERASDIST_FORK_TASKS`` 0 or 1: :mod:`kerasdist.launch.forked`).
 
@@ -114,6 +116,7 @@ def run_floor(kind: str, work: Path) -> float:
 
 VARIANTS = {  # name -> (environment, recipe fields)
     "default": ({}, {}),
+    "default-fork-off": ({"KERASDIST_FORK_TASKS": "0"}, {}),
     "exposed-fork-off": ({"KERASDIST_NO_NETNS": "1", "KERASDIST_FORK_TASKS": "0"},
                          {"cluster.allow_network_exposure": True}),
     "exposed-fork-on": ({"KERASDIST_NO_NETNS": "1", "KERASDIST_FORK_TASKS": "1"},

@@ -1,9 +1,9 @@
 """Tasks forked from a launcher that imported TensorFlow once (issue 42, item 8: time to first
-step). An experiment, on by default where it applies; ``KERASDIST_FORK_TASKS=0`` turns it off.
+step). On by default where it applies; ``KERASDIST_FORK_TASKS=0`` turns it off.
 
-Today's launching command imports TensorFlow and builds the model against the data (its bad-input
-checks: nothing may start before they pass), then every task imports TensorFlow again. Where this
-module applies, the command instead:
+Without it, the launching command imports TensorFlow and builds the model against the data (its
+bad-input checks: nothing may start before they pass), then every task imports TensorFlow again.
+Where this module applies, the command instead:
 
 1. imports ``tensorflow`` and ``keras`` once and initializes no TensorFlow runtime (no eager
    context, no op: a ``MultiWorkerMirroredStrategy`` must be the first TF runtime op of its
@@ -11,19 +11,20 @@ module applies, the command instead:
 2. runs the checks (:func:`kerasdist.training.checks.check_recipe_here`) in a child forked from
    it, which reports its verdict on a pipe and exits: bad input still exits 2 with the same
    message and starts nothing;
-3. forks the first attempt's tasks from the same process (:func:`start`): each child leaves the
+3. runs the local cluster's launcher: an isolated run (the default where a network namespace can
+   be made) forks it into a fresh network namespace (:mod:`kerasdist.launch.netns`); an exposed
+   run (``cluster.allow_network_exposure`` where none can be made) runs it in the command;
+4. the launcher forks the first attempt's tasks (:func:`start`): each child leaves the
    launcher's session and dies with it (as a started task does), reads ``/dev/null``, writes its
    log file, takes its task's environment, drops the launcher's signal handlers, ``atexit``
    hooks, stderr filter and crash-trace descriptor, and runs ``python -m kerasdist <args>``'s
    entry point; it ends with ``os._exit`` and the code that command returns.
 
-It applies only to a local ``fit`` started by kerasdist's own command (not a library call) that
-runs its cluster in the launching process: an exposed run (``cluster.allow_network_exposure``
-where no network namespace can be made), without tracking, ``multi_worker`` or
-``parameter_server``; only the first attempt's tasks are forked (a restart, a parameter-server
-worker started again, ``kerasdist launch``, an isolated run, Slurm and Ray start processes as
-before). Once the launcher may have started TensorFlow's runtime (a parameter-server coordinator
-runs in it), nothing more is forked (:func:`spend`).
+It applies only to a local ``fit`` started by kerasdist's own command (not a library call),
+without tracking, ``multi_worker`` or ``parameter_server``; only the first attempt's tasks are
+forked (a restart, a parameter-server worker started again, ``kerasdist launch``, Slurm and Ray
+start processes as before). Once the launcher may have started TensorFlow's runtime (a
+parameter-server coordinator runs in it), nothing more is forked from it (:func:`spend`).
 """
 
 from __future__ import annotations
@@ -53,10 +54,9 @@ def enabled() -> bool:
             and sys.platform.startswith("linux") and hasattr(os, "fork"))
 
 
-def applies(recipe: Recipe, *, exposed: bool) -> bool:
-    """Whether this ``fit`` may fork its checks and tasks (see the module docs); ``exposed``:
-    its local cluster will run in this process, in this network namespace
-    (:func:`kerasdist.launch.isolation.plan` would return False)."""
+def applies(recipe: Recipe) -> bool:
+    """Whether this ``fit`` may fork its checks, its namespace child and its tasks (see the
+    module docs)."""
     from kerasdist import _exit
     from kerasdist.strategies import registry
 
@@ -64,7 +64,7 @@ def applies(recipe: Recipe, *, exposed: bool) -> bool:
         return False
     if recipe.output.tracking is not None:
         return False
-    return exposed and registry.for_recipe(recipe).traits.topology in ("peers", "coordinator")
+    return registry.for_recipe(recipe).traits.topology in ("peers", "coordinator")
 
 
 def ready(argv: Sequence[str]) -> bool:
@@ -73,6 +73,13 @@ def ready(argv: Sequence[str]) -> bool:
     ``python -m kerasdist ...`` started from the main thread."""
     return (_STATE["warm"] and not _STATE["spent"] and list(argv[:3]) == [
         sys.executable, "-m", "kerasdist"] and threading.current_thread() is threading.main_thread())
+
+
+def launcher_ready() -> bool:
+    """Whether the namespace child of an isolated local cluster may be forked from this process
+    now (:mod:`kerasdist.launch.netns`): as :func:`ready`, for the launcher itself."""
+    return (_STATE["warm"] and not _STATE["spent"]
+            and threading.current_thread() is threading.main_thread())
 
 
 def spend() -> None:
@@ -94,16 +101,16 @@ def _import_tensorflow() -> None:
             os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
 
 
-def check_recipe(recipe: Recipe, *, exposed: bool) -> None:
+def check_recipe(recipe: Recipe) -> None:
     """:func:`kerasdist.training.checks.check_recipe_here`: in a forked child where
-    :func:`applies` (``exposed``: see there), else here.
+    :func:`applies`, else here.
 
     Raises:
         the check's own error (same class and message), e.g. DataError (exit code 2).
     """
     from kerasdist.training.checks import check_recipe_here
 
-    if not applies(recipe, exposed=exposed):
+    if not applies(recipe):
         check_recipe_here(recipe)
         return
     _import_tensorflow()
@@ -286,18 +293,19 @@ def start(argv: Sequence[str], *, env: dict, log_path: Path) -> ForkedTask:
     return ForkedTask(pid, argv)
 
 
-def _child_io(log_fd: int) -> None:
-    """stdin from ``/dev/null``; fds 1 and 2 to the log; new unbuffered ``sys`` streams (as
-    ``PYTHONUNBUFFERED=1``) that share no lock with the launcher's; logging handlers that wrote
-    to the old streams moved to the new ones."""
+def _child_io(log_fd: int | None) -> None:
+    """stdin from ``/dev/null``; fds 1 and 2 to the log (``None``: left as they are, the
+    console); new unbuffered ``sys`` streams (as ``PYTHONUNBUFFERED=1``) that share no lock with
+    the launcher's; logging handlers that wrote to the old streams moved to the new ones."""
     import logging
 
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
+    if log_fd is not None:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
     old_out = {id(sys.stdout), id(sys.__stdout__)}
     old_err = {id(sys.stderr), id(sys.__stderr__)}
     encoding = getattr(sys.__stdout__, "encoding", None) or "utf-8"
@@ -322,16 +330,17 @@ def _child_io(log_fd: int) -> None:
                 handler.setStream(out)
 
 
-def _release_inherited_fds() -> None:
+def _release_inherited_fds(keep: Sequence[int] = ()) -> None:
     """Every descriptor above 2 the launcher had (the run directory's lock, the stderr filter's
     pipe and saved console, the crash-trace descriptor...) made a copy of ``/dev/null``: the task
     holds none of them, as a started task does (``close_fds``), and no object of the launcher
-    that still owns a number can close a descriptor the task opened later under it."""
+    that still owns a number can close a descriptor the task opened later under it. ``keep``:
+    descriptors left as they are (a result pipe)."""
     null = os.open(os.devnull, os.O_RDWR)
     try:
         for name in os.listdir("/proc/self/fd"):
             fd = int(name)
-            if fd <= 2 or fd == null:
+            if fd <= 2 or fd == null or fd in keep:
                 continue
             try:
                 os.fstat(fd)
@@ -394,6 +403,12 @@ def _run(args: list[str]) -> int:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    return finish(code)
+
+
+def finish(code: int) -> int:
+    """End a forked child as an interpreter ends: wait for its non-daemon threads, run its
+    ``atexit`` hooks, flush; ``code`` as an exit status (0-255) for ``os._exit``."""
     main = threading.main_thread()
     for thread in threading.enumerate():
         if thread is not main and not thread.daemon and thread is not threading.current_thread():
@@ -403,4 +418,5 @@ def _run(args: list[str]) -> int:
     return code & 0xFF if code >= 0 else 1
 
 
-__all__ = ["ENV", "ForkedTask", "applies", "check_recipe", "enabled", "ready", "spend", "start"]
+__all__ = ["ENV", "ForkedTask", "applies", "check_recipe", "enabled", "finish", "launcher_ready",
+           "ready", "spend", "start"]

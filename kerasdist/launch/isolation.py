@@ -8,9 +8,11 @@ fresh Linux network namespace holding only a loopback interface:
 
 * the launching process (``kerasdist fit``, :func:`kerasdist.fit`) checks everything first
   (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
-  ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation``, which brings ``lo`` up
-  and runs the local launcher there (:func:`launch_here`): worker and ps tasks, the coordinator of
-  a parameter-server run, the ports they pick -- all inside the namespace;
+  ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or, where the command
+  imported TensorFlow for the run, a child forked from it that calls ``unshare(2)`` itself:
+  :mod:`kerasdist.launch.netns`), which brings ``lo`` up and runs the local launcher there
+  (:func:`serve`, :func:`launch_here`): worker and ps tasks, the coordinator of a
+  parameter-server run, the ports they pick -- all inside the namespace;
 * the launching process streams the child's output (inherited stdout/stderr), forwards SIGINT and
   SIGTERM to it, and maps its result back: on success the :class:`RunResult` of
   ``<run_dir>/metrics.json``; on failure the child's exception class and message (sent back over a
@@ -41,14 +43,12 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from kerasdist import _exit, _log, errors
 from kerasdist._signals import Terminated, terminate_on_sigterm
-from kerasdist.errors import ClusterError, TaskFailedError
-from kerasdist.importpath import child_pythonpath
+from kerasdist.errors import ClusterError
 from kerasdist.launch import status
 from kerasdist.launch.processes import (
     describe_exit,
@@ -66,14 +66,6 @@ log = _log.get_logger("launch")
 
 NO_NETNS_ENV = "KERASDIST_NO_NETNS"
 """Set to ``1`` to act as if network namespaces were unavailable on this machine (tests)."""
-STOP_GRACE_S = 90.0
-"""Seconds the namespace child gets after a forwarded SIGINT/SIGTERM (its tasks save and stop
-within the launcher's own grace, 60 s), before SIGKILL."""
-REPORTED_EXIT_S = 30.0
-"""Seconds the namespace child gets to exit once it has reported how the run ended (its result
-pipe closed), before it is killed with its tasks (:func:`run_isolated`)."""
-
-
 def unshare_argv() -> list[str]:
     """The command prefix that runs a program in a fresh network namespace (empty if impossible)."""
     binary = shutil.which("unshare")
@@ -111,8 +103,9 @@ def plan(recipe: Recipe, *, callbacks=()) -> bool:
     """Decide, before anything starts or is written, whether a local cluster runs isolated.
 
     Returns:
-        True: run it in a private network namespace (:func:`run_isolated`); False: run it here,
-        exposed, because the recipe allows it (a warning says so).
+        True: run it in a private network namespace
+        (:func:`kerasdist.launch.child.run_isolated`); False: run it here, exposed, because the
+        recipe allows it (a warning says so).
 
     Raises:
         ClusterError: isolation is impossible and ``cluster.allow_network_exposure`` is not set,
@@ -161,128 +154,6 @@ def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> Ru
     from kerasdist.launch.coordinator import run_coordinator
 
     return run_coordinator(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
-
-
-# ----------------------------------------------------------------------------- the launching side
-def run_isolated(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool = True) -> RunResult:
-    """Run the local cluster in a child process in a fresh network namespace; wait; map its end.
-
-    With ``isolate=False`` the child runs in this network namespace (an exposed run): a library
-    call's coordinator then runs in a process that may be ended when TensorFlow blocks it for good
-    (:mod:`kerasdist._exit`), never in the caller's interpreter.
-
-    Raises:
-        the child's error, same class and message (RecipeError ... TaskFailedError, TrainingError,
-        Preempted, KeyboardInterrupt); TaskFailedError if the child itself was killed.
-    """
-    read_fd, write_fd = os.pipe()
-    argv = [*(unshare_argv() if isolate else ()), sys.executable, "-m",
-            "kerasdist.launch.isolation", "--result-fd", str(write_fd), "--verbose",
-            json.dumps(verbose)]
-    if overwrite:
-        argv.append("--overwrite")
-    if not isolate:
-        argv.append("--exposed")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    try:
-        child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
-                                 preexec_fn=die_with_parent)
-    except OSError:
-        os.close(read_fd)
-        raise
-    finally:
-        os.close(write_fd)
-    reply: list[bytes] = []
-    reader = threading.Thread(target=_read_all, args=(read_fd, reply), daemon=True)
-    reader.start()
-    interrupted: BaseException | None = None
-    killed_after_report = False
-    try:
-        try:
-            child.stdin.write(json.dumps(recipe.model_dump(mode="json")).encode())
-            child.stdin.close()
-        except BrokenPipeError:  # it ended at once: its report says why
-            pass
-        with terminate_on_sigterm():
-            try:
-                killed_after_report = _wait_for(child, reader)
-            except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the child saves and stops
-                interrupted = err
-                _forward(child, signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
-    finally:
-        if child.poll() is None:  # a second interrupt, or an error here: leave nothing behind
-            _kill(child)
-    reader.join(timeout=10)
-    return _outcome(recipe, child, b"".join(reply), interrupted, killed_after_report)
-
-
-def _wait_for(child: subprocess.Popen, reader: threading.Thread) -> bool:
-    """Wait for the child; once it has reported how the run ended (its result pipe is closed), it
-    gets :data:`REPORTED_EXIT_S` seconds to exit, then it is killed with its tasks: the run's end
-    is known, and a process whose teardown blocks in TensorFlow (a runtime still waiting for a
-    lost task) must not hold the command for ever. True when it had to be killed so."""
-    while True:
-        try:
-            child.wait(timeout=0.5)
-            return False
-        except subprocess.TimeoutExpired:
-            pass
-        if not reader.is_alive():
-            try:
-                child.wait(timeout=REPORTED_EXIT_S)
-            except subprocess.TimeoutExpired:
-                log.warning(f"the local cluster's launcher (pid {child.pid}) reported how the run "
-                            f"ended but had not exited {REPORTED_EXIT_S:.0f} s later: killing it "
-                            "and its tasks")
-                _kill(child)
-                return True
-            return False
-
-
-def _read_all(fd: int, into: list[bytes]) -> None:
-    with os.fdopen(fd, "rb") as pipe:
-        into.append(pipe.read())
-
-
-def _forward(child: subprocess.Popen, sig: int) -> None:
-    log.warning(f"interrupted: the local cluster saves a checkpoint and stops (up to "
-                f"{STOP_GRACE_S:.0f} s)")
-    try:
-        os.kill(child.pid, sig)
-        child.wait(timeout=STOP_GRACE_S)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        _kill(child)
-
-
-def _kill(child: subprocess.Popen) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # its tasks die with it (PR_SET_PDEATHSIG)
-    except (ProcessLookupError, PermissionError):
-        pass
-    child.wait()
-
-
-def _outcome(recipe: Recipe, child: subprocess.Popen, reply: bytes,
-             interrupted: BaseException | None, killed_after_report: bool = False) -> RunResult:
-    code = child.returncode
-    try:
-        result = json.loads(reply.decode("utf-8")) if reply else None
-    except ValueError:
-        result = None
-    if result and result.get("ok") and (code == 0 or killed_after_report):
-        return RunResult.from_metrics(RunDir.of(recipe).metrics)
-    if result and not result.get("ok"):
-        raise status.rebuild(result)
-    if interrupted is not None:
-        raise interrupted
-    raise TaskFailedError(f"the local cluster's launcher (pid {child.pid}, in its network namespace) "
-                          f"{describe_exit(code)} without reporting how it ended; task logs in "
-                          f"{RunDir.of(recipe).logs}")
 
 
 def isolated_argv(argv: list[str]) -> list[str]:
@@ -366,9 +237,29 @@ def _report(fd: int, err: BaseException | None) -> None:
         pipe.write(json.dumps(data))
 
 
+def serve(load_recipe, *, result_fd: int, verbose, overwrite: bool, exposed: bool = False) -> int:
+    """The namespace child's work (:func:`main`; :mod:`kerasdist.launch.netns` when forked):
+    bring ``lo`` up (unless ``exposed``), take the recipe (``load_recipe()``), run the local
+    cluster, report how it ended on ``result_fd``. Returns the CLI's exit code for that end."""
+    _log.configure(verbose)
+    from kerasdist import _native_log
+
+    _native_log.enable_crash_traces()  # a crash of the launcher (the PS coordinator) shows where
+    failure: BaseException | None = None
+    with terminate_on_sigterm(), _exit.reporting_to(lambda err: _report(result_fd, err)):
+        try:
+            if not exposed:
+                loopback_up()
+            launch_here(load_recipe(), overwrite=overwrite, verbose=verbose)
+        except (Exception, KeyboardInterrupt) as err:
+            failure = err
+    _report(result_fd, failure)
+    return 0 if failure is None else errors.exit_code(errors.classify(failure))
+
+
 def main(argv=None) -> int:
-    """The namespace child: bring ``lo`` up, read the recipe (JSON on stdin), run the local
-    cluster, report how it ended on ``--result-fd``; the exit code is the CLI's for that end.
+    """The namespace child started as a new interpreter: bring ``lo`` up, read the recipe (JSON
+    on stdin), run the local cluster, report how it ended on ``--result-fd`` (:func:`serve`).
     With ``--exec PROGRAM ARGS...``: bring ``lo`` up and exec the program (:func:`isolated_argv`)."""
     parser = argparse.ArgumentParser(prog="python -m kerasdist.launch.isolation")
     parser.add_argument("--exec", nargs=argparse.REMAINDER, help="bring lo up, then exec this")
@@ -381,23 +272,14 @@ def main(argv=None) -> int:
     if args.exec:
         loopback_up()
         os.execvp(args.exec[0], args.exec)
-    _log.configure(args.verbose)
-    from kerasdist import _native_log
 
-    _native_log.enable_crash_traces()  # a crash of the launcher (the PS coordinator) shows where
-    failure: BaseException | None = None
-    with terminate_on_sigterm(), _exit.reporting_to(lambda err: _report(args.result_fd, err)):
-        try:
-            if not args.exposed:
-                loopback_up()
-            from kerasdist.config.loader import validate_recipe
+    def load_recipe():
+        from kerasdist.config.loader import validate_recipe
 
-            recipe = validate_recipe(json.loads(sys.stdin.read()), source="<local launcher>")
-            launch_here(recipe, overwrite=args.overwrite, verbose=args.verbose)
-        except (Exception, KeyboardInterrupt) as err:
-            failure = err
-    _report(args.result_fd, failure)
-    return 0 if failure is None else errors.exit_code(errors.classify(failure))
+        return validate_recipe(json.loads(sys.stdin.read()), source="<local launcher>")
+
+    return serve(load_recipe, result_fd=args.result_fd, verbose=args.verbose,
+                 overwrite=args.overwrite, exposed=args.exposed)
 
 
 if __name__ == "__main__":

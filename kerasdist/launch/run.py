@@ -83,17 +83,8 @@ def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
                         f"batch_size={recipe.data.batch_size}")
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
     # checks.check_recipe_here, in a child forked from here where that applies (launch.forked)
-    forked.check_recipe(recipe, exposed=_exposed_here(recipe))
+    forked.check_recipe(recipe)
     return run_dir
-
-
-def _exposed_here(recipe: Recipe) -> bool:
-    """Whether a local cluster of ``recipe`` would run exposed, its launcher in this process
-    (:func:`kerasdist.launch.isolation.plan` then returns False)."""
-    from kerasdist.launch import isolation
-
-    return (recipe.cluster.kind == "local" and recipe.cluster.allow_network_exposure
-            and isolation.unavailable_reason() is not None)
 
 
 def check_shape(recipe: Recipe) -> None:
@@ -234,7 +225,7 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
 
 
 def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
-    """Run the local cluster in a child process (:func:`kerasdist.launch.isolation.run_isolated`).
+    """Run the local cluster in a child process (:func:`kerasdist.launch.child.run_isolated`).
 
     A parameter-server coordinator (not elastic) that fails with a lost peer -- a transient
     TensorFlow RPC error, a crash of the coordinator process itself -- is started again, whole
@@ -246,15 +237,15 @@ def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> Ru
     once here.
     """
     from kerasdist.errors import RETRYABLE, classify
-    from kerasdist.launch import isolation
+    from kerasdist.launch import child
     from kerasdist.launch.coordinator import elastic
 
     restarts = recipe.cluster.max_restarts
     again = registry.for_recipe(recipe).traits.topology == "coordinator" and not elastic(recipe)
     while True:
         try:
-            return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
-                                          isolate=isolate)
+            return child.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
+                                      isolate=isolate)
         except Exception as err:  # KeyboardInterrupt/Preempted: never restarted here
             if not again or restarts <= 0 or classify(err) not in RETRYABLE:
                 raise

@@ -1,5 +1,6 @@
-"""Tasks forked from the launching command (:mod:`kerasdist.launch.forked`, issue 42 item 8): an
-exposed local run forks its check and its tasks from the process that imported TensorFlow once,
+"""Tasks forked from the launching command (:mod:`kerasdist.launch.forked`, issue 42 item 8): a
+local run forks its check, its launcher (isolated: into a private network namespace,
+:mod:`kerasdist.launch.netns`) and its tasks from the process that imported TensorFlow once,
 trains to the same weights as started tasks do, and bad input still starts nothing."""
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 EXPOSED = {"KERASDIST_NO_NETNS": "1"}  # the launcher runs in the command's own process
 
 
-def _fit(recipe: Path, timeline: Path, *, fork: bool) -> subprocess.CompletedProcess:
-    env = {**os.environ, **mw.QUIET, **EXPOSED, "KERASDIST_TIMELINE": str(timeline),
-           "KERASDIST_FORK_TASKS": "1" if fork else "0"}
+def _fit(recipe: Path, timeline: Path, *, fork: bool,
+         exposed: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, **mw.QUIET, **(EXPOSED if exposed else {}),
+           "KERASDIST_TIMELINE": str(timeline), "KERASDIST_FORK_TASKS": "1" if fork else "0"}
     return subprocess.run([sys.executable, "-m", "kerasdist", "fit", str(recipe)], cwd=mw.REPO,
                           env=env, text=True, capture_output=True, timeout=400)
 
@@ -42,18 +44,31 @@ def _weights(out: str) -> str:
 
 @pytest.mark.timeout(900)
 def test_forked_tasks_train_to_the_weights_started_tasks_reach(tmp_path):
+    """Three ways, the same weights: isolated (the default where a network namespace can be made:
+    the launcher forked into one, its tasks forked from it), exposed and forked (the launcher is
+    the command), and started tasks (``KERASDIST_FORK_TASKS=0``, isolated)."""
+    from kerasdist.launch import isolation
+
+    ways = {"isolated, forked": (True, False), "exposed, forked": (True, True)}
+    if isolation.unavailable_reason() is None:
+        ways["isolated, started"] = (False, False)
+    else:  # the reference is then an exposed run of started tasks
+        ways = {"exposed, forked": (True, True), "exposed, started": (False, True)}
     runs = {}
-    for fork in (True, False):
-        name = f"fork{int(fork)}"
-        recipe = mw.linear_recipe(tmp_path, name, cluster={"allow_network_exposure": True})
+    for number, (way, (fork, exposed)) in enumerate(ways.items()):
+        name = f"way{number}"
+        recipe = mw.linear_recipe(tmp_path, name, cluster={"allow_network_exposure": exposed})
         timeline = tmp_path / f"{name}.jsonl"
-        result = _fit(recipe, timeline, fork=fork)
+        result = _fit(recipe, timeline, fork=fork, exposed=exposed)
         out = result.stdout + result.stderr
-        assert result.returncode == 0, out[-4000:]
-        runs[fork] = (_weights(out), _marks(timeline, "forked"))
-    assert runs[True][1] == {"worker:0", "worker:1"}  # both tasks were forked ...
-    assert runs[False][1] == set()  # ... and none with KERASDIST_FORK_TASKS=0
-    assert runs[True][0] == runs[False][0]  # deterministic: the same weights either way
+        assert result.returncode == 0, f"{way}: {out[-4000:]}"
+        runs[way] = (_weights(out), _marks(timeline, "forked"),
+                     _marks(timeline, "launcher forked"))
+    for way, (_, tasks, launcher) in runs.items():
+        forked = way.endswith("forked")
+        assert tasks == ({"worker:0", "worker:1"} if forked else set()), way  # tasks forked or not
+        assert launcher == ({"cli"} if way == "isolated, forked" else set()), way
+    assert len({weights for weights, _, _ in runs.values()}) == 1, runs  # the same weights
 
 
 @pytest.mark.timeout(600)

@@ -17,8 +17,6 @@ import psutil
 import pytest
 import yaml
 
-from kerasdist.launch.processes import listens
-
 pytestmark = [pytest.mark.multiprocess]
 
 
@@ -52,32 +50,68 @@ def _reachable(address: str, port: int) -> bool:
         return False
 
 
-def _tasks(launcher_pid: int) -> dict[str, tuple[int, int]]:
-    """``{task name: (pid, port)}`` of the launcher's descendants that carry a TF_CONFIG."""
-    found = {}
-    for child in psutil.Process(launcher_pid).children(recursive=True):
+def _names(timeline: Path) -> dict[int, str]:
+    """``{pid: task name}`` from the run's ``KERASDIST_TIMELINE`` marks (a forked task's
+    ``/proc/PID/environ`` is the command's: its TF_CONFIG cannot be read from outside)."""
+    names = {}
+    for line in timeline.read_text().splitlines() if timeline.is_file() else ():
         try:
-            config = json.loads(child.environ().get("TF_CONFIG", "") or "null")
-        except (psutil.Error, ValueError):
+            mark = json.loads(line)
+        except ValueError:  # a line being written
             continue
-        if config:
-            task = config["task"]
-            address = config["cluster"][task["type"]][task["index"]]
-            found[f"{task['type']}:{task['index']}"] = (child.pid, int(address.rpartition(":")[2]))
+        if ":" in mark["task"]:
+            names[mark["pid"]] = mark["task"]
+    return names
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on, in its own network namespace (``/proc``)."""
+    try:
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+    except OSError:
+        return set()
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN, held by this process
+                ports.add(int(fields[1].rpartition(":")[2], 16))
+    return ports
+
+
+def _tasks(launcher_pid: int, timeline: Path) -> dict[str, tuple[int, set[int]]]:
+    """``{task name: (pid, ports it listens on)}`` of the launcher's descendants that are tasks."""
+    names = _names(timeline)
+    found = {}
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.Error:
+        return found
+    for child in children:
+        ports = _listening_ports(child.pid) if child.pid in names else set()
+        if ports:
+            found[names[child.pid]] = (child.pid, ports)
     return found
 
 
-def _inner_launchers(launcher_pid: int) -> dict[int, str]:
-    """``{pid: network namespace}`` of the launcher's namespace child (it runs the isolation
-    module as ``unshare --net python -m kerasdist.launch.isolation``: until unshare(2) returns,
-    that process is still in this namespace, so callers keep the newest reading per pid)."""
+def _inner_launchers(launcher_pid: int, timeline: Path) -> dict[int, str]:
+    """``{pid: network namespace}`` of the local cluster's launcher: the parent of its tasks (the
+    command's namespace child, forked from it or started as ``unshare --net python -m
+    kerasdist.launch.isolation``). Read while a task listens, i.e. after the launcher's
+    unshare(2) returned."""
     found = {}
-    try:
-        for child in psutil.Process(launcher_pid).children():
-            if "kerasdist.launch.isolation" in " ".join(child.cmdline()):
-                found[child.pid] = _netns(child.pid)
-    except (psutil.Error, OSError):
-        pass
+    for pid, _ in _tasks(launcher_pid, timeline).values():
+        try:
+            parent = psutil.Process(pid).ppid()
+            if parent != launcher_pid:
+                found[parent] = _netns(parent)
+        except (psutil.Error, OSError):
+            pass
     return found
 
 
@@ -96,32 +130,41 @@ def _ps_recipe(tmp_path: Path, name: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("kind, expected", [
-    # 171 s in the README suite (2026-11-26): the extended tier; parameter_server stays
-    pytest.param("multi_worker", {"worker:0", "worker:1"}, marks=pytest.mark.extended),
-    ("parameter_server", {"ps:0", "worker:0", "worker:1"}),
+@pytest.mark.parametrize("kind, expected, fork", [
+    # 171 s in the README suite (2026-11-26): the extended tier; parameter_server stays. The
+    # parameter-server run takes the default path (its launcher forked into the namespace, its
+    # tasks forked from it: launch/netns.py); the multi-worker run starts them as new
+    # interpreters (KERASDIST_FORK_TASKS=0: unshare --net python -m kerasdist.launch.isolation).
+    pytest.param("multi_worker", {"worker:0", "worker:1"}, False, marks=pytest.mark.extended),
+    ("parameter_server", {"ps:0", "worker:0", "worker:1"}, True),
 ])
-def test_local_cluster_is_unreachable_from_the_network(tmp_path, kind, expected):
+def test_local_cluster_is_unreachable_from_the_network(tmp_path, monkeypatch, kind, expected,
+                                                       fork):
     host = _host_address()
     if host is None:
         pytest.skip("this machine has no non-loopback IPv4 address to connect from")
     recipe = (mw.linear_recipe(tmp_path, "run", trainer={"epochs": 3}) if kind == "multi_worker"
               else _ps_recipe(tmp_path, "run"))
+    timeline = tmp_path / "timeline.jsonl"
+    monkeypatch.setenv("KERASDIST_TIMELINE", str(timeline))
+    monkeypatch.setenv("KERASDIST_FORK_TASKS", "1" if fork else "0")
     process = mw.launch(recipe)
-    checked: dict[str, int] = {}
+    checked: dict[str, set[int]] = {}
     launchers: dict[int, str] = {}  # newest network namespace of the launcher's child, per pid
     try:
         deadline = time.monotonic() + 240
         while set(checked) != expected and process.poll() is None and time.monotonic() < deadline:
-            launchers.update(_inner_launchers(process.pid))
-            for name, (pid, port) in _tasks(process.pid).items():
-                if name in checked or not listens(pid, port):
+            launchers.update(_inner_launchers(process.pid, timeline))
+            for name, (pid, ports) in _tasks(process.pid, timeline).items():
+                if name in checked or name not in expected:
                     continue
                 # The task's server is up (its own listening socket), yet its port cannot be
                 # reached through this machine's network address: it is in another namespace.
-                assert not _reachable(host, port), f"task {name}: {host}:{port} accepts connections"
+                for port in ports:
+                    assert not _reachable(host, port), \
+                        f"task {name}: {host}:{port} accepts connections"
                 assert _netns(pid) != _netns("self"), f"task {name} runs in this network namespace"
-                checked[name] = port
+                checked[name] = ports
             time.sleep(0.05)
         out = mw.finish(process, timeout_s=300)
     finally:
@@ -132,6 +175,9 @@ def test_local_cluster_is_unreachable_from_the_network(tmp_path, kind, expected)
     # (read while the tasks listened, i.e. after the launcher's unshare(2) had returned)
     assert launchers and _netns("self") not in launchers.values()
     assert "private network namespace, loopback only" in out
+    forked = {json.loads(line)["task"] for line in timeline.read_text().splitlines()
+              if json.loads(line)["mark"] in ("forked", "launcher forked")}
+    assert forked == ({"cli", *expected} if fork else set())  # the path this case is about
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["strategy"] == kind and metrics["num_replicas"] == 2
     assert "kerasdist run summary" in out  # the launching process printed the RunResult
@@ -212,11 +258,11 @@ def test_a_child_that_reported_but_does_not_exit_is_killed_and_its_report_stands
 
     import kerasdist
     from kerasdist.errors import TaskFailedError
-    from kerasdist.launch import isolation
+    from kerasdist.launch import child as child_side
     from kerasdist.launch.processes import die_with_parent
     from kerasdist.training.rundir import RunDir
 
-    monkeypatch.setattr(isolation, "REPORTED_EXIT_S", 1.0)
+    monkeypatch.setattr(child_side, "REPORTED_EXIT_S", 1.0)
     recipe = kerasdist.load_recipe(_ps_recipe(tmp_path, "run"))
     read_fd, write_fd = os.pipe()
     code = (f"import os, subprocess, sys, time\n"
@@ -229,10 +275,10 @@ def test_a_child_that_reported_but_does_not_exit_is_killed_and_its_report_stands
     os.close(write_fd)
     task_pid = int(child.stdout.readline())
     reply: list[bytes] = []
-    reader = threading.Thread(target=isolation._read_all, args=(read_fd, reply), daemon=True)
+    reader = threading.Thread(target=child_side._read_all, args=(read_fd, reply), daemon=True)
     reader.start()
     began = time.monotonic()
-    assert isolation._wait_for(child, reader) is True
+    assert child_side._wait_for(child, reader) is True
     assert time.monotonic() - began < 20 and child.returncode == -9
     deadline = time.monotonic() + 10  # the task got the same SIGKILL (its process group)
     while psutil.pid_exists(task_pid) and psutil.Process(task_pid).status() != "zombie":
@@ -240,14 +286,14 @@ def test_a_child_that_reported_but_does_not_exit_is_killed_and_its_report_stands
         time.sleep(0.1)
     reader.join(timeout=10)
     if '"ok": true' in reported:  # the run's result is read from its metrics.json
-        monkeypatch.setattr(isolation.RunResult, "from_metrics", staticmethod(lambda path: path))
-        result = isolation._outcome(recipe, child, b"".join(reply), None, True)
+        monkeypatch.setattr(child_side.RunResult, "from_metrics", staticmethod(lambda path: path))
+        result = child_side._outcome(recipe, child, b"".join(reply), None, True)
         assert result == RunDir.of(recipe).metrics
         with pytest.raises(TaskFailedError, match="without reporting"):  # not killed so: no success
-            isolation._outcome(recipe, child, b"".join(reply), None, False)
+            child_side._outcome(recipe, child, b"".join(reply), None, False)
     else:
         with pytest.raises(TaskFailedError, match="worker:2 lost"):
-            isolation._outcome(recipe, child, b"".join(reply), None, True)
+            child_side._outcome(recipe, child, b"".join(reply), None, True)
 
 
 @pytest.mark.timeout(60)

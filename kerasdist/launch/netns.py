@@ -1,0 +1,126 @@
+"""The namespace child of an isolated local cluster, forked from the command that checked the run
+(issue 42, item 8: time to first step).
+
+Where :func:`kerasdist.launch.forked.launcher_ready` holds (a local ``fit`` from kerasdist's own
+command that imported TensorFlow for its checks, :mod:`kerasdist.launch.forked`), the launcher of
+an isolated local cluster (:mod:`kerasdist.launch.isolation`) is not started as a new interpreter
+under ``unshare --net``; it is forked from the command (:func:`fork_launcher`), and the child:
+
+1. leaves the command's session and dies with it, reads ``/dev/null``, keeps the console (fds 1
+   and 2) with new unbuffered streams, holds no other descriptor of the command but its result
+   pipe, and drops the command's signal handlers, ``atexit`` hooks and environment for the one a
+   started child gets (as a forked task does: :func:`kerasdist.launch.forked.start`);
+2. moves itself into a fresh network namespace (:func:`unshare_network`: ``unshare(2)`` with
+   ``CLONE_NEWNET``; where it is not root, with ``CLONE_NEWUSER`` first and its user and group
+   mapped to root there, as ``unshare --net --map-root-user``) before anything else; if that
+   fails it reports so and exits having started nothing, and the command starts the launcher as
+   a new process as before (:class:`NotIsolated`);
+3. brings ``lo`` up, refusing a namespace with any other interface, and runs the local cluster
+   (:func:`kerasdist.launch.isolation.serve`); the first attempt's tasks are forked from it in
+   turn, inside the namespace, so no task imports TensorFlow again.
+
+The child is single-threaded when it calls ``unshare`` (a forked process holds only the thread
+that forked it), which ``CLONE_NEWUSER`` requires. ``KERASDIST_FORK_TASKS=0`` turns this off with
+the rest of the fork path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from kerasdist.errors import ClusterError
+
+if TYPE_CHECKING:
+    from kerasdist.config import Recipe
+    from kerasdist.launch.forked import ForkedTask
+
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+NOT_ISOLATED_EXIT = 3
+"""The forked child's exit code when it could not enter a network namespace (nothing started)."""
+
+
+class NotIsolated(ClusterError):
+    """The forked launcher could not move into a fresh network namespace; it started nothing."""
+
+
+def unshare_network() -> None:
+    """Move this process into a fresh network namespace (only ``lo``, down); where it is not
+    root, into a fresh user namespace first, its user and group mapped to root there.
+
+    Call it single-threaded (just forked). Raises:
+        OSError: ``unshare(2)`` or a write of ``/proc/self/{setgroups,uid_map,gid_map}`` failed
+            (errno and what failed in the message).
+    """
+    import ctypes
+
+    uid, gid = os.geteuid(), os.getegid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = _CLONE_NEWNET if uid == 0 else _CLONE_NEWNET | _CLONE_NEWUSER
+    if libc.unshare(flags) != 0:
+        errno = ctypes.get_errno()
+        what = "CLONE_NEWNET" if uid == 0 else "CLONE_NEWUSER | CLONE_NEWNET"
+        raise OSError(errno, f"unshare({what}): {os.strerror(errno)}")
+    if uid != 0:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"),
+                           ("gid_map", f"0 {gid} 1")):
+            with open(f"/proc/self/{name}", "w", encoding="ascii") as file:
+                file.write(text)
+
+
+def fork_launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> ForkedTask:
+    """Fork the launcher of ``recipe``'s local cluster (see the module docs); it reports how the
+    run ended on ``result_fd`` (JSON, as :func:`kerasdist.launch.isolation.main` does, or
+    ``{"not_isolated": why}``) and exits with the CLI's code for that end."""
+    from kerasdist.importpath import child_pythonpath
+    from kerasdist.launch import forked
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    forked._flush()
+    parent = os.getpid()
+    pid = forked._fork()
+    if pid == 0:  # the child: never returns
+        code = 1
+        try:
+            os.setsid()  # its own process group: the command ends it and its tasks with killpg
+            forked._die_with(parent)
+            forked._child_io(None)
+            forked._release_inherited_fds(keep=(result_fd,))
+            forked._child_state(env)
+            code = _launcher(recipe, overwrite=overwrite, verbose=verbose, result_fd=result_fd)
+        except BaseException:  # noqa: BLE001 - report and end; never back to the command
+            try:
+                import traceback
+
+                traceback.print_exc()
+                forked._flush()
+            except BaseException:  # noqa: BLE001
+                pass
+        finally:
+            os._exit(code)
+    return forked.ForkedTask(pid, [sys.executable, "-m", "kerasdist.launch.isolation"])
+
+
+def _launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> int:
+    from kerasdist._timeline import mark
+    from kerasdist.launch import forked, isolation
+
+    try:
+        unshare_network()
+    except OSError as err:
+        with os.fdopen(result_fd, "w", encoding="utf-8") as pipe:
+            pipe.write(json.dumps({"not_isolated": str(err)}))
+        return NOT_ISOLATED_EXIT
+    mark("launcher forked")  # KERASDIST_TIMELINE: the namespace child was forked (tests, profile)
+    code = isolation.serve(lambda: recipe, result_fd=result_fd, verbose=verbose,
+                           overwrite=overwrite)
+    return forked.finish(code)
+
+
+__all__ = ["NOT_ISOLATED_EXIT", "NotIsolated", "fork_launcher", "unshare_network"]
