@@ -9,6 +9,8 @@ can see that each of N ps holds about 1/N of a large table.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def _shards(variable):
     """``[(shard_index, num_shards, tf.Variable)]`` of a Keras or TF variable."""
@@ -20,12 +22,14 @@ def _shards(variable):
     return [(index, len(shards), shard) for index, shard in enumerate(shards)]
 
 
-def ps_placement(model, num_ps: int) -> list[dict]:
+def ps_placement(model, num_ps: int, logs: Path | None = None) -> list[dict]:
     """Each ps task's share of ``model.weights`` and ``model.optimizer.variables``.
 
     Args:
         model: a Keras model built (and its optimizer built) under a ``ParameterServerStrategy``.
         num_ps: the number of ps tasks in the cluster.
+        logs: the run's log folder (``<run_dir>/logs``): finds a local cluster's ps tasks by
+            their logs too (:func:`ps_peak_rss`).
 
     Returns:
         One dict per ps task, in task order: ``{"task": i, "bytes": int, "variables": int,
@@ -44,7 +48,7 @@ def ps_placement(model, num_ps: int) -> list[dict]:
         addresses = list(cluster_spec(model.distribute_strategy).as_dict().get("ps", []))
     except (AttributeError, ValueError):  # no cluster (not a parameter-server model)
         addresses = []
-    for index, peak in (ps_peak_rss(addresses) if addresses else {}).items():
+    for index, peak in (ps_peak_rss(addresses, logs) if addresses else {}).items():
         if index < num_ps:
             tasks[index]["peak_rss_bytes"] = peak
     optimizer_variables = list(getattr(getattr(model, "optimizer", None), "variables", []) or [])
@@ -67,26 +71,39 @@ def ps_placement(model, num_ps: int) -> list[dict]:
     return tasks
 
 
-def ps_peak_rss(ps_addresses: list[str]) -> dict[int, int]:
+def ps_peak_rss(ps_addresses: list[str], logs: Path | None = None) -> dict[int, int]:
     """``{ps task index: peak resident set size in bytes}`` of the ps tasks of this cluster that
-    run on this machine as processes readable by this user (local clusters): found by their
-    ``TF_CONFIG`` (task type ``ps``, the same ps addresses), read from ``/proc/<pid>/status``
+    run on this machine as processes readable by this user (local clusters): a process whose
+    ``TF_CONFIG`` names task type ``ps`` and the same ps addresses, or, with ``logs`` (the run's
+    log folder), a local cluster's ps task found by its log (forked tasks included:
+    :func:`kerasdist.launch.task_logs.local_task`); read from ``/proc/<pid>/status``
     (``VmHWM``, Linux). Tasks elsewhere are left out; empty off Linux."""
     import json
+    import os
 
     import psutil
 
+    from kerasdist.launch.task_logs import local_task
+
+    logs = Path(os.path.realpath(logs)) if logs is not None else None
     found: dict[int, int] = {}
     for process in psutil.process_iter(["pid"]):
         try:
-            config = json.loads(process.environ().get("TF_CONFIG", "") or "{}")
-            task = config.get("task", {})
-            if task.get("type") != "ps" or config.get("cluster", {}).get("ps") != ps_addresses:
+            index = None
+            local = local_task(process.pid) if logs is not None else None
+            if local is not None and local[0] == logs and local[1].startswith("ps:"):
+                index = int(local[1][3:])
+            else:
+                config = json.loads(process.environ().get("TF_CONFIG", "") or "{}")
+                task = config.get("task", {})
+                if task.get("type") == "ps" and config.get("cluster", {}).get("ps") == ps_addresses:
+                    index = int(task.get("index", 0))
+            if index is None:
                 continue
             with open(f"/proc/{process.pid}/status", encoding="ascii") as status:
                 for line in status:
                     if line.startswith("VmHWM:"):
-                        found[int(task.get("index", 0))] = int(line.split()[1]) * 1024
+                        found[index] = max(found.get(index, 0), int(line.split()[1]) * 1024)
         except (psutil.Error, OSError, ValueError, AttributeError):
             continue
     return found

@@ -200,6 +200,18 @@ def _fork() -> int:
         return os.fork()
 
 
+def name_process(name: str) -> None:
+    """This process's name as ``ps -e``, ``top`` and ``/proc/PID/comm`` show it (at most 15
+    bytes; ``PR_SET_NAME``): a forked process otherwise keeps its launcher's. Its command line
+    (``ps -f``) stays the launcher's."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
+    except OSError:
+        pass
+
+
 def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -271,6 +283,7 @@ def start(argv: Sequence[str], *, env: dict, log_path: Path) -> ForkedTask:
             try:
                 os.setsid()
                 _die_with(parent)
+                name_process(f"kd-{log_path.stem}")  # `ps -e`, `top`: kd-worker-1
                 _child_io(log_fd)
                 _release_inherited_fds()
                 _child_state(env)

@@ -90,6 +90,7 @@ def fork_launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -
         try:
             os.setsid()  # its own process group: the command ends it and its tasks with killpg
             forked._die_with(parent)
+            forked.name_process("kd-launcher")  # `ps -e`, `top`
             forked._child_io(None)
             forked._release_inherited_fds(keep=(result_fd,))
             forked._child_state(env)

@@ -25,6 +25,7 @@ from typing import Sequence
 from kerasdist.cluster.spec import TFConfig, split_address
 from kerasdist.errors import ClusterError
 from kerasdist.importpath import child_pythonpath
+from kerasdist.launch.task_logs import task_log_name
 
 
 @dataclass
@@ -138,9 +139,8 @@ class LocalLauncher:
         from kerasdist.launch.status import STATUS_ENV
 
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        stem = name.replace(":", "-")
-        log_path = self.log_dir / f"{stem}.log"
-        status_path = self.log_dir / f"{stem}.status.json"
+        log_path = self.log_dir / task_log_name(name)
+        status_path = self.log_dir / f"{log_path.stem}.status.json"
         status_path.unlink(missing_ok=True)
         env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         pythonpath = child_pythonpath(env.get("PYTHONPATH"))  # the user's modules

@@ -75,17 +75,36 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(family, timeout=10)
 
 
+def task_process(launcher_pid: int, name: str) -> psutil.Process | None:
+    """The process of the launcher's tree that runs task ``name`` (``'worker:1'``) now, found by
+    the log its standard output goes to (:func:`kerasdist.launch.task_logs.local_task`: a
+    started and a forked task alike); None if none does."""
+    from kerasdist.launch.task_logs import local_task
+
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    for child in children:
+        found = local_task(child.pid)
+        if found is None or found[1] != name:
+            continue
+        try:
+            parent = local_task(child.ppid())
+        except psutil.Error:
+            continue
+        if parent is None or parent[1] != name:  # the task itself, not a process it started
+            return child
+    return None
+
+
 def worker_process(launcher_pid: int, index: int, timeout_s: float = 60) -> psutil.Process:
-    """The launcher's child process that runs ``worker:index`` (found by its TF_CONFIG)."""
+    """The launcher's child process that runs ``worker:index`` (:func:`task_process`)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for child in psutil.Process(launcher_pid).children(recursive=True):
-            try:
-                config = json.loads(child.environ().get("TF_CONFIG", "{}") or "{}")
-            except (psutil.Error, ValueError):
-                continue
-            if config.get("task") == {"type": "worker", "index": index}:
-                return child
+        found = task_process(launcher_pid, f"worker:{index}")
+        if found is not None:
+            return found
         time.sleep(0.1)
     raise AssertionError(f"worker:{index} of launcher {launcher_pid} not found")
 

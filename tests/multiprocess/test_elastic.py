@@ -7,7 +7,6 @@ of 10) is checked on the saved model.
 
 from __future__ import annotations
 
-import json
 import threading
 
 import mwms_support as mw
@@ -38,17 +37,14 @@ class _NeverBack(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(0.05):
-            try:
-                children = psutil.Process(self.launcher_pid).children(recursive=True)
-            except psutil.Error:
+            if not psutil.pid_exists(self.launcher_pid):
                 return
-            for child in children:
+            child = mw.task_process(self.launcher_pid, f"worker:{self.index}")
+            if child is not None:
                 try:
-                    config = json.loads(child.environ().get("TF_CONFIG", "{}") or "{}")
-                    if config.get("task") == {"type": "worker", "index": self.index}:
-                        child.kill()
-                        self.killed += 1
-                except (psutil.Error, ValueError):
+                    child.kill()
+                    self.killed += 1
+                except psutil.Error:
                     continue
 
 

@@ -180,6 +180,8 @@ def test_local_cluster_is_unreachable_from_the_network(tmp_path, monkeypatch, ki
     assert forked == ({"cli", *expected} if fork else set())  # the path this case is about
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["strategy"] == kind and metrics["num_replicas"] == 2
+    if kind == "parameter_server":  # the ps task found for its peak RSS, forked or started
+        assert metrics["parameter_server"]["ps_placement"][0]["peak_rss_bytes"] > 50 * 2**20
     assert "kerasdist run summary" in out  # the launching process printed the RunResult
 
 

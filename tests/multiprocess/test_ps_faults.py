@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import mwms_support as mw
 import psutil
 import pytest
 
@@ -62,15 +63,11 @@ def _start(run_dir: Path, log: Path, every_steps: int | None = None,
 
 
 def _task(coordinator: subprocess.Popen, name: str) -> psutil.Process:
-    """The child process whose TF_CONFIG names task ``name`` (e.g. 'worker:1')."""
-    for child in psutil.Process(coordinator.pid).children(recursive=True):
-        try:
-            task = json.loads(child.environ().get("TF_CONFIG", "{}")).get("task", {})
-        except (psutil.Error, ValueError):
-            continue
-        if f"{task.get('type')}:{task.get('index')}" == name:
-            return child
-    raise AssertionError(f"no process for task {name}")
+    """The child process that runs task ``name`` (e.g. 'worker:1'; :func:`mw.task_process`)."""
+    found = mw.task_process(coordinator.pid, name)
+    if found is None:
+        raise AssertionError(f"no process for task {name}")
+    return found
 
 
 def _wait_for_checkpoint(run_dir: Path, number: int, proc: subprocess.Popen) -> None:
