@@ -35,7 +35,7 @@ from kerasdist.errors import ClusterError
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
-    from kerasdist.launch.forked import ForkedTask
+    from kerasdist.launch.fork_child import ForkedTask
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -76,41 +76,41 @@ def fork_launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -
     run ended on ``result_fd`` (JSON, as :func:`kerasdist.launch.isolation.main` does, or
     ``{"not_isolated": why}``) and exits with the CLI's code for that end."""
     from kerasdist.importpath import child_pythonpath
-    from kerasdist.launch import forked
+    from kerasdist.launch import fork_child
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    forked._flush()
+    fork_child.flush()
     parent = os.getpid()
-    pid = forked._fork()
+    pid = fork_child.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
             os.setsid()  # its own process group: the command ends it and its tasks with killpg
-            forked._die_with(parent)
-            forked.name_process("kd-launcher")  # `ps -e`, `top`
-            forked._child_io(None)
-            forked._release_inherited_fds(keep=(result_fd,))
-            forked._child_state(env)
+            fork_child.die_with(parent)
+            fork_child.name_process("kd-launcher")  # `ps -e`, `top`
+            fork_child.child_io(None)
+            fork_child.release_inherited_fds(keep=(result_fd,))
+            fork_child.child_state(env)
             code = _launcher(recipe, overwrite=overwrite, verbose=verbose, result_fd=result_fd)
         except BaseException:  # noqa: BLE001 - report and end; never back to the command
             try:
                 import traceback
 
                 traceback.print_exc()
-                forked._flush()
+                fork_child.flush()
             except BaseException:  # noqa: BLE001
                 pass
         finally:
             os._exit(code)
-    return forked.ForkedTask(pid, [sys.executable, "-m", "kerasdist.launch.isolation"])
+    return fork_child.ForkedTask(pid, [sys.executable, "-m", "kerasdist.launch.isolation"])
 
 
 def _launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> int:
     from kerasdist._timeline import mark
-    from kerasdist.launch import forked, isolation
+    from kerasdist.launch import fork_child, isolation
 
     try:
         unshare_network()
@@ -121,7 +121,7 @@ def _launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> in
     mark("launcher forked")  # KERASDIST_TIMELINE: the namespace child was forked (tests, profile)
     code = isolation.serve(lambda: recipe, result_fd=result_fd, verbose=verbose,
                            overwrite=overwrite)
-    return forked.finish(code)
+    return fork_child.finish(code)
 
 
 __all__ = ["NOT_ISOLATED_EXIT", "NotIsolated", "fork_launcher", "unshare_network"]
