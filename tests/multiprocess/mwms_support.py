@@ -42,6 +42,23 @@ def linear_recipe(tmp_path: Path, name: str, **sections) -> Path:
     return path
 
 
+def bad_label_recipe(tmp_path: Path, name: str, **cluster) -> Path:
+    """The MNIST CNN on 512 random digits (``bad.npz``) whose train label 7 is 12, out of range
+    for its 10 classes: a recipe the checks refuse (exit 2) before any task starts."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 255, (512, 28, 28), dtype=np.uint8)
+    y = rng.integers(0, 10, 512).astype(np.int64)
+    y[7] = 12
+    data = tmp_path / "bad.npz"
+    np.savez(data, x_train=x, y_train=y, x_test=x[:64], y_test=y[:64] % 10)
+    return linear_recipe(
+        tmp_path, name, model={"name": "mnist_cnn", "params": {}},
+        data={"source": {"kind": "npz", "path": str(data)}, "train_split": "train",
+              "eval_split": "test", "batch_size": 64, "shuffle_buffer": 0},
+        optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
+        cluster={"max_restarts": 2, **cluster})
+
+
 def launch(recipe: Path, *args: str) -> subprocess.Popen:
     """Start ``python -m kerasdist fit recipe`` (the local launcher) with output captured."""
     return subprocess.Popen([sys.executable, "-m", "kerasdist", "fit", str(recipe), *args],

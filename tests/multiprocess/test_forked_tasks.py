@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import mwms_support as mw
-import numpy as np
 import pytest
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -73,20 +72,10 @@ def test_forked_tasks_train_to_the_weights_started_tasks_reach(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_a_forked_check_refuses_bad_labels_as_before_and_starts_nothing(tmp_path):
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 255, (512, 28, 28), dtype=np.uint8)
-    y = rng.integers(0, 10, 512).astype(np.int64)
-    y[7] = 12  # a label out of range for the 10-class CNN
-    np.savez(tmp_path / "bad.npz", x_train=x, y_train=y, x_test=x[:64], y_test=y[:64] % 10)
     errors = {}
     for fork in (True, False):
         name = f"bad{int(fork)}"
-        recipe = mw.linear_recipe(
-            tmp_path, name, model={"name": "mnist_cnn", "params": {}},
-            data={"source": {"kind": "npz", "path": str(tmp_path / "bad.npz")}, "train_split": "train",
-                  "eval_split": "test", "batch_size": 64, "shuffle_buffer": 0},
-            optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
-            cluster={"max_restarts": 2, "allow_network_exposure": True})
+        recipe = mw.bad_label_recipe(tmp_path, name, allow_network_exposure=True)
         timeline = tmp_path / f"{name}.jsonl"
         result = _fit(recipe, timeline, fork=fork)
         assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import mwms_support as mw
-import numpy as np
 import pytest
 import yaml
 
@@ -115,17 +114,7 @@ def test_bad_input_exits_2_before_any_process_starts_or_file_is_written(tmp_path
 
 @pytest.mark.timeout(400)
 def test_bad_labels_are_refused_before_any_process_starts(tmp_path):
-    rng = np.random.default_rng(0)
-    x = rng.integers(0, 255, (512, 28, 28), dtype=np.uint8)
-    y = rng.integers(0, 10, 512).astype(np.int64)
-    y[7] = 12  # a label out of range for the 10-class CNN
-    np.savez(tmp_path / "bad.npz", x_train=x, y_train=y, x_test=x[:64], y_test=y[:64] % 10)
-    recipe = mw.linear_recipe(
-        tmp_path, "badlabel", model={"name": "mnist_cnn", "params": {}},
-        data={"source": {"kind": "npz", "path": str(tmp_path / "bad.npz")}, "train_split": "train",
-              "eval_split": "test", "batch_size": 64, "shuffle_buffer": 0},
-        optimizer={"name": "adam", "learning_rate": 0.001, "momentum": 0.0},
-        cluster={"max_restarts": 2})
+    recipe = mw.bad_label_recipe(tmp_path, "badlabel")  # train label 12 for 10 classes
     result = _fit(recipe)
     assert result.returncode == 2, (result.stdout + result.stderr)[-4000:]
     assert "12" in result.stderr and "data.train_split" in result.stderr
