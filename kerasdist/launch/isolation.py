@@ -13,8 +13,8 @@ fresh Linux network namespace holding only a loopback interface:
   :mod:`kerasdist.launch.netns`), which brings ``lo`` up and runs the local launcher there
   (:func:`serve`, :func:`launch_here`): worker and ps tasks, the coordinator of a
   parameter-server run, the ports they pick -- all inside the namespace;
-* the launching process streams the child's output (inherited stdout/stderr), forwards SIGINT and
-  SIGTERM to it, and maps its result back: on success the :class:`RunResult` of
+* the launching process (:mod:`kerasdist.launch.child`) lets the child write to its console
+  (inherited stdout/stderr), forwards SIGINT and SIGTERM to it, and maps its result back: on success the :class:`RunResult` of
   ``<run_dir>/metrics.json``; on failure the child's exception class and message (sent back over a
   pipe), so the API raises the same classes (and the CLI exits with the same codes) as without
   the namespace.
