@@ -74,14 +74,27 @@ def ready(argv: Sequence[str]) -> bool:
     for it (:func:`check_recipe`), has not spent the fork path, and ``argv`` is
     ``python -m kerasdist ...`` started from the main thread."""
     return (_STATE["warm"] and not _STATE["spent"] and list(argv[:3]) == [
-        sys.executable, "-m", "kerasdist"] and threading.current_thread() is threading.main_thread())
+        sys.executable, "-m", "kerasdist"] and threading.current_thread() is threading.main_thread()
+        and not _runtime_started())
 
 
 def launcher_ready() -> bool:
     """Whether the namespace child of an isolated local cluster may be forked from this process
     now (:mod:`kerasdist.launch.netns`): as :func:`ready`, for the launcher itself."""
     return (_STATE["warm"] and not _STATE["spent"]
-            and threading.current_thread() is threading.main_thread())
+            and threading.current_thread() is threading.main_thread() and not _runtime_started())
+
+
+def _runtime_started() -> bool:
+    """TensorFlow's runtime started in this process (:mod:`kerasdist._compat.tf_runtime`): what
+    is forked from it would inherit a runtime without its threads. Nothing is forked from then on
+    (:func:`spend`)."""
+    from kerasdist._compat import tf_runtime
+
+    if tf_runtime.started():
+        spend()
+        return True
+    return False
 
 
 def spend() -> None:
@@ -116,6 +129,13 @@ def check_recipe(recipe: Recipe) -> None:
         check_recipe_here(recipe)
         return
     _import_tensorflow()
+    if _runtime_started():  # a data check ran a TF op here (a function source, say)
+        from kerasdist._log import get_logger
+
+        get_logger("launch").debug("TensorFlow's runtime started in this process during the data "
+                                   "checks: checking here; the tasks start as new processes")
+        check_recipe_here(recipe)
+        return
     verdict = _check_in_child(recipe)
     if verdict is None:  # the child died without a verdict: check here, start tasks as before
         from kerasdist._log import get_logger

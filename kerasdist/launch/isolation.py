@@ -14,10 +14,10 @@ fresh Linux network namespace holding only a loopback interface:
   (:func:`serve`, :func:`launch_here`): worker and ps tasks, the coordinator of a
   parameter-server run, the ports they pick -- all inside the namespace;
 * the launching process (:mod:`kerasdist.launch.child`) lets the child write to its console
-  (inherited stdout/stderr), forwards SIGINT and SIGTERM to it, and maps its result back: on success the :class:`RunResult` of
-  ``<run_dir>/metrics.json``; on failure the child's exception class and message (sent back over a
-  pipe), so the API raises the same classes (and the CLI exits with the same codes) as without
-  the namespace.
+  (inherited stdout/stderr), forwards SIGINT and SIGTERM to it, and maps its result back: on
+  success the :class:`RunResult` of ``<run_dir>/metrics.json``; on failure the child's exception
+  class and message (sent back over a pipe), so the API raises the same classes (and the CLI
+  exits with the same codes) as without the namespace.
 
 Where no namespace can be made (no ``unshare`` binary, or ``unshare --net true`` fails, e.g. in a
 container without the privilege), a local cluster is refused with exit code 2 unless the recipe sets
