@@ -84,12 +84,26 @@ class _Watch:
             self.files, self.cpu_at_progress = files, self.used
             self.last_progress = time.monotonic()
 
-    def kill(self) -> None:
-        for member in reversed(_tree(self.root)):
+    def kill(self, timeout_s: float = 20.0) -> None:
+        """SIGKILL the tree, then wait until every member is dead (gone, or a zombie left to be
+        reaped): a killed process may still read as running for a moment under load (seen once
+        in a CI run: ``test_a_silent_idle_command_is_stopped_as_stalled_with_its_children``)."""
+        members = list(reversed(_tree(self.root)))
+        for member in members:
             try:
                 member.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(_alive(m) for m in members):
+            time.sleep(0.05)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def run_while_progressing(command: list[str], *, cwd: Path, env: dict[str, str],
