@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 from kerasdist import _log
 from kerasdist._signals import Terminated, terminate_on_sigterm
 from kerasdist.errors import TaskFailedError
-from kerasdist.importpath import child_pythonpath
 from kerasdist.launch import status
-from kerasdist.launch.isolation import unshare_argv
+from kerasdist.launch.isolation import launcher_env, unshare_argv
 from kerasdist.launch.processes import describe_exit, die_with_parent
 from kerasdist.training import RunResult
 from kerasdist.training.rundir import RunDir
@@ -78,11 +77,7 @@ def _popen_launcher(recipe: Recipe, write_fd: int, *, overwrite: bool, verbose,
         argv.append("--overwrite")
     if not isolate:
         argv.append("--exposed")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=env,
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=launcher_env(),
                              preexec_fn=die_with_parent)
     return child, json.dumps(recipe.model_dump(mode="json")).encode()
 

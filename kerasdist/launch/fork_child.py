@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Sequence
+from typing import Callable, NoReturn, Sequence
 
 
 def die_with(parent: int) -> None:
@@ -200,6 +200,33 @@ def child_state(env: dict) -> None:
         threadpool_limits(int(threads))
 
 
+def run(parent: int, body: Callable[[], int], *, name: str, env: dict, log_fd: int | None,
+        keep: Sequence[int] = ()) -> NoReturn:
+    """In a child just forked from ``parent``: stand where a started process would (its own
+    session, death with ``parent``, the process name ``name``, standard streams by
+    :func:`child_io`, no other descriptor but ``keep``, the environment ``env``), run ``body``
+    and end with its code (a traceback and code 1 if it raises); never returns."""
+    code = 1
+    try:
+        os.setsid()
+        die_with(parent)
+        name_process(name)  # `ps -e`, `top`
+        child_io(log_fd)
+        release_inherited_fds(keep)
+        child_state(env)
+        code = body()
+    except BaseException:  # noqa: BLE001 - report and end; never back to the launcher
+        try:
+            import traceback
+
+            traceback.print_exc()
+            flush()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
 def finish(code: int) -> int:
     """End a forked child as an interpreter ends: wait for its non-daemon threads, run its
     ``atexit`` hooks, flush; ``code`` as an exit status (0-255) for ``os._exit``."""
@@ -213,4 +240,4 @@ def finish(code: int) -> int:
 
 
 __all__ = ["ForkedTask", "child_io", "child_state", "die_with", "finish", "flush", "fork",
-           "name_process", "release_inherited_fds"]
+           "name_process", "release_inherited_fds", "run"]

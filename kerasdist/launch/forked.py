@@ -210,31 +210,18 @@ def start(argv: Sequence[str], *, env: dict, log_path: Path) -> ForkedTask:
     try:
         pid = fork_child.fork()
         if pid == 0:  # the child: never returns
-            code = 1
-            try:
-                os.setsid()
-                fork_child.die_with(parent)
-                fork_child.name_process(f"kd-{log_path.stem}")  # `ps -e`, `top`: kd-worker-1
-                fork_child.child_io(log_fd)
-                fork_child.release_inherited_fds()
-                fork_child.child_state(env)
-                from kerasdist._timeline import mark
-
-                mark("forked")  # KERASDIST_TIMELINE: this task was forked (tests, the profile)
-                code = _run(list(argv[3:]))
-            except BaseException:  # noqa: BLE001 - report and end; never back to the launcher
-                try:
-                    import traceback
-
-                    traceback.print_exc()
-                    fork_child.flush()
-                except BaseException:  # noqa: BLE001
-                    pass
-            finally:
-                os._exit(code)
+            fork_child.run(parent, lambda: _task_body(argv), name=f"kd-{log_path.stem}",
+                           env=env, log_fd=log_fd)
     finally:
         os.close(log_fd)
     return ForkedTask(pid, argv)
+
+
+def _task_body(argv: Sequence[str]) -> int:
+    from kerasdist._timeline import mark
+
+    mark("forked")  # KERASDIST_TIMELINE: this task was forked (tests, the profile)
+    return _run(list(argv[3:]))
 
 
 def _run(args: list[str]) -> int:

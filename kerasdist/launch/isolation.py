@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from kerasdist import _exit, _log, errors
 from kerasdist._signals import Terminated, terminate_on_sigterm
 from kerasdist.errors import ClusterError
+from kerasdist.importpath import child_pythonpath
 from kerasdist.launch import status
 from kerasdist.launch.processes import (
     describe_exit,
@@ -66,6 +67,17 @@ log = _log.get_logger("launch")
 
 NO_NETNS_ENV = "KERASDIST_NO_NETNS"
 """Set to ``1`` to act as if network namespaces were unavailable on this machine (tests)."""
+def launcher_env() -> dict[str, str]:
+    """The environment of the local cluster's launcher (started or forked): this process's,
+    unbuffered, with the user's modules on ``PYTHONPATH``
+    (:func:`kerasdist.importpath.child_pythonpath`)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
 def unshare_argv() -> list[str]:
     """The command prefix that runs a program in a fresh network namespace (empty if impossible)."""
     binary = shutil.which("unshare")

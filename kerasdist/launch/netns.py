@@ -75,36 +75,17 @@ def fork_launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -
     """Fork the launcher of ``recipe``'s local cluster (see the module docs); it reports how the
     run ended on ``result_fd`` (JSON, as :func:`kerasdist.launch.isolation.main` does, or
     ``{"not_isolated": why}``) and exits with the CLI's code for that end."""
-    from kerasdist.importpath import child_pythonpath
     from kerasdist.launch import fork_child
+    from kerasdist.launch.isolation import launcher_env
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    pythonpath = child_pythonpath(os.environ.get("PYTHONPATH"))  # the user's modules
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    env = launcher_env()
     fork_child.flush()
     parent = os.getpid()
     pid = fork_child.fork()
     if pid == 0:  # the child: never returns
-        code = 1
-        try:
-            os.setsid()  # its own process group: the command ends it and its tasks with killpg
-            fork_child.die_with(parent)
-            fork_child.name_process("kd-launcher")  # `ps -e`, `top`
-            fork_child.child_io(None)
-            fork_child.release_inherited_fds(keep=(result_fd,))
-            fork_child.child_state(env)
-            code = _launcher(recipe, overwrite=overwrite, verbose=verbose, result_fd=result_fd)
-        except BaseException:  # noqa: BLE001 - report and end; never back to the command
-            try:
-                import traceback
-
-                traceback.print_exc()
-                fork_child.flush()
-            except BaseException:  # noqa: BLE001
-                pass
-        finally:
-            os._exit(code)
+        fork_child.run(parent, lambda: _launcher(recipe, overwrite=overwrite, verbose=verbose,
+                                                 result_fd=result_fd),
+                       name="kd-launcher", env=env, log_fd=None, keep=(result_fd,))
     return fork_child.ForkedTask(pid, [sys.executable, "-m", "kerasdist.launch.isolation"])
 
 
