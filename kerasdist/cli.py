@@ -260,7 +260,7 @@ def _cmd_fit(args) -> int:
 
     with startup("reading the recipe and importing TensorFlow"):  # SIGINT/SIGTERM: 130/143
         recipe, tf_config = _fit_recipe(args)
-        restarted = recipe.cluster.kind in ("local", "ray")
+        restarted = recipe.cluster.traits.starts_tasks
         from kerasdist.launch import explain
 
         explain.RUN.update(run_dir=recipe.output.run_dir,
@@ -270,8 +270,7 @@ def _cmd_fit(args) -> int:
         # Here only where this machine writes the outputs (one process, the local launcher, the
         # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the
         # chief.
-        roles_elsewhere = tf_config is None and \
-            recipe.cluster.kind in ("tf_config", "slurm", "jobset")
+        roles_elsewhere = tf_config is None and recipe.cluster.traits.roles_from_environment
         if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
             check_run_dir_path(recipe.output.run_dir)
             from kerasdist import tracking
@@ -298,7 +297,7 @@ def _cmd_fit(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    return cli_export.run(args, _load_without_imports(args))
+    return cli_export.run(args, cli_export.load_as_tasks_will(args))
 
 
 def _cmd_bench(args) -> int:

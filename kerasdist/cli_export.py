@@ -91,6 +91,33 @@ def _run_slurm(args, recipe) -> int:
     return EXIT_OK
 
 
+TASK_KIND = {"slurm": "slurm", "jobset": "jobset", "trainjob": "jobset", "tfjob": "tf_config"}
+"""The ``cluster.kind`` the exported tasks run with (each target's command sets it)."""
+
+
+def load_as_tasks_will(args):
+    """The recipe as the exported tasks will read it: with ``--set cluster.kind=<the target's
+    kind>`` (its own cluster fields, such as Slurm's ``preemption_signal``, may then be set),
+    and an import-path ``model.name`` checked for syntax only.
+
+    Raises:
+        RecipeError: the recipe, or an override, is invalid for that kind.
+    """
+    from kerasdist.config import load_recipe
+    from kerasdist.errors import RecipeError
+    from kerasdist.models import registry
+
+    with registry.no_imports():
+        try:
+            return load_recipe(args.recipe, [f"cluster.kind={TASK_KIND[args.target]}",
+                                             *args.overrides])
+        except RecipeError:
+            recipe = load_recipe(args.recipe, args.overrides)  # its own error, if any
+            if recipe.strategy.traits.topology != "single":
+                raise
+            return recipe  # a one-process recipe: the export's own refusal names it
+
+
 def run(args, recipe) -> int:
     """``kerasdist export slurm|jobset|trainjob|tfjob``: write the script or manifest of ``recipe``
     (validated, nothing imported) to ``args.output`` (atomically) or stdout."""

@@ -99,6 +99,7 @@ def run_measured(name: str, argv: list[str], *, log_path: Path, timeout_s: float
 
 def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) -> dict:
     """The recipe mapping for one strategy row (same model, data, global batch)."""
+    from kerasdist.config.cluster_configs import cluster_config_classes
     from kerasdist.config.schema import strategy_config_classes
 
     data = json.loads(json.dumps(raw))
@@ -109,10 +110,10 @@ def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) ->
         data["cluster"] = {"kind": "this_process"}
         data["data"] = {**data.get("data", {}), "auto_shard": "auto"}  # one pipeline: no sharding
     else:
-        cluster = {k: v for k, v in data.get("cluster", {}).items()
-                   if k not in ("address", "cpus_per_worker", "gpus_per_worker")}
+        fields = cluster_config_classes()[cluster_kind].model_fields
+        cluster = {k: v for k, v in data.get("cluster", {}).items() if k in fields}
         data["cluster"] = {**cluster, "kind": cluster_kind, "workers": workers,
-                           "ps": 1 if traits.needs_ps else 0}
+                           **({"ps": 1} if traits.needs_ps else {})}
     data["output"] = {**data.get("output", {}), "run_dir": str(run_dir)}
     data["trainer"] = {**data.get("trainer", {}), "verbose": 0}
     return data

@@ -28,6 +28,7 @@ from typing import Any
 
 from kerasdist.cluster.export import IMAGE_UID, RUNS_MOUNT, PodResources, job_name
 from kerasdist.cluster.roles import recipe_counts
+from kerasdist.config.cluster_configs import as_kind
 from kerasdist.errors import RecipeError
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -71,7 +72,7 @@ def pod_template_spec(recipe, *, counts: dict[str, int], recipe_path: str, image
     """The pod spec every task's pod runs: ``kerasdist fit <recipe> --set cluster.kind=jobset``
     with the recipe's counts, the JobSet environment (:data:`ANNOTATIONS`), uid
     :data:`IMAGE_UID`, the run directory on ``pvc`` (when given)."""
-    cluster = recipe.cluster
+    cluster = as_kind(recipe.cluster, "jobset")
     command = ["kerasdist", "fit", str(recipe_path), "--set", "cluster.kind=jobset",
                "--set", f"cluster.workers={cluster.workers}"]
     if "ps" in counts:

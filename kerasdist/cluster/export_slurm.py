@@ -34,6 +34,7 @@ from pathlib import Path
 from kerasdist._version import __version__
 from kerasdist.cluster.export import job_name
 from kerasdist.cluster.roles import recipe_counts
+from kerasdist.config.cluster_configs import as_kind
 from kerasdist.errors import RecipeError
 
 DEFAULT_SIGNAL_S = 300
@@ -117,7 +118,8 @@ def sbatch_script(recipe, *, recipe_path: str, options: SlurmOptions = SlurmOpti
     if options.requeue:
         lines.append("#SBATCH --requeue")
     if options.signal_s:
-        lines.append(f"#SBATCH --signal={recipe.cluster.preemption_signal}@{options.signal_s}")
+        signal = as_kind(recipe.cluster, "slurm").preemption_signal
+        lines.append(f"#SBATCH --signal={signal}@{options.signal_s}")
     settings = ["cluster.kind=slurm", f"cluster.workers={counts['worker']}"]
     if "ps" in counts:
         settings.append(f"cluster.ps={counts['ps']}")

@@ -212,6 +212,33 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
                 raise RecipeError(f"--set {key}: '{dotted}' is not a section. Received: {child!r}")
             node = child
         node[parts[-1]] = value
+    return _switch_cluster_kind(result, raw, overrides)
+
+
+def _switch_cluster_kind(result: dict[str, Any], raw: dict[str, Any], overrides: list[str]):
+    """``--set cluster.kind=K`` on a recipe written for another kind (``kerasdist export``'s pods
+    run ``--set cluster.kind=slurm`` on a ``local`` recipe): the file's cluster fields that K
+    does not have are left out, with one log line; fields given by ``--set`` are kept (and
+    refused by validation when K lacks them)."""
+    from kerasdist.config.cluster_configs import cluster_config_classes, fields_of_other_kinds
+
+    cluster = result.get("cluster")
+    kind = cluster.get("kind") if isinstance(cluster, dict) else None
+    written = raw.get("cluster") if isinstance(raw.get("cluster"), dict) else {}
+    set_keys = {item.partition("=")[0].strip() for item in overrides}
+    if "cluster.kind" not in set_keys or kind not in cluster_config_classes() or \
+            written.get("kind", "this_process") == kind:
+        return result
+    dropped = [key for key in fields_of_other_kinds(kind, written)
+               if f"cluster.{key}" not in set_keys]
+    for key in dropped:
+        del cluster[key]
+    if dropped:
+        from kerasdist import _log
+
+        _log.get_logger("config").info(
+            f"--set cluster.kind={kind}: the recipe's cluster.{', cluster.'.join(dropped)} "
+            f"(of cluster.kind '{written.get('kind', 'this_process')}') do not apply and are left out")
     return result
 
 
@@ -315,35 +342,37 @@ def dump_recipe(recipe: Recipe) -> str:
 def json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of the recipe, for editors (e.g. the YAML language server).
 
-    ``strategy`` is validated by its ``kind`` (each kind has its own config class), so pydantic's
-    schema of the field knows only ``kind``; here it becomes a ``oneOf`` of every registered
-    kind's own schema, each with ``kind`` fixed, so editors accept e.g. ``strategy.logical_cpus``
-    under ``kind: mirrored`` and flag it under ``kind: default``.
+    ``strategy`` and ``cluster`` are validated by their ``kind`` (each kind has its own config
+    class), so pydantic's schema of the field knows only ``kind``; here each becomes a ``oneOf`` of
+    every registered kind's own schema, each with ``kind`` fixed, so editors accept e.g.
+    ``strategy.logical_cpus`` under ``kind: mirrored`` and flag it under ``kind: default``.
 
     Returns:
         The schema as a JSON-ready dict.
     """
+    from kerasdist.config.cluster_configs import cluster_config_classes
     from kerasdist.config.strategy_configs import strategy_config_classes
 
     schema = Recipe.model_json_schema(ref_template="#/$defs/{model}")
     defs = schema.setdefault("$defs", {})
-    strategy = schema["properties"]["strategy"]
-    default_kind = (strategy.get("default") or {}).get("kind")
-    variants = []
-    for kind, cls in strategy_config_classes().items():
-        sub = cls.model_json_schema(ref_template="#/$defs/{model}")
-        defs.update(sub.pop("$defs", {}))
-        sub.setdefault("properties", {})["kind"] = {"const": kind, "title": "Kind",
-                                                    "type": "string"}
-        if kind != default_kind:  # `kind` may be left out only for the default kind
-            sub["required"] = sorted({*sub.get("required", ()), "kind"})
-        variants.append(sub)
+    for section, classes in (("strategy", strategy_config_classes()),
+                             ("cluster", cluster_config_classes())):
+        default = schema["properties"][section].get("default")
+        variants = []
+        for kind, cls in classes.items():
+            sub = cls.model_json_schema(ref_template="#/$defs/{model}")
+            defs.update(sub.pop("$defs", {}))
+            sub.setdefault("properties", {})["kind"] = {"const": kind, "title": "Kind",
+                                                        "type": "string"}
+            if kind != (default or {}).get("kind"):  # only the default kind may leave `kind` out
+                sub["required"] = sorted({*sub.get("required", ()), "kind"})
+            variants.append(sub)
+        schema["properties"][section] = {
+            "oneOf": variants, "default": default,
+            "description": f"The {'tf.distribute strategy' if section == 'strategy' else 'cluster'}"
+                           ", chosen by `kind`; the other fields depend on it."}
     source = defs["DataConfig"]["properties"]["source"]  # a kind's name alone is accepted too
     source["oneOf"] = [*source["oneOf"], {"enum": sorted(source["discriminator"]["mapping"]),
                                           "type": "string"}]
     del source["discriminator"]  # (a JSON Schema discriminator only picks between mappings)
-    schema["properties"]["strategy"] = {
-        "oneOf": variants, "default": strategy.get("default"),
-        "description": "The tf.distribute strategy, chosen by `kind`; the other fields depend "
-                       "on it."}
     return schema

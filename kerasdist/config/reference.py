@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kerasdist.config.cluster_configs import cluster_config_classes
 from kerasdist.config.loader import json_schema
 from kerasdist.config.source_configs import source_config_classes
 from kerasdist.config.strategy_configs import strategy_config_classes
@@ -46,8 +47,8 @@ def recipe_reference_markdown() -> str:
     defs = schema.get("$defs", {})
     parts = []
     for section, prop in schema["properties"].items():
-        if section == "strategy":
-            parts.append(_strategy_section(prop))
+        if section in ("strategy", "cluster"):
+            parts.append(_kinds_section(section, prop))
             continue
         sub = _resolve(prop, defs)
         if not sub.get("properties"):  # a top-level field that is not a section (callbacks)
@@ -76,19 +77,22 @@ def _source_section() -> str:
     return "\n\n".join(parts)
 
 
-def _strategy_section(prop: dict[str, Any]) -> str:
-    kinds = {kind: cls for kind, cls in strategy_config_classes().items()
+def _kinds_section(section: str, prop: dict[str, Any]) -> str:
+    """One table per built-in kind of a kinded section (``strategy``, ``cluster``)."""
+    classes = strategy_config_classes() if section == "strategy" else cluster_config_classes()
+    kinds = {kind: cls for kind, cls in classes.items()
              if cls.__module__.startswith("kerasdist.")}  # not kinds registered by tests or users
     default = (prop.get("default") or {}).get("kind", "")
-    row = _row("strategy.kind", " · ".join(f"`{k}`" for k in kinds), _value(default),
-               "Which strategy runs the recipe; the other `strategy.*` fields depend on it "
-               "(one table per kind below).")
-    parts = [f"### `strategy`\n\n{_HEADER}\n{row}"]
+    what = "strategy runs the recipe" if section == "strategy" else "cluster runs its tasks"
+    row = _row(f"{section}.kind", " · ".join(f"`{k}`" for k in kinds), _value(default),
+               f"Which {what}; the other `{section}.*` fields depend on it (one table per kind "
+               "below).")
+    parts = [f"### `{section}`\n\n{_HEADER}\n{row}"]
     for kind, cls in kinds.items():
         sub = cls.model_json_schema()
-        rows = _rows("strategy", sub, sub.get("$defs", {}), {}, skip=("kind",))
+        rows = _rows(section, sub, sub.get("$defs", {}), {}, skip=("kind",))
         table = f"{_HEADER}\n" + "\n".join(rows) if rows else "No other fields."
-        parts.append(f"#### `strategy.kind: {kind}`\n\n{_text(sub.get('description', ''))}\n\n"
+        parts.append(f"#### `{section}.kind: {kind}`\n\n{_text(sub.get('description', ''))}\n\n"
                      + table)
     return "\n\n".join(parts)
 

@@ -16,7 +16,7 @@ before anything starts.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     ConfigDict,
@@ -112,142 +112,23 @@ class ModelConfig(_Frozen):
 
 
 # ---------------------------------------------------------------------------------------- data
+# ------------------------------------------------------------------------------------- cluster
+from kerasdist.config.cluster_configs import (  # noqa: E402,F401  (re-exported: the schema's names)
+    MAX_THREADS_PER_TASK,
+    PREEMPTION_SIGNALS,
+    ClusterConfig,
+    ClusterConfigBase,
+    ClusterTraits,
+    PreemptionSignal,
+    ThisProcessClusterConfig,
+    check_fits_strategy,
+)
 from kerasdist.config.data_configs import (  # noqa: E402,F401  (re-exported: the schema's names)
     AutoShard,
     DataConfig,
     DataSource,
     FeatureSpec,
 )
-
-# ------------------------------------------------------------------------------------- cluster
-MAX_THREADS_PER_TASK = 1024
-"""Most intra-op threads a task may be given (``cluster.threads_per_task``, ``kerasdist launch
---threads-per-task``): above the hardware threads of the largest machines sold today (2 x 192 cores,
-768 threads); TensorFlow aborts a task given a thread count it cannot use."""
-
-
-PreemptionSignal = Literal["USR1", "TERM", "INT", "HUP", "ALRM", "XCPU", "QUIT"]
-PREEMPTION_SIGNALS: tuple[str, ...] = PreemptionSignal.__args__
-"""Names ``cluster.preemption_signal`` takes (without ``SIG``): signals a process can catch that
-Slurm's ``--signal`` can send, except ``USR2`` (kerasdist's release signal under Slurm)."""
-
-
-class ClusterConfig(_Frozen):
-    """``cluster``: where the tasks of the strategy run.
-
-    * ``this_process``: the current process is the whole job (strategies default, mirrored).
-    * ``local``: kerasdist starts ``workers`` worker tasks and ``ps`` parameter-server tasks as
-      subprocesses on free localhost ports, each with its own ``TF_CONFIG``.
-    * ``tf_config``: the process takes the role named by the ``TF_CONFIG`` environment variable
-      (or the ``--job-name/--task-index/--ps-hosts/--worker-hosts`` flags): real machines.
-    * ``slurm``: the role comes from the Slurm job (``SlurmClusterResolver``), one task per node
-      or per ``srun`` task.
-    * ``jobset``: the role comes from a Kubernetes JobSet pod (``kerasdist export jobset``): its
-      replicated job and completion index, the peers' DNS names (:mod:`kerasdist.cluster.jobset`);
-      in a Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``), its rank in the
-      replicated job ``node``.
-    * ``ray``: ``workers`` Ray Train workers (``TensorflowTrainer``), each running kerasdist's
-      lifecycle as one multi-worker task (:mod:`kerasdist.launch.ray_run`); needs
-      ``pip install 'kerasdist[ray]'``.
-    """
-
-    kind: Literal["this_process", "local", "tf_config", "slurm", "jobset", "ray"] = "this_process"
-    workers: int = Field(1, ge=1, description="local, ray, jobset: number of worker tasks; "
-                         "slurm: when set, the step's task count must match (exit 2 otherwise).")
-    ps: int = Field(0, ge=0, description="local, slurm, jobset: number of parameter-server "
-                    "tasks.")
-    max_restarts: int = Field(0, ge=0, description="local, ray (multi_worker): cluster restarts "
-                              "after a task dies (resuming from the last backup at its exact "
-                              "step; on Ray: FailureConfig.max_failures). slurm: requeues a "
-                              "preempted job may ask for (SLURM_RESTART_COUNT below it; a job "
-                              "requeued more often is refused at start, exit 2); jobset: the "
-                              "JobSet's failurePolicy.maxRestarts.")
-    preemption_signal: PreemptionSignal = Field(
-        "USR1", description="slurm: the signal that stops training at one agreed step with a "
-        "checkpoint, after which task 0 requeues the job (besides SIGTERM and SIGINT, always "
-        "watched); kerasdist export slurm writes it as --signal=<SIG>@<seconds>. A name with or "
-        "without 'SIG', any case: " + ", ".join(PREEMPTION_SIGNALS) + " (USR2 is kerasdist's "
-        "release signal; KILL and STOP cannot be caught).")
-    min_workers: int | None = Field(
-        None, ge=1, description="local, ray: elastic worker count. On ray it is Ray Train's own "
-        "elastic scaling (ScalingConfig(num_workers=(min_workers, workers))): after a lost worker "
-        "(each loss uses one of cluster.max_restarts) Ray restarts the group on as many workers "
-        "as the cluster can place, at least this many, and grows it back every "
-        "cluster.resize_check_s when more can be placed; every count must divide data.batch_size "
-        "(refused before anything starts). local: when a worker is lost and no "
-        "restart is left, the run continues on the workers that are left, down to this many, from "
-        "the last backup at its exact step with the same global batch (per-replica batch "
-        "re-derived; a count data.batch_size does not divide is refused); a later restart tries "
-        "cluster.workers again. Under parameter_server a value below cluster.workers runs the "
-        "coordinator as a task of its own (chief:0, its progress in logs/chief-0.log): TF's "
-        "ClusterCoordinator cannot go on without one of its workers, so the attempt is stopped "
-        "and the next one, on the workers left, resumes from the last checkpoint (the "
-        "parameter-server global batch is one worker's batch: nothing to re-derive). None = not "
-        "elastic: the run fails when the restarts are spent (under parameter_server: exit 1; "
-        "re-run with fewer cluster.workers to resume without the lost worker).")
-    start_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for tasks to start.")
-    threads_per_task: Annotated[int, Field(ge=0, le=MAX_THREADS_PER_TASK, strict=True)] | \
-            Literal["auto"] = Field(
-        "auto", description=f"intra-op threads per task, 0 to {MAX_THREADS_PER_TASK} (an integer, "
-        "not a boolean); 0 = TF default (every core). 'auto': on "
-        "local and local-Ray clusters, this machine's cores divided by the tasks sharing them "
-        "(workers + ps + coordinator), at least 1; elsewhere TF's default. Measured on 2 cores: "
-        "1 thread per task was faster in every alternating pair for multi_worker (+7 to +13 %) "
-        "and parameter_server (+6 to +7 %) (docs/benchmarks.md).")
-
-    port_base: int = Field(8888, ge=1024, le=65535, description="slurm: first port of the tasks "
-                           "on each node (SlurmClusterResolver's port_base); jobset: every pod's "
-                           "port.")
-    allow_oversubscription: bool = Field(
-        False, description="local: start more than 4 tasks per CPU core (at least 8 in all); "
-        "refused otherwise before anything starts.")
-    allow_network_exposure: bool = Field(
-        False, description="local: start the tasks even where kerasdist cannot isolate them in a "
-        "private network namespace. TensorFlow binds every task server to all interfaces with no "
-        "authentication, so without isolation any host that can reach this machine can run ops "
-        "in them (read files, for example).")
-    address: str | None = Field(
-        None, min_length=1, description="ray: None = start a local Ray for this run (in a private "
-        "network namespace, shut down at the end); 'auto' = the Ray cluster already running on "
-        "this machine; 'HOST:PORT' = that cluster's GCS address (left running).")
-    resize_check_s: float = Field(
-        60.0, gt=0, allow_inf_nan=False, description="ray, with min_workers: seconds between Ray "
-        "Train's checks whether a smaller group can grow (ScalingConfig."
-        "elastic_resize_monitor_interval_s); growing restarts the group from the last backup.")
-    cpus_per_worker: float = Field(1.0, gt=0, allow_inf_nan=False,
-                                   description="ray: logical CPUs each worker reserves.")
-    gpus_per_worker: float = Field(0.0, ge=0, allow_inf_nan=False,
-                                   description="ray: GPUs each worker reserves (0 = none).")
-
-    @field_validator("preemption_signal", mode="before")
-    @classmethod
-    def _signal_name(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        name = value.strip().upper().removeprefix("SIG")
-        if name not in PREEMPTION_SIGNALS:
-            raise ValueError(f"cluster.preemption_signal must name one of "
-                             f"{', '.join(PREEMPTION_SIGNALS)} (with or without 'SIG'). "
-                             f"Received: {value!r}")
-        return name
-
-    @model_validator(mode="after")
-    def _min_workers_within_workers(self) -> ClusterConfig:
-        if self.min_workers is not None and self.kind not in ("local", "ray"):
-            raise ValueError("cluster.min_workers is for cluster.kind 'local' and 'ray' only. "
-                             "Received: "
-                             f"kind='{self.kind}', min_workers={self.min_workers}")
-        if self.min_workers is not None and self.min_workers > self.workers:
-            raise ValueError(f"cluster.min_workers must be <= cluster.workers. Received: "
-                             f"min_workers={self.min_workers}, workers={self.workers}")
-        return self
-
-    @model_validator(mode="after")
-    def _ray_fields_only_on_ray(self) -> ClusterConfig:
-        if self.kind != "ray" and self.address is not None:
-            raise ValueError("cluster.address is for cluster.kind 'ray' only. Received: "
-                             f"kind='{self.kind}', address={self.address!r}")
-        return self
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -313,7 +194,7 @@ class Recipe(_Frozen):
     data: DataConfig = DataConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     strategy: StrategyConfig = DefaultStrategyConfig()
-    cluster: ClusterConfig = ClusterConfig()
+    cluster: ClusterConfig = ThisProcessClusterConfig()
     trainer: TrainerConfig = TrainerConfig()
     output: OutputConfig = OutputConfig()
     callbacks: list[CallbackSpec] = Field(
@@ -331,21 +212,8 @@ class Recipe(_Frozen):
 
     @model_validator(mode="after")
     def _cluster_fits_strategy(self) -> Recipe:
-        kind, traits, cluster = self.strategy.kind, self.strategy.traits, self.cluster
-        why = dict(traits.refusals).get(cluster.kind)
-        if why:
-            raise ValueError(f"strategy '{kind}' cannot run on cluster.kind '{cluster.kind}': "
-                             f"{why}. Received: kind='{cluster.kind}'")
-        if cluster.kind not in traits.cluster_kinds:
-            raise ValueError(f"strategy '{kind}' needs cluster.kind "
-                             f"{' or '.join(repr(k) for k in traits.cluster_kinds)}. "
-                             f"Received: kind='{cluster.kind}'")
-        if traits.needs_ps and cluster.kind == "local" and cluster.ps < 1:
-            raise ValueError(f"cluster.ps must be >= 1 for strategy '{kind}'. "
-                             f"Received: ps={cluster.ps}")
-        if not traits.needs_ps and cluster.ps:
-            raise ValueError(f"strategy '{kind}' has no parameter servers; cluster.ps must be "
-                             f"0. Received: ps={cluster.ps}")
+        kind, traits = self.strategy.kind, self.strategy.traits
+        check_fits_strategy(self.cluster, self.strategy)
         if self.data.auto_shard not in traits.auto_shard:
             raise ValueError(f"data.auto_shard '{self.data.auto_shard}' means nothing for strategy "
                              f"'{kind}' (it accepts {', '.join(traits.auto_shard)}). "
@@ -373,7 +241,7 @@ class Recipe(_Frozen):
         value, cluster = self.cluster.threads_per_task, self.cluster
         if value != "auto":
             return value
-        if cluster.kind == "local" or (cluster.kind == "ray" and cluster.address is None):
+        if cluster.shares_this_machine():
             tasks = cluster.workers + cluster.ps + (1 if self.strategy.traits.needs_ps else 0)
             if tasks > 1:
                 return max(1, (cores or os.cpu_count() or 1) // tasks)

@@ -34,9 +34,9 @@ def signal_of(name: str) -> signal.Signals:
 
 def preemption_signals(recipe) -> tuple[int, ...]:
     """The signals that stop ``recipe``'s training with an agreed checkpoint: :data:`SIGNALS`,
-    and ``cluster.preemption_signal`` (default :data:`SLURM_SIGNAL`) under ``cluster.kind:
-    slurm``."""
-    if recipe.cluster.kind != "slurm":
+    and ``cluster.preemption_signal`` (default :data:`SLURM_SIGNAL`) on a cluster whose scheduler
+    requeues (Slurm)."""
+    if not recipe.cluster.traits.requeues:
         return SIGNALS
     extra = signal_of(recipe.cluster.preemption_signal)
     return SIGNALS + (() if extra in SIGNALS else (extra,))

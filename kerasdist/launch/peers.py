@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
+from kerasdist.config.cluster_configs import as_kind
 from kerasdist.errors import TaskFailedError
 from kerasdist.launch.plan import LaunchSpec, TaskPlan, clean_scratch
 from kerasdist.launch.supervisor import Supervisor
@@ -46,8 +47,8 @@ def task_recipe(recipe: Recipe, workers: int) -> list[str]:
     workers: the resolved recipe (``cluster.kind: tf_config``, the resolved thread count, the
     attempt's worker count) written as ``<run_dir>/logs/recipe.json`` (after the preflight)."""
     data = recipe.model_dump(mode="json")
-    data["cluster"].update(kind="tf_config", threads_per_task=recipe.intra_op_threads(),
-                           workers=workers, min_workers=None)
+    data["cluster"] = as_kind(recipe.cluster, "tf_config", threads_per_task=recipe.intra_op_threads(),
+                              workers=workers).model_dump(mode="json")
     path = RunDir.of(recipe).write_task_recipe(data)
     return ["fit", str(path), "--verbose", "2"]
 

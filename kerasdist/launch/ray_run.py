@@ -307,9 +307,11 @@ def _own_error(err: BaseException) -> KerasdistError | None:
 def worker_recipe(recipe: Recipe) -> dict:
     """The recipe each Ray worker runs: this one as a ``tf_config`` task (its role comes from the
     TF_CONFIG Ray writes)."""
+    from kerasdist.config.cluster_configs import as_kind
+
     data = recipe.model_dump(mode="json")
-    data["cluster"].update(kind="tf_config", address=None, min_workers=None,
-                           threads_per_task=recipe.intra_op_threads())
+    data["cluster"] = as_kind(recipe.cluster, "tf_config",
+                              threads_per_task=recipe.intra_op_threads()).model_dump(mode="json")
     return data
 
 

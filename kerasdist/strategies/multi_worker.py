@@ -292,7 +292,7 @@ class MultiWorkerStrategy(Strategy):
     def replicas_before_start(self, recipe) -> int | None:
         # One replica per CPU worker; with GPUs the replicas are a multiple of the workers, so the
         # batch must divide by the workers in any case.
-        return recipe.cluster.workers if recipe.cluster.kind == "local" else None
+        return recipe.cluster.workers if recipe.cluster.traits.supervised else None
 
     def num_input_pipelines(self, tf_strategy) -> int:
         return num_workers(tf_strategy)

@@ -240,12 +240,7 @@ def trial_cores(recipe: Recipe) -> int:
     ps, a parameter-server coordinator), its workers' ``cpus_per_worker`` on Ray, else 1."""
     from kerasdist.strategies import registry
 
-    cluster = recipe.cluster
-    if cluster.kind == "local":
-        return cluster.workers + cluster.ps + (1 if registry.for_recipe(recipe).traits.needs_ps else 0)
-    if cluster.kind == "ray":
-        return max(1, round(cluster.workers * cluster.cpus_per_worker))
-    return 1
+    return recipe.cluster.cores_here(coordinator=registry.for_recipe(recipe).traits.needs_ps)
 
 
 def machine_cores() -> int:

@@ -227,7 +227,8 @@ def test_min_workers_is_checked_against_workers_and_cluster_kind():
     with pytest.raises(RecipeError, match=r"cluster.min_workers must be <= cluster.workers. "
                                           r"Received: min_workers=4, workers=3"):
         _cluster("multi_worker", kind="local", workers=3, min_workers=4)
-    with pytest.raises(RecipeError, match=r"for cluster.kind 'local' and 'ray' only. Received: "
+    with pytest.raises(RecipeError, match=r"cluster.min_workers is not a field of cluster.kind "
+                                          r"'tf_config'; it belongs to 'local', 'ray'. Received: "
                                           r"kind='tf_config', min_workers=1"):
         _cluster("multi_worker", kind="tf_config", workers=2, min_workers=1)
     with pytest.raises(RecipeError, match="min_workers"):
@@ -312,3 +313,39 @@ def test_validate_prints_only_the_chosen_source_kinds_data_fields(tmp_path):
     assert validate_recipe({**yaml.safe_load(dump_recipe(recipe))}) == recipe
     embedded = yaml.safe_load(dump_recipe(validate_recipe({})))["data"]
     assert embedded["source"] == {"kind": "embedded"}
+
+
+def test_a_field_of_another_cluster_kind_is_refused_naming_the_kinds_it_belongs_to():
+    for cluster, field, owners in (
+            ({"kind": "local", "workers": 2, "port_base": 2222}, "port_base", "'slurm', 'jobset'"),
+            ({"kind": "slurm", "min_workers": 1}, "min_workers", "'local', 'ray'"),
+            ({"kind": "this_process", "workers": 2}, "workers", "'local', 'tf_config'")):
+        with pytest.raises(RecipeError, match=rf"cluster.{field} is not a field of cluster.kind "
+                                              rf"'{cluster['kind']}'; it belongs to {owners}"):
+            validate_recipe({"strategy": {"kind": "multi_worker" if cluster["kind"] != "this_process"
+                                          else "default"}, "cluster": cluster})
+    with pytest.raises(RecipeError, match=r"unknown cluster kind 'pbs'. Available: 'jobset', "
+                                          r"'local', 'ray', 'slurm', 'tf_config', 'this_process'"):
+        validate_recipe({"cluster": {"kind": "pbs"}})
+
+
+def test_set_cluster_kind_leaves_out_the_fields_the_new_kind_lacks(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("strategy: {kind: parameter_server}\ncluster: {kind: local, workers: 3, ps: 2, "
+                    "max_restarts: 1, allow_oversubscription: true, start_timeout_s: 9}\n")
+    slurm = load_recipe(path, ["cluster.kind=slurm", "cluster.preemption_signal=term"])
+    assert (slurm.cluster.workers, slurm.cluster.ps, slurm.cluster.max_restarts,
+            slurm.cluster.preemption_signal) == (3, 2, 1, "TERM")
+    assert load_recipe(path, ["cluster.kind=tf_config"]).cluster.traits.roles_from_environment
+    with pytest.raises(RecipeError, match="cluster.port_base is not a field of cluster.kind 'local'"):
+        load_recipe(path, ["cluster.port_base=2222"])  # given by --set for the file's own kind
+
+
+def test_each_cluster_kind_declares_its_traits():
+    from kerasdist.config.cluster_configs import cluster_config_classes
+
+    traits = {kind: cls.traits for kind, cls in cluster_config_classes().items()}
+    assert {k for k, t in traits.items() if t.starts_tasks} == {"local", "ray"}
+    assert {k for k, t in traits.items() if t.entry == "task"} == {"tf_config", "slurm", "jobset"}
+    assert {k for k, t in traits.items() if t.requeues} == {"slurm"}
+    assert {k for k, t in traits.items() if t.elastic} == {"local", "ray"}

@@ -78,7 +78,7 @@ def test_the_validation_can_fail(validator):
 
 def test_parameter_server_layout_and_policies():
     recipe = validate_recipe({"strategy": {"kind": "parameter_server"},
-                              "cluster": {"kind": "local", "workers": 3, "ps": 2,
+                              "cluster": {"kind": "jobset", "workers": 3, "ps": 2,
                                           "max_restarts": 4, "port_base": 2222}})
     manifest = jobset_manifest(recipe, recipe_path="/app/ps.yaml", image="kd:2", name="ps-run",
                                overrides=("trainer.epochs=3",))

@@ -45,9 +45,8 @@ def test_the_runtime_watches_the_recipes_signal_only_under_slurm():
     assert preemption_signals(_recipe(preemption_signal="TERM")) == \
         (signal.SIGTERM, signal.SIGINT)  # watched already, once
     local = validate_recipe({"strategy": {"kind": "multi_worker"},
-                             "cluster": {"kind": "local", "workers": 2,
-                                         "preemption_signal": "HUP"}})
-    assert signal.SIGHUP not in preemption_signals(local)
+                             "cluster": {"kind": "local", "workers": 2}})
+    assert preemption_signals(local) == (signal.SIGTERM, signal.SIGINT)
 
 
 def test_the_export_writes_the_recipes_signal():
