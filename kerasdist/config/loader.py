@@ -265,6 +265,8 @@ def format_validation_error(err: pydantic.ValidationError, *, source: str, text:
                 break
         if item["type"] == "union_tag_invalid":
             dotted += "." + str(item.get("ctx", {}).get("discriminator", "kind")).strip("'")
+        if item["type"] == "bool_for_number":  # raised for the section: name the field
+            dotted += "." + item["ctx"]["field"]
         message = _message(item)
         # Value errors raised by our validators already name their field.
         lines.append(f"{where}: {message}" if item["type"] == "value_error" else
@@ -279,7 +281,7 @@ def _message(item: dict[str, Any]) -> str:
     if kind == "union_tag_invalid":
         ctx = item.get("ctx", {})
         return f"unknown value {ctx.get('tag')!r}; available: {ctx.get('expected_tags')}"
-    if kind == "value_error":
+    if kind in ("value_error", "bool_for_number"):  # they say what they received
         return msg.removeprefix("Value error, ")
     received = item.get("input")
     return f"{msg}. Received: {received!r}"

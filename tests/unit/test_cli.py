@@ -276,7 +276,7 @@ def test_validate_refuses_a_worker_count_the_global_batch_does_not_divide(write_
 
 @pytest.mark.parametrize("value, needle", [
     ("1000000000000", "less than or equal to 1024"), ("-5", "greater than or equal to 0"),
-    ("true", "valid integer. Received: True")])
+    ("true", "not a boolean (true/false). Received: threads_per_task=true")])
 def test_threads_per_task_out_of_range_exits_2_naming_the_field(write_recipe, tmp_path, capsys,
                                                                   value, needle):
     """Issue 33 (6): refused by the recipe, naming cluster.threads_per_task, before any task

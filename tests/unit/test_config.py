@@ -349,3 +349,15 @@ def test_each_cluster_kind_declares_its_traits():
     assert {k for k, t in traits.items() if t.entry == "task"} == {"tf_config", "slurm", "jobset"}
     assert {k for k, t in traits.items() if t.requeues} == {"slurm"}
     assert {k for k, t in traits.items() if t.elastic} == {"local", "ray"}
+
+
+@pytest.mark.parametrize("override,field", [("trainer.epochs=true", "epochs"),
+                                            ("data.batch_size=false", "batch_size"),
+                                            ("optimizer.learning_rate=true", "learning_rate"),
+                                            ("trainer.verbose=true", "verbose")])
+def test_a_boolean_is_not_taken_as_a_number(override, field):
+    with pytest.raises(RecipeError, match=rf"\.{field}: must be a number or text, not a boolean "
+                                          rf"\(true/false\). Received: {field}=(true|false)"):
+        load_recipe("recipes/mnist_cnn.yaml", [override])
+    assert load_recipe("recipes/mnist_cnn.yaml", ["output.tensorboard=false"]).output.tensorboard \
+        is False  # a boolean field still takes one
