@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kerasdist._version import __version__
+from kerasdist.cluster.export_checks import export_kubernetes
 from kerasdist.errors import RecipeError
 
 API_VERSION = "kubeflow.org/v1"
@@ -120,8 +121,9 @@ def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = N
         ``{"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": ..., "spec": ...}``.
 
     Raises:
-        RecipeError: a one-process strategy, an empty image name, or an evaluator without a
-            shared run directory.
+        RecipeError: a one-process strategy, an empty image name, an evaluator without a
+            shared run directory, or an option Kubernetes would refuse
+            (:func:`kerasdist.cluster.export_checks.export_kubernetes`).
     """
     if not image:
         raise RecipeError("export tfjob: --image must name a container image. Received: ''")
@@ -130,6 +132,8 @@ def tfjob_manifest(recipe, *, recipe_path: str, image: str, name: str | None = N
                           "writes, so the run directory must be shared: give --pvc. "
                           "Received: pvc=None")
     name = name or job_name(recipe_path)
+    export_kubernetes("export tfjob", name=name, namespace=namespace, image=image, pvc=pvc,
+                      resources=resources, recipe_path=str(recipe_path))
     command = ["kerasdist", "fit", str(recipe_path), "--set", "cluster.kind=tf_config"]
     for item in overrides:
         command += ["--set", item]

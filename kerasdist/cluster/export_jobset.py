@@ -27,6 +27,7 @@ import copy
 from typing import Any
 
 from kerasdist.cluster.export import IMAGE_UID, RUNS_MOUNT, PodResources, job_name
+from kerasdist.cluster.export_checks import export_kubernetes
 from kerasdist.cluster.roles import recipe_counts
 from kerasdist.config.cluster_configs import as_kind
 from kerasdist.errors import RecipeError
@@ -119,6 +120,8 @@ def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = 
     """
     counts = recipe_counts(recipe, what="export jobset")
     name = name or job_name(recipe_path)
+    export_kubernetes("export jobset", name=name, namespace=namespace, image=image, pvc=pvc,
+                      resources=resources, recipe_path=str(recipe_path))
     check_names(image=image, name=name, hosts=[f"{name}-{job}-0-{n - 1}" for job, n in counts.items()],
            what="export jobset", pattern="<name>-<type>-0-<index>")
     cluster = recipe.cluster

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerasdist._version import __version__
+from kerasdist.cluster import export_checks
 from kerasdist.cluster.export import job_name
 from kerasdist.cluster.roles import recipe_counts
 from kerasdist.config.cluster_configs import as_kind
@@ -94,8 +95,9 @@ def sbatch_script(recipe, *, recipe_path: str, options: SlurmOptions = SlurmOpti
         A bash script: ``#SBATCH`` lines, the environment, one ``srun`` line.
 
     Raises:
-        RecipeError: a one-process strategy, ``nodes`` below 1 or above the task count, or a
-            negative ``signal_s``.
+        RecipeError: a one-process strategy, ``nodes`` below 1 or above the task count, a
+            negative ``signal_s``, or an option Slurm would refuse or that could end a line
+            (:func:`kerasdist.cluster.export_checks.export_slurm`).
     """
     counts = task_counts(recipe)
     tasks = sum(counts.values())
@@ -106,6 +108,7 @@ def sbatch_script(recipe, *, recipe_path: str, options: SlurmOptions = SlurmOpti
     if options.signal_s < 0:
         raise RecipeError(f"export slurm: --signal-s must be >= 0. Received: {options.signal_s}")
     name = options.name or job_name(recipe_path)
+    export_checks.export_slurm(name=name, options=options, recipe_path=str(recipe_path))
     lines = ["#!/bin/bash",
              f"# kerasdist {__version__}: `kerasdist export slurm {recipe_path}`",
              f"# {_layout(counts)}",

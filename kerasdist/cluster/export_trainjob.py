@@ -28,6 +28,7 @@ import copy
 from typing import Any
 
 from kerasdist.cluster.export import PodResources, job_name
+from kerasdist.cluster.export_checks import export_kubernetes
 from kerasdist.cluster.export_jobset import check_names, pod_environments, pod_template_spec
 from kerasdist.cluster.jobset import TRAINER_NODE
 from kerasdist.cluster.roles import recipe_counts
@@ -66,6 +67,8 @@ def trainjob_manifests(recipe, *, recipe_path: str, image: str, name: str | None
     counts = recipe_counts(recipe, what="export trainjob")
     tasks = sum(counts.values())
     name = name or job_name(recipe_path)
+    export_kubernetes("export trainjob", name=name, namespace=namespace, image=image, pvc=pvc,
+                      resources=resources, recipe_path=str(recipe_path))
     check_names(image=image, name=name, hosts=[f"{name}-{TRAINER_NODE}-0-{tasks - 1}"],
            what="export trainjob", pattern=f"<name>-{TRAINER_NODE}-0-<rank>")
     pod_spec = pod_template_spec(recipe, counts=counts, recipe_path=recipe_path, image=image,
