@@ -183,6 +183,15 @@ class OutputConfig(_Frozen):
         if isinstance(value, str) and not value.strip():
             raise ValueError("output.run_dir must name a directory (an empty string would be the "
                              f"current directory). Received: run_dir={value!r}")
+        if value is None:
+            raise ValueError("output.run_dir must name a directory; it is null (in YAML and "
+                             "--set, '~' and 'null' mean no value, not the home directory: "
+                             "kerasdist does not expand '~'). Received: run_dir=None")
+        if str(value).startswith("~"):
+            raise ValueError("output.run_dir starts with '~', which kerasdist does not expand "
+                             "(it would make a folder named '~'): write the path in full, e.g. "
+                             f"{Path.home() / str(value)[1:].lstrip('/')}. Received: "
+                             f"run_dir={str(value)!r}")
         return value
 
 

@@ -290,10 +290,12 @@ class RunDir:
             shown = ", ".join(sorted(entries - LAUNCH_ONLY)[:5]) or ", ".join(
                 f"logs/{name}" for name in sorted(os.listdir(self.logs))[:5]
                 if not TASK_LOG_NAME.fullmatch(name))
+            how = (" (it is the current directory or holds it, so --overwrite cannot move it "
+                   "aside)" if rundir_checks.holds_cwd(self.path) else ", or pass --overwrite "
+                   f"to move the folder aside to '{self.path}.old-<time>'")
             raise RunDirError(f"output.run_dir '{self.path}' is not empty and holds no kerasdist "
                               f"{RUN_INFO} (found: {shown}); kerasdist does not write into a "
-                              "folder it did not create. Use another output.run_dir, or pass "
-                              f"--overwrite to move the folder aside to '{self.path}.old-<time>'.")
+                              f"folder it did not create. Use another output.run_dir{how}.")
         self.previous = info
         has_ckpt = self.has_checkpoints()
         rundir_checks.refuse_other_model(self.path, recipe, info, checkpoint_schema, has_ckpt)

@@ -73,11 +73,17 @@ def refuse_links(path: Path, entries: set[str]) -> None:
             raise link_error(path / name, f"output.run_dir '{path}': the entry")
 
 
+def holds_cwd(path: Path) -> bool:
+    """Whether ``path`` is the current directory or one of its parents."""
+    here, target = Path.cwd().resolve(), path.resolve()
+    return target == here or target in here.parents
+
+
 def refuse_moving_cwd(path: Path) -> None:
     """Refuse moving ``path`` aside when it is or holds the current directory, is the root, or
     its folder is not writable."""
     here, target = Path.cwd().resolve(), path.resolve()
-    if target == here or target in here.parents:
+    if holds_cwd(path):
         raise RunDirError(
             f"--overwrite would move output.run_dir '{path}' ('{target}') aside, but it "
             f"is the current directory or holds it ('{here}'). Run kerasdist from another "
