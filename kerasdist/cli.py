@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="kerasdist", description="Distributed training of Keras 3 models from YAML recipes.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    from kerasdist import cli_init
+
+    cli_init.add_parser(sub)  # first in --help: where a new user starts
 
     fit = sub.add_parser("fit", help="train, evaluate and save the model a recipe describes")
     _add_recipe_args(fit)
@@ -310,8 +313,15 @@ def _cmd_conformance(args) -> int:
     return command.run(args)
 
 
+def _cmd_init(args) -> int:
+    from kerasdist import cli_init
+
+    return cli_init.run(args)
+
+
 COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
-            "export": _cmd_export, "conformance": _cmd_conformance, **cli_ops.COMMANDS}
+            "export": _cmd_export, "conformance": _cmd_conformance, "init": _cmd_init,
+            **cli_ops.COMMANDS}
 
 
 def console(argv: Sequence[str] | None = None) -> int:

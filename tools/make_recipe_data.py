@@ -15,7 +15,10 @@
   the embedded real MNIST digits (the MNIST test set shipped in kerasdist, CC BY-SA 3.0; see
   ``kerasdist/data/sample/README.md``) resized to 32x32 (bilinear) and written as RGB PNG files
   in one folder per class, the layout ``keras.utils.image_dataset_from_directory`` reads: the
-  first 8,000 digits are ``train``, the last 2,000 ``test`` (the split of recipes/mnist_cnn.yaml).
+  first 8,000 digits are ``train``, the last 2,000 ``test`` (the split of recipes/mnist_cnn.yaml);
+  ``kerasdist init images`` writes the same files (``kerasdist.cli_init.write_mnist_rgb``).
+* The csv files are shipped in the package too (``kerasdist/templates/data/breast_cancer``, what
+  ``kerasdist init csv`` writes; tests/unit/test_init.py checks they equal this script's).
 
 Usage::
 
@@ -29,6 +32,8 @@ import argparse
 from pathlib import Path
 
 import numpy as np
+
+from kerasdist.cli_init import write_mnist_rgb  # also the data of `kerasdist init images`
 
 
 def write_breast_cancer(out: Path) -> Path:
@@ -48,18 +53,6 @@ def write_breast_cancer(out: Path) -> Path:
     folder = out / "breast_cancer"
     write_csv_splits(folder, header, {"train": rows(order[:cut])}, files_per_split=4)
     write_csv_splits(folder, header, {"test": rows(order[cut:])}, files_per_split=1)
-    return folder
-
-
-def write_mnist_rgb(out: Path, size: int = 32) -> Path:
-    """The image recipe's folders under ``out/mnist_rgb32``."""
-    from kerasdist.data.sources import embedded_dir, load_idx_split
-    from kerasdist.data.writers import write_image_folder
-
-    x, y = load_idx_split(embedded_dir(), "test")
-    folder = out / f"mnist_rgb{size}"
-    write_image_folder(folder, "train", x[:8000], y[:8000], size=(size, size), rgb=True)
-    write_image_folder(folder, "test", x[8000:], y[8000:], size=(size, size), rgb=True)
     return folder
 
 
