@@ -58,9 +58,8 @@ module                                  upstream issue / scope
 
 The modules in :data:`MENDS` are installed by :func:`apply` (process-wide; each changes behaviour
 only under a distribution strategy: multi-worker mode, 2+ replicas in sync, or variables sharded
-by a parameter-server partitioner); the others are
-used where needed, never by :func:`apply`. Most were found by the conformance matrix
-(``kerasdist conformance``, ``docs/conformance.md``).
+by a parameter-server partitioner); the others are used where needed, never by :func:`apply`.
+The conformance matrix (``kerasdist conformance``, ``docs/conformance.md``) checks them.
 
 Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
 installed Keras/TF that runs no TensorFlow op, so it is safe before a
@@ -69,9 +68,9 @@ its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream fixe
 mend" once a release fixes it. Single-process training runs the unmodified Keras code.
 
 Versions: every mend applies to the whole tested range,
-:data:`kerasdist._compat.versions.SUPPORTED` (TensorFlow 2.20 to 2.21 with Keras 3.15: each probe
-shows its bug on 2.19.1, 2.20.0 and 2.21.0, ``tools/canary.py``, ``docs/benchmarks-log.md``); a
-mend that applies to less states it as ``APPLIES_TO = {"tensorflow": spec, "keras": spec}``.
+:data:`kerasdist._compat.versions.SUPPORTED` (``tools/canary.py`` runs every probe on each
+version); a mend that applies to less states it as ``APPLIES_TO = {"tensorflow": spec, "keras":
+spec}``.
 Where its probe finds the bug fixed (``not needed``) or cannot reach its target
 (``not applicable``), :func:`apply` skips it with one INFO line naming the installed versions.
 Every mend installs and removes its patches through :mod:`kerasdist._compat._patch` (one lock, a
@@ -227,8 +226,6 @@ def probes() -> dict[str, bool | str]:
         except Exception as err:  # noqa: BLE001 - a probe that cannot run is itself the finding
             result[key] = f"error: {type(err).__name__}"
     return result
-
-
 
 
 def targets() -> list[tuple[str, str, object, str]]:

@@ -1,4 +1,4 @@
-"""The one way a mend installs and removes its patches (issue 32): under one lock, marked, recorded.
+"""The one way a mend installs and removes its patches: under one lock, marked, recorded.
 
 A mend lists its targets as :class:`Patch` ``(owner, attribute, wrap)``: ``owner`` a class or a
 module, ``wrap(original) -> replacement``. :func:`install` replaces each target once (idempotent,

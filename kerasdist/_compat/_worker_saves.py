@@ -1,6 +1,6 @@
 """What the chief-aware save mends share (:mod:`keras_chief_callbacks`, :mod:`keras_chief_saves`):
 staging folders next to a target, atomic moves, and the two-barrier protocol by which a non-chief
-worker tells a folder shared with the chief from a disk of its own (issue 40, item 2)."""
+worker tells a folder shared with the chief from a disk of its own."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class WorkerSave:
 
 @contextlib.contextmanager
 def worker_save(model, parent: str):
-    """A non-chief worker's side of one save (issue 40, item 2), staged next to the target.
+    """A non-chief worker's side of one save, staged next to the target.
 
     It notes its target folder's files, passes the first barrier (the chief writes only after
     it), writes into a staging folder (yields a :class:`WorkerSave`), passes the second barrier

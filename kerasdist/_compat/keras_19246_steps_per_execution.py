@@ -1,7 +1,7 @@
 """Mend for keras-team/keras#19246: ``steps_per_execution`` > 1 fails under 2+ replicas.
 
-Upstream: https://github.com/keras-team/keras/issues/19246 (open; Keras 3.15 / TF 2.21 still have
-it). Reproduction (kerasdist, 2026-11-26): a Dense model compiled with
+Upstream: https://github.com/keras-team/keras/issues/19246. Reproduction (Keras 3.15 / TF 2.21): a
+Dense model compiled with
 ``steps_per_execution=4`` trains without a strategy and under ``MultiWorkerMirroredStrategy``
 with one worker, but under ``MirroredStrategy`` with 2 logical CPUs and under
 ``MultiWorkerMirroredStrategy`` with 2 workers (plain Keras, no kerasdist) the first ``fit`` step

@@ -6,23 +6,10 @@ decision with ``ops.cond`` *inside the replica function*, and both branches of t
 backend call ``merge_call`` (``_backend_update_step``, ``_backend_increment_gradient_accumulators``,
 ``_apply_weight_decay``), which ``MirroredStrategy``'s replica context refuses inside a ``cond``.
 
-Measured on Keras 3.15.1 / TF 2.21 (CPU), ``model.fit`` and a ``strategy.run`` loop, ``SGD(momentum=
-0.9)`` and ``Adam`` with ``gradient_accumulation_steps=2``:
-
-=================================================  ==========  ==========================  =======
-strategy                                           plain       kerasdist before this mend  now
-=================================================  ==========  ==========================  =======
-no strategy, ``OneDeviceStrategy``                 works       works                       Keras's
-``MirroredStrategy``, 1 device                     crash       crash                       mended
-``MirroredStrategy``, 2 devices                    crash       works (keras_replica_apply) mended
-``MultiWorkerMirroredStrategy``, 1 worker          crash       crash                       mended
-``MultiWorkerMirroredStrategy``, 2 workers         crash [#]_  works (keras_replica_apply) mended
-``ParameterServerStrategy`` (``strategy.run``      crash       ``fit`` refused,            refused
-loop on a worker; ``fit`` via kerasdist.enable())              loop: crash
-=================================================  ==========  ==========================  =======
-
-.. [#] ``fit`` stops earlier there, at keras#20585; a ``strategy.run`` loop runs the same
-   replica-context ``cond`` as the 1-worker case.
+Scope: with ``gradient_accumulation_steps=k``, ``model.fit`` and a ``strategy.run`` loop crash
+under ``MirroredStrategy`` (1 or 2 devices) and ``MultiWorkerMirroredStrategy`` (1 or 2 workers);
+no strategy and ``OneDeviceStrategy`` work unmodified; ``ParameterServerStrategy`` is refused
+(below).
 
 Mend (installed by :func:`kerasdist._compat.apply`): ``TFOptimizer.apply`` is wrapped. For an
 optimizer with ``gradient_accumulation_steps`` called in the replica context of a

@@ -1,6 +1,6 @@
 """Mend for keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a tuple batch across workers.
 
-Upstream: https://github.com/keras-team/keras/issues/20585 (Keras 3.15 still has it).
+Upstream: https://github.com/keras-team/keras/issues/20585.
 
 Bug: before training, ``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed
 batch ``(x, y[, sample_weight])`` and, when every element is a ``DistributedValues``, passes the
@@ -10,15 +10,12 @@ that accepts one tensor, not a structure, and ``model.fit`` fails with "Attempt 
 (PerReplica...) ... to a Tensor".
 
 The same reduce fails under ``MirroredStrategy`` with 2+ replicas whenever the batch holds a
-string tensor (a ``StringLookup``/``TextVectorization`` model: "Value for attr 'T' of string is not
-in the list of allowed values"; found by ``kerasdist conformance``).
+string tensor ("Value for attr 'T' of string is not in the list of allowed values").
 
-Taking that first batch has a second cost, under every strategy: it creates an iterator of the
-dataset and draws a batch from it before training starts. A seeded ``shuffle`` (reshuffled each
-iteration, TF's default) then gives the first epoch its *second* permutation, so the global
-batches differ from a strategy-free ``fit`` of the same dataset (found 2026-11-26); with
-``repeat()`` + ``steps_per_epoch`` Keras keeps that iterator and training starts at the second
-batch.
+Under every strategy, taking that first batch also creates an iterator and draws a batch before
+training: a seeded ``shuffle`` (reshuffled each iteration) then gives the first epoch its *second*
+permutation, unlike a strategy-free ``fit``; with ``repeat()`` + ``steps_per_epoch`` training
+starts at the second batch.
 
 Mend: under any distribution strategy, hand the unmodified method the per-replica batch's
 ``TypeSpec`` (shapes and dtypes are all the symbolic build reads), read from the epoch iterator's

@@ -1,8 +1,8 @@
 """Keras's "Your input ran out of data" warning at the normal end of an input of unknown size.
 
 Upstream: https://github.com/keras-team/keras/pull/23360 ("Only warn about running out of data
-when ``steps_per_epoch`` was set"; merged after Keras 3.15.1, which still has the bug).
-Reproduction (kerasdist, 2026-11-27, Keras 3.15.1 / TF 2.21): ``model.evaluate`` of a
+when ``steps_per_epoch`` was set"; merged after Keras 3.15.1).
+Reproduction (Keras 3.15.1 / TF 2.21): ``model.evaluate`` of a
 ``tf.data.Dataset`` whose cardinality TensorFlow cannot tell (read from files, ``filter``, or
 distributed with ``distribute_datasets_from_function``) reads it to its end, as documented, and
 then warns ``UserWarning: Your input ran out of data; interrupting training. Make sure that your

@@ -254,7 +254,7 @@ def _checkpoint_save(original):
         parent = None if _is_remote(self.filepath) else _target_folder(self, epoch, batch, logs)
         if parent is not None and kind != _SINGLE:  # made before any barrier: Keras's own
             os.makedirs(parent, exist_ok=True)  # exists-then-makedirs on the chief cannot race
-            # a worker's staging folder in the same place (FileExistsError, CI 2026-11-27)
+            # a worker's staging folder in the same place (FileExistsError)
         if kind != _OTHER:  # remote paths: written in place by the chief, no barrier
             turn = _turn(self.model, kind if parent is not None else _SINGLE)
             with turn, _swapped(self, _model=_StagedSaves(self._model)), _own_saves():

@@ -1,11 +1,11 @@
 """Mend: Keras 3 ``TensorBoard`` and ``CSVLogger`` are written by every multi-worker task.
 
-Upstream: no Keras issue found; reproduction (kerasdist, Keras 3.15 / TF 2.21, ``kerasdist
-conformance``, ``MultiWorkerMirroredStrategy`` with 2 workers, one shared path as TensorFlow's
-multi-worker tutorial uses): ``TensorBoard(log_dir)`` leaves two event files in
-``log_dir/train`` (one per task, the same curves twice in TensorBoard), and ``CSVLogger(path)`` is
-opened and written by both workers at once. Keras 3 callbacks have no chief logic
-(:mod:`kerasdist._compat.keras_chief_callbacks` covers ``ModelCheckpoint``/``BackupAndRestore``).
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``MultiWorkerMirroredStrategy``
+with 2 workers, one shared path as TensorFlow's multi-worker tutorial uses):
+``TensorBoard(log_dir)`` leaves two event files in ``log_dir/train`` (one per task, the same curves
+twice in TensorBoard), and ``CSVLogger(path)`` is opened and written by both workers at once. Keras
+3 callbacks have no chief logic (:mod:`kerasdist._compat.keras_chief_callbacks` covers
+``ModelCheckpoint``/``BackupAndRestore``).
 
 Mend (installed by ``kerasdist.enable()``): under a multi-worker strategy a non-chief task writes
 its TensorBoard logs and its CSV file into a private temporary folder, removed at train end; the

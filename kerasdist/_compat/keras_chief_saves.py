@@ -1,7 +1,7 @@
 """Mend: ``Model.save`` / ``save_weights`` / ``export`` written by every worker corrupt the file.
 
-Upstream: no Keras issue found (Keras 3.15 has no chief/worker logic in saving); reproduction
-(kerasdist, 2026-11-26): a script that ends with ``model.save("out/model.keras")`` after ``fit``,
+Upstream: no Keras issue found (Keras 3.15 has no chief/worker logic in saving); reproduction: a
+script that ends with ``model.save("out/model.keras")`` after ``fit``,
 unchanged from its one-process form, run by ``kerasdist launch --workers 2``: both workers write
 the same path at once and a later ``keras.models.load_model`` raises ``BadZipFile: Truncated file
 header``; ``save_weights`` gives the same race on the ``.weights.h5`` file, ``export`` on the
@@ -22,8 +22,7 @@ multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`):
   inode, size and mtime are as before the save: the path is on a disk of its own, as on real
   hosts) moves its own staged copy into place atomically; one that sees it (a shared folder)
   drops its copy. So a shared path gets exactly one complete file, the chief's, and every
-  worker's own path ends with a complete file (issue 40, item 2: before, worker 1's
-  ``load_model`` of its own ``tempfile.mkdtemp()`` path raised "File not found").
+  worker's own path ends with a complete file (a worker's own ``tempfile.mkdtemp()`` path too).
 
 The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode, for remote
 paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own saves:

@@ -1,8 +1,8 @@
 """Mend: Keras 3 ``Variable.assign_add``/``assign_sub`` are a read then a write, not one atomic op.
 
-Upstream: no Keras issue found; written reproduction (kerasdist, Keras 3.15 / TF 2.21, CPU):
-a model compiled under ``ParameterServerStrategy`` with 2 workers, 60 scheduled ``train_step``
-calls through ``ClusterCoordinator.schedule``: ``optimizer.iterations`` ended at 53 and the
+Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): a model compiled
+under ``ParameterServerStrategy`` with 2 workers, 60 scheduled ``train_step`` calls through
+``ClusterCoordinator.schedule``: ``optimizer.iterations`` ends short of 60 (53 once), and the
 metrics' ``count`` variables short by the same amount. Keras's TensorFlow ``Variable`` inherits
 ``assign_add(self, value): return self.assign(self + value)`` from
 ``keras.src.backend.common.variables.Variable``; when two workers run it on the same ps variable

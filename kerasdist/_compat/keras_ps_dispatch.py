@@ -2,7 +2,7 @@
 
 Upstream: Keras 3 has no parameter-server code (its TensorFlow trainer never creates a
 ``ClusterCoordinator``); ``model.fit`` fails with "you need to pass this dataset to
-ClusterCoordinator.create_per_worker_dataset" (measured on Keras 3.15 / TF 2.21; the TF tutorial
+ClusterCoordinator.create_per_worker_dataset" (Keras 3.15 / TF 2.21; the TF tutorial
 https://www.tensorflow.org/tutorials/distribute/parameter_server_training uses Keras 2's ``fit``).
 Probe: :func:`bug_present` checks that the installed Keras TensorFlow trainer still has no
 ``ClusterCoordinator``; ``tests/unit/test_compat.py`` fails when that changes.

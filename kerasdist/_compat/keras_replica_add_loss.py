@@ -1,6 +1,6 @@
 """Mend: under MirroredStrategy the replicas overwrite each other's ``add_loss`` values.
 
-Upstream: no Keras issue found; reproduction (kerasdist, Keras 3.15 / TF 2.21, 2026-11-26): a
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21): a
 layer that calls ``self.add_loss(0.5 * mean(x**2))`` followed by
 ``BatchNormalization(synchronized=True)``, trained 16 steps under ``MirroredStrategy`` with 2
 replicas, ends 0.022 (max abs) from the strategy-free weights; with the synchronized layer placed
@@ -10,8 +10,7 @@ call clears it (``Layer._get_call_context``). The replica threads run in turn an
 cross-replica sync: the first replica adds its value and stops at the synchronized layer's
 all-reduce; the second clears the list and adds its own; the first then reads the second's value
 in ``compute_loss`` (a tensor of the same graph, so nothing fails). Any sync between an
-``add_loss`` and the loss does it (kerasdist's own loss mend once put an all-reduce there, and the
-conformance matrix's ``add_loss`` cell was 1e-4 off).
+``add_loss`` and the loss does it.
 
 Mend: inside a MirroredStrategy replica thread, the values a layer adds are kept per thread (a
 ``threading.local``), read back by ``_get_own_losses`` and cleared by ``_clear_losses`` together

@@ -1,7 +1,7 @@
 """Mend: Keras 3 optimizers clip and keep EMA per replica, before the all-reduce.
 
-Upstream: no issue found for the clipping and EMA halves; reproduction below (kerasdist, Keras 3.15 /
-TF 2.21, CPU, ``kerasdist conformance``). ``gradient_accumulation_steps`` (keras-team/keras#20582)
+Upstream: no issue found for the clipping and EMA halves; reproduction below (Keras 3.15 / TF 2.21,
+CPU). ``gradient_accumulation_steps`` (keras-team/keras#20582)
 is mended by :mod:`kerasdist._compat.keras_20582_grad_accum`, which runs ``apply`` in cross-replica
 context before this method is reached; this mend then finds no replica context and steps aside.
 
@@ -10,7 +10,7 @@ context: it clips (``clipnorm``, ``clipvalue``, ``global_clipnorm``) each replic
 (of its ``1/replicas``-scaled loss), and only later, inside ``_backend_update_step``, all-reduces
 the clipped gradients. Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` with 2
 replicas a clipped model therefore ends with weights different from the single-process run on the
-same global batches (max abs diff 4e-3 to 1e-2 after 8 SGD steps in the conformance cases), and
+same global batches, and
 ``gradient_accumulation_steps`` and ``use_ema`` with ``ema_overwrite_frequency`` wrap an update
 that calls ``merge_call`` in ``ops.cond`` inside the replica function, which TensorFlow refuses.
 
@@ -114,8 +114,7 @@ def _scaled(grad, factor, *, divide: bool):
     """``grad`` times (or divided by, ``divide_no_nan``) the scalar ``factor``, of the same kind:
     a sparse gradient (``tf.IndexedSlices``, an ``Embedding``'s) stays sparse. Densifying it
     would make Keras's Adam (and every optimizer with slots) update the rows the batch did not
-    touch -- the strategy-free step updates only the touched rows (issue 40: Adam on an
-    ``Embedding`` under 2 mirrored replicas ended 133x away from the one-process weights)."""
+    touch, where the strategy-free step updates only the touched rows."""
     import tensorflow as tf
 
     if grad is None:

@@ -1,6 +1,6 @@
 """Mend: Keras 3 variables cannot be sharded by a ``ParameterServerStrategy`` partitioner.
 
-Upstream: no Keras issue found; written reproduction (kerasdist, Keras 3.15 / TF 2.21, CPU): an
+Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): an
 in-process cluster with 2 workers and 2 ps, ``tf.distribute.ParameterServerStrategy(resolver,
 variable_partitioner=FixedShardsPartitioner(2))``, a ``Sequential`` of two ``Dense`` layers built
 and compiled in its scope, then one scheduled ``train_step`` (``model.fit`` under kerasdist, or

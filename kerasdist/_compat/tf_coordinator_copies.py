@@ -11,8 +11,7 @@ moves meanwhile reads a moved-from client or operation (null: ``INTERNAL: Could 
 client`` or a SIGSEGV) or a freed ``target`` string: the ``RunComponentFunction`` request then
 carries garbage in ``tensorflow.eager.Operation.device`` (protobuf: "String field
 'tensorflow.eager.Operation.device' contains invalid UTF-8 data when serializing") and the task
-that receives it answers ``INTERNAL: Unable to parse request`` (issue 39: a parameter-server run
-died so in epoch 2, 1 of 10 runs; a coordinator SIGSEGV in CI, once).
+that receives it answers ``INTERNAL: Unable to parse request``, and the run dies.
 
 Where kerasdist meets it: TF runs every eager op as a function, and an eager op on the coordinator
 whose input lives on another task becomes a multi-device function with a component on that task,
@@ -23,9 +22,8 @@ outputs to the coordinator in the closure thread of the worker that ran it
 the closure threads instantiate and run there concurrently: the first copy from worker 1
 instantiates while worker 0's thread copies, and so does every new output dtype (a validation
 call's int64 figures), every restarted worker, and any eager op of the main thread on ps values
-(metric results, the counters' reset) while calls are in flight. Measured here
-(``tests/multiprocess/test_ps_coordinator_copies.py``, TF 2.21): a PS ``model.fit`` of 2 epochs
-instantiated 4 ``__wrapped__Identity`` functions from the two closure threads.
+(metric results, the counters' reset) while calls are in flight
+(``tests/multiprocess/test_ps_coordinator_copies.py`` counts them).
 
 Mend: :func:`install` replaces ``RemoteValueImpl._copy_to_local``: each eager tensor result is
 copied to the coordinator's CPU with ``EagerTensor._copy_nograd`` (TF's device-to-device copy,

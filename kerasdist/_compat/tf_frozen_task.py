@@ -1,6 +1,6 @@
 """Mends: a parameter-server coordinator waits on every task of the cluster, a frozen worker too.
 
-Upstream: no TensorFlow issue found; written reproduction (kerasdist, TF 2.21, CPU, issue 33): a
+Upstream: no TensorFlow issue found; written reproduction (TF 2.21, CPU): a
 parameter-server run (3 workers), worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the
 coordinator stops scheduling and goes on without the frozen worker's calls in flight, but then
 blocks for good (``py-spy dump``), first in ``Context.add_c_function`` under

@@ -1,5 +1,5 @@
-"""The TensorFlow and Keras versions kerasdist is tested with (issue 32), and the one-line warning
-for any other version.
+"""The TensorFlow and Keras versions kerasdist is tested with, and the one-line warning for any
+other version.
 
 :data:`SUPPORTED` is the range that CI tests (``.ci/run`` the newest pair in full,
 ``.ci/other-versions`` the fast subset and the core conformance matrix on the older pairs);
