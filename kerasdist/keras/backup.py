@@ -240,7 +240,7 @@ class BackupStore:
             # (pruned later), never a complete checkpoint that cannot be verified
             state_digest.record(self.directory, f"ckpt-{step}",
                                 state_digest.state_digest(self.model))
-            with eager_save():  # parameter server: no wait on the workers (issue 33)
+            with eager_save():  # parameter server: no wait on a worker that does not answer
                 return self._manager.save(checkpoint_number=step)
         self.checkpoint.write(str(self._tmp / "ckpt"))
         for path in self._tmp.iterdir():
@@ -351,6 +351,7 @@ def check_finite_state(model, what: str, *, keeps: str, restoring: bool = False)
         model: a compiled Keras model (its optimizer's variables are checked too, when built).
         what: what is checked, for the message ("the training state at global step 6").
         keeps: what stays on disk, for the message.
+        restoring: the state was just restored (the message says "not resumed", else "not saved").
 
     Raises:
         TrainingError: naming the first non-finite variable, how many values are not finite and

@@ -60,15 +60,14 @@ class ThroughputMeter(keras.callbacks.Callback):
 class EpochTensorBoard(keras.callbacks.TensorBoard):
     """Keras's ``TensorBoard``, without its per-step Python when nothing is written per step.
 
-    Keras 3.15's ``TensorBoard.on_train_batch_end`` calls ``summary.scalar`` for every log entry
-    of every step even with ``update_freq='epoch'``, when no summary writer is set and nothing
-    is written (``TensorBoard._push_writer`` returns early for ``'epoch'``): about 0.3 ms of
-    CPU per step on this machine for a two-entry log (``loss``, ``accuracy``), measured with
-    ``CallbackList.on_train_batch_end`` over 3,000 calls, about 4 % of an MNIST CNN step here.
-    This subclass skips the step hooks in that case, after the first step of the run (which
-    writes the model's graph when ``write_graph``); with a ``profile_batch``, a number
-    ``update_freq`` or ``write_steps_per_second`` it is Keras's ``TensorBoard`` unchanged.
-    Same arguments and files as ``keras.callbacks.TensorBoard``.
+    Keras 3.15's ``TensorBoard.on_train_batch_end`` calls ``summary.scalar`` for every log entry of
+    every step even with ``update_freq='epoch'``, when no summary writer is set and nothing is
+    written (``TensorBoard._push_writer`` returns early for ``'epoch'``), a CPU cost per step
+    (``docs/benchmarks.md``, ``tools/callback_step_cost.py``). This subclass skips the step hooks in
+    that case, after the first step of the run (which writes the model's graph when
+    ``write_graph``); with a ``profile_batch``, a number ``update_freq`` or
+    ``write_steps_per_second`` it is Keras's ``TensorBoard`` unchanged. Same arguments and files as
+    ``keras.callbacks.TensorBoard``.
     """
 
     def __init__(self, *args, **kwargs):

@@ -4,10 +4,8 @@ collectives (``strategy.timeout_s``), in place of TensorFlow's per-collective ti
 Why not ``CommunicationOptions(timeout_seconds=...)``: for every collective op given a timeout,
 TensorFlow starts a thread that sleeps the whole timeout, even when the collective finished at
 once (``BaseCollectiveExecutor::CompleteParamsAsync`` and ``ExecuteAsync`` call
-``SchedNonBlockingClosureAfter``, a new detached thread per call on Linux: two per collective).
-With the multi-worker MNIST recipe on 3 workers (docs/hosts.md) a worker held 330, 500 and 900
-threads at ``timeout_s`` 5, 20 and 60 (up to 211, 371 and 769 of them named ``collective_ops``),
-against 138 without the per-collective timeout.
+``SchedNonBlockingClosureAfter``, a new detached thread per call on Linux: two per collective), so
+a worker's thread count grows with ``timeout_s`` (figures in ``docs/hosts.md``).
 
 Here a single thread holds a single deadline: armed when a training or validation step starts
 (:func:`step_guard`, a Keras callback) or around a barrier (:meth:`CollectiveWatchdog.guard`),

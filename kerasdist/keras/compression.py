@@ -1,13 +1,13 @@
 """Optional gradient compression for the multi-worker all-reduce (``strategy.gradient_compression``).
 
 On CPU workers the gradient all-reduce is paid in CPU time: TF's ring all-reduce over gRPC copies
-and serialises every byte (measured here: 13 MB of seed-CNN gradients cost ~49 ms of CPU per worker
-per step, more than the 32-example forward/backward pass). Casting the gradients to 16 bits before
-the all-reduce and back to the variable dtype after it halves those bytes, as Horovod's
-``Compression.fp16`` does (https://horovod.readthedocs.io/en/stable/api.html). The cost is
-precision: each worker's gradient and their sum are rounded to 8 (``bf16``) or 11 (``fp16``)
-significant bits before the optimizer (which still keeps float32 weights and moments) uses them.
-``bf16`` keeps float32's range; ``fp16`` is more precise but flushes gradients below ~6e-8 to zero.
+and serialises every byte, which can cost more than the step's forward/backward pass
+(``docs/benchmarks-log.md``). Casting the gradients to 16 bits before the all-reduce and back to the
+variable dtype after it halves those bytes, as Horovod's ``Compression.fp16`` does
+(https://horovod.readthedocs.io/en/stable/api.html). The cost is precision: each worker's gradient
+and their sum are rounded to 8 (``bf16``) or 11 (``fp16``) significant bits before the optimizer
+(which still keeps float32 weights and moments) uses them. ``bf16`` keeps float32's range; ``fp16``
+is more precise but flushes gradients below ~6e-8 to zero.
 
 Mechanism: Keras 3's TensorFlow optimizer all-reduces gradients in a private method; the patch of
 that method on *one optimizer instance* lives in :mod:`kerasdist._compat.keras_allreduce_hook`.

@@ -31,7 +31,7 @@ parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i
 ``class_weight`` becomes per-example weights on the workers' pipelines with Keras's own mappings
 (:func:`kerasdist.keras.ps_class_weight.class_weighted`), refused as Keras 3 refuses it: together with
 ``sample_weight``, or for a model with several outputs. ``predict`` is
-:func:`kerasdist.keras.ps_predict.predict` (rows in input order; tf_keras refused predict here).
+:func:`kerasdist.keras.ps_predict.predict` (rows in input order).
 
 ``validation_split`` holds out the last fraction of NumPy inputs, as Keras does. Refused before
 anything is scheduled
@@ -79,12 +79,17 @@ LOOKUP_LAYERS = ("IndexLookup", "StringLookup", "IntegerLookup", "TextVectorizat
 
 
 def _refuse_sparse_adamax(model, inner, workers: int) -> None:
-    """Adamax rewrites its whole infinity-norm slot (``u.assign(maximum(beta_2 * u, |g|))``), a
+    """Refuse Adamax on a model with an ``Embedding`` when ``workers`` >= 2.
+
+    Adamax rewrites its whole infinity-norm slot (``u.assign(maximum(beta_2 * u, |g|))``), a
     read-modify-write of the ps variable. With sparse gradients two workers touch different rows:
     one worker's write puts back the rows the other had just raised, often to 0, while the first
-    moment's atomic add keeps them, and those rows then step by ``lr * m / epsilon``. Measured
-    (conformance case ``sparse_adamax``, Embedding(200, 8), 2026-11-27): with 1 worker the
-    strategy-free losses exactly, with 2 workers the loss rose from 1.10 to 5.3 in 8 steps."""
+    moment's atomic add keeps them, and those rows then step by ``lr * m / epsilon`` (training
+    diverges; with 1 worker the losses are the strategy-free ones).
+
+    Raises:
+        UnsupportedFeatureError: naming the optimizer, the sparse layers and ``workers``.
+    """
     import keras
 
     from kerasdist.errors import UnsupportedFeatureError
@@ -159,7 +164,7 @@ def _start(model, *, training: bool = False, compiled: bool = True) -> ps_loop.P
                          "that was not compiled")
     num_workers = cluster_spec(strategy).num_tasks("worker")
     refuse_unsupported(model, training=training, workers=num_workers)
-    # the closure threads copy results without TF's cluster function runtime (issue 39)
+    # the closure threads copy results without TF's cluster function runtime, where they race
     tf_coordinator_copies.install()
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)  # one per strategy
     return ps_loop.PSRun(model=model, strategy=strategy, coordinator=coordinator,

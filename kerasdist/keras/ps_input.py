@@ -184,6 +184,8 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
     Raises:
         ValueError: ``y``/``sample_weight``/``batch_size`` given with a dataset or function;
             an input of another type; a dataset that cannot be serialized.
+        UnsupportedFeatureError: a ``keras.utils.PyDataset``, or a dataset that reads a lookup
+            table.
     """
     import tensorflow as tf
 

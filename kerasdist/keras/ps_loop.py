@@ -298,7 +298,7 @@ def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, call
     while (steps is None or done < steps) and len(exhausted) < run.num_workers:
         # One call in flight at a time: Keras metrics such as F1Score update their variables with
         # ``assign(self + delta)``, a read-then-write that two workers running test steps at once
-        # lose updates through (seen: macro F1 0.40 instead of 0.52; ``kerasdist conformance``).
+        # lose updates through.
         done = _evaluation_call(run, iterator, done, callbacks, exhausted, last)
     run.coordinator.join()
     logs = metrics_logs(model, last[0])

@@ -1,4 +1,4 @@
-"""``model.predict`` under ``tf.distribute.ParameterServerStrategy`` (tf_keras refused it).
+"""``model.predict`` under ``tf.distribute.ParameterServerStrategy``.
 
 The workers run the model's own ``predict_step`` as scheduled calls over disjoint shards of the
 input, each batch once; the coordinator fetches every call's outputs and reassembles them with

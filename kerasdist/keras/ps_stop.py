@@ -1,4 +1,4 @@
-"""How a parameter-server coordinator stops when a worker does not answer (issue 33).
+"""How a parameter-server coordinator stops when a worker does not answer.
 
 TF's ``ClusterCoordinator.join`` and ``RemoteValue.fetch`` have no timeout: a frozen worker
 (SIGSTOP, a swapped-out or stalled host) holds a call -- and its caller -- for ever. From a stop

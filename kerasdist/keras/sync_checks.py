@@ -4,7 +4,7 @@ check it here first (:mod:`kerasdist._compat.keras_ps_dispatch` calls :func:`che
 
 * ``jit_compile=True`` with 2+ replicas in sync on CPU devices: TensorFlow has no XLA
   collectives for CPU ("Collectives are not yet implemented for CPU devices when compiling with
-  XLA", measured under ``MultiWorkerMirroredStrategy`` with 2 workers, TF 2.21), and under
+  XLA" under ``MultiWorkerMirroredStrategy`` with 2 workers, TF 2.21), and under
   ``MirroredStrategy`` on 2 logical CPUs the compiled step fails on variables placed on another
   device (plain Keras 3.15 too). Keras's ``jit_compile="auto"`` already resolves to False on a
   CPU-only machine and under a strategy; only an explicit True reaches this refusal.
