@@ -125,7 +125,12 @@ def refuse_other_model(path: Path, recipe: Recipe, info: dict, checkpoint_schema
 
 def refuse_other_optimizer(layout, recipe: Recipe, info: dict) -> None:
     """The checkpoint's optimizer variables must be the ones this recipe's optimizer has
-    (``layout``: the :class:`~kerasdist.training.rundir.RunDir`; ``info``: its ``run.json``)."""
+    (``layout``: the :class:`~kerasdist.training.rundir.RunDir`; ``info``: its ``run.json``).
+
+    Raises:
+        RunDirError: ``optimizer.name`` changed, ``optimizer.momentum`` crossed 0 (its slots come
+            or go), or the schedule changed (:func:`refuse_other_schedule`); exit code 2.
+    """
     before = (info.get("recipe") or {}).get("optimizer") or {}
     now = recipe.optimizer
     old_name = before.get("name")

@@ -1,7 +1,6 @@
 """A learning-rate schedule evaluated before training: a rate that is negative, not finite, or 0
 wherever it is checked is bad input (exit 2, naming ``optimizer.learning_rate``), not a run that
-diverges or stands still (issue 42: a schedule with a negative rate trained, loss 84 -> 194,
-exit 0)."""
+diverges or stands still."""
 
 from __future__ import annotations
 
