@@ -182,7 +182,7 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
 
     ``coordinator_scaling`` (worker counts, e.g. ``[1, 2, 4, 8]``) adds the coordinator-scaling
     points (:mod:`kerasdist.bench.scaling`, ``repeats`` each, ``scaling_steps`` steps per epoch)
-    after the rows. bench.json's ``targets`` holds issue 12's verdicts
+    after the rows. bench.json's ``targets`` holds the speed targets' verdicts
     (:mod:`kerasdist.bench.targets`).
 
     Raises:

@@ -4,10 +4,10 @@ status file or kerasdist callbacks besides the step clock).
 
 Each row uses the recipe's model, optimizer, data (:func:`kerasdist.data.build_datasets`, the
 ``make_dataset_fn`` users are shown in docs/python-api.md), global batch and the strategy's own
-compile settings (:meth:`kerasdist.strategies.base.Strategy.compile_kwargs`, e.g. the
-parameter server's ``steps_per_execution``), and the strategy built from the recipe's strategy
-settings, so the strategy row divided by its ``keras_enable_<kind>`` row is kerasdist's own
-lifecycle cost (issue 21's "at most 3 %"). Steps are timed with
+compile settings (:meth:`kerasdist.strategies.base.Strategy.compile_kwargs`, e.g. the parameter
+server's ``steps_per_execution``), and the strategy built from the recipe's strategy settings, so
+the strategy row divided by its ``keras_enable_<kind>`` row is kerasdist's own lifecycle cost
+(target: at most 3 %, :data:`kerasdist.bench.targets.LIFECYCLE_OVERHEAD_MAX`). Steps are timed with
 :class:`~kerasdist.keras.callbacks.ThroughputMeter`, the rule every row uses.
 
 Run: ``python -m kerasdist.bench.enable_job KIND RECIPE OUT.json`` with ``KIND`` one of

@@ -43,7 +43,7 @@ def scaling_table(result: dict[str, Any]) -> str:
 
 
 def targets_table(result: dict[str, Any]) -> str:
-    """MET / MISSED / n/a for each target of issue 12 (:mod:`kerasdist.bench.targets`)."""
+    """MET / MISSED / n/a for each speed target (:mod:`kerasdist.bench.targets`)."""
     if not result.get("targets"):
         return ""
     lines = ["", "Targets (medians of this run):", "", "| target | verdict | measured |",

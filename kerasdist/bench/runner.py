@@ -32,8 +32,8 @@ ROW_CLUSTERS = {"ray": ("multi_worker", "ray"), "multi_worker_bf16": ("multi_wor
                 "default_stream": ("default", "local")}
 """Rows that are not named after their strategy kind: row -> (strategy kind, cluster.kind). The
 ``ray`` row is multi_worker on a local Ray (``pip install 'kerasdist[ray]'``);
-``multi_worker_bf16`` is the multi_worker row with 16-bit all-reduce (issue 12's "best
-compression settings" target reads it); ``default_stream`` is the default row with its data
+``multi_worker_bf16`` is the multi_worker row with 16-bit all-reduce (the "best settings" target
+of :mod:`kerasdist.bench.targets` reads it); ``default_stream`` is the default row with its data
 read from TFRecord files as a stream (:func:`kerasdist.bench.command.stream_data`: the same
 examples, written by the bench before the rows run) instead of whole into memory."""
 

@@ -1,4 +1,5 @@
-"""The speed targets (issues 12 and 21) judged on a bench result: MET, MISSED or n/a for each.
+"""The project's speed targets judged on a bench result: MET, MISSED or n/a for each
+(``docs/benchmarks.md``, "Targets and where the other figures are").
 
 Every target reads the medians the bench computed (round-robin repeats); a target whose rows are
 absent from the result is ``n/a (rows missing)``, and one judged on fewer than
@@ -13,9 +14,9 @@ import re
 from typing import Any
 
 MET, MISSED, ROWS_MISSING = "MET", "MISSED", "n/a (rows missing)"
-MIN_REPEATS = 3  # issue 21: a verdict needs at least 3 round-robin repeats of its rows
+MIN_REPEATS = 3  # a verdict needs at least 3 round-robin repeats of its rows
 TOO_FEW_REPEATS = f"n/a (fewer than {MIN_REPEATS} repeats)"
-LIFECYCLE_OVERHEAD_MAX = 0.03  # issue 21: the recipe lifecycle costs at most 3 % per strategy
+LIFECYCLE_OVERHEAD_MAX = 0.03  # the recipe lifecycle costs at most 3 % per strategy
 NOT_MEASURED = "n/a (time to 0.98 not measured: bench --target-accuracy differs)"
 TIME_TO_ACCURACY = 0.98  # the held-out accuracy of the time-to-target targets
 
@@ -118,7 +119,7 @@ def _enough_repeats(verdict: dict, repeats: int) -> dict:
 
 
 def evaluate(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Judge every target of issues 12 and 21 on ``result`` (bench.json content).
+    """Judge every speed target on ``result`` (bench.json content).
 
     Returns:
         One dict per target: ``name``, ``target`` (text), ``verdict`` (``MET``, ``MISSED``,

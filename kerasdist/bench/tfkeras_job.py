@@ -83,7 +83,7 @@ def run(kind: str, recipe) -> dict | None:
         model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps, verbose=0,
                   callbacks=[meter.callback(tf)])
         # Evaluate on a local copy of the trained weights (read from the ps): tf_keras's own
-        # evaluate under ParameterServerStrategy was cancelled remotely here.
+        # evaluate under ParameterServerStrategy can be cancelled remotely.
         local = _model(tf, recipe)
         local.set_weights(model.get_weights())
         local.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
