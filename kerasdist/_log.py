@@ -120,7 +120,7 @@ def shared_console() -> bool:
 
 
 def keras_verbose(verbose=None, *, is_chief: bool = True):
-    """Keras's ``fit`` verbosity for this process (issue 42, item 2).
+    """Keras's ``fit`` verbosity for this process.
 
     Args:
         verbose: ``--verbose`` / ``trainer.verbose``: 0, 1, 2, ``'auto'`` or None (= ``'auto'``).

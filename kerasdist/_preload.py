@@ -1,4 +1,4 @@
-"""Import TensorFlow and Keras in a background thread (issue 42, item 8: time to first step).
+"""Import TensorFlow and Keras in a background thread, to shorten the time to the first step.
 
 A process that will need them but has other work first (parsing and validating its recipe,
 starting servers) overlaps their seconds-long import with that work instead of following it.

@@ -1,5 +1,5 @@
 """Per-task scratch folders (no TensorFlow, no Keras: the local launcher deletes them without
-importing either, which would add seconds before the first task starts; issue 42 item 8)."""
+importing either, which would add seconds before the first task starts)."""
 
 from __future__ import annotations
 

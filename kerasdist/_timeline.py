@@ -1,4 +1,4 @@
-"""Start-up timeline (issue 42, item 8): where a run's processes spend the time to the first step.
+"""Start-up timeline: where a run's processes spend the time to the first step.
 
 When the environment variable ``KERASDIST_TIMELINE`` names a file, every kerasdist process of the
 run (the command, the local cluster's parent, each task) appends one JSON line per mark::

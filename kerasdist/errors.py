@@ -32,7 +32,7 @@ class               what                                          exit   retried
 The one exception to "by type": TensorFlow reports a request garbled or cut on its way between
 two tasks as ``InternalError``/``UnknownError`` -- the classes of genuine internal bugs too -- so
 those two classes count as a lost peer only when their message carries the RPC layer's own words
-(:data:`TRANSIENT_RPC_MARKERS`; issue 39: ``INTERNAL: Unable to parse request`` from
+(:data:`TRANSIENT_RPC_MARKERS`, e.g. ``INTERNAL: Unable to parse request`` from
 ``EagerService/RunComponentFunction``).
 
 Exit code 1 for a lost peer keeps schedulers that retry failed jobs retrying it; kerasdist's own

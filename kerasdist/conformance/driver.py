@@ -109,9 +109,8 @@ def start_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s:
     """Start the strategy's processes once, in the background; they run every case.
 
     Several strategies may run at once (they share nothing but the reference's initial weights,
-    which must exist: run :func:`run_reference` first). On a 2-core machine the four together
-    take about as long as the slowest two in turn: the processes spend most of their time in
-    single-threaded Python (tracing, Keras's loops).
+    which must exist: run :func:`run_reference` first); the processes spend most of their time
+    in single-threaded Python (tracing, Keras's loops), so running them together costs little.
     """
     out = folder / "results" / strategy
     plan = {"strategy": strategy, "cases": [c.name for c in cases], "out": str(out),
@@ -132,8 +131,8 @@ def start_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s:
 def _stop_with(parent: int):
     """A ``preexec_fn``: the child gets a session of its own (its process group is what
     :func:`stop_strategies` signals) and SIGTERM when this process ends, however it ends
-    (``PR_SET_PDEATHSIG``, Linux): ``kerasdist launch`` then stops its tasks, a task script ends.
-    Without it a killed ``kerasdist conformance`` left its strategy processes running."""
+    (``PR_SET_PDEATHSIG``, Linux): ``kerasdist launch`` then stops its tasks, a task script ends,
+    and a killed ``kerasdist conformance`` leaves no strategy process running."""
 
     def preexec() -> None:  # runs in the child between fork and exec
         os.setsid()

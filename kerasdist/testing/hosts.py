@@ -15,7 +15,7 @@ its own subnet, so the only reachable addresses are those of the hosts of the se
         hosts.link_up(1)
     # here every namespace, link and process of the set is gone, also when the body raised
 
-What the kernel of the machine this was written on offers (Linux 6.18, checked as root):
+What the kernel offers (checked as root on Linux 6.18; another kernel may offer more):
 
 * ``tbf`` and ``htb`` qdiscs work; a bandwidth cap (``rate_mbit``) is a ``tbf`` on both ends of a
   host's link (egress of the host's veth caps what it sends, egress of the switch port what it

@@ -364,7 +364,7 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         info: dict[str, str] = {}
         error = None
         while time.monotonic() < deadline:
-            try:  # one failed scontrol (seen once at load 30: killed by SIGPIPE) is not the end
+            try:  # one failed scontrol (killed by SIGPIPE under load) is not the end
                 info, error = self.job(job_id), None
             except SlurmError as err:
                 error = err

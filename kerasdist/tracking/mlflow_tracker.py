@@ -9,7 +9,7 @@ What is logged (through ``mlflow.MlflowClient``, never MLflow's process-wide act
 * metrics at every epoch end, at the global step (``optimizer.iterations``): every numeric
   Keras log (``loss``, ``val_accuracy``, the parameter-server ``ps_*`` figures) and
   ``examples_per_sec`` (global batch x steps of the epoch / its wall seconds, validation
-  included);
+  included) and ``epoch`` (1-based);
 * tags: ``kerasdist.strategy``, ``kerasdist.cluster_kind``, ``kerasdist.workers``,
   ``kerasdist.ps``, ``kerasdist.replicas``, ``kerasdist.version``, ``tensorflow.version``,
   ``keras.version``, ``kerasdist.run_dir``;
