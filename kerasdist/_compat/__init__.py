@@ -1,60 +1,8 @@
 """Every patch of Keras/TensorFlow internals, one module per problem, each naming its upstream issue
-(or giving a written reproduction), with a probe and a test that fails when upstream changes.
-
-======================================  ===================================================
-module                                  upstream issue / scope
-======================================  ===================================================
-``keras_20585_symbolic_build``          https://github.com/keras-team/keras/issues/20585
-                                        (Keras 3 ``fit`` under MWMS with 2+ workers)
-``tf_72388_scalar_reduce``              https://github.com/tensorflow/tensorflow/issues/72388
-``keras_bn_replica_stats``              no issue; reproduction in the module (BatchNormalization
-                                        moving statistics differ across replicas/workers)
-``keras_replica_apply``                 no issue; reproduction in the module (clipping and
-                                        EMA per replica, before the all-reduce)
-``keras_replica_loss``                  no issue; reproduction in the module (custom steps see
-                                        the loss divided by the replicas)
-``keras_20582_grad_accum``              https://github.com/keras-team/keras/issues/20582
-                                        (``gradient_accumulation_steps`` under any strategy)
-``keras_sharded_variables``             no issue; reproduction in the module (a variable split
-                                        over ps tasks by a partitioner fails in
-                                        ``tape.gradient``)
-``keras_19246_steps_per_execution``    https://github.com/keras-team/keras/issues/19246
-                                        (``steps_per_execution`` with 2+ replicas)
-``keras_metric_states``                 no issue; reproduction in the module (metrics built
-                                        outside the scope report each worker's share)
-``keras_replica_add_loss``              no issue; reproduction in the module (MirroredStrategy's
-                                        replica threads share a layer's ``add_loss`` list)
-``keras_chief_saves``                   ``Model.save``/``save_weights``/``export`` written by
-                                        every worker; installed by ``kerasdist.enable()`` only
-``keras_chief_callbacks``               ModelCheckpoint/BackupAndRestore written by every worker;
-                                        installed by ``kerasdist.enable()`` only
-``keras_chief_logs``                    TensorBoard/CSVLogger written by every worker;
-                                        installed by ``kerasdist.enable()`` only
-``keras_ps_atomic_assign``              no issue; reproduction in the module. Scoped to the
-                                        variables of one model, inside a ``with`` block
-``keras_ps_dispatch``                   Keras 3 has no PS ``fit``; installed by
-                                        ``kerasdist.enable()`` only
-``keras_allreduce_hook``                no public gradient-aggregation API; one optimizer
-                                        instance (``strategy.gradient_compression``)
-``keras_accumulation_step``            ``trainer.gradient_accumulation_steps``: a copy of
-                                        Keras's TF ``train_step`` bound to one model instance;
-                                        probe ``matches_keras()``
-``tf_frozen_task``                      no issue; reproduction in the module (a
-                                        parameter-server save or a freed function waits on
-                                        every task, a frozen worker too). Scoped: the save in
-                                        a ``with`` block; freed functions kept from a stop on
-``tf_coordinator_copies``               no issue; the race is in TF's C++ (the module says
-                                        where): a PS coordinator's closure threads copy their
-                                        results without TF's cluster function runtime;
-                                        installed by ``kerasdist.enable()`` and every
-                                        parameter-server ``fit``/``evaluate``/``predict``
-``keras_23360_exhausted_warning``       https://github.com/keras-team/keras/pull/23360; not a
-                                        patch: the "ran out of data" warning ignored while
-                                        kerasdist's own loop evaluates an input of unknown size
-``internals``                           not a mend: the ``keras.src`` imports and private
-                                        reads the rest of kerasdist needs (ruff TID251 bans
-                                        them everywhere else)
-======================================  ===================================================
+(or giving a written reproduction), with a probe and a test that fails when upstream changes. The
+table of modules, their upstream issues and what installs each is in ``docs/architecture.md``
+("The mends"); ``internals`` is not a mend but the ``keras.src`` imports and private reads the
+rest of kerasdist needs (ruff TID251 bans them everywhere else).
 
 The modules in :data:`MENDS` are installed by :func:`apply` (process-wide; each changes behaviour
 only under a distribution strategy: multi-worker mode, 2+ replicas in sync, or variables sharded
@@ -63,19 +11,19 @@ The conformance matrix (``kerasdist conformance``, ``docs/conformance.md``) chec
 
 Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
 installed Keras/TF that runs no TensorFlow op, so it is safe before a
-``MultiWorkerMirroredStrategy`` is created) and ``install() -> bool``. A mend is installed only when
-its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream fixed ...: remove this
-mend" once a release fixes it. Single-process training runs the unmodified Keras code.
+``MultiWorkerMirroredStrategy`` is created), ``install() -> bool``, ``installed() -> bool`` and
+``uninstall()`` (tests only; all three from :func:`kerasdist._compat._patch.functions`). A mend is
+installed only when its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream
+fixed ...: remove this mend" once a release fixes it. Single-process training runs the unmodified
+Keras code.
 
-Versions: every mend applies to the whole tested range,
-:data:`kerasdist._compat.versions.SUPPORTED` (``tools/canary.py`` runs every probe on each
-version); a mend that applies to less states it as ``APPLIES_TO = {"tensorflow": spec, "keras":
-spec}``.
-Where its probe finds the bug fixed (``not needed``) or cannot reach its target
-(``not applicable``), :func:`apply` skips it with one INFO line naming the installed versions.
-Every mend installs and removes its patches through :mod:`kerasdist._compat._patch` (one lock, a
-mark, a record), and each patched symbol's signature is probed by ``tests/unit/test_compat.py``
-against ``tests/unit/compat_targets.json``.
+Versions: every mend applies to the whole tested range, :data:`kerasdist._compat.versions.SUPPORTED`
+(``tools/canary.py`` runs every probe on each version); a mend that applies to less states it as
+``APPLIES_TO = {"tensorflow": spec, "keras": spec}``. Where its probe finds the bug fixed
+(``not needed``) or cannot reach its target (``not applicable``), :func:`apply` skips it with one
+INFO line naming the installed versions. Every mend installs and removes its patches through
+:mod:`kerasdist._compat._patch` (one lock, a mark, a record), and each patched symbol's signature is
+probed by ``tests/unit/test_compat.py`` against ``tests/unit/compat_targets.json``.
 
 Example::
 

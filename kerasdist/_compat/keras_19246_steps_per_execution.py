@@ -143,6 +143,4 @@ def _patches():
     return [_patch.Patch(_trainer_module().TensorFlowTrainer, "_make_function", _mended)]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

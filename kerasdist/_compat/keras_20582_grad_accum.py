@@ -12,38 +12,29 @@ no strategy and ``OneDeviceStrategy`` work unmodified; ``ParameterServerStrategy
 (below).
 
 Mend (installed by :func:`kerasdist._compat.apply`): ``TFOptimizer.apply`` is wrapped. For an
-optimizer with ``gradient_accumulation_steps`` called in the replica context of a
-``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the wrapper
-all-reduces (sums) the gradients in replica context through the optimizer's own
-``_all_reduce_sum_gradients`` (so kerasdist's 16-bit all-reduce hook still applies), divides the sum
-by the replicas when :mod:`~kerasdist._compat.keras_replica_loss` left a Keras step's losses as
-per-replica means, then moves to cross-replica context with one ``merge_call`` and runs Keras's
-unmodified ``apply`` there on the reduced gradient: the ``ops.cond`` is taken where TensorFlow
-allows it, and variables, slots and accumulators are updated through ``strategy.extended.update``
-(Keras's own TF code, its ``maybe_merge_call`` answered directly while the replicas wait).
-Every other optimizer, strategy and context (no strategy, ``OneDeviceStrategy``, calls already in
-cross-replica context, XLA on GPUs where no ``merge_call`` is made) runs Keras's code unmodified;
-:mod:`~kerasdist._compat.keras_replica_apply` still handles clipping for non-accumulating
-optimizers and is passed through by this one (it finds no replica context). A
-``LossScaleOptimizer`` applies its inner optimizer per replica, so an accumulating inner optimizer
-is mended like any other.
+accumulating optimizer called in the replica context of a ``MirroredStrategy`` or
+``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the wrapper all-reduces (sums) the
+gradients in replica context through the optimizer's own ``_all_reduce_sum_gradients`` (so the
+16-bit all-reduce hook still applies), divides the sum by the replicas when
+:mod:`~kerasdist._compat.keras_replica_loss` left the losses as per-replica means, then runs
+Keras's unmodified ``apply`` in cross-replica context (one ``merge_call``), where TensorFlow allows
+the ``ops.cond``. Every other optimizer, strategy and context (no strategy, ``OneDeviceStrategy``,
+cross-replica calls, XLA on GPUs) runs Keras's code; an accumulating inner optimizer of a
+``LossScaleOptimizer`` is mended like any other.
 
 Semantics kept (Keras's): each ``apply`` is one micro-step and adds 1 to the ``iteration`` variable
 (the ``iterations`` property is that count ``// k``); on micro-steps ``k, 2k, ...`` the mean of the
 ``k`` accumulated global-batch gradients is clipped, weight decay applied, the update made (EMA
 as Keras does it) and the accumulators zeroed; other micro-steps only add the all-reduced gradient
-to the accumulators. Every replica holds identical values; they match a strategy-free run on the
+to the accumulators. Every replica holds identical values, equal to a strategy-free run on the
 same global batches (``tests/integration/test_keras_grad_accum.py``). Not covered: variables with
 ``overwrite_with_gradient`` (float8 training) get the all-reduced *sum* of their replicas' values.
 
-``ParameterServerStrategy`` is refused with a ``ValueError`` when the step is traced (at
-``ClusterCoordinator.schedule``), before any variable changes (kerasdist's PS ``fit`` refuses
-earlier, :func:`kerasdist.keras.ps_fit.refuse_unsupported`), because no run without a
-strategy gives its numbers: the accumulators and the micro-step counter live on the ps and are
-shared by asynchronous workers, so the k-th micro-step applies gradients other workers computed
-from other weights; ``acc.assign(acc + g)`` is a read-modify-write that a concurrent worker's can
-overwrite (lost gradients); and a step re-run after a worker is lost (at-least-once) adds its
-gradient twice. A larger global batch is the way to fewer, larger updates there.
+Raises (from the wrapped ``apply``, when the step is traced, before any variable changes):
+``ValueError`` under ``ParameterServerStrategy``: its accumulators and micro-step counter live on
+the ps and are shared by asynchronous workers, so no strategy-free run gives its numbers (the
+message says why; kerasdist's PS ``fit`` refuses earlier,
+:func:`kerasdist.keras.ps_fit.refuse_unsupported`).
 
 Probe: :func:`bug_present` reads the installed sources (no TF op): needed while the base
 ``_backend_apply_gradients`` branches on ``gradient_accumulation_steps`` with ``ops.cond`` and the
@@ -186,6 +177,4 @@ def _patches():
     return [_patch.Patch(_optimizer_class(), "apply", lambda _: _mended(_base_apply()))]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

@@ -93,9 +93,7 @@ def _patches():
     return [_patch.Patch(_trainer_class(), "_maybe_symbolic_build", _mended)]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
 
 
 def _original():

@@ -87,6 +87,4 @@ def _patches():
     return [_patch.Patch(_layer_class(), "add_weight", _mended)]  # inherited: removed again
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

@@ -284,9 +284,7 @@ def _patches():
             _patch.Patch(checkpoint, "_save_model", _checkpoint_save)]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
 
 
 def _original(cls, name: str):

@@ -1,14 +1,14 @@
 """Mend: metrics created outside ``strategy.scope()`` report each worker's own share.
 
-Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``kerasdist launch --workers
-2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of a script, then
-``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``; ``evaluate`` reports
-different values on each worker, none equal to a strategy-free ``evaluate`` of the same weights on
-the same examples (the loss, whose tracker Keras builds inside the scope, agrees). Cause: a Keras
-metric creates its state variables when it is constructed; built outside the scope they are plain
-per-process variables, not the ``ON_READ`` variables that a cross-worker read aggregates, so each
-worker's ``result()`` is computed from its half of the examples. Metrics built inside the scope (or
-given by name) are aggregated by TensorFlow already.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21,
+``kerasdist launch --workers 2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of
+a script, then ``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``;
+``evaluate`` reports different values on each worker, none equal to a strategy-free ``evaluate`` of
+the same weights on the same examples (the loss, whose tracker Keras builds inside the scope,
+agrees). Cause: a Keras metric creates its state variables when it is constructed; built outside the
+scope they are plain per-process variables, not the ``ON_READ`` variables that a cross-worker read
+aggregates, so each worker's ``result()`` is computed from its half of the examples. Metrics built
+inside the scope (or given by name) are aggregated by TensorFlow already.
 
 Mend: when Keras reads the metric results at the end of an epoch or of ``evaluate``
 (``Trainer.get_metrics_result``) under a multi-worker ``MultiWorkerMirroredStrategy``, the state
@@ -131,6 +131,4 @@ def _patches():
     return [_patch.Patch(_trainer_class(), "get_metrics_result", _mended)]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

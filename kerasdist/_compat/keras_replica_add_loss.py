@@ -97,6 +97,4 @@ def _patches():
     return [_patch.Patch(layer, name, functools.partial(_mended, name)) for name in _METHODS]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

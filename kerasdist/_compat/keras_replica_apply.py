@@ -166,6 +166,4 @@ def _patches():
                          lambda _: _mended(_base_method()))]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

@@ -12,7 +12,7 @@ Cause: under a partitioner, the ``tf.Variable`` that Keras creates inside its ow
 becomes a ``tf.distribute.experimental.ShardedVariable`` (a container of 2 or more resource
 variables, one per ps task, split along axis 0). Keras's ``Variable`` declares itself a resource
 variable, so ``GradientTape.gradient`` asks it for one ``handle``; a sharded container has one per
-shard. tf_keras never met this because its layers listed the shards themselves as weights.
+shard.
 
 Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
 
@@ -20,12 +20,10 @@ Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
   the variable's full shape: the shards' dense gradients concatenated along axis 0, or, when every
   shard's gradient is an ``IndexedSlices`` (embedding lookups), one ``IndexedSlices`` whose indices
   are shifted by each shard's row offset; a shard that the loss does not reach counts as zeros.
-  Keras's optimizers then update each shard on its own ps: the optimizer's own ``update_step``
-  runs once per shard, under that ps's device, on the shard, its slots' shards and its slice of
-  the gradient (Keras's updates are dense and elementwise; run on the container, they would read
-  and write every shard of the variable and its slots from the worker each step). Other uses of
-  the strategy's ``extended.update`` on the container (AdamW's weight decay) run the function on
-  the container, which TF's colocation cannot take.
+  The optimizer's own ``update_step`` then runs once per shard, on that shard's ps, with the
+  shard, its slots' shards and its slice of the gradient (:func:`_update_step_by_shard`). Other
+  uses of ``extended.update`` on the container (AdamW's weight decay) run the function on the
+  container, which TF's colocation cannot take.
 * optimizer slots (momentum, Adam's moments) of a sharded variable are created without
   colocation, so the partitioner splits them exactly as the variable (same shape and dtype),
   shard i on the ps task of the variable's shard i.
@@ -83,9 +81,7 @@ def _patched():
             (TFOptimizer, "_distributed_tf_update_step"))
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
 
 
 def sharded_value(variable):

@@ -102,9 +102,7 @@ def _patches():
     return [_patch.Patch(_trainer_module(), "reduce_per_replica", _mended)]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
 
 
 def _original():

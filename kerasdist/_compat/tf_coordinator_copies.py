@@ -13,17 +13,13 @@ carries garbage in ``tensorflow.eager.Operation.device`` (protobuf: "String fiel
 'tensorflow.eager.Operation.device' contains invalid UTF-8 data when serializing") and the task
 that receives it answers ``INTERNAL: Unable to parse request``, and the run dies.
 
-Where kerasdist meets it: TF runs every eager op as a function, and an eager op on the coordinator
-whose input lives on another task becomes a multi-device function with a component on that task,
-instantiated (once per op, dtype and task) and run through the coordinator's
-``EagerClusterFunctionLibraryRuntime``. ``ClusterCoordinator`` copies every scheduled call's
-outputs to the coordinator in the closure thread of the worker that ran it
-(``RemoteValueImpl._copy_to_local``: ``array_ops.identity`` under the coordinator's device), so
-the closure threads instantiate and run there concurrently: the first copy from worker 1
-instantiates while worker 0's thread copies, and so does every new output dtype (a validation
-call's int64 figures), every restarted worker, and any eager op of the main thread on ps values
-(metric results, the counters' reset) while calls are in flight
-(``tests/multiprocess/test_ps_coordinator_copies.py`` counts them).
+Where kerasdist meets it: an eager op on the coordinator whose input lives on another task runs as
+a multi-device function, instantiated (once per op, dtype and task) and run through that runtime.
+``ClusterCoordinator`` copies every scheduled call's outputs to the coordinator in the closure
+thread of the worker that ran it (``RemoteValueImpl._copy_to_local``: an ``array_ops.identity``),
+so closure threads instantiate and run there concurrently (the first copy from each worker, every
+new output dtype, every restarted worker), beside the main thread's eager ops on ps values
+(``tests/multiprocess/test_ps_coordinator_copies.py`` counts the instantiations).
 
 Mend: :func:`install` replaces ``RemoteValueImpl._copy_to_local``: each eager tensor result is
 copied to the coordinator's CPU with ``EagerTensor._copy_nograd`` (TF's device-to-device copy,
@@ -108,9 +104,7 @@ def _patches():
     return [_patch.Patch(_remote_value_class(), "_copy_to_local", _mended)]
 
 
-installed, install, uninstall = _patch.functions(__name__)
-"""``installed()``, ``install()`` (when the probe shows the bug; idempotent, thread-safe) and
-``uninstall()`` (tests only), from :func:`kerasdist._compat._patch.functions`."""
+installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
 
 
 __all__ = ["ISSUE", "NAME", "bug_present", "header_has_vector", "install", "installed",

@@ -15,27 +15,14 @@ its own subnet, so the only reachable addresses are those of the hosts of the se
         hosts.link_up(1)
     # here every namespace, link and process of the set is gone, also when the body raised
 
-What the kernel offers (checked as root on Linux 6.18; another kernel may offer more):
-
-* ``tbf`` and ``htb`` qdiscs work; a bandwidth cap (``rate_mbit``) is a ``tbf`` on both ends of a
-  host's link (egress of the host's veth caps what it sends, egress of the switch port what it
-  receives; ``shaper="htb"`` uses one htb class instead).
-* ``netem`` is **not** in this kernel (``tc qdisc add ... netem`` fails with "Specified qdisc
-  kind is unknown"), so there is no added delay, jitter or random loss.
-* No tc classifiers (``matchall``, ``u32``) and no ``iptables``: a partition cannot be a drop
-  filter. :meth:`HostSet.link_down` therefore sets the host's bridge port to the ``disabled``
-  STP state: the bridge silently drops every frame to and from that port, and the host's own
-  interface stays up with its carrier, address and route, as when a link fails beyond the host's
-  NIC. Neighbour (ARP) entries between the hosts are static, so a peer behind a down link is not
-  reported "No route to host" after a failed ARP: a connect times out and an established TCP
-  connection retransmits until its own timeout, with no reset and no ICMP error.
-
-Names: every namespace and interface name is the set's prefix (``prefix``, default ``kd``; a
-benchmark or test may take its own, e.g. ``kdbw``, to tell its namespaces apart in ``ip netns
-list``) followed by its random suffix (``HostSet.suffix``, 6 hex digits), so sets created by
-tests running in parallel do not collide; should a name exist already, ``ip netns add`` fails
-and the set removes only what it created itself. Their private subnets may be equal since each
-set's namespaces are separate networks (nothing is routed between sets or to the machine).
+A bandwidth cap (``rate_mbit``) is a ``tbf`` qdisc (``shaper="htb"``: one htb class) on both ends
+of a host's link. :meth:`HostSet.link_down` sets the host's bridge port to the STP ``disabled``
+state: every frame to and from it is dropped, with no reset, no ICMP error and no carrier change
+on the host; neighbour (ARP) entries are static, so connects time out and open connections
+retransmit. Every namespace and interface name is ``prefix`` (default ``kd``) plus a random
+6-hex-digit suffix (``HostSet.suffix``), so sets of tests running in parallel do not collide; a
+set removes only what it created. ``docs/hosts.md`` says why (no ``netem``, no tc classifiers and
+no ``iptables`` on the kernel this was checked on) and gives the measured figures.
 
 Errors: :class:`HostSimulatorError` (a subclass of ``RuntimeError``) when a command of ``ip``,
 ``tc`` or ``bridge`` fails (its stderr is in the message), when not run as root, or for an
