@@ -19,14 +19,16 @@ Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``):
   target's own folder (``.kerasdist-staging-*``), then each finished file is moved over the target
   with ``os.replace`` (weights first, then ``training_metadata.json``); a crash mid-save leaves the
   previous file intact (and, after a hard kill, a hidden staging folder behind);
-* under a strategy in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) only
-  the chief writes the user's path: task ``chief`` when the cluster has one, else ``worker`` 0 (from
+* under a strategy in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) the
+  chief writes the user's path: task ``chief`` when the cluster has one, else ``worker`` 0 (from
   the strategy's ``cluster_resolver``). Every other worker still runs the save (reading distributed
-  values may need collectives) into a private temporary folder, removed right after;
-* ``BackupAndRestore`` in multi-worker mode: every worker restores from the shared folder at train
+  values may need collectives) into a staging folder next to the target and, by the protocol of
+  :mod:`kerasdist._compat._worker_saves`, moves it into place only when its path is on a disk of
+  its own (on a folder shared with the chief its copy is dropped);
+* ``BackupAndRestore`` in multi-worker mode: every worker restores from the backup folder at train
   begin (a complete file, thanks to the atomic writes) and nobody writes there at train begin (the
-  ``double_checkpoint`` fallback loads the ``.bkp`` files instead of copying them back); only the
-  chief deletes the backup at a successful train end.
+  ``double_checkpoint`` fallback loads the ``.bkp`` files instead of copying them back); at a
+  successful train end the chief deletes the shared backup, a worker one of its own.
 
 Outside multi-worker mode the callbacks run Keras's own code, only redirected through the staging
 folder. Remote paths (``gs://``, ``/cns`` ...) are written by Keras in place on the chief (no atomic

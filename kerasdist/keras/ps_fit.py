@@ -29,15 +29,15 @@ parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i
 :class:`~kerasdist.keras.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
 
 ``class_weight`` becomes per-example weights on the workers' pipelines with Keras's own mappings
-(:func:`kerasdist.keras.ps_class_weight.class_weighted`), refused as Keras 3 refuses it: together with
-``sample_weight``, or for a model with several outputs. ``predict`` is
+(:func:`kerasdist.keras.ps_class_weight.class_weighted`), refused as Keras 3 refuses it: together
+with ``sample_weight``, or for a model with several outputs. ``predict`` is
 :func:`kerasdist.keras.ps_predict.predict` (rows in input order).
 
 ``validation_split`` holds out the last fraction of NumPy inputs, as Keras does. Refused before
-anything is scheduled
-(:class:`~kerasdist.errors.UnsupportedFeatureError`, naming the feature and why): an optimizer with
-``gradient_accumulation_steps`` or ``use_ema``, and Keras lookup layers (``StringLookup``,
-``IntegerLookup``, ``TextVectorization``) in the model (see :func:`refuse_unsupported`).
+anything is scheduled (:class:`~kerasdist.errors.UnsupportedFeatureError`, naming the feature and
+why; :func:`refuse_unsupported`): an optimizer with ``gradient_accumulation_steps`` or ``use_ema``,
+Keras lookup layers (``StringLookup``, ``IntegerLookup``, ``TextVectorization``) in the model, and
+Adamax on a model with an ``Embedding`` with 2 or more workers.
 """
 
 from __future__ import annotations

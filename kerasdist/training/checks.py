@@ -267,13 +267,8 @@ def _check_labels(y: np.ndarray, model, where: str) -> None:
 
 
 def check_run_dir_path(path: str | Path) -> None:
-    """Refuse an ``output.run_dir`` that cannot be created or written, before anything starts
-    (:meth:`kerasdist.training.rundir.RunDir.check_path`: no file is created).
-
-    Checks the path only: it is not a symbolic link nor an existing non-directory; every
-    component fits the filesystem's name limit (``NAME_MAX``) and the whole path its path limit;
-    the nearest existing ancestor is a directory this process can write into (``os.access``;
-    always true for root).
+    """Refuse an ``output.run_dir`` that cannot be created or written, before anything starts;
+    no file is created (the checks: :func:`kerasdist.training.rundir_checks.check_path`).
 
     Raises:
         RunDirError: naming ``output.run_dir``, the path and what is wrong.
