@@ -7,19 +7,14 @@ https://www.tensorflow.org/tutorials/distribute/parameter_server_training uses K
 Probe: :func:`bug_present` checks that the installed Keras TensorFlow trainer still has no
 ``ClusterCoordinator``; ``tests/unit/test_compat.py`` fails when that changes.
 
-This is what ``kerasdist.enable()`` installs. After it, a Keras model built and compiled inside
-``tf.distribute.ParameterServerStrategy.scope()`` trains with ``model.fit(...)``, evaluates with
-``model.evaluate(...)`` and predicts with ``model.predict(...)``: they are routed to kerasdist's
-coordinator loop (:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`). Models
-under any other strategy (or none) call Keras's own methods, unchanged. ``enable()`` also
-installs kerasdist's mends of upstream bugs (:func:`kerasdist._compat.apply`, e.g. for
-MultiWorkerMirroredStrategy).
-
-It works by wrapping ``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the TensorFlow
-backend's trainer, the base of every ``keras.Model`` on this backend; a class-wide wrap is the
-narrowest scope that reaches plain ``model.fit`` in users' code, and the wrapper passes every
-non-PS model straight to Keras); the originals are kept and :func:`disable` puts them back.
-Subclasses that override ``fit``/``evaluate``/``predict`` themselves are not affected.
+Installed by ``kerasdist.enable()``: a Keras model built and compiled inside
+``tf.distribute.ParameterServerStrategy.scope()`` then trains, evaluates and predicts with plain
+``model.fit``/``evaluate``/``predict``, routed to kerasdist's coordinator loop
+(:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`). The wrap is on
+``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the base of every ``keras.Model`` on this
+backend: the narrowest scope that reaches plain ``model.fit``); every other model goes straight to
+Keras's own method, and :func:`disable` puts the originals back. Subclasses that override
+``fit``/``evaluate``/``predict`` themselves are not affected.
 
 Example::
 

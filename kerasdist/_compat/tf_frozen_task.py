@@ -1,18 +1,16 @@
 """Mends: a parameter-server coordinator waits on every task of the cluster, a frozen worker too.
 
-Upstream: no TensorFlow issue found; written reproduction (TF 2.21, CPU): a
-parameter-server run (3 workers), worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the
-coordinator stops scheduling and goes on without the frozen worker's calls in flight, but then
-blocks for good (``py-spy dump``), first in ``Context.add_c_function`` under
-``MultiDeviceSaver.save`` (the checkpoint save), then, with that mended, in
+Upstream: no TensorFlow issue found; written reproduction (TF 2.21, CPU): a parameter-server run
+(3 workers), worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the coordinator goes on
+without the frozen worker's calls in flight, then blocks for good, first in
+``Context.add_c_function`` under ``MultiDeviceSaver.save`` (the checkpoint save), then in
 ``Context.remove_function`` under ``AtomicFunction.__del__`` (a traced function freed as ``fit``
 returns). The coordinator's eager context registers every function it adds on every remote task
-and removes every function it frees from every remote task, and ``ParameterServerStrategy`` turns
-streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``, set in
-``parameter_server_strategy_v2.py``), which makes each of these a blocking RPC: a task that does
-not answer holds the caller for ever. And in eager mode, when the saved tensors lie on more than
-one task (the ps and the coordinator's ``save_counter``), ``MultiDeviceSaver.save`` wraps its ops
-in a newly traced ``tf.function`` on *every* save, so every save adds a function.
+and removes every function it frees from every remote task; ``ParameterServerStrategy`` turns
+streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``), which makes each a
+blocking RPC that a task that does not answer holds for ever. And when the saved tensors lie on
+more than one task (the ps and the coordinator's ``save_counter``), an eager
+``MultiDeviceSaver.save`` traces a new ``tf.function`` on *every* save.
 
 Mends:
 
