@@ -267,7 +267,8 @@ class StepBackup(keras.callbacks.Callback):
 
     Attributes:
         step: global step after the last finished batch.
-        preempted: True once training stopped because of SIGTERM (a checkpoint was saved first).
+        preempted: True once training stopped on an agreed SIGTERM or SIGINT (a checkpoint was
+            saved first, when there is a ``store``).
     """
 
     def __init__(self, store, *, start_step: int, every_steps: int | None, watch: PreemptionWatch,
