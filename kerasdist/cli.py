@@ -259,7 +259,7 @@ def _cmd_fit(args) -> int:
 
     from kerasdist._signals import startup
 
-    started = time.perf_counter()  # the summary's wall time counts from here (issue 42 item 3)
+    started = time.perf_counter()  # the summary's wall time counts from here
 
     with startup("reading the recipe and importing TensorFlow"):  # SIGINT/SIGTERM: 130/143
         recipe, tf_config = _fit_recipe(args)
@@ -282,7 +282,7 @@ def _cmd_fit(args) -> int:
             from kerasdist.training.rundir import RunDir
 
             complete = RunDir.of(recipe).complete_notice(recipe, overwrite=args.overwrite)
-            if complete:  # one line: a re-run of a finished run trains nothing (issue 42 item 4)
+            if complete:  # one line: a re-run of a finished run trains nothing
                 _log.get_logger("training").warning(complete)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.launch import run_recipe
@@ -355,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "fit" and not _log.shared_console():  # a task of the local launcher:
         from kerasdist._preload import tensorflow_in_background  # it trains, so TF's import
 
-        tensorflow_in_background()  # overlaps its recipe's validation (issue 42, item 8)
+        tensorflow_in_background()  # overlaps its recipe's validation
     _log.configure(getattr(args, "verbose", None))
     _log.one_line_deprecations()
     from kerasdist import _exit

@@ -154,9 +154,8 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
                                    "shard count. Default: the number of ps tasks.")
     steps_per_execution: int = Field(
         4, ge=1, description="Training steps run by one scheduled function (one coordinator "
-        "round trip). Default 4: faster than 1 in every side-by-side pair measured (docs/"
-        "benchmarks-log.md, 2026-11-23). A lost worker re-runs at most this many steps "
-        "(at-least-once).")
+        "round trip; default 4, faster than 1: docs/benchmarks-log.md). A lost worker re-runs "
+        "at most this many steps (at-least-once).")
     task_timeout_s: float | None = Field(
         60.0, gt=0, le=86_400, description="Local clusters: seconds a ps or worker task may go "
         "without answering a liveness probe of its gRPC server (frozen, swapped out, hung: its "
