@@ -16,11 +16,11 @@ Round-robin (repeat r of every row before repeat r+1 of any), each row its own p
   ``KERASDIST_TIMELINE`` set (:mod:`kerasdist._timeline`): the command's process start to the
   chief's first step, split into phases. ``--variants`` runs it several ways, side by side in
   each repeat: ``default`` (as a user runs it: isolated in a network namespace where one can be
-  made, its launcher and tasks forked from the command: :mod:`kerasdist.launch.netns`),
+  made, its launcher and tasks forked from the command: :mod:`kerasdist.launch.forking.netns`),
   ``default-fork-off`` (the same with ``KERASDIST_FORK_TASKS=0``: the launcher and the tasks
   started as new interpreters), ``exposed-fork-off`` / ``exposed-fork-on`` (``KERASDIST_NO_NETNS=1`` and
   ``cluster.allow_network_exposure: true``, the launcher in the command's process, with
-  ``KERASDIST_FORK_TASKS`` 0 or 1: :mod:`kerasdist.launch.forked`).
+  ``KERASDIST_FORK_TASKS`` 0 or 1: :mod:`kerasdist.launch.forking`).
 
 Prints one table per kind (median over repeats, seconds) and ``kerasdist's own`` = kerasdist's
 time to first step minus the floor's, as a share of kerasdist's. Figures are for this machine

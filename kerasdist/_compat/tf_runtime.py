@@ -1,6 +1,6 @@
 """Whether this process has started TensorFlow's runtime: a process forked after that inherits a
 runtime whose threads are gone (it hangs, or refuses to size its thread pools: "Intra op
-parallelism cannot be modified after initialization"). :mod:`kerasdist.launch.forked` forks
+parallelism cannot be modified after initialization"). :mod:`kerasdist.launch.forking` forks
 nothing from such a process. No public API says it: ``tf.config``'s setters raise only when a
 value is changed afterwards."""
 

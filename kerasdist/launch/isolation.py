@@ -10,10 +10,10 @@ fresh Linux network namespace holding only a loopback interface:
   (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
   ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or, where the command
   imported TensorFlow for the run, a child forked from it that calls ``unshare(2)`` itself:
-  :mod:`kerasdist.launch.netns`), which brings ``lo`` up and runs the local launcher there
+  :mod:`kerasdist.launch.forking.netns`), which brings ``lo`` up and runs the local launcher there
   (:func:`serve`, :func:`launch_here`): worker and ps tasks, the coordinator of a
   parameter-server run, the ports they pick -- all inside the namespace;
-* the launching process (:mod:`kerasdist.launch.child`) lets the child write to its console
+* the launching process (:func:`run_isolated`) lets the child write to its console
   (inherited stdout/stderr), forwards SIGINT and SIGTERM to it, and maps its result back: on
   success the :class:`RunResult` of ``<run_dir>/metrics.json``; on failure the child's exception
   class and message (sent back over a pipe), so the API raises the same classes (and the CLI
@@ -43,12 +43,13 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from kerasdist import _exit, _log, errors
 from kerasdist._signals import Terminated, terminate_on_sigterm
-from kerasdist.errors import ClusterError
+from kerasdist.errors import ClusterError, TaskFailedError
 from kerasdist.importpath import child_pythonpath
 from kerasdist.launch import status
 from kerasdist.launch.processes import (
@@ -116,7 +117,7 @@ def plan(recipe: Recipe, *, callbacks=()) -> bool:
 
     Returns:
         True: run it in a private network namespace
-        (:func:`kerasdist.launch.child.run_isolated`); False: run it here, exposed, because the
+        (:func:`run_isolated`); False: run it here, exposed, because the
         recipe allows it (a warning says so).
 
     Raises:
@@ -219,6 +220,170 @@ def isolated_here() -> bool:
     return bool(os.environ.get(IN_NETNS_ENV))
 
 
+# ------------------------------------------------------------------------- the launching side
+STOP_GRACE_S = 90.0
+"""Seconds the namespace child gets after a forwarded SIGINT/SIGTERM (its tasks save and stop
+within the launcher's own grace, 60 s), before SIGKILL."""
+REPORTED_EXIT_S = 30.0
+"""Seconds the namespace child gets to exit once it has reported how the run ended (its result
+pipe closed), before it is killed with its tasks (:func:`run_isolated`)."""
+
+
+
+def run_isolated(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool = True) -> RunResult:
+    """Run the local cluster in a child process in a fresh network namespace; wait; map its end.
+
+    The child is forked from this process where it imported TensorFlow for the run
+    (:func:`kerasdist.launch.forking.launcher_ready`; :mod:`kerasdist.launch.forking.netns`), else
+    started as ``unshare --net python -m kerasdist.launch.isolation``. With ``isolate=False``
+    the child runs in this network namespace (an exposed run): a library call's coordinator then
+    runs in a process that may be ended when TensorFlow blocks it for good
+    (:mod:`kerasdist._exit`), never in the caller's interpreter.
+
+    Raises:
+        the child's error, same class and message (RecipeError ... TaskFailedError, TrainingError,
+        Preempted, KeyboardInterrupt); TaskFailedError if the child itself was killed.
+    """
+    from kerasdist.launch import forking
+
+    if isolate and forking.launcher_ready():
+        from kerasdist.launch.forking import netns
+
+        def forked(fd):
+            return netns.fork_launcher(lambda: serve(lambda: recipe, result_fd=fd, verbose=verbose,
+                                                     overwrite=overwrite),
+                                       env=launcher_env(), result_fd=fd), None
+
+        try:
+            return _supervise(recipe, forked)
+        except netns.NotIsolated as err:  # nothing started: start it as a new interpreter
+            log.warning(f"the local cluster's launcher could not be forked into a network "
+                        f"namespace ({err}); starting it as a new process")
+            forking.spend()
+    return _supervise(recipe, lambda fd: _popen_launcher(
+        recipe, fd, overwrite=overwrite, verbose=verbose, isolate=isolate))
+
+
+def _popen_launcher(recipe: Recipe, write_fd: int, *, overwrite: bool, verbose,
+                    isolate: bool) -> tuple[subprocess.Popen, bytes]:
+    argv = [*(unshare_argv() if isolate else ()), sys.executable, "-m",
+            "kerasdist.launch.isolation", "--result-fd", str(write_fd), "--verbose",
+            json.dumps(verbose)]
+    if overwrite:
+        argv.append("--overwrite")
+    if not isolate:
+        argv.append("--exposed")
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, pass_fds=(write_fd,), env=launcher_env(),
+                             preexec_fn=die_with_parent)
+    return child, json.dumps(recipe.model_dump(mode="json")).encode()
+
+
+def _supervise(recipe: Recipe, start) -> RunResult:
+    """Start the child (``start(write_fd)`` returns it and the bytes for its stdin, or None),
+    wait for it, forwarding SIGINT/SIGTERM, and map how it ended (:func:`_outcome`)."""
+    read_fd, write_fd = os.pipe()
+    try:
+        child, payload = start(write_fd)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    reply: list[bytes] = []
+    reader = threading.Thread(target=_read_all, args=(read_fd, reply), daemon=True)
+    reader.start()
+    interrupted: BaseException | None = None
+    killed_after_report = False
+    try:
+        if payload is not None:
+            try:
+                child.stdin.write(payload)
+                child.stdin.close()
+            except BrokenPipeError:  # it ended at once: its report says why
+                pass
+        with terminate_on_sigterm():
+            try:
+                killed_after_report = _wait_for(child, reader)
+            except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: the child saves and stops
+                interrupted = err
+                _forward(child, signal.SIGTERM if isinstance(err, Terminated) else signal.SIGINT)
+    finally:
+        if child.poll() is None:  # a second interrupt, or an error here: leave nothing behind
+            _kill(child)
+    reader.join(timeout=10)
+    return _outcome(recipe, child, b"".join(reply), interrupted, killed_after_report)
+
+
+def _wait_for(child, reader: threading.Thread) -> bool:
+    """Wait for the child; once it has reported how the run ended (its result pipe is closed), it
+    gets :data:`REPORTED_EXIT_S` seconds to exit, then it is killed with its tasks: the run's end
+    is known, and a process whose teardown blocks in TensorFlow (a runtime still waiting for a
+    lost task) must not hold the command for ever. True when it had to be killed so."""
+    while True:
+        try:
+            child.wait(timeout=0.5)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if not reader.is_alive():
+            try:
+                child.wait(timeout=REPORTED_EXIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning(f"the local cluster's launcher (pid {child.pid}) reported how the run "
+                            f"ended but had not exited {REPORTED_EXIT_S:.0f} s later: killing it "
+                            "and its tasks")
+                _kill(child)
+                return True
+            return False
+
+
+def _read_all(fd: int, into: list[bytes]) -> None:
+    with os.fdopen(fd, "rb") as pipe:
+        into.append(pipe.read())
+
+
+def _forward(child, sig: int) -> None:
+    log.warning(f"interrupted: the local cluster saves a checkpoint and stops (up to "
+                f"{STOP_GRACE_S:.0f} s)")
+    try:
+        os.kill(child.pid, sig)
+        child.wait(timeout=STOP_GRACE_S)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        _kill(child)
+
+
+def _kill(child) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)  # its tasks die with it (PR_SET_PDEATHSIG)
+    except (ProcessLookupError, PermissionError):
+        pass
+    child.wait()
+
+
+def _outcome(recipe: Recipe, child, reply: bytes,
+             interrupted: BaseException | None, killed_after_report: bool = False) -> RunResult:
+    code = child.returncode
+    try:
+        result = json.loads(reply.decode("utf-8")) if reply else None
+    except ValueError:
+        result = None
+    if result and "not_isolated" in result and interrupted is None:
+        from kerasdist.launch.forking.netns import NotIsolated
+
+        raise NotIsolated(result["not_isolated"])
+    if result and result.get("ok") and (code == 0 or killed_after_report):
+        return RunResult.from_metrics(RunDir.of(recipe).metrics)
+    if result and not result.get("ok"):
+        raise status.rebuild(result)
+    if interrupted is not None:
+        raise interrupted
+    raise TaskFailedError(f"the local cluster's launcher (pid {child.pid}, in its network namespace) "
+                          f"{describe_exit(code)} without reporting how it ended; task logs in "
+                          f"{RunDir.of(recipe).logs}")
+
+
 # ------------------------------------------------------------------------------ the namespace side
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -250,7 +415,7 @@ def _report(fd: int, err: BaseException | None) -> None:
 
 
 def serve(load_recipe, *, result_fd: int, verbose, overwrite: bool, exposed: bool = False) -> int:
-    """The namespace child's work (:func:`main`; :mod:`kerasdist.launch.netns` when forked):
+    """The namespace child's work (:func:`main`; :mod:`kerasdist.launch.forking.netns` when forked):
     bring ``lo`` up (unless ``exposed``), take the recipe (``load_recipe()``), run the local
     cluster, report how it ended on ``result_fd``. Returns the CLI's exit code for that end."""
     _log.configure(verbose)

@@ -31,7 +31,7 @@ from kerasdist.launch.task_logs import task_log_name
 @dataclass
 class Task:
     """A started task: its name (``worker:1``), process (a :class:`subprocess.Popen`, or a
-    :class:`kerasdist.launch.forked.ForkedTask`), log file and status file."""
+    :class:`kerasdist.launch.forking.ForkedTask`), log file and status file."""
 
     name: str
     tf_config: TFConfig | None
@@ -150,10 +150,10 @@ class LocalLauncher:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         if self.threads_per_task:
             env["TF_NUM_INTRAOP_THREADS"] = env["OMP_NUM_THREADS"] = str(self.threads_per_task)
-        from kerasdist.launch import forked
+        from kerasdist.launch import forking
 
-        if forked.ready(argv):  # the first attempt of a fit that imported TensorFlow for it
-            process = forked.start(argv, env=env, log_path=log_path)
+        if forking.ready(argv):  # the first attempt of a fit that imported TensorFlow for it
+            process = forking.start(argv, env=env, log_path=log_path)
         else:
             process = self._popen(argv, env, log_path)
         task = Task(name=name, tf_config=tf_config, process=process, log_path=log_path,

@@ -54,7 +54,7 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     the run directory (path, fingerprint), the data splits (readable, at least one global batch),
     and the model built here against the data (labels within its classes, shapes, NaN/inf:
     :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here; in a child
-    forked from this process where :mod:`kerasdist.launch.forked` applies).
+    forked from this process where :mod:`kerasdist.launch.forking` applies).
 
     Returns:
         The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
@@ -69,7 +69,7 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
 
 def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     from kerasdist.data.inputs import examples_per_worker
-    from kerasdist.launch import forked
+    from kerasdist.launch import forking
 
     strategy = registry.for_recipe(recipe)
     check_shape(recipe)
@@ -82,8 +82,8 @@ def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
                         f"examples, fewer than one global batch. Received: "
                         f"batch_size={recipe.data.batch_size}")
     run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
-    # checks.check_recipe_here, in a child forked from here where that applies (launch.forked)
-    forked.check_recipe(recipe)
+    # checks.check_recipe_here, in a child forked from here where that applies (launch.forking)
+    forking.check_recipe(recipe)
     return run_dir
 
 
@@ -225,7 +225,7 @@ def _run_local(recipe: Recipe, *, overwrite: bool, verbose, callbacks,
 
 
 def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
-    """Run the local cluster in a child process (:func:`kerasdist.launch.child.run_isolated`).
+    """Run the local cluster in a child process (:func:`kerasdist.launch.isolation.run_isolated`).
 
     A parameter-server coordinator (not elastic) that fails with a lost peer -- a transient
     TensorFlow RPC error, a crash of the coordinator process itself -- is started again, whole
@@ -237,14 +237,14 @@ def _run_child(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool) -> Ru
     once here.
     """
     from kerasdist.errors import RETRYABLE, classify
-    from kerasdist.launch import child
+    from kerasdist.launch import isolation
     from kerasdist.launch.coordinator import elastic
 
     restarts = recipe.cluster.max_restarts
     again = registry.for_recipe(recipe).traits.topology == "coordinator" and not elastic(recipe)
     while True:
         try:
-            return child.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
+            return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
                                       isolate=isolate)
         except Exception as err:  # KeyboardInterrupt/Preempted: never restarted here
             if not again or restarts <= 0 or classify(err) not in RETRYABLE:

@@ -54,7 +54,7 @@ from kerasdist._signals import terminate_on_sigterm
 from kerasdist._timeline import mark
 from kerasdist.cluster.spec import TFConfig, check_ports_free
 from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, TaskFailedError
-from kerasdist.launch import forked, status
+from kerasdist.launch import forking, status
 from kerasdist.launch.echo import Echo
 from kerasdist.launch.hang import HangWatch
 from kerasdist.launch.plan import (
@@ -158,7 +158,7 @@ class Supervisor:
             if servers:
                 launcher.wait_listening(servers, timeout_s=spec.start_timeout_s)
             members = [self._start(p) for p in plans if not p.server]
-            forked.spend()  # restarts, and tasks started after a body began, are new processes
+            forking.spend()  # restarts, and tasks started after a body began, are new processes
             log.info(f"local cluster, attempt {number}: {len(servers)} server(s), "
                      f"{len(members)} member task(s), {workers} worker(s) ({network_note()}); "
                      f"logs in {spec.log_dir}")

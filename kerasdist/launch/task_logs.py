@@ -4,7 +4,7 @@ Every task of a local cluster (:class:`kerasdist.launch.processes.LocalLauncher`
 standard output and error to ``<run_dir>/logs/<type>-<index>.log`` (:func:`task_log_name`); a
 process is therefore known as a task by the file its fd 1 is (:func:`local_task`), whether it
 was started (``TF_CONFIG`` in its ``/proc/PID/environ``) or forked from its launcher
-(:mod:`kerasdist.launch.forked`: its ``/proc/PID/environ`` is the launcher's).
+(:mod:`kerasdist.launch.forking`: its ``/proc/PID/environ`` is the launcher's).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def linear_recipe(tmp_path: Path, name: str, **sections) -> Path:
     backups every 10 steps, 20 s collective timeout); ``sections`` update it section by section.
     With ``KERASDIST_TEST_EXPOSED=1`` in the environment (and ``KERASDIST_NO_NETNS=1``), the
     cluster runs exposed, its launcher in the command's process: the tests then exercise the
-    forked tasks of :mod:`kerasdist.launch.forked`."""
+    forked tasks of :mod:`kerasdist.launch.forking`."""
     raw = yaml.safe_load((REPO / "recipes" / "linear_mwms.yaml").read_text())
     raw["data"].update(shuffle_seed=7)
     raw["data"]["source"]["num_examples"] = 2048

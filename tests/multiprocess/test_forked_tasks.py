@@ -1,6 +1,6 @@
-"""Tasks forked from the launching command (:mod:`kerasdist.launch.forked`, issue 42 item 8): a
+"""Tasks forked from the launching command (:mod:`kerasdist.launch.forking`, issue 42 item 8): a
 local run forks its check, its launcher (isolated: into a private network namespace,
-:mod:`kerasdist.launch.netns`) and its tasks from the process that imported TensorFlow once,
+:mod:`kerasdist.launch.forking.netns`) and its tasks from the process that imported TensorFlow once,
 trains to the same weights as started tasks do, and bad input still starts nothing."""
 
 from __future__ import annotations

@@ -133,7 +133,7 @@ def _ps_recipe(tmp_path: Path, name: str) -> Path:
 @pytest.mark.parametrize("kind, expected, fork", [
     # 171 s in the README suite (2026-11-26): the extended tier; parameter_server stays. The
     # parameter-server run takes the default path (its launcher forked into the namespace, its
-    # tasks forked from it: launch/netns.py); the multi-worker run starts them as new
+    # tasks forked from it: launch/forking/netns.py); the multi-worker run starts them as new
     # interpreters (KERASDIST_FORK_TASKS=0: unshare --net python -m kerasdist.launch.isolation).
     pytest.param("multi_worker", {"worker:0", "worker:1"}, False, marks=pytest.mark.extended),
     ("parameter_server", {"ps:0", "worker:0", "worker:1"}, True),
@@ -260,7 +260,7 @@ def test_a_child_that_reported_but_does_not_exit_is_killed_and_its_report_stands
 
     import kerasdist
     from kerasdist.errors import TaskFailedError
-    from kerasdist.launch import child as child_side
+    from kerasdist.launch import isolation as child_side
     from kerasdist.launch.processes import die_with_parent
     from kerasdist.training.rundir import RunDir
 

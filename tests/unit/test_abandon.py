@@ -58,11 +58,11 @@ def test_an_exposed_ps_library_call_runs_its_coordinator_in_a_child(
     """Exposed (no network namespace), from a library call: the coordinator runs in a child
     process of this one (which can be ended), unless extra callbacks keep it here."""
     import kerasdist
-    from kerasdist.launch import child, isolation
+    from kerasdist.launch import isolation
 
     monkeypatch.setenv(isolation.NO_NETNS_ENV, "1")
     went = []
-    monkeypatch.setattr(child, "run_isolated",
+    monkeypatch.setattr(isolation, "run_isolated",
                         lambda recipe, **kw: went.append(("child", kw)) or "child")
     monkeypatch.setattr(isolation, "launch_here",
                         lambda recipe, **kw: went.append(("here", kw)) or "here")

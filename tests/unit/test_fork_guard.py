@@ -1,5 +1,5 @@
 """Nothing is forked from a process whose TensorFlow runtime has started
-(:mod:`kerasdist._compat.tf_runtime`, :mod:`kerasdist.launch.forked`): a child forked after that
+(:mod:`kerasdist._compat.tf_runtime`, :mod:`kerasdist.launch.forking`): a child forked after that
 inherits a runtime without its threads (it hung, or refused to size its thread pools: "Intra op
 parallelism cannot be modified after initialization", seen when a function data source's check
 ran a ``tf.data`` op in the command)."""
@@ -14,14 +14,14 @@ import pytest
 SCRIPT = r"""
 import sys
 from kerasdist._compat import tf_runtime
-from kerasdist.launch import forked
+from kerasdist.launch import forking
 
-forked._STATE["warm"] = True  # as after the forked check of a fit
+forking._STATE["warm"] = True  # as after the forked check of a fit
 task = [sys.executable, "-m", "kerasdist", "fit", "r.yaml"]
 import tensorflow as tf
-before = (tf_runtime.started(), forked.launcher_ready(), forked.ready(task))
+before = (tf_runtime.started(), forking.launcher_ready(), forking.ready(task))
 tf.data.Dataset.range(3)  # a data check's op: the runtime starts
-after = (tf_runtime.started(), forked.launcher_ready(), forked.ready(task), forked._STATE["spent"])
+after = (tf_runtime.started(), forking.launcher_ready(), forking.ready(task), forking._STATE["spent"])
 print(before, after)
 """
 

@@ -1,4 +1,4 @@
-"""The namespace child forked from the command (:mod:`kerasdist.launch.netns`, issue 42 item 8):
+"""The namespace child forked from the command (:mod:`kerasdist.launch.forking.netns`, issue 42 item 8):
 ``unshare(2)`` from Python puts a forked process in a private network namespace as ``unshare
 --net [--map-root-user]`` does, as root and as a user; where it cannot, the launcher starts as a
 new process and nothing was started by the forked one."""
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Li
 PROBE = r"""
 import json, os, socket, sys
 from kerasdist.launch.isolation import loopback_up
-from kerasdist.launch.netns import unshare_network
+from kerasdist.launch.forking.netns import unshare_network
 from kerasdist.launch.processes import network_interfaces
 
 before = os.readlink("/proc/self/ns/net")
@@ -90,7 +90,8 @@ def test_a_launcher_that_cannot_enter_a_namespace_falls_back_to_a_started_one(mo
     command then starts the launcher as a new process, as without the fork path."""
     from kerasdist.config.loader import load_recipe
     from kerasdist.errors import ClusterError
-    from kerasdist.launch import child, forked, netns
+    from kerasdist.launch import forking, isolation
+    from kerasdist.launch.forking import netns
 
     recipe = load_recipe(REPO / "recipes" / "linear_mwms.yaml")
 
@@ -109,12 +110,12 @@ def test_a_launcher_that_cannot_enter_a_namespace_falls_back_to_a_started_one(mo
         return child, None
 
     monkeypatch.setattr(netns, "unshare_network", refused)
-    monkeypatch.setattr(child, "_popen_launcher", stand_in)
-    monkeypatch.setitem(forked._STATE, "warm", True)
-    monkeypatch.setitem(forked._STATE, "spent", False)
+    monkeypatch.setattr(isolation, "_popen_launcher", stand_in)
+    monkeypatch.setitem(forking._STATE, "warm", True)
+    monkeypatch.setitem(forking._STATE, "spent", False)
     with pytest.raises(ClusterError) as raised:
-        child.run_isolated(recipe, overwrite=False, verbose=None)
+        isolation.run_isolated(recipe, overwrite=False, verbose=None)
     assert not isinstance(raised.value, netns.NotIsolated)
     assert "the stand-in ran" in str(raised.value)  # the started launcher's end is the run's
     assert started == [True]  # started once, isolated
-    assert forked._STATE["spent"]  # and nothing more is forked from this process
+    assert forking._STATE["spent"]  # and nothing more is forked from this process

@@ -1,23 +1,24 @@
 """The namespace child of an isolated local cluster, forked from the command that checked the run
-(issue 42, item 8: time to first step).
+(time to first step).
 
-Where :func:`kerasdist.launch.forked.launcher_ready` holds (a local ``fit`` from kerasdist's own
-command that imported TensorFlow for its checks, :mod:`kerasdist.launch.forked`), the launcher of
+Where :func:`kerasdist.launch.forking.launcher_ready` holds (a local ``fit`` from kerasdist's own
+command that imported TensorFlow for its checks, :mod:`kerasdist.launch.forking`), the launcher of
 an isolated local cluster (:mod:`kerasdist.launch.isolation`) is not started as a new interpreter
 under ``unshare --net``; it is forked from the command (:func:`fork_launcher`), and the child:
 
 1. leaves the command's session and dies with it, reads ``/dev/null``, keeps the console (fds 1
    and 2) with new unbuffered streams, holds no other descriptor of the command but its result
    pipe, and drops the command's signal handlers, ``atexit`` hooks and environment for the one a
-   started child gets (as a forked task does: :func:`kerasdist.launch.forked.start`);
+   started child gets (as a forked task does: :func:`kerasdist.launch.forking.start`);
 2. moves itself into a fresh network namespace (:func:`unshare_network`: ``unshare(2)`` with
    ``CLONE_NEWNET``; where it is not root, with ``CLONE_NEWUSER`` first and its user and group
    mapped to root there, as ``unshare --net --map-root-user``) before anything else; if that
    fails it reports so and exits having started nothing, and the command starts the launcher as
    a new process as before (:class:`NotIsolated`);
-3. brings ``lo`` up, refusing a namespace with any other interface, and runs the local cluster
-   (:func:`kerasdist.launch.isolation.serve`); the first attempt's tasks are forked from it in
-   turn, inside the namespace, so no task imports TensorFlow again.
+3. runs the launcher's work given by the caller (:func:`kerasdist.launch.isolation.serve`: brings
+   ``lo`` up, refusing a namespace with any other interface, and runs the local cluster); the
+   first attempt's tasks are forked from it in turn, inside the namespace, so no task imports
+   TensorFlow again.
 
 The child is single-threaded when it calls ``unshare`` (a forked process holds only the thread
 that forked it), which ``CLONE_NEWUSER`` requires. ``KERASDIST_FORK_TASKS=0`` turns this off with
@@ -29,13 +30,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from kerasdist.errors import ClusterError
-
-if TYPE_CHECKING:
-    from kerasdist.config import Recipe
-    from kerasdist.launch.fork_child import ForkedTask
+from kerasdist.launch.forking import process
+from kerasdist.launch.forking.process import ForkedTask
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -71,27 +70,23 @@ def unshare_network() -> None:
                 file.write(text)
 
 
-def fork_launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> ForkedTask:
-    """Fork the launcher of ``recipe``'s local cluster (see the module docs); it reports how the
-    run ended on ``result_fd`` (JSON, as :func:`kerasdist.launch.isolation.main` does, or
-    ``{"not_isolated": why}``) and exits with the CLI's code for that end."""
-    from kerasdist.launch import fork_child
-    from kerasdist.launch.isolation import launcher_env
-
-    env = launcher_env()
-    fork_child.flush()
+def fork_launcher(serve: Callable[[], int], *, env: dict, result_fd: int) -> ForkedTask:
+    """Fork the launcher of an isolated local cluster (see the module docs) with the environment
+    ``env``: in a fresh network namespace it runs ``serve()``, which reports how the run ended on
+    ``result_fd`` (JSON, as :func:`kerasdist.launch.isolation.main` does) and returns the CLI's
+    code for that end; where no namespace can be entered it reports ``{"not_isolated": why}``
+    there instead. The child exits with that code."""
+    process.flush()
     parent = os.getpid()
-    pid = fork_child.fork()
+    pid = process.fork()
     if pid == 0:  # the child: never returns
-        fork_child.run(parent, lambda: _launcher(recipe, overwrite=overwrite, verbose=verbose,
-                                                 result_fd=result_fd),
-                       name="kd-launcher", env=env, log_fd=None, keep=(result_fd,))
-    return fork_child.ForkedTask(pid, [sys.executable, "-m", "kerasdist.launch.isolation"])
+        process.run(parent, lambda: _launcher(serve, result_fd=result_fd), name="kd-launcher",
+                    env=env, log_fd=None, keep=(result_fd,))
+    return process.ForkedTask(pid, [sys.executable, "-m", "kerasdist.launch.isolation"])
 
 
-def _launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> int:
+def _launcher(serve: Callable[[], int], *, result_fd: int) -> int:
     from kerasdist._timeline import mark
-    from kerasdist.launch import fork_child, isolation
 
     try:
         unshare_network()
@@ -100,9 +95,7 @@ def _launcher(recipe: Recipe, *, overwrite: bool, verbose, result_fd: int) -> in
             pipe.write(json.dumps({"not_isolated": str(err)}))
         return NOT_ISOLATED_EXIT
     mark("launcher forked")  # KERASDIST_TIMELINE: the namespace child was forked (tests, profile)
-    code = isolation.serve(lambda: recipe, result_fd=result_fd, verbose=verbose,
-                           overwrite=overwrite)
-    return fork_child.finish(code)
+    return process.finish(serve())
 
 
 __all__ = ["NOT_ISOLATED_EXIT", "NotIsolated", "fork_launcher", "unshare_network"]

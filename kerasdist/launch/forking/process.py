@@ -1,5 +1,5 @@
 """A process forked from a kerasdist launcher, made to stand where a started one would
-(:mod:`kerasdist.launch.forked`, :mod:`kerasdist.launch.netns`): its own session, death with its
+(:mod:`kerasdist.launch.forking`, :mod:`.netns`): its own session, death with its
 parent, its own standard streams, none of the launcher's other descriptors, signal handlers,
 ``atexit`` hooks or environment, and an interpreter's ending; :class:`ForkedTask` is the
 launcher's handle on it, as much of :class:`subprocess.Popen` as the launcher uses."""

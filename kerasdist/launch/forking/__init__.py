@@ -1,5 +1,11 @@
-"""Tasks forked from a launcher that imported TensorFlow once (issue 42, item 8: time to first
-step). On by default where it applies; ``KERASDIST_FORK_TASKS=0`` turns it off.
+"""The fork path of a local fit: tasks forked from a launcher that imported TensorFlow once (time
+to first step). On by default where it applies; ``KERASDIST_FORK_TASKS=0`` turns it off.
+
+The package holds every fork of kerasdist: this module (when the fork path applies, the recipe
+checked in a forked child, the first attempt's tasks forked), :mod:`.process` (a forked process
+made to stand where a started one would, and :class:`ForkedTask`, the launcher's handle on it)
+and :mod:`.netns` (the launcher of an isolated local cluster forked into a fresh network
+namespace).
 
 Without it, the launching command imports TensorFlow and builds the model against the data (its
 bad-input checks: nothing may start before they pass), then every task imports TensorFlow again.
@@ -12,7 +18,7 @@ Where this module applies, the command instead:
    it, which reports its verdict on a pipe and exits: bad input still exits 2 with the same
    message and starts nothing;
 3. runs the local cluster's launcher: an isolated run (the default where a network namespace can
-   be made) forks it into a fresh network namespace (:mod:`kerasdist.launch.netns`); an exposed
+   be made) forks it into a fresh network namespace (:mod:`.netns`); an exposed
    run (``cluster.allow_network_exposure`` where none can be made) runs it in the command;
 4. the launcher forks the first attempt's tasks (:func:`start`): each child leaves the
    launcher's session and dies with it (as a started task does), reads ``/dev/null``, writes its
@@ -38,8 +44,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from kerasdist.launch import fork_child
-from kerasdist.launch.fork_child import ForkedTask
+from kerasdist.launch.forking import process
+from kerasdist.launch.forking.process import ForkedTask
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -80,7 +86,7 @@ def ready(argv: Sequence[str]) -> bool:
 
 def launcher_ready() -> bool:
     """Whether the namespace child of an isolated local cluster may be forked from this process
-    now (:mod:`kerasdist.launch.netns`): as :func:`ready`, for the launcher itself."""
+    now (:mod:`.netns`): as :func:`ready`, for the launcher itself."""
     return (_STATE["warm"] and not _STATE["spent"]
             and threading.current_thread() is threading.main_thread() and not _runtime_started())
 
@@ -158,12 +164,12 @@ def _check_in_child(recipe: Recipe) -> dict | None:
 
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
-    pid = fork_child.fork()
+    pid = process.fork()
     if pid == 0:  # the child: check, report, exit; never returns
         code = 1
         try:
             os.close(read_fd)
-            fork_child.die_with(parent)
+            process.die_with(parent)
             atexit._clear()
             try:
                 check_recipe_here(recipe)
@@ -172,7 +178,7 @@ def _check_in_child(recipe: Recipe) -> dict | None:
                 verdict, code = {"ok": False, **status.record(err)}, 2
             with os.fdopen(write_fd, "w", encoding="utf-8") as pipe:
                 pipe.write(json.dumps(verdict))
-            fork_child.flush()
+            process.flush()
         finally:
             os._exit(code)
     os.close(write_fd)
@@ -204,13 +210,13 @@ def start(argv: Sequence[str], *, env: dict, log_path: Path) -> ForkedTask:
     """Fork the task ``argv`` (``python -m kerasdist ARGS``; :func:`ready` said yes) with the
     environment ``env`` (the whole of it, as a started task gets it), its standard output and
     error appended to ``log_path``."""
-    fork_child.flush()
+    process.flush()
     parent = os.getpid()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        pid = fork_child.fork()
+        pid = process.fork()
         if pid == 0:  # the child: never returns
-            fork_child.run(parent, lambda: _task_body(argv), name=f"kd-{log_path.stem}",
+            process.run(parent, lambda: _task_body(argv), name=f"kd-{log_path.stem}",
                            env=env, log_fd=log_fd)
     finally:
         os.close(log_fd)
@@ -240,7 +246,7 @@ def _run(args: list[str]) -> int:
     elif not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
-    return fork_child.finish(code)
+    return process.finish(code)
 
 
 __all__ = ["ENV", "ForkedTask", "applies", "check_recipe", "enabled", "launcher_ready", "ready",
