@@ -153,7 +153,7 @@ def _this_task(args) -> int:
                           ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
                           chief_host=args.chief_host or "")
     elif slurm:
-        from kerasdist.cluster.slurm import tf_config_from_slurm
+        from kerasdist.launch.clusters.slurm import tf_config_from_slurm
 
         spec = tf_config_from_slurm(needs_ps=args.ps > 0, num_ps=args.ps)
     else:
@@ -192,35 +192,35 @@ def _task_prefix(spec):
 
 
 def _this_slurm_task(args, spec, serves: bool, watch) -> int:
-    """A task of a Slurm step under ``--this-task`` (:mod:`kerasdist.cluster.slurm_job`): a
+    """A task of a Slurm step under ``--this-task`` (:mod:`kerasdist.launch.clusters.slurm`): a
     parameter-server ps or worker serves until the chief ends (exit 0 on its release, 1 when it
     is gone); the other tasks run the script, and a parameter-server chief that exits 0 releases
     the servers. ``--preemption-signal`` stops the script (exit 128 + its number); task 0 then
     requeues the job while ``SLURM_RESTART_COUNT`` < ``--max-restarts`` (given), and a job
     requeued more often than that is refused at start (exit 2)."""
-    from kerasdist.cluster import slurm_job
+    from kerasdist.launch.clusters import slurm
     from kerasdist.launch.script_task import run_script
 
     preemption_signal = args.preemption_signal
     if args.max_restarts is not None:
-        slurm_job.log_start(spec, args.max_restarts)
+        slurm.log_start(spec, args.max_restarts)
     if spec.num("ps") > 0:
-        slurm_job.check_commands("scancel")
+        slurm.check_commands("scancel")
     with watch, _task_prefix(spec):  # a multi-worker step's tasks share the job's output
         if serves:
-            slurm_job.serve_until_chief_ends(spec, preemption_signal=preemption_signal)
+            slurm.serve_until_chief_ends(spec, preemption_signal=preemption_signal)
             return EXIT_OK
         try:
-            with slurm_job.signal_ends_script(preemption_signal):
+            with slurm.signal_ends_script(preemption_signal):
                 code = run_script(args.script, list(args.script_args))
-        except slurm_job.ScriptPreempted as stop:
+        except slurm.ScriptPreempted as stop:
             if args.max_restarts is not None:
-                slurm_job.after_preemption(args.max_restarts)
+                slurm.after_preemption(args.max_restarts)
             else:
                 log.warning("preempted; not requeued: give --max-restarts N to requeue the job")
             return 128 + stop.signum
     if code == 0 and spec.task_type == "chief" and spec.num("ps") > 0:
-        slurm_job.release_servers(spec)
+        slurm.release_servers(spec)
     return code
 
 
@@ -273,10 +273,10 @@ def _cmd_launch(args) -> int:
 
 def _launch_on_ray(args) -> int:
     """``kerasdist launch --ray``: checks, then (a local Ray: in a private network namespace)
-    :func:`kerasdist.launch.ray_run.launch_script`. ``--workers MIN:MAX`` makes the group elastic
+    :func:`kerasdist.launch.clusters.ray.launch_script`. ``--workers MIN:MAX`` makes the group elastic
     through Ray Train's own scaling (``ScalingConfig(num_workers=(MIN, MAX))``)."""
     from kerasdist.errors import ClusterError
-    from kerasdist.launch import ray_run
+    from kerasdist.launch.clusters import ray as ray_run
 
     for flag, value in (("--ps", args.ps), ("--chief", args.chief)):
         if value:

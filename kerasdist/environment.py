@@ -55,7 +55,7 @@ def _cluster(flags: dict[str, Any] | None) -> dict[str, Any]:
         elif source == "TF_CONFIG":
             spec = parse_tf_config(os.environ["TF_CONFIG"])
         else:
-            from kerasdist.cluster.slurm import tf_config_from_slurm
+            from kerasdist.launch.clusters.slurm import tf_config_from_slurm
 
             spec = tf_config_from_slurm(needs_ps=False)
     except KerasdistError as err:

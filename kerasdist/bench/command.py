@@ -161,7 +161,7 @@ def _check_inputs(recipe, strategies, baselines, *, repeats, workers, sweep_work
     if repeats < 1:
         raise RecipeError(f"--repeats must be >= 1. Received: repeats={repeats}")
     if "ray" in strategies:  # the ray row needs Ray Train installed: refuse before any row runs
-        from kerasdist.launch.ray_run import require_ray
+        from kerasdist.launch.clusters.ray import require_ray
 
         require_ray()
     if {"multi_worker", "multi_worker_bf16", "ray"} & set(strategies):

@@ -3,7 +3,7 @@
 JobSet (https://jobset.sigs.k8s.io, ``jobset.x-k8s.io/v1alpha2``) is what Kubeflow Trainer v2
 builds on; unlike the TFJob operator it sets no ``TF_CONFIG``: every pod runs ``kerasdist fit
 <recipe> --set cluster.kind=jobset`` and derives its role from JobSet's environment and DNS names
-(:mod:`kerasdist.cluster.jobset`). The manifest:
+(:mod:`kerasdist.launch.clusters.jobset`). The manifest:
 
 * one replicated job per task type, named as the type (``chief`` x 1 and ``ps`` x ``cluster.ps``
   under ``parameter_server``; ``worker`` x ``cluster.workers``), each one Indexed Job

@@ -2,7 +2,7 @@
 
 The script asks for one Slurm task per kerasdist task and runs them all in one ``srun`` step, each
 ``kerasdist fit <recipe> --set cluster.kind=slurm``: every task takes its role from
-``SLURM_PROCID`` (:mod:`kerasdist.cluster.slurm`). Layout:
+``SLURM_PROCID`` (:mod:`kerasdist.launch.clusters.slurm`). Layout:
 
 * ``multi_worker``: ``cluster.workers`` tasks; task 0 is worker 0, the chief (writes the outputs).
 * ``parameter_server``: 1 + ``cluster.ps`` + ``cluster.workers`` tasks: task 0 is the chief (the
@@ -16,7 +16,7 @@ What the script holds, and why:
 * ``--requeue`` and ``--signal=<SIG>@N`` (``cluster.preemption_signal``, default USR1): Slurm
   sends the signal to every task N seconds before the time limit; kerasdist saves at one agreed
   step and task 0 requeues the job (``scontrol requeue``), which resumes there
-  (:mod:`kerasdist.cluster.slurm_job`). Without ``B:`` the signal reaches the tasks themselves,
+  (:mod:`kerasdist.launch.clusters.slurm`). Without ``B:`` the signal reaches the tasks themselves,
   so the script needs no ``trap``.
 * ``--open-mode=append``: a requeued run appends to the same output file.
 * ``srun --kill-on-bad-exit=1``: a task that fails (bad input: exit 2) ends the step at once.

@@ -30,10 +30,11 @@ from typing import Any
 from kerasdist.cluster.export import PodResources, job_name
 from kerasdist.cluster.export_checks import export_kubernetes
 from kerasdist.cluster.export_jobset import check_names, pod_environments, pod_template_spec
-from kerasdist.cluster.jobset import TRAINER_NODE
 from kerasdist.cluster.roles import recipe_counts
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINER_NODE = "node"
+"""The replicated job of Kubeflow Trainer v2's trainer (its ``numNodes`` pods): roles by rank."""
 ANCESTOR_LABEL = {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
 """The label by which Trainer v2 finds the replicated job its ``spec.trainer`` fills in."""
 _DEFAULT_RESOURCES = PodResources()

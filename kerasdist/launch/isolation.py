@@ -11,8 +11,9 @@ fresh Linux network namespace holding only a loopback interface:
   ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or, where the command
   imported TensorFlow for the run, a child forked from it that calls ``unshare(2)`` itself:
   :mod:`kerasdist.launch.forking.netns`), which brings ``lo`` up and runs the local launcher there
-  (:func:`serve`, :func:`launch_here`): worker and ps tasks, the coordinator of a
-  parameter-server run, the ports they pick -- all inside the namespace;
+  (:func:`serve`; the kind's ``launch_here``, :mod:`kerasdist.launch.clusters.local`): worker
+  and ps tasks, the coordinator of a parameter-server run, the ports they pick -- all inside the
+  namespace;
 * the launching process (:func:`run_isolated`) lets the child write to its console
   (inherited stdout/stderr), forwards SIGINT and SIGTERM to it, and maps its result back: on
   success the :class:`RunResult` of ``<run_dir>/metrics.json``; on failure the child's exception
@@ -57,7 +58,6 @@ from kerasdist.launch.processes import (
     die_with_parent,
     network_interfaces,
 )
-from kerasdist.strategies import registry
 from kerasdist.training import RunResult
 from kerasdist.training.rundir import RunDir
 
@@ -146,27 +146,6 @@ def plan(recipe: Recipe, *, callbacks=()) -> bool:
                 f"({reason}): its task servers listen on every network interface of this machine, "
                 "without authentication, for the whole run")
     return False
-
-
-def launch_here(recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
-    """Run the local cluster from this process (the namespace child, or an exposed run); a
-    ``cluster.kind: ray`` run starts its Ray here (:mod:`kerasdist.launch.ray_run`)."""
-    if recipe.cluster.kind == "ray":
-        from kerasdist.launch.ray_run import train_on_ray
-
-        return train_on_ray(recipe, overwrite=overwrite, verbose=verbose)
-    topology = registry.for_recipe(recipe).traits.topology
-    if topology == "peers":
-        from kerasdist.launch.peers import run_peers
-
-        if callbacks:
-            raise ClusterError("extra Python callbacks cannot be sent to local worker processes. "
-                               f"Received: callbacks={list(callbacks)!r}")
-        run_peers(recipe, overwrite=overwrite)
-        return RunResult.from_metrics(RunDir.of(recipe).metrics)
-    from kerasdist.launch.coordinator import run_coordinator
-
-    return run_coordinator(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
 
 
 def isolated_argv(argv: list[str]) -> list[str]:
@@ -420,6 +399,7 @@ def serve(load_recipe, *, result_fd: int, verbose, overwrite: bool, exposed: boo
     cluster, report how it ended on ``result_fd``. Returns the CLI's exit code for that end."""
     _log.configure(verbose)
     from kerasdist import _native_log
+    from kerasdist.launch import clusters
 
     _native_log.enable_crash_traces()  # a crash of the launcher (the PS coordinator) shows where
     failure: BaseException | None = None
@@ -427,7 +407,8 @@ def serve(load_recipe, *, result_fd: int, verbose, overwrite: bool, exposed: boo
         try:
             if not exposed:
                 loopback_up()
-            launch_here(load_recipe(), overwrite=overwrite, verbose=verbose)
+            recipe = load_recipe()
+            clusters.of(recipe).launch_here(recipe, overwrite=overwrite, verbose=verbose)
         except (Exception, KeyboardInterrupt) as err:
             failure = err
     _report(result_fd, failure)

@@ -1,4 +1,4 @@
-"""What each Ray Train worker runs (:mod:`kerasdist.launch.ray_run` is the driver's side).
+"""What each Ray Train worker runs (:mod:`kerasdist.launch.clusters.ray` is the driver's side).
 
 Ray's TensorFlow backend writes ``TF_CONFIG`` (a worker-only cluster, this worker's rank as its
 index) and ``TF_USE_LEGACY_KERAS=1`` into the worker's environment before calling the loop. The
@@ -50,7 +50,8 @@ def _record_worker(log_dir: Path, index: int, tf_config: dict) -> None:
 
 
 def recipe_loop(config: dict) -> None:
-    """One Ray worker of a ``cluster.kind: ray`` recipe (config from :func:`ray_run.train_on_ray`).
+    """One Ray worker of a ``cluster.kind: ray`` recipe (config from
+    :func:`kerasdist.launch.clusters.ray.train_on_ray`).
 
     Raises:
         whatever :func:`kerasdist.training.run_session` raises (Ray reports it to the driver).

@@ -82,7 +82,7 @@ def load_sweep(path: str | Path) -> SweepPlan:
     if config.ray_address is None:  # a joined Ray cluster's CPUs are counted when it is joined
         _check_parallel(config, cores, source=path)
     if config.backend == "ray":
-        from kerasdist.launch.ray_run import require_ray
+        from kerasdist.launch.clusters.ray import require_ray
 
         require_ray()
     if config.sampler.name == "grid":

@@ -46,7 +46,7 @@ def connect(*, address: str | None, cores_per_trial: int, parallel: int,
             trials unless ``allow_oversubscription`` (exit code 2).
     """
     global _STARTED_HERE
-    from kerasdist.launch.ray_run import OBJECT_STORE_BYTES, _quiet, require_ray
+    from kerasdist.launch.clusters.ray import OBJECT_STORE_BYTES, _quiet, require_ray
     from kerasdist.sweep.plan import machine_cores
 
     ray = require_ray()

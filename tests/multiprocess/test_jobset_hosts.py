@@ -50,7 +50,7 @@ def _start(environments: dict[str, dict[str, str]], commands: dict[str, list[str
            hosts: HostSet, tmp_path: Path, *, timeout_s: float) -> dict[str, subprocess.Popen]:
     """Pod ``<replicated job>:<index>`` i of ``environments`` on host i, named as JobSet names
     it, running ``commands[<replicated job>]``."""
-    from kerasdist.cluster.jobset import pod_host
+    from kerasdist.launch.clusters.jobset import pod_host
 
     lines = ["127.0.0.1 localhost"]
     for host, task in enumerate(environments):

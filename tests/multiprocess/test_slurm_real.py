@@ -105,7 +105,7 @@ def test_a_parameter_server_job_ends_when_its_chief_ends(tmp_path, slurm_cluster
     """The exported script of a parameter-server recipe (chief, 1 ps, 2 workers on one node):
     the chief trains and releases the servers, every task exits 0 (srun's exit code is the
     largest of its tasks', the script's ``set -e`` makes it the job's), the job is COMPLETED
-    (before kerasdist.cluster.slurm_job the ps and workers served on and the job never ended)."""
+    (before kerasdist.launch.clusters.slurm the ps and workers served on and the job never ended)."""
     recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=60)
     script = _export(recipe, tmp_path, "--nodes", "1")
     started = time.monotonic()

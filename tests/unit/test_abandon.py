@@ -59,13 +59,14 @@ def test_an_exposed_ps_library_call_runs_its_coordinator_in_a_child(
     process of this one (which can be ended), unless extra callbacks keep it here."""
     import kerasdist
     from kerasdist.launch import isolation
+    from kerasdist.launch.clusters.local import LocalKind
 
     monkeypatch.setenv(isolation.NO_NETNS_ENV, "1")
     went = []
     monkeypatch.setattr(isolation, "run_isolated",
                         lambda recipe, **kw: went.append(("child", kw)) or "child")
-    monkeypatch.setattr(isolation, "launch_here",
-                        lambda recipe, **kw: went.append(("here", kw)) or "here")
+    monkeypatch.setattr(LocalKind, "launch_here",
+                        lambda self, recipe, **kw: went.append(("here", kw)) or "here")
     assert kerasdist.fit(_ps_recipe(tmp_path), callbacks=callbacks) == \
         ("child" if in_child else "here")
     if in_child:

@@ -15,9 +15,9 @@ import yaml
 
 from kerasdist.cli import build_parser, main
 from kerasdist.cluster.export_jobset import jobset_manifest, pod_environments
-from kerasdist.cluster.jobset import pod_host, tf_config_from_jobset
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, RecipeError
+from kerasdist.launch.clusters.jobset import pod_host, tf_config_from_jobset
 
 CRD = Path(__file__).parents[1] / "data" / "jobset" / "jobset.x-k8s.io_jobsets.yaml.gz"
 

@@ -12,11 +12,11 @@ import stat
 import pytest
 
 from kerasdist.cli import build_parser, main
-from kerasdist.cluster import slurm_job
 from kerasdist.cluster.export_slurm import SlurmOptions, sbatch_script
-from kerasdist.cluster.slurm import tf_config_from_slurm
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, RecipeError
+from kerasdist.launch.clusters import slurm
+from kerasdist.launch.clusters.slurm import tf_config_from_slurm
 
 
 def _srun(text: str) -> list[str]:
@@ -114,10 +114,10 @@ def test_task_0_requeues_a_preempted_job_until_the_cap(tmp_path, monkeypatch):
     calls = _fake_commands(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert slurm_job.after_preemption(2) == "requeued"
+    assert slurm.after_preemption(2) == "requeued"
     assert "scontrol requeue 7" in calls.read_text()
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert slurm_job.after_preemption(2).startswith(
+    assert slurm.after_preemption(2).startswith(
         "not requeued: SLURM_RESTART_COUNT=2 reached cluster.max_restarts=2")
 
 
@@ -125,11 +125,11 @@ def test_a_job_without_requeue_is_not_requeued(tmp_path, monkeypatch):
     calls = _fake_commands(tmp_path, monkeypatch, requeue_flag="0")
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
-    assert "sbatch --requeue" in slurm_job.after_preemption(3)
+    assert "sbatch --requeue" in slurm.after_preemption(3)
     assert "requeue 7" not in calls.read_text()
 
 
 def test_a_missing_slurm_command_is_bad_input(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ClusterError, match="scancel on PATH"):
-        slurm_job.check_commands("scancel")
+        slurm.check_commands("scancel")

@@ -13,9 +13,9 @@ import yaml
 
 from kerasdist.cli import build_parser, main
 from kerasdist.cluster.export_trainjob import trainjob_manifests, trainjob_pod_environments
-from kerasdist.cluster.jobset import tf_config_from_jobset
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, RecipeError
+from kerasdist.launch.clusters.jobset import tf_config_from_jobset
 
 models = pytest.importorskip("kubeflow_trainer_api.models",
                              reason="pip install kubeflow-trainer-api (the test extra)")

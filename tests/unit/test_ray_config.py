@@ -11,7 +11,7 @@ import pytest
 
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, DataError, RecipeError, RunDirError
-from kerasdist.launch import ray_run
+from kerasdist.launch.clusters import ray as ray_run
 from kerasdist.training import rundir_lock
 
 RAY = {"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "ray", "workers": 2}}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kerasdist.cluster.slurm import slurm_jobs, tf_config_from_slurm
 from kerasdist.errors import ClusterError
+from kerasdist.launch.clusters.slurm import slurm_jobs, tf_config_from_slurm
 
 
 @pytest.fixture
@@ -62,14 +62,15 @@ def test_too_few_tasks_for_parameter_server():
 
 def test_recipe_with_slurm_cluster_dispatches_through_slurm(slurm_step, monkeypatch):
     from kerasdist.config import validate_recipe
-    from kerasdist.launch import run as run_module
+    from kerasdist.launch import run_recipe
+    from kerasdist.launch.clusters import tf_config
 
     slurm_step(1, nodes="n7", tasks_per_node="2", num_tasks=2)
     seen = {}
-    monkeypatch.setattr(run_module, "run_session", lambda recipe, **kw: seen.update(kw))
+    monkeypatch.setattr(tf_config, "run_session", lambda recipe, **kw: seen.update(kw))
     recipe = validate_recipe({"strategy": {"kind": "multi_worker"},
                               "cluster": {"kind": "slurm", "port_base": 7000}})
-    run_module.run_recipe(recipe)
+    run_recipe(recipe)
     assert seen["tf_config"].cluster == {"worker": ("n7:7000", "n7:7001")}
     assert seen["tf_config"].task_name == "worker:1"
 

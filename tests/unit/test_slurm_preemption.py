@@ -10,11 +10,11 @@ import pytest
 import yaml
 
 from kerasdist.cli import main
-from kerasdist.cluster import slurm_job
 from kerasdist.cluster.export_slurm import sbatch_script
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, RecipeError
 from kerasdist.keras.preemption import preemption_signals
+from kerasdist.launch.clusters import slurm
 
 
 def _recipe(**cluster):
@@ -82,19 +82,19 @@ def test_a_run_past_the_requeue_cap_is_refused_naming_both_numbers(monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     with pytest.raises(ClusterError, match=r"requeued 3 time\(s\), more than the recipe allows "
                                            r"\(cluster.max_restarts=2\).*SLURM_RESTART_COUNT=3"):
-        slurm_job.log_start(_Role(), 2)
+        slurm.log_start(_Role(), 2)
 
 
 def test_the_run_at_the_cap_trains_and_says_it_is_the_last(monkeypatch, caplog):
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     with caplog.at_level("INFO", logger="kerasdist"):
-        slurm_job.log_start(_Role(), 2)
+        slurm.log_start(_Role(), 2)
     assert "SLURM_RESTART_COUNT=2" in caplog.text and "the last run it allows" in caplog.text
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     caplog.clear()
     with caplog.at_level("INFO", logger="kerasdist"):
-        slurm_job.log_start(_Role(), 2)
+        slurm.log_start(_Role(), 2)
     assert "the last run" not in caplog.text
 
 

@@ -1,4 +1,4 @@
-"""Cluster roles from a Kubernetes JobSet (``cluster.kind: jobset``).
+"""``cluster.kind: jobset``: each task is a pod of a Kubernetes JobSet and reads its role there.
 
 A JobSet (https://jobset.sigs.k8s.io, API ``jobset.x-k8s.io/v1alpha2``) runs one Kubernetes Job
 per *replicated job*; ``kerasdist export jobset`` writes one replicated job per TensorFlow task
@@ -24,7 +24,8 @@ chief, then the ps, then the workers; without ps every rank is a worker).
 The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one chief under
 ``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
 port serves all). The result is a validated :class:`~kerasdist.cluster.spec.TFConfig`: a JobSet
-run goes through the same code as a ``TF_CONFIG`` run.
+run goes through the same code as a ``TF_CONFIG`` run (:class:`JobSetKind` is a
+:class:`~.tf_config.TFConfigKind`).
 """
 
 from __future__ import annotations
@@ -32,16 +33,15 @@ from __future__ import annotations
 import os
 from typing import Mapping
 
+from kerasdist.cluster.export_trainjob import TRAINER_NODE
 from kerasdist.cluster.roles import int_env, rank_roles, scheduler_env, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
+from kerasdist.launch.clusters.tf_config import TFConfigKind
+from kerasdist.strategies import registry
 
 JOBSET_VARIABLES = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_COMPLETION_INDEX")
 """The environment variables every pod needs (see module docs)."""
-
-
-TRAINER_NODE = "node"
-"""The replicated job of Kubeflow Trainer v2's trainer (its ``numNodes`` pods): roles by rank."""
 
 
 def pod_host(jobset: str, replicated_job: str, index: int, subdomain: str | None = None) -> str:
@@ -91,4 +91,21 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
     return validate(cluster, role, index, require_ps=needs_ps)
 
 
-__all__ = ["JOBSET_VARIABLES", "TRAINER_NODE", "pod_host", "tf_config_from_jobset"]
+class JobSetKind(TFConfigKind):
+    """``cluster.kind: jobset`` (see the module docs)."""
+
+    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
+        """``tf_config`` when given, else this pod's role (:func:`tf_config_from_jobset`).
+
+        Raises:
+            ClusterError: a variable missing or malformed, or roles that do not fit.
+        """
+        if tf_config is not None:
+            return tf_config
+        cluster = recipe.cluster
+        return tf_config_from_jobset(needs_ps=registry.for_recipe(recipe).traits.needs_ps,
+                                     workers=cluster.workers, ps=cluster.ps,
+                                     port=cluster.port_base)
+
+
+__all__ = ["JOBSET_VARIABLES", "TRAINER_NODE", "JobSetKind", "pod_host", "tf_config_from_jobset"]

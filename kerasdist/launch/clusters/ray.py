@@ -1,6 +1,8 @@
-"""Run a multi-worker recipe, or a user's script, on Ray: each Ray Train worker is one worker task.
+"""``cluster.kind: ray``: run a multi-worker recipe, or a user's script, on Ray: each Ray Train
+worker is one worker task.
 
-``cluster.kind: ray`` (and ``kerasdist launch --ray``) hand the worker group to Ray Train's
+``cluster.kind: ray`` (:class:`RayKind`: the launcher of a local cluster, with Ray in place of
+the supervisor) and ``kerasdist launch --ray`` hand the worker group to Ray Train's
 ``TensorflowTrainer``: Ray places ``cluster.workers`` workers (each reserving
 ``cluster.cpus_per_worker`` CPUs and ``cluster.gpus_per_worker`` GPUs), writes a worker-only
 ``TF_CONFIG`` into each, and runs :func:`kerasdist.launch.ray_worker.recipe_loop` there, which
@@ -46,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 from kerasdist import _log
 from kerasdist.errors import ClusterError, KerasdistError, TaskFailedError
+from kerasdist.launch import isolation
+from kerasdist.launch.clusters.local import LocalKind
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -398,3 +402,32 @@ def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_
                  f"{log_dir / 'ray'}")
         fit_on_ray(ray, script_loop, config, placement, storage=log_dir / "ray", name="launch",
                    keep=1)
+
+
+class RayKind(LocalKind):
+    """``cluster.kind: ray``: started from this process as a local cluster is (preflight,
+    isolation of a local Ray, tracking, the run directory's lock), the worker group run by Ray
+    Train (:func:`train_on_ray`)."""
+
+    def check(self, recipe: Recipe) -> None:
+        """Nothing before anything starts: Ray places the workers (:func:`ray_session`)."""
+
+    def isolate(self, recipe: Recipe, callbacks) -> bool:
+        """Ray Train installed, an elastic group it can run, no extra callbacks, a reachable
+        address; whether the run goes into a private network namespace (a local Ray).
+
+        Raises:
+            ClusterError, RecipeError: what cannot run (exit code 2), before anything is written.
+        """
+        require_ray()
+        check_elastic(recipe)
+        if callbacks:
+            raise ClusterError("extra Python callbacks cannot be sent to Ray workers. "
+                               f"Received: callbacks={list(callbacks)!r}")
+        if recipe.cluster.address is None:
+            return isolation.plan(recipe)
+        check_address(recipe.cluster.address)
+        return False
+
+    def launch_here(self, recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
+        return train_on_ray(recipe, overwrite=overwrite, verbose=verbose)

@@ -1,0 +1,76 @@
+"""Registry of the cluster kinds (``cluster.kind``), one module per kind behind one protocol
+(:class:`kerasdist.launch.clusters.base.ClusterKind`), as :mod:`kerasdist.strategies` does for
+strategies and :mod:`kerasdist.data.sources` for data sources.
+
+Built-in kinds are registered by module path and imported on first use (listing never imports a
+kind, nor TensorFlow). Each kind's fields and traits are declared on its config class in
+:mod:`kerasdist.config.cluster_configs`, which validation reads; code outside this package and
+that module reads traits, never compares a ``cluster.kind`` string.
+
+Adding a cluster kind: one config class (registered with
+:func:`kerasdist.config.cluster_configs.register_cluster_config`), one module here with one
+:class:`~kerasdist.launch.clusters.base.ClusterKind` subclass, one line in ``_BUILTIN`` below (or
+:func:`register` from outside the package): docs/architecture.md, "Adding a cluster kind".
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kerasdist.errors import ClusterError
+
+_BUILTIN: dict[str, str] = {
+    "this_process": "kerasdist.launch.clusters.this_process:ThisProcessKind",
+    "local": "kerasdist.launch.clusters.local:LocalKind",
+    "tf_config": "kerasdist.launch.clusters.tf_config:TFConfigKind",
+    "slurm": "kerasdist.launch.clusters.slurm:SlurmKind",
+    "jobset": "kerasdist.launch.clusters.jobset:JobSetKind",
+    "ray": "kerasdist.launch.clusters.ray:RayKind",
+}
+_OBJECTS: dict = {}
+
+
+def available() -> list[str]:
+    """The registered cluster kinds, sorted."""
+    return sorted(set(_BUILTIN) | set(_OBJECTS))
+
+
+def register(kind: str, obj) -> None:
+    """Run ``cluster.kind: <kind>`` with ``obj`` (a
+    :class:`~kerasdist.launch.clusters.base.ClusterKind`, or its class: instantiated with no
+    arguments); a later registration of the same kind replaces it.
+
+    Raises:
+        ClusterError: ``obj`` is not a ``ClusterKind``.
+    """
+    from kerasdist.launch.clusters.base import ClusterKind
+
+    obj = obj() if isinstance(obj, type) else obj
+    if not isinstance(obj, ClusterKind):
+        raise ClusterError(f"register() takes a kerasdist.launch.clusters.base.ClusterKind. "
+                           f"Received: {obj!r} for kind '{kind}'")
+    obj.kind = kind
+    _OBJECTS[kind] = obj
+
+
+def get(kind: str):
+    """The :class:`~kerasdist.launch.clusters.base.ClusterKind` object of ``kind``.
+
+    Raises:
+        ClusterError: unknown kind; the message lists the available ones.
+    """
+    if kind not in _OBJECTS:
+        if kind not in _BUILTIN:
+            raise ClusterError(f"cluster.kind: unknown cluster kind '{kind}'; available: "
+                               f"{', '.join(available())}. Received: kind='{kind}'")
+        module, _, name = _BUILTIN[kind].partition(":")
+        register(kind, getattr(importlib.import_module(module), name))
+    return _OBJECTS[kind]
+
+
+def of(recipe):
+    """The kind object of a recipe's ``cluster.kind``."""
+    return get(recipe.cluster.kind)
+
+
+__all__ = ["available", "get", "of", "register"]

@@ -1,0 +1,144 @@
+"""``cluster.kind: local``: kerasdist starts the cluster's tasks on this machine; the one door to
+isolation, forking and the supervisor.
+
+The command (or library call) that runs the recipe is the launcher: it checks everything first
+(:func:`kerasdist.launch.run.preflight`: task count, data, model, run directory), decides
+whether the cluster runs in a private network namespace (:func:`kerasdist.launch.isolation.plan`;
+TF's task servers listen on every interface without authentication), probes the tracking store,
+claims the run directory and then runs the cluster: in a child process in its own network
+namespace (:func:`kerasdist.launch.isolation.run_isolated`, forked where
+:mod:`kerasdist.launch.forking` applies), or here when it runs exposed. The cluster itself
+(:meth:`LocalKind.launch_here`) is run by the one supervisor (:mod:`kerasdist.launch.supervisor`):
+``multi_worker`` as peers (:mod:`kerasdist.launch.peers`), ``parameter_server`` as ps + worker
+servers with the coordinator in the launcher (:mod:`kerasdist.launch.coordinator`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from kerasdist import _log
+from kerasdist._signals import startup
+from kerasdist._timeline import mark
+from kerasdist.errors import ClusterError
+from kerasdist.launch import isolation
+from kerasdist.launch.clusters.base import ClusterKind
+from kerasdist.strategies import registry
+from kerasdist.training import RunResult
+from kerasdist.training.rundir import RunDir
+
+log = _log.get_logger("launch")
+
+
+class LocalKind(ClusterKind):
+    """A cluster kerasdist starts on this machine (see the module docs)."""
+
+    def check(self, recipe) -> None:
+        """The tasks (workers + ps + a coordinator) against this machine's cores
+        (:func:`kerasdist.launch.processes.check_task_count`)."""
+        from kerasdist.launch.processes import check_task_count
+
+        cluster = recipe.cluster
+        coordinator = 1 if registry.for_recipe(recipe).traits.needs_ps else 0
+        check_task_count(cluster.workers + cluster.ps + coordinator,
+                         allowed=cluster.allow_oversubscription,
+                         what=f"cluster.workers={cluster.workers}, cluster.ps={cluster.ps}",
+                         flag="--set cluster.allow_oversubscription=true")
+
+    def isolate(self, recipe, callbacks) -> bool:
+        """Whether the run goes into a private network namespace; refuses, before anything is
+        written, what cannot run (:func:`kerasdist.launch.isolation.plan`)."""
+        return isolation.plan(recipe, callbacks=callbacks)
+
+    def run(self, recipe, *, overwrite, verbose, callbacks, echo=True, tf_config=None):
+        from kerasdist import tracking
+        from kerasdist.launch.console import chief_echo
+        from kerasdist.launch.run import preflight, send_callbacks_by_path
+
+        recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
+        run_dir = preflight(recipe, overwrite=overwrite)
+        mark("preflight")
+        isolated = self.isolate(recipe, callbacks)  # refuses before anything is written
+        with startup("checking the tracking server"):
+            recipe = tracking.check(recipe, isolated=isolated)  # untracked when allowed and unreachable
+        with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
+            run_dir.claim(held, recipe, overwrite=overwrite,
+                          checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
+            tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
+            try:
+                mark("launching")
+                with chief_echo(recipe, echo=echo):
+                    if isolated or self._coordinator_in_a_child(recipe, callbacks):
+                        return self._run_child(recipe, overwrite=overwrite, verbose=verbose,
+                                               isolate=isolated)
+                    return self.launch_here(recipe, overwrite=overwrite, verbose=verbose,
+                                            callbacks=callbacks)
+            except BaseException as err:
+                if tracker is not None:  # e.g. a task killed before its chief could say so
+                    tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
+                raise
+
+    def launch_here(self, recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
+        """Run the cluster from this process (the namespace child, or an exposed run)."""
+        topology = registry.for_recipe(recipe).traits.topology
+        if topology == "peers":
+            from kerasdist.launch.peers import run_peers
+
+            if callbacks:
+                raise ClusterError("extra Python callbacks cannot be sent to local worker "
+                                   f"processes. Received: callbacks={list(callbacks)!r}")
+            run_peers(recipe, overwrite=overwrite)
+            return RunResult.from_metrics(RunDir.of(recipe).metrics)
+        from kerasdist.launch.coordinator import run_coordinator
+
+        return run_coordinator(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+
+    @staticmethod
+    def _coordinator_in_a_child(recipe, callbacks) -> bool:
+        """An exposed local parameter-server run from a library call (this interpreter is the
+        user's, :func:`kerasdist._exit.owns_process` is False) runs its coordinator in a child
+        process: TF can block a coordinator for good after a lost task, and only a child can
+        then be ended (the caller gets the :class:`TaskFailedError`). Extra callbacks cannot
+        cross into a child: with them it stays here (a blocked coordinator is then logged, never
+        ended)."""
+        from kerasdist import _exit
+
+        return (not callbacks and not _exit.owns_process()
+                and registry.for_recipe(recipe).traits.topology == "coordinator")
+
+    @staticmethod
+    def _run_child(recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
+        """Run the cluster in a child process (:func:`kerasdist.launch.isolation.run_isolated`).
+
+        A parameter-server coordinator (not elastic) that fails with a lost peer -- a transient
+        TensorFlow RPC error, a crash of the coordinator process itself -- is started again,
+        whole (servers and coordinator, in a fresh process), resuming from the last checkpoint,
+        while ``cluster.max_restarts`` lasts: the child's own supervisor restarts lost workers,
+        but TF's ``ClusterCoordinator`` cannot be rebuilt inside a process whose remote calls
+        failed. Each such restart spends one of ``cluster.max_restarts``; the child gets the
+        restarts left. A multi-worker child restarts its tasks itself (its supervisor), so it is
+        run once here.
+        """
+        from kerasdist.errors import RETRYABLE, classify
+        from kerasdist.launch.coordinator import elastic
+
+        restarts = recipe.cluster.max_restarts
+        again = registry.for_recipe(recipe).traits.topology == "coordinator" and not elastic(recipe)
+        while True:
+            try:
+                return isolation.run_isolated(recipe, overwrite=overwrite, verbose=verbose,
+                                              isolate=isolate)
+            except Exception as err:  # KeyboardInterrupt/Preempted: never restarted here
+                if not again or restarts <= 0 or classify(err) not in RETRYABLE:
+                    raise
+                restarts -= 1
+                first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+                log.warning(f"the parameter-server run lost a peer ({type(err).__name__}: "
+                            f"{first}); restarting the cluster ({restarts} restart(s) left), "
+                            "resuming from the last checkpoint")
+                cluster = recipe.cluster.model_copy(update={"max_restarts": restarts})
+                recipe = recipe.model_copy(update={"cluster": cluster})
+                overwrite = False
+
+
+__all__ = ["LocalKind"]

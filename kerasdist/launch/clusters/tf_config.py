@@ -1,0 +1,110 @@
+"""``cluster.kind: tf_config``, and the base of every kind whose tasks are started by someone else
+(a scheduler, an operator, Kubernetes): this process is one task of the cluster.
+
+The task takes its role (:meth:`TFConfigKind.role`: from ``TF_CONFIG`` here; Slurm and JobSet
+read their own environment), then:
+
+* an ``evaluator`` task is the sidecar evaluator: it follows the chief's run directory;
+* under ``parameter_server`` a ps or worker task serves (:meth:`TFConfigKind.serve`), the chief
+  runs the lifecycle (:func:`kerasdist.training.run_session`) and, like the workers, watches the
+  tasks it waits on (:func:`_task_watch`);
+* under ``multi_worker`` every worker runs the lifecycle.
+
+A subclass changes what the scheduler adds: a start log, serving until the chief ends, what
+follows a preemption, the chief's end of a successful run (:mod:`.slurm`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from kerasdist import _log
+from kerasdist.cluster.spec import TFConfig, parse_tf_config
+from kerasdist.errors import ClusterError, Preempted
+from kerasdist.launch.clusters.base import ClusterKind
+from kerasdist.strategies import registry
+from kerasdist.training import RunResult, run_session
+
+log = _log.get_logger("launch")
+
+
+class TFConfigKind(ClusterKind):
+    """A task of a cluster kerasdist does not launch (see the module docs)."""
+
+    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
+        """``tf_config`` when given, else this task's ``TF_CONFIG`` (with ps tasks when the
+        strategy needs them).
+
+        Raises:
+            ClusterError: ``TF_CONFIG`` missing or invalid (names what is wrong).
+        """
+        if tf_config is not None:
+            return tf_config
+        needs_ps = registry.for_recipe(recipe).traits.needs_ps
+        return parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=needs_ps)
+
+    def log_start(self, recipe, tf_config: TFConfig) -> None:
+        """What the scheduler says about this task before it runs: nothing here."""
+
+    def serve(self, recipe, tf_config: TFConfig) -> None:
+        """A ps or worker task of a parameter-server cluster: serve until this process ends."""
+        from kerasdist.cluster.server import serve
+
+        serve(tf_config, intra_op_threads=recipe.intra_op_threads())
+
+    def on_preempted(self, recipe) -> None:
+        """After a preemption stop of the lifecycle, before it propagates: nothing here."""
+
+    def on_success(self, recipe, tf_config: TFConfig) -> None:
+        """After the chief's successful run of a parameter-server cluster: nothing here."""
+
+    def run(self, recipe, *, overwrite, verbose, callbacks, echo=True,
+            tf_config=None) -> RunResult | None:
+        tf_config = self.role(recipe, tf_config)
+        _log.configure(verbose, task=tf_config.task_name, is_chief=tf_config.is_chief)
+        self.log_start(recipe, tf_config)
+        if tf_config.task_type == "evaluator":  # the sidecar evaluator: follows the chief's run dir
+            from kerasdist.training.evaluator import Evaluator, wait_for_run
+
+            log.info(f"task {tf_config.task_name}: sidecar evaluator of {recipe.output.run_dir}")
+            wait_for_run(Path(recipe.output.run_dir))
+            Evaluator(recipe.output.run_dir).watch()
+            return None
+        topology = registry.for_recipe(recipe).traits.topology
+        if topology == "coordinator" and tf_config.task_type not in ("chief", "ps", "worker"):
+            raise ClusterError(f"strategy '{recipe.strategy.kind}': task type "
+                               f"'{tf_config.task_type}' has no role here (expected chief, worker "
+                               "or ps)")
+        with _task_watch(recipe, tf_config, topology):
+            if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
+                self.serve(recipe, tf_config)
+                return None
+            try:
+                result = run_session(recipe, tf_config=tf_config, overwrite=overwrite,
+                                     verbose=verbose, callbacks=callbacks)
+            except Preempted:
+                self.on_preempted(recipe)
+                raise
+        if topology == "coordinator":
+            self.on_success(recipe, tf_config)
+        return result
+
+
+def _task_watch(recipe, tf_config: TFConfig, topology: str):
+    """A parameter-server chief or worker on a cluster kerasdist does not launch watches the
+    tasks it waits on (:class:`kerasdist.cluster.watch.TaskWatch`: a host cut off ends this
+    process in ``strategy.task_timeout_s`` plus a few seconds, exit code 1); else nothing."""
+    from kerasdist.cluster.watch import TaskWatch, watched_tasks
+
+    if topology != "coordinator":
+        return contextlib.nullcontext()
+    timeout_s = recipe.strategy.task_timeout_s
+    tasks = watched_tasks(tf_config, timeout_s)
+    if not tasks:
+        return contextlib.nullcontext()
+    return TaskWatch(tasks, timeout_s, task=tf_config.task_name)
+
+
+__all__ = ["TFConfigKind"]
