@@ -163,7 +163,9 @@ def _cmd_validate(args) -> int:
         from kerasdist.training.keras_objects import check_training_config
 
         check_training_config(recipe)
-    role = _tf_config_role(recipe)
+    from kerasdist.launch import clusters
+
+    role = clusters.of(recipe).role_note(recipe)  # tf_config: this machine's TF_CONFIG checked
     if role:
         note = f"{note}; {role}" if note else role
     if args.json:
@@ -177,28 +179,6 @@ def _cmd_validate(args) -> int:
             print(f"# {note}")
         print(dump_recipe(recipe), end="")
     return EXIT_OK
-
-
-def _tf_config_role(recipe) -> str | None:
-    """For ``cluster.kind: tf_config``: check this machine's ``TF_CONFIG`` when it is set (the
-    role ``fit`` would take) and describe it; say so when it is unset (each task needs it when it
-    runs, not when the recipe is validated). None for other cluster kinds.
-
-    Raises:
-        ClusterError: ``TF_CONFIG`` is set but invalid, or lacks the ps the strategy needs
-            (exit code 2).
-    """
-    if recipe.cluster.kind != "tf_config":
-        return None
-    if not os.environ.get("TF_CONFIG"):
-        return ("cluster.kind 'tf_config': TF_CONFIG is not set here; every task needs it (or the "
-                "--job-name/--task-index/... flags) when it runs")
-    from kerasdist.launch.run import resolve_role
-
-    spec = resolve_role(recipe, None)
-    jobs = ", ".join(f"{job} x{spec.num(job)}" for job in ("chief", "worker", "ps")
-                     if spec.num(job))
-    return f"TF_CONFIG checked: this task is {spec.task_name} of a cluster of {jobs}"
 
 
 def _cmd_schema(args) -> int:

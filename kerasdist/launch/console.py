@@ -20,7 +20,7 @@ def chief_log(recipe) -> Path | None:
     from kerasdist.strategies import registry
     from kerasdist.training.rundir import RunDir
 
-    if recipe.cluster.kind != "local":
+    if not recipe.cluster.traits.supervised:
         return None
     topology = registry.for_recipe(recipe).traits.topology
     if topology == "peers":

@@ -36,6 +36,15 @@ class ClusterKind:
             ClusterError: bad input (exit code 2), naming the fields and their values.
         """
 
+    def role_note(self, recipe: Recipe) -> str | None:
+        """What ``kerasdist validate`` says about this machine's role in the cluster (and checks:
+        a role variable that is set must be valid): None by default.
+
+        Raises:
+            ClusterError: a role set here that is invalid (exit code 2).
+        """
+        return None
+
     def role(self, recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
         """This task's role: ``tf_config`` when given, else read from the task's environment.
 

@@ -25,7 +25,7 @@ The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one c
 ``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
 port serves all). The result is a validated :class:`~kerasdist.cluster.spec.TFConfig`: a JobSet
 run goes through the same code as a ``TF_CONFIG`` run (:class:`JobSetKind` is a
-:class:`~.tf_config.TFConfigKind`).
+:class:`~.tf_config.ScheduledKind`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kerasdist.cluster.export_trainjob import TRAINER_NODE
 from kerasdist.cluster.roles import int_env, rank_roles, scheduler_env, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError
-from kerasdist.launch.clusters.tf_config import TFConfigKind
+from kerasdist.launch.clusters.tf_config import ScheduledKind
 from kerasdist.strategies import registry
 
 JOBSET_VARIABLES = ("JOBSET_NAME", "REPLICATED_JOB_NAME", "JOB_COMPLETION_INDEX")
@@ -91,7 +91,7 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
     return validate(cluster, role, index, require_ps=needs_ps)
 
 
-class JobSetKind(TFConfigKind):
+class JobSetKind(ScheduledKind):
     """``cluster.kind: jobset`` (see the module docs)."""
 
     def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:

@@ -12,7 +12,7 @@ Each task reads ``SLURM_PROCID`` (its rank), ``SLURM_STEP_NUM_TASKS``, ``SLURM_S
 consecutive ports from ``cluster.port_base`` and assigns ranks to jobs in sorted job-name order
 (``chief`` < ``ps`` < ``worker``). kerasdist turns the result into a validated
 :class:`~kerasdist.cluster.spec.TFConfig`, so Slurm runs go through exactly the same code as
-``TF_CONFIG`` runs (:class:`SlurmKind` is a :class:`~.tf_config.TFConfigKind`). Source:
+``TF_CONFIG`` runs (:class:`SlurmKind` is a :class:`~.tf_config.ScheduledKind`). Source:
 https://www.tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/SlurmClusterResolver
 
 GPUs: kerasdist passes ``auto_set_gpu=False`` (it never writes ``CUDA_VISIBLE_DEVICES`` into its own
@@ -66,7 +66,7 @@ from kerasdist._log import get_logger
 from kerasdist.cluster.roles import int_env, scheduler_env, task_counts
 from kerasdist.cluster.spec import TFConfig, validate
 from kerasdist.errors import ClusterError, TaskFailedError
-from kerasdist.launch.clusters.tf_config import TFConfigKind
+from kerasdist.launch.clusters.tf_config import ScheduledKind
 from kerasdist.strategies import registry
 
 log = get_logger("cluster")
@@ -418,7 +418,7 @@ def _gone(tf_config, chief: str, what: str) -> TaskFailedError:
     return failure
 
 
-class SlurmKind(TFConfigKind):
+class SlurmKind(ScheduledKind):
     """``cluster.kind: slurm`` (see the module docs)."""
 
     def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:

@@ -1,8 +1,8 @@
 """``cluster.kind: tf_config``, and the base of every kind whose tasks are started by someone else
 (a scheduler, an operator, Kubernetes): this process is one task of the cluster.
 
-The task takes its role (:meth:`TFConfigKind.role`: from ``TF_CONFIG`` here; Slurm and JobSet
-read their own environment), then:
+The task takes its role (:meth:`TFConfigKind.role`: from ``TF_CONFIG``; Slurm and JobSet read
+their own environment), then (:meth:`ScheduledKind.run`):
 
 * an ``evaluator`` task is the sidecar evaluator: it follows the chief's run directory;
 * under ``parameter_server`` a ps or worker task serves (:meth:`TFConfigKind.serve`), the chief
@@ -10,8 +10,9 @@ read their own environment), then:
   tasks it waits on (:func:`_task_watch`);
 * under ``multi_worker`` every worker runs the lifecycle.
 
-A subclass changes what the scheduler adds: a start log, serving until the chief ends, what
-follows a preemption, the chief's end of a successful run (:mod:`.slurm`).
+A subclass of :class:`ScheduledKind` gives the role and changes what its scheduler adds: a start
+log, serving until the chief ends, what follows a preemption, the chief's end of a successful run
+(:mod:`.slurm`).
 """
 
 from __future__ import annotations
@@ -30,20 +31,9 @@ from kerasdist.training import RunResult, run_session
 log = _log.get_logger("launch")
 
 
-class TFConfigKind(ClusterKind):
-    """A task of a cluster kerasdist does not launch (see the module docs)."""
-
-    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
-        """``tf_config`` when given, else this task's ``TF_CONFIG`` (with ps tasks when the
-        strategy needs them).
-
-        Raises:
-            ClusterError: ``TF_CONFIG`` missing or invalid (names what is wrong).
-        """
-        if tf_config is not None:
-            return tf_config
-        needs_ps = registry.for_recipe(recipe).traits.needs_ps
-        return parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=needs_ps)
+class ScheduledKind(ClusterKind):
+    """A task of a cluster kerasdist does not launch (see the module docs); subclasses give
+    :meth:`role`."""
 
     def log_start(self, recipe, tf_config: TFConfig) -> None:
         """What the scheduler says about this task before it runs: nothing here."""
@@ -92,6 +82,39 @@ class TFConfigKind(ClusterKind):
         return result
 
 
+class TFConfigKind(ScheduledKind):
+    """``cluster.kind: tf_config``: the role comes from ``TF_CONFIG`` (or the role flags of
+    ``kerasdist fit``, given as ``tf_config``)."""
+
+    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
+        """``tf_config`` when given, else this task's ``TF_CONFIG`` (with ps tasks when the
+        strategy needs them).
+
+        Raises:
+            ClusterError: ``TF_CONFIG`` missing or invalid (names what is wrong).
+        """
+        if tf_config is not None:
+            return tf_config
+        needs_ps = registry.for_recipe(recipe).traits.needs_ps
+        return parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=needs_ps)
+
+    def role_note(self, recipe) -> str:
+        """This machine's ``TF_CONFIG`` checked when it is set (the role ``fit`` would take) and
+        described; when it is unset, a note that each task needs it when it runs.
+
+        Raises:
+            ClusterError: ``TF_CONFIG`` is set but invalid, or lacks the ps the strategy needs
+                (exit code 2).
+        """
+        if not os.environ.get("TF_CONFIG"):
+            return ("cluster.kind 'tf_config': TF_CONFIG is not set here; every task needs it (or "
+                    "the --job-name/--task-index/... flags) when it runs")
+        spec = self.role(recipe, None)
+        jobs = ", ".join(f"{job} x{spec.num(job)}" for job in ("chief", "worker", "ps")
+                         if spec.num(job))
+        return f"TF_CONFIG checked: this task is {spec.task_name} of a cluster of {jobs}"
+
+
 def _task_watch(recipe, tf_config: TFConfig, topology: str):
     """A parameter-server chief or worker on a cluster kerasdist does not launch watches the
     tasks it waits on (:class:`kerasdist.cluster.watch.TaskWatch`: a host cut off ends this
@@ -107,4 +130,4 @@ def _task_watch(recipe, tf_config: TFConfig, topology: str):
     return TaskWatch(tasks, timeout_s, task=tf_config.task_name)
 
 
-__all__ = ["TFConfigKind"]
+__all__ = ["ScheduledKind", "TFConfigKind"]

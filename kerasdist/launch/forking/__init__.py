@@ -68,7 +68,7 @@ def applies(recipe: Recipe) -> bool:
     from kerasdist import _exit
     from kerasdist.strategies import registry
 
-    if not enabled() or not _exit.owns_process() or recipe.cluster.kind != "local":
+    if not enabled() or not _exit.owns_process() or not recipe.cluster.traits.supervised:
         return False
     if recipe.output.tracking is not None:
         return False
