@@ -276,7 +276,7 @@ def _launch_on_ray(args) -> int:
     :func:`kerasdist.launch.clusters.ray.launch_script`. ``--workers MIN:MAX`` makes the group elastic
     through Ray Train's own scaling (``ScalingConfig(num_workers=(MIN, MAX))``)."""
     from kerasdist.errors import ClusterError
-    from kerasdist.launch.clusters import ray as ray_run
+    from kerasdist.launch.clusters import ray as ray_kind
 
     for flag, value in (("--ps", args.ps), ("--chief", args.chief)):
         if value:
@@ -295,18 +295,18 @@ def _launch_on_ray(args) -> int:
                                f"number). Received: {flag} {value:g}")
     if not Path(args.script).is_file():
         raise ClusterError(f"script: no such file. Received: {args.script!r}")
-    placement = ray_run.RayPlacement(workers=high, cpus=args.cpus_per_worker,
+    placement = ray_kind.RayPlacement(workers=high, cpus=args.cpus_per_worker,
                                      gpus=args.gpus_per_worker, address=args.ray_address,
                                      max_failures=args.max_restarts,
                                      min_workers=low if low < high else None,
                                      resize_check_s=args.resize_check_s)
     if args.dry_run:
-        print(ray_run.script_dry_run(args.script, list(args.script_args), placement,
+        print(ray_kind.script_dry_run(args.script, list(args.script_args), placement,
                                      log_dir=Path(args.log_dir), threads=args.threads_per_task))
         return EXIT_OK
-    ray_run.require_ray()
-    ray_run.check_elastic_v2(placement, flag=f"--workers {args.workers}")
-    ray_run.check_address(args.ray_address)
+    ray_kind.require_ray()
+    ray_kind.check_elastic_v2(placement, flag=f"--workers {args.workers}")
+    ray_kind.check_address(args.ray_address)
     if args.ray_address is None and not args.allow_network_exposure and not isolated_here():
         return run_command_isolated(
             ["launch", "--ray", "--workers", str(args.workers), "--max-restarts",
@@ -315,7 +315,7 @@ def _launch_on_ray(args) -> int:
              str(args.cpus_per_worker), "--gpus-per-worker", str(args.gpus_per_worker),
              "--resize-check-s", str(args.resize_check_s),
              str(Path(args.script).resolve()), *args.script_args])
-    ray_run.launch_script(args.script, list(args.script_args), placement,
+    ray_kind.launch_script(args.script, list(args.script_args), placement,
                           log_dir=Path(args.log_dir), threads=args.threads_per_task)
     return EXIT_OK
 

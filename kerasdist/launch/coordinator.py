@@ -90,7 +90,7 @@ def _resumable(err: BaseException, recipe: Recipe) -> TaskFailedError:
 def _import_while_servers_start() -> None:
     """Import TensorFlow and Keras while the ps and worker servers start and the supervisor waits
     for them to listen: the coordinator's own import (seconds) then overlaps theirs instead of
-    following it (issue 42, item 8; :mod:`kerasdist._preload`)."""
+    following it (:mod:`kerasdist._preload`)."""
     from kerasdist._preload import tensorflow_in_background
 
     tensorflow_in_background()

@@ -126,8 +126,8 @@ class PrefixedStream:
 @contextlib.contextmanager
 def prefixed_output(name: str):
     """While the block runs, ``sys.stdout`` and ``sys.stderr`` lines start with ``[<name>] `` (a
-    task whose console other tasks write too, e.g. ``launch --this-task`` under Slurm: issue 42,
-    item 2). Output written to the file descriptors directly (TensorFlow's native log) is not."""
+    task whose console other tasks write too, e.g. ``launch --this-task`` under Slurm).
+    Output written to the file descriptors directly (TensorFlow's native log) is not."""
     saved = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = (PrefixedStream(stream, f"[{name}] ") for stream in saved)
     try:

@@ -1,6 +1,6 @@
 """The last paragraph of a failed run: what failed, whether a re-run helps, where the logs are.
 
-A run that fails at runtime ends its console output with one short paragraph (issue 39)::
+A run that fails at runtime ends its console output with one short paragraph::
 
     kerasdist: the run failed.
       what:      task worker:1, InternalError: Unable to parse request

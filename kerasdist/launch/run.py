@@ -1,19 +1,7 @@
-"""Run a recipe where its cluster kind says: the dispatch to the kind
-(:mod:`kerasdist.launch.clusters`), and the checks of the command that launches a cluster.
-
-================  ===========================================================================
-cluster.kind      what this process does (:meth:`~kerasdist.launch.clusters.base.ClusterKind.run`)
-================  ===========================================================================
-this_process      runs the lifecycle (:func:`kerasdist.training.run_session`)
-local             preflight, then (in a private network namespace) starts the tasks, supervises,
-                  restarts them; a parameter-server coordinator runs in the launcher
-ray               preflight, then (a local Ray: in a private network namespace) runs the workers
-                  as Ray Train workers
-tf_config/slurm/  is one task, its role from its environment: a parameter-server ps or worker
-jobset            serves (under Slurm: until the chief ends), the others run the lifecycle
-================  ===========================================================================
-
-An ``evaluator`` task (TF_CONFIG) follows the chief's run directory (the sidecar evaluator).
+"""Run a recipe where its ``cluster.kind`` says: :func:`run_recipe` hands it to the kind
+(:mod:`kerasdist.launch.clusters`: this process, a local cluster, Ray, or one task of a cluster
+started by TF_CONFIG, Slurm or a JobSet); the checks of the command that launches a cluster
+(:func:`preflight`, :func:`check_shape`) and the callbacks a task can rebuild.
 """
 
 from __future__ import annotations
@@ -37,14 +25,11 @@ log = _log.get_logger("launch")
 
 
 def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
-    """Every bad-input check of a local cluster, in the launching process, before any process
-    starts or any file is written: the number of tasks against this machine's cores
-    (:func:`kerasdist.launch.processes.check_task_count`), the strategy's own (global batch vs
-    replicas known in advance),
-    the run directory (path, fingerprint), the data splits (readable, at least one global batch),
-    and the model built here against the data (labels within its classes, shapes, NaN/inf:
-    :func:`kerasdist.training.checks.check_recipe_here`; no strategy is created here; in a child
-    forked from this process where :mod:`kerasdist.launch.forking` applies).
+    """Every bad-input check of a cluster started from this process, before any process starts
+    or any file is written: :func:`check_shape`, the run directory (path, fingerprint), the data
+    splits (readable, at least one global batch), and the model built against the data (labels,
+    shapes, NaN/inf: :func:`kerasdist.training.checks.check_recipe_here`, no strategy created; in
+    a forked child where :mod:`kerasdist.launch.forking` applies).
 
     Returns:
         The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
@@ -136,13 +121,13 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         recipe: a validated :class:`kerasdist.config.Recipe`.
         overwrite: discard checkpoints in ``output.run_dir`` that this run cannot resume.
         verbose: Keras progress verbosity and log level (0, 1, 2); default the recipe's.
-        tf_config: this task's role on a real cluster; default: from ``TF_CONFIG`` when
-            ``cluster.kind`` is ``tf_config``, from the ``SLURM_*`` variables when ``slurm``.
+        tf_config: this task's role on a real cluster; default: from its environment
+            (``TF_CONFIG``, the ``SLURM_*`` or JobSet variables, as its kind reads them).
         callbacks: extra Keras callbacks; refused for a local cluster (its launcher runs in a
             child process in a private network namespace) unless it runs exposed
             (``cluster.allow_network_exposure``) with the coordinator here.
         echo: on a local cluster, show the chief task's new log lines on the console while it
-            runs (:func:`kerasdist.launch.console.chief_log`; default True; ``fit --quiet``: False).
+            runs (default True; ``fit --quiet``: False).
 
     Raises:
         RecipeError, DataError, RunDirError, ClusterError: bad input, before anything starts (also:

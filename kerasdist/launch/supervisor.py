@@ -199,7 +199,7 @@ class Supervisor:
         Each poll reads every task's exit code **once** (:meth:`_poll`) and decides on that one
         reading: a member that exits 0 between two reads of one poll would otherwise be seen
         running by the first and down by the second, and a finished cluster counted as failed
-        (issue 39; ``tests/unit/test_supervisor_poll.py``)."""
+        (``tests/unit/test_supervisor_poll.py``)."""
         while True:
             self._kill_hung()
             codes = self._poll()

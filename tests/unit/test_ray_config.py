@@ -11,7 +11,7 @@ import pytest
 
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, DataError, RecipeError, RunDirError
-from kerasdist.launch.clusters import ray as ray_run
+from kerasdist.launch.clusters import ray as ray_kind
 from kerasdist.training import rundir_lock
 
 RAY = {"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "ray", "workers": 2}}
@@ -20,10 +20,10 @@ RAY = {"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "ray", "workers
 def test_ray_cluster_fields_and_defaults():
     recipe = validate_recipe({**RAY, "cluster": {**RAY["cluster"], "address": "auto",
                                                  "gpus_per_worker": 0.5}})
-    placement = ray_run.RayPlacement.of(recipe)
+    placement = ray_kind.RayPlacement.of(recipe)
     assert (placement.workers, placement.cpus, placement.gpus, placement.address) == (2, 1.0, 0.5,
                                                                                      "auto")
-    data = ray_run.worker_recipe(recipe)
+    data = ray_kind.worker_recipe(recipe)
     assert data["cluster"]["kind"] == "tf_config" and "address" not in data["cluster"]
     validate_recipe(data)  # what each worker validates again
 
@@ -59,12 +59,12 @@ class _FakeRay:
 
 def test_placement_counts_whole_workers_per_live_node():
     two_nodes = _FakeRay({"CPU": 3.0, "GPU": 1.0}, {"CPU": 2.0})
-    ray_run._check_fits(two_nodes, ray_run.RayPlacement(workers=5, cpus=1.0))
+    ray_kind._check_fits(two_nodes, ray_kind.RayPlacement(workers=5, cpus=1.0))
     with pytest.raises(ClusterError, match=r"can place 2 worker\(s\) of 2 CPU and 0 GPU each "
                                            r"\(2 node\(s\), 5 CPU and 1 GPU in all\).*workers=3"):
-        ray_run._check_fits(two_nodes, ray_run.RayPlacement(workers=3, cpus=2.0))
+        ray_kind._check_fits(two_nodes, ray_kind.RayPlacement(workers=3, cpus=2.0))
     with pytest.raises(ClusterError, match=r"can place 1 worker\(s\).*gpus_per_worker=1"):
-        ray_run._check_fits(two_nodes, ray_run.RayPlacement(workers=2, cpus=1.0, gpus=1.0))
+        ray_kind._check_fits(two_nodes, ray_kind.RayPlacement(workers=2, cpus=1.0, gpus=1.0))
 
 
 def test_workers_own_kerasdist_error_is_found_inside_rays_wrapping():
@@ -79,15 +79,15 @@ def test_workers_own_kerasdist_error_is_found_inside_rays_wrapping():
         except WorkerGroupError as inner:
             raise RuntimeError("outer") from inner
     except RuntimeError as err:
-        found = ray_run._own_error(err)
+        found = ray_kind._own_error(err)
     assert isinstance(found, DataError) and "label 11" in str(found)
-    assert ray_run._own_error(RuntimeError("nothing of ours")) is None
+    assert ray_kind._own_error(RuntimeError("nothing of ours")) is None
 
 
 @pytest.mark.parametrize("address", ["nonsense", "host:", ":80", "host:port"])
 def test_malformed_address_is_refused(address):
     with pytest.raises(ClusterError, match="cluster.address must be 'auto' or HOST:PORT"):
-        ray_run.check_address(address)
+        ray_kind.check_address(address)
 
 
 def test_lock_token_lets_a_non_descendant_task_run_under_the_lock(tmp_path, monkeypatch):
@@ -155,8 +155,8 @@ def test_a_local_ray_is_started_even_where_another_cluster_is_advertised(monkeyp
     from ray._private.services import canonicalize_bootstrap_address
 
     fake = _RecordingRay()
-    monkeypatch.setattr(ray_run, "require_ray", lambda: fake)
-    with ray_run.ray_session(ray_run.RayPlacement(workers=2)):
+    monkeypatch.setattr(ray_kind, "require_ray", lambda: fake)
+    with ray_kind.ray_session(ray_kind.RayPlacement(workers=2)):
         pass
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
     assert canonicalize_bootstrap_address(fake.init_kwargs.get("address")) is None
@@ -175,21 +175,21 @@ def test_an_elastic_ray_recipe_needs_every_worker_count_to_divide_the_global_bat
                                 "cluster": {"kind": "ray", **cluster}})
 
     elastic = ray_recipe(96, workers=3, min_workers=2, resize_check_s=10)
-    ray_run.check_elastic(elastic)
-    placement = ray_run.RayPlacement.of(elastic)
+    ray_kind.check_elastic(elastic)
+    placement = ray_kind.RayPlacement.of(elastic)
     assert placement.num_workers == (2, 3) and placement.resize_check_s == 10
-    assert ray_run.RayPlacement.of(ray_recipe(64, workers=2)).num_workers == 2
-    assert ray_run.RayPlacement.of(ray_recipe(64, workers=2, min_workers=2)).num_workers == 2
-    data = ray_run.worker_recipe(elastic)
+    assert ray_kind.RayPlacement.of(ray_recipe(64, workers=2)).num_workers == 2
+    assert ray_kind.RayPlacement.of(ray_recipe(64, workers=2, min_workers=2)).num_workers == 2
+    data = ray_kind.worker_recipe(elastic)
     assert "min_workers" not in data["cluster"]
     validate_recipe(data)  # what each worker validates again (min_workers refused on tf_config)
-    ray_run.check_elastic(ray_recipe(64, workers=3))  # fixed: 3 replicas checked at start-up
+    ray_kind.check_elastic(ray_recipe(64, workers=3))  # fixed: 3 replicas checked at start-up
     with pytest.raises(RecipeError, match=r"cluster.min_workers=2, workers=3: Ray may run the "
                                           r"group with 3 workers.*batch_size=64"):
-        ray_run.check_elastic(ray_recipe(64, workers=3, min_workers=2))
+        ray_kind.check_elastic(ray_recipe(64, workers=3, min_workers=2))
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "0")
     with pytest.raises(ClusterError, match=r"needs Ray Train V2.*RAY_TRAIN_V2_ENABLED='0'"):
-        ray_run.check_elastic(elastic)
+        ray_kind.check_elastic(elastic)
 
 
 def test_launch_ray_workers_min_max_is_rays_elastic_group_and_dry_run_shows_it(tmp_path, capsys):
@@ -213,9 +213,9 @@ def test_launch_ray_workers_min_max_is_rays_elastic_group_and_dry_run_shows_it(t
     out = capsys.readouterr().out
     assert "2 worker(s), fixed" in out and "ScalingConfig(num_workers=2," in out
     assert "elastic" not in out and not logs.exists()
-    placement = ray_run.RayPlacement(workers=3, min_workers=1, resize_check_s=7.5)
+    placement = ray_kind.RayPlacement(workers=3, min_workers=1, resize_check_s=7.5)
     assert placement.num_workers == (1, 3)
-    assert ray_run.RayPlacement(workers=2, min_workers=None).num_workers == 2
+    assert ray_kind.RayPlacement(workers=2, min_workers=None).num_workers == 2
 
 
 @pytest.mark.parametrize("flags,named", [
@@ -234,8 +234,8 @@ def test_launch_ray_bad_worker_range_exits_2_naming_flag_and_value_before_anythi
     def started(*args, **kwargs):
         raise AssertionError("Ray was started or joined")
 
-    monkeypatch.setattr(ray_run, "ray_session", started)
-    monkeypatch.setattr(ray_run, "launch_script", started)
+    monkeypatch.setattr(ray_kind, "ray_session", started)
+    monkeypatch.setattr(ray_kind, "launch_script", started)
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit(3)\n")
     logs = tmp_path / "logs"
@@ -252,7 +252,7 @@ def test_launch_ray_workers_min_max_without_ray_train_v2_exits_2(tmp_path, capsy
     from kerasdist.cli import EXIT_BAD_INPUT, main
 
     monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", "0")
-    monkeypatch.setattr(ray_run, "ray_session", None)  # never reached
+    monkeypatch.setattr(ray_kind, "ray_session", None)  # never reached
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit(3)\n")
     assert main(["launch", "--ray", "--workers", "1:2", "--log-dir", str(tmp_path / "logs"),
@@ -276,9 +276,9 @@ def test_the_v2_switch_is_read_as_ray_reads_it(monkeypatch, value, refused):
     else:
         monkeypatch.setenv("RAY_TRAIN_V2_ENABLED", value)
     assert is_v2_enabled() is not refused  # kerasdist's reading agrees with Ray's
-    placement = ray_run.RayPlacement(workers=2, min_workers=1)
+    placement = ray_kind.RayPlacement(workers=2, min_workers=1)
     if refused:
         with pytest.raises(ClusterError, match="needs Ray Train V2"):
-            ray_run.check_elastic_v2(placement, flag="--workers 1:2")
+            ray_kind.check_elastic_v2(placement, flag="--workers 1:2")
     else:
-        ray_run.check_elastic_v2(placement, flag="--workers 1:2")
+        ray_kind.check_elastic_v2(placement, flag="--workers 1:2")

@@ -1,16 +1,11 @@
-"""Registry of the cluster kinds (``cluster.kind``), one module per kind behind one protocol
-(:class:`kerasdist.launch.clusters.base.ClusterKind`), as :mod:`kerasdist.strategies` does for
-strategies and :mod:`kerasdist.data.sources` for data sources.
+"""Registry of the cluster kinds (``cluster.kind``): one module per kind behind one protocol
+(:class:`~kerasdist.launch.clusters.base.ClusterKind`), as :mod:`kerasdist.strategies` and
+:mod:`kerasdist.data.sources` do. Built-in kinds are imported on first use. Each kind's fields and
+traits are on its config class (:mod:`kerasdist.config.cluster_configs`); code outside this
+package and that module reads traits and compares no ``cluster.kind`` string.
 
-Built-in kinds are registered by module path and imported on first use (listing never imports a
-kind, nor TensorFlow). Each kind's fields and traits are declared on its config class in
-:mod:`kerasdist.config.cluster_configs`, which validation reads; code outside this package and
-that module reads traits, never compares a ``cluster.kind`` string.
-
-Adding a cluster kind: one config class (registered with
-:func:`kerasdist.config.cluster_configs.register_cluster_config`), one module here with one
-:class:`~kerasdist.launch.clusters.base.ClusterKind` subclass, one line in ``_BUILTIN`` below (or
-:func:`register` from outside the package): docs/architecture.md, "Adding a cluster kind".
+Adding a cluster kind: one config class, one module here, one line in ``_BUILTIN`` (or
+:func:`register`): docs/architecture.md, "Adding a cluster kind".
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ def available() -> list[str]:
 
 
 def register(kind: str, obj) -> None:
-    """Run ``cluster.kind: <kind>`` with ``obj`` (a
-    :class:`~kerasdist.launch.clusters.base.ClusterKind`, or its class: instantiated with no
-    arguments); a later registration of the same kind replaces it.
+    """Run ``cluster.kind: <kind>`` with ``obj``, a
+    :class:`~kerasdist.launch.clusters.base.ClusterKind` or its class (replaces an earlier one).
 
     Raises:
         ClusterError: ``obj`` is not a ``ClusterKind``.

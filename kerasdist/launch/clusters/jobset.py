@@ -94,14 +94,12 @@ def tf_config_from_jobset(*, needs_ps: bool, workers: int, ps: int = 0, port: in
 class JobSetKind(ScheduledKind):
     """``cluster.kind: jobset`` (see the module docs)."""
 
-    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
-        """``tf_config`` when given, else this pod's role (:func:`tf_config_from_jobset`).
+    def environment_role(self, recipe) -> TFConfig:
+        """This pod's role (:func:`tf_config_from_jobset`).
 
         Raises:
             ClusterError: a variable missing or malformed, or roles that do not fit.
         """
-        if tf_config is not None:
-            return tf_config
         cluster = recipe.cluster
         return tf_config_from_jobset(needs_ps=registry.for_recipe(recipe).traits.needs_ps,
                                      workers=cluster.workers, ps=cluster.ps,

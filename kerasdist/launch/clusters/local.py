@@ -1,21 +1,18 @@
 """``cluster.kind: local``: kerasdist starts the cluster's tasks on this machine; the one door to
 isolation, forking and the supervisor.
 
-The command (or library call) that runs the recipe is the launcher: it checks everything first
-(:func:`kerasdist.launch.run.preflight`: task count, data, model, run directory), decides
-whether the cluster runs in a private network namespace (:func:`kerasdist.launch.isolation.plan`;
-TF's task servers listen on every interface without authentication), probes the tracking store,
-claims the run directory and then runs the cluster: in a child process in its own network
-namespace (:func:`kerasdist.launch.isolation.run_isolated`, forked where
-:mod:`kerasdist.launch.forking` applies), or here when it runs exposed. The cluster itself
-(:meth:`LocalKind.launch_here`) is run by the one supervisor (:mod:`kerasdist.launch.supervisor`):
-``multi_worker`` as peers (:mod:`kerasdist.launch.peers`), ``parameter_server`` as ps + worker
+The command (or library call) is the launcher: :func:`kerasdist.launch.run.preflight`, then
+whether the cluster runs in a private network namespace (:mod:`kerasdist.launch.isolation`), the
+tracking store, the run directory's lock, and the cluster: in a namespace child (forked where
+:mod:`kerasdist.launch.forking` applies) or here when exposed, run by the one supervisor
+(:mod:`kerasdist.launch.supervisor`) as peers (:mod:`kerasdist.launch.peers`) or as ps + worker
 servers with the coordinator in the launcher (:mod:`kerasdist.launch.coordinator`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 from kerasdist import _log
 from kerasdist._signals import startup
@@ -52,7 +49,6 @@ class LocalKind(ClusterKind):
 
     def run(self, recipe, *, overwrite, verbose, callbacks, echo=True, tf_config=None):
         from kerasdist import tracking
-        from kerasdist.launch.console import chief_echo
         from kerasdist.launch.run import preflight, send_callbacks_by_path
 
         recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
@@ -67,7 +63,7 @@ class LocalKind(ClusterKind):
             tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
             try:
                 mark("launching")
-                with chief_echo(recipe, echo=echo):
+                with self._chief_echo(recipe, echo=echo):
                     if isolated or self._coordinator_in_a_child(recipe, callbacks):
                         return self._run_child(recipe, overwrite=overwrite, verbose=verbose,
                                                isolate=isolated)
@@ -77,6 +73,35 @@ class LocalKind(ClusterKind):
                 if tracker is not None:  # e.g. a task killed before its chief could say so
                     tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")
                 raise
+
+    def chief_log(self, recipe) -> Path | None:
+        """The log of the task whose progress is the run's (it writes the outputs, in a process
+        of its own): ``worker-0.log`` under ``multi_worker``, ``chief-0.log`` for an elastic
+        parameter-server run (its coordinator is task ``chief:0``); None when the coordinator
+        runs in the launcher (its output is the console already)."""
+        from kerasdist.launch.coordinator import elastic
+
+        topology = registry.for_recipe(recipe).traits.topology
+        if topology == "peers":
+            return RunDir.of(recipe).logs / "worker-0.log"
+        if topology == "coordinator" and elastic(recipe):
+            return RunDir.of(recipe).logs / "chief-0.log"
+        return None
+
+    @contextlib.contextmanager
+    def _chief_echo(self, recipe, *, echo: bool):
+        """While the cluster runs, its chief's new log lines on the console (Keras's progress,
+        kerasdist's notices; TensorFlow's start-up noise left out), without a prefix: one task
+        speaks. Nothing with ``echo`` False (``fit --quiet``)."""
+        from kerasdist.launch.echo import Echo
+
+        path = self.chief_log(recipe) if echo else None
+        if path is None:
+            yield
+            return
+        with Echo() as shown:
+            shown.follow(path)
+            yield
 
     def launch_here(self, recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
         """Run the cluster from this process (the namespace child, or an exposed run)."""

@@ -405,9 +405,8 @@ def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_
 
 
 class RayKind(LocalKind):
-    """``cluster.kind: ray``: started from this process as a local cluster is (preflight,
-    isolation of a local Ray, tracking, the run directory's lock), the worker group run by Ray
-    Train (:func:`train_on_ray`)."""
+    """``cluster.kind: ray``: started as a local cluster is (preflight, isolation of a local Ray,
+    tracking, the run directory's lock); Ray Train runs the worker group (:func:`train_on_ray`)."""
 
     def check(self, recipe: Recipe) -> None:
         """Nothing before anything starts: Ray places the workers (:func:`ray_session`)."""
@@ -428,6 +427,10 @@ class RayKind(LocalKind):
             return isolation.plan(recipe)
         check_address(recipe.cluster.address)
         return False
+
+    def chief_log(self, recipe: Recipe) -> None:
+        """None: Ray forwards its workers' output itself."""
+        return None
 
     def launch_here(self, recipe: Recipe, *, overwrite: bool, verbose, callbacks=()) -> RunResult:
         return train_on_ray(recipe, overwrite=overwrite, verbose=verbose)

@@ -421,17 +421,14 @@ def _gone(tf_config, chief: str, what: str) -> TaskFailedError:
 class SlurmKind(ScheduledKind):
     """``cluster.kind: slurm`` (see the module docs)."""
 
-    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
-        """``tf_config`` when given, else this task's role from its Slurm step
-        (:func:`tf_config_from_slurm`); a parameter-server task first checks that ``scancel``
-        (with which the chief releases the servers) is on ``PATH``.
+    def environment_role(self, recipe) -> TFConfig:
+        """This task's role from its Slurm step (:func:`tf_config_from_slurm`); a
+        parameter-server task first checks that ``scancel`` (the chief's release) is on ``PATH``.
 
         Raises:
             ClusterError: a ``SLURM_*`` variable missing or malformed, roles that do not fit,
                 ``scancel`` missing (names what is wrong).
         """
-        if tf_config is not None:
-            return tf_config
         needs_ps = registry.for_recipe(recipe).traits.needs_ps
         cluster = recipe.cluster
         if needs_ps:

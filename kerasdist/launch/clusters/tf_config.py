@@ -1,18 +1,12 @@
-"""``cluster.kind: tf_config``, and the base of every kind whose tasks are started by someone else
-(a scheduler, an operator, Kubernetes): this process is one task of the cluster.
+"""``cluster.kind: tf_config``, and the base of the kinds whose tasks someone else starts (a
+scheduler, an operator, Kubernetes): this process is one task of the cluster.
 
-The task takes its role (:meth:`TFConfigKind.role`: from ``TF_CONFIG``; Slurm and JobSet read
-their own environment), then (:meth:`ScheduledKind.run`):
-
-* an ``evaluator`` task is the sidecar evaluator: it follows the chief's run directory;
-* under ``parameter_server`` a ps or worker task serves (:meth:`TFConfigKind.serve`), the chief
-  runs the lifecycle (:func:`kerasdist.training.run_session`) and, like the workers, watches the
-  tasks it waits on (:func:`_task_watch`);
-* under ``multi_worker`` every worker runs the lifecycle.
-
-A subclass of :class:`ScheduledKind` gives the role and changes what its scheduler adds: a start
-log, serving until the chief ends, what follows a preemption, the chief's end of a successful run
-(:mod:`.slurm`).
+The task takes its role (:meth:`~kerasdist.launch.clusters.base.ClusterKind.role`: ``TF_CONFIG``
+here; Slurm and JobSet read their own variables), then (:meth:`ScheduledKind.run`)
+an ``evaluator`` follows the chief's run directory; under ``parameter_server`` a ps or worker
+serves and the chief runs the lifecycle, each watching the tasks it waits on; under
+``multi_worker`` every worker runs the lifecycle. A subclass adds what its scheduler needs (a
+start log, serving until the chief ends, after a preemption, the chief's end: :mod:`.slurm`).
 """
 
 from __future__ import annotations
@@ -33,7 +27,7 @@ log = _log.get_logger("launch")
 
 class ScheduledKind(ClusterKind):
     """A task of a cluster kerasdist does not launch (see the module docs); subclasses give
-    :meth:`role`."""
+    :meth:`environment_role`."""
 
     def log_start(self, recipe, tf_config: TFConfig) -> None:
         """What the scheduler says about this task before it runs: nothing here."""
@@ -86,15 +80,12 @@ class TFConfigKind(ScheduledKind):
     """``cluster.kind: tf_config``: the role comes from ``TF_CONFIG`` (or the role flags of
     ``kerasdist fit``, given as ``tf_config``)."""
 
-    def role(self, recipe, tf_config: TFConfig | None) -> TFConfig:
-        """``tf_config`` when given, else this task's ``TF_CONFIG`` (with ps tasks when the
-        strategy needs them).
+    def environment_role(self, recipe) -> TFConfig:
+        """This task's ``TF_CONFIG`` (with ps tasks when the strategy needs them).
 
         Raises:
             ClusterError: ``TF_CONFIG`` missing or invalid (names what is wrong).
         """
-        if tf_config is not None:
-            return tf_config
         needs_ps = registry.for_recipe(recipe).traits.needs_ps
         return parse_tf_config(os.environ.get("TF_CONFIG"), require_ps=needs_ps)
 
@@ -109,7 +100,7 @@ class TFConfigKind(ScheduledKind):
         if not os.environ.get("TF_CONFIG"):
             return ("cluster.kind 'tf_config': TF_CONFIG is not set here; every task needs it (or "
                     "the --job-name/--task-index/... flags) when it runs")
-        spec = self.role(recipe, None)
+        spec = self.environment_role(recipe)
         jobs = ", ".join(f"{job} x{spec.num(job)}" for job in ("chief", "worker", "ps")
                          if spec.num(job))
         return f"TF_CONFIG checked: this task is {spec.task_name} of a cluster of {jobs}"
@@ -125,9 +116,8 @@ def _task_watch(recipe, tf_config: TFConfig, topology: str):
         return contextlib.nullcontext()
     timeout_s = recipe.strategy.task_timeout_s
     tasks = watched_tasks(tf_config, timeout_s)
-    if not tasks:
-        return contextlib.nullcontext()
-    return TaskWatch(tasks, timeout_s, task=tf_config.task_name)
+    return TaskWatch(tasks, timeout_s, task=tf_config.task_name) if tasks else \
+        contextlib.nullcontext()
 
 
 __all__ = ["ScheduledKind", "TFConfigKind"]

@@ -6,10 +6,9 @@ command that imported TensorFlow for its checks, :mod:`kerasdist.launch.forking`
 an isolated local cluster (:mod:`kerasdist.launch.isolation`) is not started as a new interpreter
 under ``unshare --net``; it is forked from the command (:func:`fork_launcher`), and the child:
 
-1. leaves the command's session and dies with it, reads ``/dev/null``, keeps the console (fds 1
-   and 2) with new unbuffered streams, holds no other descriptor of the command but its result
-   pipe, and drops the command's signal handlers, ``atexit`` hooks and environment for the one a
-   started child gets (as a forked task does: :func:`kerasdist.launch.forking.start`);
+1. stands where a started child would (:func:`kerasdist.launch.forking.process.run`: its own
+   session, death with the command, the console with new streams, no descriptor of the command
+   but its result pipe, the environment a started child gets);
 2. moves itself into a fresh network namespace (:func:`unshare_network`: ``unshare(2)`` with
    ``CLONE_NEWNET``; where it is not root, with ``CLONE_NEWUSER`` first and its user and group
    mapped to root there, as ``unshare --net --map-root-user``) before anything else; if that
