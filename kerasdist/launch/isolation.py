@@ -68,6 +68,8 @@ log = _log.get_logger("launch")
 
 NO_NETNS_ENV = "KERASDIST_NO_NETNS"
 """Set to ``1`` to act as if network namespaces were unavailable on this machine (tests)."""
+
+
 def launcher_env() -> dict[str, str]:
     """The environment of the local cluster's launcher (started or forked): this process's,
     unbuffered, with the user's modules on ``PYTHONPATH``
@@ -206,7 +208,6 @@ within the launcher's own grace, 60 s), before SIGKILL."""
 REPORTED_EXIT_S = 30.0
 """Seconds the namespace child gets to exit once it has reported how the run ended (its result
 pipe closed), before it is killed with its tasks (:func:`run_isolated`)."""
-
 
 
 def run_isolated(recipe: Recipe, *, overwrite: bool, verbose, isolate: bool = True) -> RunResult:
