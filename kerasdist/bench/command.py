@@ -336,11 +336,6 @@ def run(args) -> int:
     """``kerasdist bench``: check the worker counts and strategies given, run the benchmark
     (:func:`run_bench`) and print its table.
 
-    Args:
-        args: the parsed command line (``recipe``, ``overrides``, ``strategies``, ``baselines``,
-            ``repeats``, ``workers``, ``sweep_workers``, ``coordinator_scaling``, ``out``,
-            ``target_accuracy``, ``timeout``).
-
     Returns:
         ``EXIT_OK``, or ``EXIT_FAILED`` when a run failed (named on stderr).
 

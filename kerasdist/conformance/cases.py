@@ -246,18 +246,11 @@ SPARSE_OPTIMIZERS = (
 )
 
 
-def _keras_optimizer(class_name: str, **kwargs):
-    import keras
-
-    kwargs.setdefault("learning_rate", 0.01)
-    return getattr(keras.optimizers, class_name)(**kwargs)
-
-
 def _sparse_case(suffix: str, shown: str, class_name: str, kwargs: dict) -> Case:
     return Case(f"sparse_{suffix}", f"sparse gradients: Embedding(200, 8) + {shown}",
                 data="wide_tokens",
                 model=lambda data: models.sequence(data, vocab=WIDE_VOCAB),
-                compile=lambda: sgd_compile(optimizer=_keras_optimizer(class_name, **kwargs)))
+                compile=lambda: sgd_compile(optimizer=_optimizer(class_name, **kwargs)))
 
 
 def _loss_compile(loss_name: str, **kwargs):
@@ -303,7 +296,7 @@ def _layer_loss_cases() -> list[Case]:
              model=models.conv_pooling),
         Case("bidirectional_adam", "Bidirectional(LSTM) over Embedding(200, 8) + Adam",
              data="wide_tokens", model=models.bidirectional,
-             compile=lambda: sgd_compile(optimizer=_keras_optimizer("Adam"))),
+             compile=lambda: sgd_compile(optimizer=_optimizer("Adam"))),
         Case("group_normalization", "GroupNormalization", model=models.group_norm),
         Case("einsum_dense", "EinsumDense", model=models.einsum_dense),
         Case("huber_loss", "Huber loss (regression)", data="regression",
@@ -313,10 +306,10 @@ def _layer_loss_cases() -> list[Case]:
              model=lambda data: models.dense(out=1, activation="sigmoid"),
              compile=lambda: _loss_compile("BinaryFocalCrossentropy", gamma=2.0)),
         Case("lamb", "Lamb optimizer",
-             compile=lambda: sgd_compile(optimizer=_keras_optimizer("Lamb"))),
+             compile=lambda: sgd_compile(optimizer=_optimizer("Lamb"))),
         Case("cb_swap_ema_weights", "SwapEMAWeights callback (Adam use_ema)",
              callbacks=_swap_ema,
-             compile=lambda: sgd_compile(optimizer=_keras_optimizer("Adam", use_ema=True))),
+             compile=lambda: sgd_compile(optimizer=_optimizer("Adam", use_ema=True))),
     ]
 
 

@@ -37,16 +37,11 @@ which worker ran which step is not recorded. A run resumed at global step ``s`` 
 worker's stream at batch ``ceil(s / workers)`` (its fair share): the global step is exact, the
 batches seen around the restart are the fair-share ones.
 
-Resuming at an exact step. Every source rides the one stream of :mod:`kerasdist.data.stream`:
-one endless stream per pipeline whose order is a pure function of the recipe (pass ``p`` permuted
-with the stateless seed ``(shuffle_seed + pipeline, p)``, records shuffled in a ``shuffle_buffer``
-with a per-pass seed; an in-memory split's units are its examples, so a buffer at least as large
-as the shard is a full stateless permutation). Unlike ``shuffle(reshuffle_each_iteration=True)``,
-whose order depends on how many iterators were created before, this gives the same batches in the
-same order in every run. Training that restarts at global step ``s`` starts the stream at batch
-``s * local_replicas`` (``Dataset.skip`` on raw records or example ids, before any decoding or
-gather), exactly where the interrupted run stopped. An "epoch" is ``steps_per_epoch`` steps of
-that stream, not a pass aligned to the split's end.
+Resuming at an exact step. Every source rides the one stream of :mod:`kerasdist.data.stream`,
+whose order is a pure function of the recipe (stateless per-pass seeds, never iterator state, so
+every run sees the same batches in the same order); training restarted at global step ``s``
+starts it at batch ``s * local_replicas``, exactly where the interrupted run stopped. An "epoch"
+is ``steps_per_epoch`` steps of that stream, not a pass aligned to the split's end.
 """
 
 from __future__ import annotations
@@ -57,6 +52,7 @@ from typing import TYPE_CHECKING, Callable
 from kerasdist._log import get_logger
 from kerasdist.data import sources
 from kerasdist.data.convert import check_batch_divisible
+from kerasdist.data.sources import load_split
 from kerasdist.errors import DataError
 
 if TYPE_CHECKING:
@@ -233,11 +229,6 @@ def check_sample(config, split: str, limit: int | None):
     of an in-memory source, the first ``limit`` examples of a stream (the default TFRecord layout
     as raw uint8 arrays, as the in-memory MNIST sources give them)."""
     return sources.of(config).check_sample(config, split, limit)
-
-
-def load_split(config, split: str):
-    """The whole of ``split`` as NumPy ``(x, y)`` (:func:`kerasdist.data.sources.load_split`)."""
-    return sources.load_split(config, split)
 
 
 def examples_per_worker(recipe) -> int:

@@ -14,9 +14,7 @@ Every family gives the same four things, which the entry points of :mod:`kerasdi
 call and nothing else does: the resumable training stream and evaluation input
 (:meth:`SourceKind.stream`), the sidecar evaluator's input (:meth:`SourceKind.eval_dataset`), a
 sample of decoded examples (:meth:`SourceKind.sample`, :meth:`SourceKind.check_sample`) and the
-whole split as arrays (:meth:`SourceKind.load`). Adding a source is one module in this package
-with one subclass of a family, one line in the registry (:mod:`kerasdist.data.sources`) and one
-config class in :mod:`kerasdist.config.source_configs`. A kind reads its own fields as
+whole split as arrays (:meth:`SourceKind.load`). A kind reads its own fields as
 ``config.source.<field>`` and the common ones (splits, batch size, seed) as ``config.<field>``.
 """
 

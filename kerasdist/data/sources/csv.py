@@ -73,11 +73,16 @@ def file_of(unit: str) -> str:
     return unit.split(UNIT_SEP)[0]
 
 
-def _float(value: str, *, column: str, path: str, line: int) -> float:
+def _number(value: str) -> float:
+    """``value`` as a float, NaN when it is not a number."""
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
-        number = math.nan
+        return math.nan
+
+
+def _float(value: str, *, column: str, path: str, line: int) -> float:
+    number = _number(value)
     if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
         big = " (as float32: at most 3.4e38 in size)" if math.isfinite(number) else ""
         raise DataError(f"data.source.numeric: column '{column}' of '{path}' line {line} is not a finite "
@@ -87,10 +92,7 @@ def _float(value: str, *, column: str, path: str, line: int) -> float:
 
 def _label(value: str, *, dtype: str, column: str, path: str, line: int) -> None:
     if dtype == "float32":
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
+        number = _number(value)
         if math.isfinite(number) and abs(number) <= FLOAT32_MAX:
             return
         raise DataError(f"data.source.label: column '{column}' of '{path}' line {line} is not a finite "

@@ -2,14 +2,11 @@
 protocol each kind's module implements, the files of a split, and :class:`FileKind`, which turns a
 source's files into the one stream's :class:`~kerasdist.data.stream.Units`.
 
-A :class:`FileSource` gives ``units(split)``, the split's shardable units (files; for
-``image_folder`` each image file), ``records(units)``, which reads them as a ``tf.data.Dataset`` of
-raw, undecoded elements (a serialized ``tf.train.Example``, a CSV line, an image path), and
-``decoder()``, whose ``decode(element) -> (x, y)`` turns one element into an example. Shuffling,
-sharding, skipping (resume) and batching happen on the raw elements (:mod:`kerasdist.data.stream`),
-so a resumed stream skips records without decoding them. A split is never read whole into memory:
-files are read record by record with ``tf.data``. The bad-input checks (:meth:`FileSource.check`)
-run on the files before training.
+A :class:`FileSource` lists a split's shardable units (files; for ``image_folder`` each image),
+reads them as raw, undecoded records (a serialized ``tf.train.Example``, a CSV line, an image
+path) and decodes a record into ``(x, y)``. Shuffling, sharding, skipping (resume) and batching
+happen on the raw records (:mod:`kerasdist.data.stream`), so a resumed stream skips records
+without decoding them; no split is read whole into memory.
 """
 
 from __future__ import annotations

@@ -158,7 +158,6 @@ def count_first(ds, wanted: int, config=None, split: str = "train") -> int:
     """Examples among the first ``wanted`` of ``ds`` (all of them when TensorFlow knows the
     length): the training split's check when ``trainer.steps_per_epoch`` is set, which may be
     endless. Reads at most ``wanted`` examples."""
-
     known = int(ds.cardinality().numpy())
     if known >= 0:
         return known
@@ -179,6 +178,13 @@ def _too_long(config, *, split: str, field: str, limit: int, endless: bool) -> D
     return DataError(f"{head}; evaluation reads it whole. Return a finite split of at most "
                      f"{limit:,} examples, or set data.eval_split: null. Received: "
                      f"eval_split='{split}', function='{describe(config)}'")
+
+
+def _shard_policy(own: bool, config, pipelines: int) -> str:
+    """``data.auto_shard`` resolved for a function that shards itself (``own``: ``'file'``, one
+    shard per pipeline) or is sharded by data."""
+    policy = shard_policy(config, pipelines, units=pipelines if own else None)
+    return "file" if policy == "data" and own else policy
 
 
 def function_units(fn: Callable, config, split: str, policy: str) -> Units:
@@ -213,9 +219,7 @@ def build_function(fn: Callable, recipe, pipelines: int) -> Streaming:
     if config.auto_shard == "file" and not own and pipelines > 1:
         raise RecipeError(f"data.auto_shard 'file' needs a data.source.function that takes input_context "
                           f"(it shards itself). Received: function='{config.source.function}'")
-    policy = shard_policy(config, pipelines, units=pipelines if own else None)
-    if policy == "data" and own:
-        policy = "file"
+    policy = _shard_policy(own, config, pipelines)
     eval_fn, num_eval = None, 0
     if config.eval_split:
         num_eval = count(call(fn, config, config.eval_split), config, split=config.eval_split,
@@ -246,9 +250,7 @@ class FunctionKind(SourceKind):
         raise NotImplementedError
 
     def shard_policy(self, config, pipelines):
-        own = takes_context(self.function(config))
-        policy = shard_policy(config, pipelines, units=pipelines if own else None)
-        return "file" if policy == "data" and own else policy
+        return _shard_policy(takes_context(self.function(config)), config, pipelines)
 
     def stream(self, recipe, pipelines):
         return build_function(self.function(recipe.data), recipe, pipelines)

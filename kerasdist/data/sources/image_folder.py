@@ -26,12 +26,8 @@ def image_files(folder: Path) -> list[tuple[str, str]]:
     folders not followed). Sorted by path."""
     import os
 
-    if not folder.is_dir():
-        return []
     found = []
-    for name in sorted(os.listdir(folder)):
-        if name.startswith(".") or not (folder / name).is_dir():
-            continue
+    for name in class_names(folder):
         for root, _, files in os.walk(folder / name):
             found += [(os.path.join(root, f), name) for f in files
                       if f.lower().endswith(IMAGE_EXTENSIONS)]

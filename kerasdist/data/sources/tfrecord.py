@@ -137,7 +137,8 @@ class TFRecordSource(FileSource):
         def decode(records):
             parsed = tf.io.parse_example(records, parse_spec)
             return self._split_label(
-                {name: _decode_batch_feature(parsed[name], spec) for name, spec in specs.items()})
+                {name: _decode_feature(parsed[name], spec, batched=True)
+                 for name, spec in specs.items()})
 
         return decode
 
@@ -210,22 +211,16 @@ def _spec_text(config) -> str:
     return json.dumps({k: v.model_dump() for k, v in config.source.feature_specs.items()})
 
 
-def _decode_batch_feature(values, spec):
+def _decode_feature(value, spec, *, batched: bool = False):
+    """One feature of ``data.source.features`` decoded (``raw``: uint8 reshaped to its shape;
+    ``png``/``jpeg``: decoded images), of one record or, ``batched``, of a batch of records."""
     import tensorflow as tf
 
     if spec.encoding == "raw":
-        return tf.reshape(tf.io.decode_raw(values, tf.uint8), [-1, *spec.shape])
-    if spec.encoding in ("png", "jpeg"):
-        return tf.map_fn(lambda v: _decode_feature(v, spec), values,
+        return tf.reshape(tf.io.decode_raw(value, tf.uint8), [-1, *spec.shape] if batched else spec.shape)
+    if spec.encoding in ("png", "jpeg") and batched:
+        return tf.map_fn(lambda v: _decode_feature(v, spec), value,
                          fn_output_signature=tf.TensorSpec(spec.shape, tf.uint8))
-    return values
-
-
-def _decode_feature(value, spec):
-    import tensorflow as tf
-
-    if spec.encoding == "raw":
-        return tf.reshape(tf.io.decode_raw(value, tf.uint8), spec.shape)
     if spec.encoding in ("png", "jpeg"):
         image = tf.io.decode_image(value, channels=spec.shape[-1], expand_animations=False)
         return tf.ensure_shape(image, spec.shape)
