@@ -59,7 +59,7 @@ PY_FUNC_FAILURE = re.compile(r"^W\d{4} [\d:. ]+\d+ (op_kernel|local_rendezvous)\
 rendezvous) when a Python function inside a ``tf.data`` pipeline raised, e.g. a user's
 ``Dataset.from_generator`` generator mid-training: the Python traceback follows on its own lines.
 kerasdist reports that error once, naming the data function
-(:func:`kerasdist.data.python_source.from_user_code`); dropped with its traceback
+(:func:`kerasdist.data.sources.functions.from_user_code`); dropped with its traceback
 (:data:`PY_FUNC_CONTINUED`)."""
 PY_FUNC_CONTINUED = (
     re.compile(r"^$"),

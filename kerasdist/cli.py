@@ -16,7 +16,7 @@ import os
 import sys
 from typing import Sequence
 
-from kerasdist import _log, cli_bench, cli_export, cli_ops
+from kerasdist import _log, cli_export, cli_ops
 from kerasdist.errors import (
     BAD_INPUT,
     EXIT_BAD_INPUT,
@@ -284,7 +284,9 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    return cli_bench.run(args)
+    from kerasdist.bench import command
+
+    return command.run(args)
 
 
 def _cmd_conformance(args) -> int:

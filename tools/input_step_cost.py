@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Input alone: seconds to draw ``N`` training batches (after 20 warm-up batches) from kerasdist's
-resumable in-memory stream (the recipe rows' input, :func:`kerasdist.data.streams.build_data`)
+resumable in-memory stream (the recipe rows' input, :func:`kerasdist.data.inputs.build_data`)
 and from ``make_dataset_fn`` (the ``keras_enable`` bench rows' input), same recipe and global
 batch, one pipeline, in this one process, alternated.
 
@@ -34,7 +34,7 @@ def main() -> None:
 
     from kerasdist.config import load_recipe
     from kerasdist.data import build_datasets
-    from kerasdist.data.streams import build_data
+    from kerasdist.data.inputs import build_data
 
     recipe = load_recipe(args.recipe, [f"data.batch_size={args.batch_size}"])
     stream = build_data(recipe, replicas=1)

@@ -8,7 +8,7 @@ process that prints its own peak resident set size (``resource.getrusage(RUSAGE_
 KiB on Linux). Two inputs per size:
 
 * ``stream``: ``train_split: train`` (a whole split name): kerasdist's streaming path
-  (:mod:`kerasdist.data.file_streams`: records read from the files, shuffled in a buffer of
+  (:mod:`kerasdist.data.sources.files`: records read from the files, shuffled in a buffer of
   ``data.shuffle_buffer`` records, skipped on raw records);
 * ``memory``: the same digits in a Keras ``mnist.npz`` (``source: npz``), read whole into NumPy:
   the path every source took before streaming sources existed (until 2026-11-26 this row was
@@ -101,7 +101,7 @@ def input_speed(folder: Path, batches: int = 300) -> dict:
     from kerasdist.data import stream
     from kerasdist.data.inputs import build_streaming
     from kerasdist.data.sources import embedded_dir, load_idx_split, write_tfrecord
-    from kerasdist.data.sources.base import memory_units
+    from kerasdist.data.sources.memory import memory_units
 
     x, y = load_idx_split(embedded_dir(), "test")
     write_tfrecord(x, y, folder / "train-000.tfrecord")

@@ -1,10 +1,12 @@
-"""The ``kerasdist bench`` command: run every row, compute ratios, write bench.json, table, plots."""
+"""The ``kerasdist bench`` command: the checks of its flags (:func:`run`), then every row run,
+ratios computed, bench.json, the table and plots written (:func:`run_bench`)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import shutil
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from kerasdist.bench.runner import (
     validate_names,
 )
 from kerasdist.config import load_recipe, validate_recipe
+from kerasdist.errors import EXIT_FAILED, EXIT_OK, RecipeError
 
 
 def _write_recipe(data: dict, path: Path) -> Path:
@@ -47,7 +50,6 @@ def stream_data(raw: dict, recipe, out: Path) -> dict:
 
     from kerasdist.data.inputs import load_split
     from kerasdist.data.readers import write_tfrecord
-    from kerasdist.errors import RecipeError
 
     folder = out / "stream-data"
     splits = {"train": recipe.data.train_split, "test": recipe.data.eval_split}
@@ -155,8 +157,6 @@ def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measureme
 
 
 def _check_inputs(recipe, strategies, baselines, *, repeats, workers, sweep_workers) -> None:
-    from kerasdist.errors import RecipeError
-
     validate_names(strategies, baselines)
     if repeats < 1:
         raise RecipeError(f"--repeats must be >= 1. Received: repeats={repeats}")
@@ -326,3 +326,49 @@ def _assemble(recipe, rows, kinds, sweep, *, target, workers, repeats) -> dict[s
     }
     result["targets"] = bench_targets.evaluate(result)
     return result
+
+
+def _split(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def run(args) -> int:
+    """``kerasdist bench``: check the worker counts and strategies given, run the benchmark
+    (:func:`run_bench`) and print its table.
+
+    Returns:
+        ``EXIT_OK``, or ``EXIT_FAILED`` when a run failed (named on stderr).
+
+    Raises:
+        RecipeError: a worker count that is not an integer >= 1, or ``--sweep-workers`` without
+            a strategy it sweeps (before anything runs); as :func:`run_bench`.
+    """
+    try:
+        sweep = [int(n) for n in _split(args.sweep_workers)]
+    except ValueError:
+        raise RecipeError("--sweep-workers takes integers. "
+                          f"Received: '{args.sweep_workers}'") from None
+    if any(n < 1 for n in sweep) or args.workers < 1:
+        raise RecipeError(f"worker counts must be >= 1. Received: workers={args.workers}, "
+                          f"sweep={sweep}")
+    if sweep and not {"multi_worker", "parameter_server"} & set(_split(args.strategies)):
+        raise RecipeError("--sweep-workers sweeps multi_worker and parameter_server; --strategies "
+                          f"has neither. Received: strategies='{args.strategies}'")
+    from kerasdist.bench.scaling import parse_counts
+
+    scaling = parse_counts(args.coordinator_scaling) if args.coordinator_scaling else []
+
+    result = run_bench(recipe_path=args.recipe, overrides=args.overrides,
+                       strategies=_split(args.strategies), baselines=_split(args.baselines),
+                       repeats=args.repeats, workers=args.workers, sweep_workers=sweep,
+                       out_dir=args.out, target=args.target_accuracy, timeout_s=args.timeout,
+                       coordinator_scaling=scaling)
+    print(report.markdown_table(result))
+    print(f"kerasdist: bench.json, bench.md and plots in {args.out}")
+    failed = [n for n, r in result["rows"].items() if r["summary"]["succeeded"] < r["summary"]["runs"]]
+    failed += [f"sweep {p['strategy']} x{p['workers']}" for p in result["sweep"]
+               if p["succeeded"] < p["runs"]]
+    if failed:
+        print(f"kerasdist: runs failed in: {', '.join(failed)} (see {args.out}/logs)", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

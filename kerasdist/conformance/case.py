@@ -78,10 +78,11 @@ class Case:
 
 
 def _optimizer(name="sgd", **kwargs):
+    """``sgd``, ``adam``, ``adamw`` or a ``keras.optimizers`` class name (``"Lamb"``); the
+    learning rate defaults to 0.05 for ``sgd``, else 0.01."""
     import keras
 
-    cls = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam,
-           "adamw": keras.optimizers.AdamW}[name]
+    cls = getattr(keras.optimizers, {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}.get(name, name))
     kwargs.setdefault("learning_rate", 0.05 if name == "sgd" else 0.01)
     return cls(**kwargs)
 

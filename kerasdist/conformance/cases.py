@@ -17,7 +17,7 @@ from typing import Any, Callable
 from kerasdist.conformance import models
 from kerasdist.conformance.callback_cases import callback_cases
 from kerasdist.conformance.case import SCCE, Case, _optimizer, sgd_compile
-from kerasdist.conformance.round3_cases import round3_cases
+from kerasdist.conformance.data import WIDE_VOCAB
 
 
 def _opt_case(name: str, feature: str, factory: Callable) -> Case:
@@ -144,31 +144,31 @@ def _optimizer_cases() -> list[Case]:
     ]
 
 
-def _more_cases() -> list[Case]:
-    from kerasdist.conformance import models_more as more
-
+def _added_loss_and_layer_cases() -> list[Case]:
+    """Losses added by layers and regularizers, a frozen sub-model, masking, attention,
+    augmentation layers, a ``PyDataset`` input and a KerasHub backbone."""
     return [
-        Case("add_loss", "add_loss in a layer's call", model=more.add_loss_layer),
+        Case("add_loss", "add_loss in a layer's call", model=models.add_loss_layer),
         Case("kernel_regularizer", "kernel_regularizer (L2)",
-             model=lambda data: more.add_loss_regularized(data, penalty=False)),
+             model=lambda data: models.add_loss_regularized(data, penalty=False)),
         Case("activity_regularizer", "activity_regularizer (L1)",
-             model=lambda data: more.add_loss_regularized(data, activity=True),
+             model=lambda data: models.add_loss_regularized(data, activity=True),
              per_replica="Keras 3 adds an activity regularizer's penalty summed over the "
                          "examples a replica sees (not divided by the batch size), so each "
                          "replica adds the sum over its part of the batch"),
         Case("frozen_submodel_batchnorm", "frozen sub-model with BatchNormalization",
-             model=more.frozen_submodel),
+             model=models.frozen_submodel),
         Case("masking_lstm", "masking (Embedding mask_zero=True + LSTM)", data="padded",
-             model=more.masked_lstm),
-        Case("multi_head_attention", "MultiHeadAttention", data="tokens", model=more.attention),
+             model=models.masked_lstm),
+        Case("multi_head_attention", "MultiHeadAttention", data="tokens", model=models.attention),
         Case("augmentation", "data augmentation layers (RandomFlip, RandomTranslation)",
-             data="images", model=more.augmented,
+             data="images", model=models.augmented,
              per_replica="each replica draws its own random flips and shifts for its part of the "
                          "batch"),
         Case("pydataset", "fit from a keras.utils.PyDataset (640 examples, reshuffled each "
              "epoch, full epochs)", input="pydataset", examples=640, steps_per_epoch=None),
         Case("kerashub_bert", "KerasHub BertBackbone (from its config, untrained)", data="bert",
-             model=more.kerashub_bert),
+             model=models.kerashub_bert),
     ]
 
 
@@ -230,11 +230,94 @@ def _saving_cases() -> list[Case]:
     ]
 
 
+# (case suffix, shown name, keras.optimizers class name, keyword arguments)
+SPARSE_OPTIMIZERS = (
+    ("adam", "Adam", "Adam", {}),
+    ("adamw", "AdamW", "AdamW", {"weight_decay": 0.05}),
+    ("adamax", "Adamax", "Adamax", {}),
+    ("nadam", "Nadam", "Nadam", {}),
+    ("rmsprop", "RMSprop", "RMSprop", {}),
+    ("adagrad", "Adagrad", "Adagrad", {}),
+    ("adadelta", "Adadelta", "Adadelta", {"learning_rate": 1.0}),
+    ("ftrl", "Ftrl", "Ftrl", {}),
+    ("lion", "Lion", "Lion", {"learning_rate": 0.001}),
+    ("adafactor", "Adafactor", "Adafactor", {}),
+    ("sgd_momentum", "SGD(momentum=0.9)", "SGD", {"momentum": 0.9}),
+)
+
+
+def _sparse_case(suffix: str, shown: str, class_name: str, kwargs: dict) -> Case:
+    return Case(f"sparse_{suffix}", f"sparse gradients: Embedding(200, 8) + {shown}",
+                data="wide_tokens",
+                model=lambda data: models.sequence(data, vocab=WIDE_VOCAB),
+                compile=lambda: sgd_compile(optimizer=_optimizer(class_name, **kwargs)))
+
+
+def _loss_compile(loss_name: str, **kwargs):
+    import keras
+
+    return sgd_compile(loss=getattr(keras.losses, loss_name)(**kwargs), metrics=())
+
+
+def _swap_ema(workdir, record: dict):
+    import keras
+
+    return [keras.callbacks.SwapEMAWeights(swap_on_epoch=True)]
+
+
+def _sparse_cases() -> list[Case]:
+    """Sparse gradients under every Keras optimizer that takes them: ``Embedding(200, 8)`` on
+    token ids drawn from 200 (``wide_tokens``). A global batch of 16 x 6 ids touches at most 96
+    of the 200 rows, so the ``IndexedSlices`` gradient path (rows a batch did not touch,
+    duplicate ids, the mean over replicas) decides the weights and optimizer state, which are
+    compared with the strategy-free run."""
+    return [_sparse_case(*spec) for spec in SPARSE_OPTIMIZERS]
+
+
+def _own_path_cases() -> list[Case]:
+    from kerasdist.conformance import saving
+
+    return [
+        Case("save_own_path", "model.save + save_weights + export, each task to its own folder",
+             after=saving.save_own_path, check=saving.check_own_path),
+        Case("cb_checkpoint_own_path", "ModelCheckpoint + BackupAndRestore, each task to its "
+             "own folder", callbacks=saving.checkpoint_own, check=saving.check_checkpoint_own),
+    ]
+
+
+def _layer_loss_cases() -> list[Case]:
+    """XLA (``jit_compile=True``), further layers (convolution and pooling, Bidirectional,
+    GroupNormalization, EinsumDense), losses (Huber, focal), the Lamb optimizer and the
+    SwapEMAWeights callback."""
+    return [
+        Case("jit_compile", "compile(jit_compile=True) (XLA)",
+             compile=lambda: sgd_compile(jit_compile=True)),
+        Case("conv_pooling", "Conv2D + MaxPooling2D + GlobalMaxPooling2D", data="images",
+             model=models.conv_pooling),
+        Case("bidirectional_adam", "Bidirectional(LSTM) over Embedding(200, 8) + Adam",
+             data="wide_tokens", model=models.bidirectional,
+             compile=lambda: sgd_compile(optimizer=_optimizer("Adam"))),
+        Case("group_normalization", "GroupNormalization", model=models.group_norm),
+        Case("einsum_dense", "EinsumDense", model=models.einsum_dense),
+        Case("huber_loss", "Huber loss (regression)", data="regression",
+             model=lambda data: models.dense(out=1),
+             compile=lambda: _loss_compile("Huber", delta=0.5)),
+        Case("binary_focal_loss", "BinaryFocalCrossentropy", data="binary",
+             model=lambda data: models.dense(out=1, activation="sigmoid"),
+             compile=lambda: _loss_compile("BinaryFocalCrossentropy", gamma=2.0)),
+        Case("lamb", "Lamb optimizer",
+             compile=lambda: sgd_compile(optimizer=_optimizer("Lamb"))),
+        Case("cb_swap_ema_weights", "SwapEMAWeights callback (Adam use_ema)",
+             callbacks=_swap_ema,
+             compile=lambda: sgd_compile(optimizer=_optimizer("Adam", use_ema=True))),
+    ]
+
+
 def all_cases() -> list[Case]:
     """Every case, in matrix order."""
     cases = (_model_cases() + _layer_cases() + _preprocessing_cases() + _metric_cases()
-             + _optimizer_cases() + callback_cases() + _input_cases() + _more_cases()
-             + _saving_cases() + round3_cases())
+             + _optimizer_cases() + callback_cases() + _input_cases() + _added_loss_and_layer_cases()
+             + _saving_cases() + _sparse_cases() + _own_path_cases() + _layer_loss_cases())
     # drop_remainder both ways: every other case, unless the case says
     cases = [c if c.drop_remainder is not None else dataclasses.replace(c, drop_remainder=i % 2 == 0)
              for i, c in enumerate(cases)]

@@ -1,7 +1,9 @@
 """Saving cases: ``model.save`` (.keras) + ``load_model``, and ``model.export`` (SavedModel).
 
 Under a multi-worker strategy every task runs the save (as users' scripts do); the chief writes
-the shared path and the other tasks a private temporary folder, which is removed.
+the shared path and the other tasks a private temporary folder, which is removed. The own-path
+cases (:func:`save_own_path`, :func:`check_checkpoint_own`) have every task save, checkpoint and
+export to its own folder ``own/<task>`` instead, as onto a worker's local disk.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from kerasdist.conformance.case import task_name
 
 
 def _target(workdir: Path, name: str, is_chief: bool) -> tuple[Path, str | None]:
@@ -89,4 +93,121 @@ def check_every_worker(workdir: Path, result: dict, build) -> list[str]:
     rebuilt.load_weights(workdir / "every.weights.h5")
     problems += _same_as_predict(rebuilt.predict(make("dense")["x"], verbose=0), result,
                                  "load_weights")
+    return problems
+
+
+def _task() -> str:
+    return task_name()[0]
+
+
+def _own(workdir: Path) -> Path:
+    """This task's own folder (as a worker's local disk would be): ``own/<task>``."""
+    folder = workdir / "own" / _task()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _owned(workdir: Path) -> list[Path]:
+    root = workdir / "own"
+    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def _predicts_like(model_or_outputs, result: dict, what: str) -> list[str]:
+    from kerasdist.conformance.data import make
+
+    outputs = model_or_outputs
+    if hasattr(model_or_outputs, "predict"):
+        outputs = model_or_outputs.predict(make("dense")["x"], verbose=0)
+    got, expected = np.asarray(outputs), result["predict"][0]
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        return [f"{what}: outputs differ from the trained model's predict"]
+    return []
+
+
+def save_own_path(model, workdir: Path, is_chief: bool) -> None:
+    """Every task saves, saves weights and exports to its own folder (not a shared one)."""
+    folder = _own(workdir)
+    model.save(folder / "model.keras")
+    model.save_weights(folder / "model.weights.h5")
+    model.export(str(folder / "export"), verbose=False)
+
+
+def check_own_path(workdir: Path, result: dict, build) -> list[str]:
+    """Problems with what :func:`save_own_path` wrote: each task's folder must hold the three
+    saves, and each must predict as the trained model did."""
+    import keras
+    import tensorflow as tf
+
+    from kerasdist.conformance.data import make
+
+    folders = _owned(workdir)
+    if not folders:
+        return ["no task wrote its own folder under own/"]
+    problems = []
+    for folder in folders:
+        names = sorted(p.name for p in folder.iterdir())
+        if names != ["export", "model.keras", "model.weights.h5"]:
+            problems.append(f"own/{folder.name} holds {names}, not export, model.keras and "
+                            "model.weights.h5")
+            continue
+        problems += _predicts_like(keras.saving.load_model(folder / "model.keras"), result,
+                                   f"own/{folder.name}/model.keras")
+        rebuilt = build()
+        rebuilt.load_weights(folder / "model.weights.h5")
+        problems += _predicts_like(rebuilt, result, f"own/{folder.name}/model.weights.h5")
+        restored = tf.saved_model.load(str(folder / "export"))  # held: serve reads its variables
+        problems += _predicts_like(restored.serve(tf.constant(make("dense")["x"])), result,
+                                   f"own/{folder.name}/export")
+    return problems
+
+
+def checkpoint_own(workdir: Path, record: dict):
+    """Callbacks that checkpoint to this task's own folder: ``ModelCheckpoint`` (.keras and
+    weights only) and ``BackupAndRestore(save_freq=2)``."""
+    import keras
+
+    folder = _own(workdir)
+    return [keras.callbacks.ModelCheckpoint(str(folder / "last.keras")),
+            keras.callbacks.ModelCheckpoint(str(folder / "last.weights.h5"),
+                                            save_weights_only=True),
+            keras.callbacks.BackupAndRestore(str(folder / "backup"), save_freq=2,
+                                             delete_checkpoint=False)]
+
+
+def _weights_equal(weights: list, result: dict, what: str) -> list[str]:
+    final = result["weights"]
+    if len(weights) != len(final) or not all(
+            np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(weights, final, strict=True)):
+        return [f"{what}: weights differ from the trained model's"]
+    return []
+
+
+def check_checkpoint_own(workdir: Path, result: dict, build) -> list[str]:
+    """Problems with what :func:`checkpoint_own` wrote: each task's checkpoints and first backup
+    must hold the trained weights (the backups are removed afterwards)."""
+    import keras
+
+    folders = _owned(workdir)
+    if not folders:
+        return ["no task wrote its own folder under own/"]
+    problems = []
+    for folder in folders:
+        where = f"own/{folder.name}"
+        if not (folder / "last.keras").is_file() or not (folder / "last.weights.h5").is_file():
+            problems.append(f"{where}: ModelCheckpoint wrote {sorted(p.name for p in folder.iterdir())}")
+            continue
+        loaded = keras.saving.load_model(folder / "last.keras", compile=False)
+        problems += _weights_equal(loaded.get_weights(), result, f"{where}/last.keras")
+        rebuilt = build()
+        rebuilt.load_weights(folder / "last.weights.h5")
+        problems += _weights_equal(rebuilt.get_weights(), result, f"{where}/last.weights.h5")
+        backups = sorted((folder / "backup").glob("*.weights.h5"))
+        if not backups:
+            problems.append(f"{where}: BackupAndRestore(save_freq=2) left no weights file")
+            continue
+        rebuilt = build()
+        rebuilt.load_weights(backups[0])
+        problems += _weights_equal(rebuilt.get_weights(), result, f"{where}/backup")
+    for folder in folders:
+        shutil.rmtree(folder / "backup", ignore_errors=True)
     return problems

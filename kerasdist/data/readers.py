@@ -130,13 +130,19 @@ def parse_tfrecords(files):
     return tf.data.TFRecordDataset(files).map(parse_square_image)
 
 
+def _seed_spec() -> dict:
+    """``tf.io`` parse spec of the seed schema: ``image_raw`` bytes, ``label`` int64."""
+    import tensorflow as tf
+
+    return {"image_raw": tf.io.FixedLenFeature([], tf.string),
+            "label": tf.io.FixedLenFeature([], tf.int64)}
+
+
 def parse_square_image(record):
     """One serialized record of the seed schema -> (uint8 image ``(side, side)``, int64 label)."""
     import tensorflow as tf
 
-    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64)}
-    parsed = tf.io.parse_single_example(record, spec)
+    parsed = tf.io.parse_single_example(record, _seed_spec())
     image = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
     side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.size(image), tf.float32))), tf.int32)
     return tf.reshape(image, [side, side]), parsed["label"]
@@ -146,9 +152,7 @@ def parse_square_images(records):
     """A batch of seed-layout records -> (uint8 ``(b, side, side)``, int64 ``(b,)``)."""
     import tensorflow as tf
 
-    spec = {"image_raw": tf.io.FixedLenFeature([], tf.string),
-            "label": tf.io.FixedLenFeature([], tf.int64)}
-    parsed = tf.io.parse_example(records, spec)
+    parsed = tf.io.parse_example(records, _seed_spec())
     images = tf.io.decode_raw(parsed["image_raw"], tf.uint8)
     side = tf.cast(tf.round(tf.sqrt(tf.cast(tf.shape(images)[1], tf.float32))), tf.int32)
     return tf.reshape(images, [-1, side, side]), parsed["label"]

@@ -43,7 +43,7 @@ from kerasdist.data.convert import preprocess
 
 @dataclass
 class Streaming:
-    """What a source kind's ``stream`` hands back to :func:`kerasdist.data.streams.build_data`:
+    """What a source kind's ``stream`` hands back to :func:`kerasdist.data.inputs.build_data`:
     ``train_fn(ctx, skip_batches)``, ``eval_fn(ctx)`` (or None), the examples one pipeline holds,
     the evaluation split's size, the shard policy and the files the chief writes (path -> text)."""
 
@@ -219,3 +219,54 @@ def global_batches(units: Units, config):
                          drop_remainder=False)
     return ds.map(preprocess(config.normalize)).prefetch(
         tf.data.AUTOTUNE if config.prefetch < 0 else config.prefetch)
+
+
+def sample_records(config, split: str, units: Units, limit: int | None, *, preprocessed=True,
+                   failure: Callable | None = None):
+    """The first ``limit`` examples (None: all) of a split (``units`` read whole, in order) as
+    NumPy ``(x, y)``, decoded as training sees them (for the bad-input checks and reference
+    evaluations in one process). Training never reads a split whole: it streams.
+
+    Args:
+        config: the ``DataConfig`` (``normalize``; ``kind`` for messages).
+        split: the split's name, for messages.
+        units: the split as :class:`Units`.
+        limit: most examples read (None: all).
+        preprocessed: converted as :func:`kerasdist.data.convert.preprocess` does; False: as
+            decoded, before the uint8-to-float conversion.
+        failure: ``failure(err) -> DataError`` for a TensorFlow error met while reading (a
+            function source: the user's code raised); None: the split does not decode.
+
+    Returns:
+        ``(x, y)``; ``x`` is a dict of arrays for a tfrecord spec with several inputs.
+
+    Raises:
+        DataError: records that do not decode, a function that raises; a split with no examples.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from kerasdist.errors import DataError
+
+    ds = units.read(all_units(units), None)
+    if units.decoder is not None:
+        ds = ds.map(units.decoder())
+    if limit is not None:
+        ds = ds.take(limit)
+    xs, ys = [], []
+    ds = ds.batch(1024)
+    try:
+        for x, y in (ds.map(preprocess(config.normalize)) if preprocessed else ds):
+            xs.append(tf.nest.map_structure(lambda t: t.numpy(), x))
+            ys.append(y.numpy())
+    except tf.errors.OpError as err:
+        if failure is not None:
+            raise failure(err) from None
+        raise DataError(f"data.source '{config.kind}': split '{split}' does not decode: "
+                        f"{err.message.splitlines()[0][:300]}. Received: split='{split}'") from None
+    if not ys:
+        raise DataError(f"data.source '{config.kind}': split '{split}' holds no examples. "
+                        f"Received: split='{split}'")
+    x = {k: np.concatenate([p[k] for p in xs]) for k in xs[0]} if isinstance(xs[0], dict) \
+        else np.concatenate(xs)
+    return x, np.concatenate(ys)

@@ -65,8 +65,8 @@ class Strategy:
 
     def make_input(self, recipe: Recipe, tf_strategy):
         """The distributed input: by default kerasdist's resumable streams
-        (:func:`kerasdist.data.streams.build_data`), sharded over :meth:`num_input_pipelines`."""
-        from kerasdist.data.streams import build_data
+        (:func:`kerasdist.data.inputs.build_data`), sharded over :meth:`num_input_pipelines`."""
+        from kerasdist.data.inputs import build_data
 
         return build_data(recipe, replicas=tf_strategy.num_replicas_in_sync,
                           pipelines=self.num_input_pipelines(tf_strategy))

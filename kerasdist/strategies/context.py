@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kerasdist.data.streams import StreamInput
+    from kerasdist.data.inputs import StreamInput
 
 
 @dataclass
@@ -18,7 +18,7 @@ class RunContext:
         model: the compiled Keras model, built under ``tf_strategy.scope()``.
         tf_strategy: the ``tf.distribute.Strategy``.
         data: the recipe's input (:meth:`Strategy.make_input`): the resumable streams of
-            :class:`kerasdist.data.streams.StreamInput`, for every strategy.
+            :class:`kerasdist.data.inputs.StreamInput`, for every strategy.
         store: the checkpoint store (:class:`kerasdist.keras.backup.BackupStore`) or None.
         start_step: global step (``optimizer.iterations``) restored from the checkpoint.
         callbacks: Keras callbacks: kerasdist's own (throughput, TensorBoard) then the user's.

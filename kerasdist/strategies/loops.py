@@ -141,7 +141,7 @@ def _stop_when_asked(watch):
 
 
 def _skipping(train_fn, skip_batches: int):
-    """``dataset_fn(input_context)`` of a stream (:class:`kerasdist.data.streams.StreamInput`
+    """``dataset_fn(input_context)`` of a stream (:class:`kerasdist.data.inputs.StreamInput`
     ``train_fn``) started ``skip_batches`` batches in."""
     return lambda ctx: train_fn(ctx, skip_batches)
 

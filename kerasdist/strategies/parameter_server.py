@@ -100,9 +100,9 @@ class ParameterServerStrategy(Strategy):
         return self.num_replicas(tf_strategy)
 
     def make_input(self, recipe, tf_strategy):
-        """The resumable streams every strategy uses (:func:`kerasdist.data.streams.build_data`),
+        """The resumable streams every strategy uses (:func:`kerasdist.data.inputs.build_data`),
         one per worker, each step one worker's whole batch (``asynchronous=True``)."""
-        from kerasdist.data.streams import build_data
+        from kerasdist.data.inputs import build_data
         from kerasdist.keras.accumulation import refuse
 
         refuse(recipe, self.kind)  # trainer.gradient_accumulation_steps > 1

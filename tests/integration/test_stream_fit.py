@@ -255,9 +255,9 @@ def test_an_endless_python_source_trains_with_steps_per_epoch(tmp_path, monkeypa
     assert metrics["global_steps"] == 10
     assert (run_dir / "model.keras").is_file()
     # without steps_per_epoch the split is counted, at most MAX_COUNTED_EXAMPLES: exit 2
-    from kerasdist.data import python_source
+    from kerasdist.data.sources import functions
 
-    monkeypatch.setattr(python_source, "MAX_COUNTED_EXAMPLES", 500)
+    monkeypatch.setattr(functions, "MAX_COUNTED_EXAMPLES", 500)
     code = main(["fit", str(recipe), "--set", "trainer.steps_per_epoch=null",
                  "--set", f"output.run_dir={tmp_path / 'run2'}"])
     err = capsys.readouterr().err

@@ -36,7 +36,7 @@ def _source(data, **fields):
 
 
 def _build(recipe):
-    from kerasdist.data.streams import build_data
+    from kerasdist.data.inputs import build_data
 
     return build_data(recipe, replicas=1)
 
@@ -324,8 +324,8 @@ def test_a_csv_split_is_read_once_by_the_checks_before_training(tmp_path, monkey
     """The launch preflight, the data checks and the stream's build each open the csv source;
     each split's pre-pass (every numeric cell parsed) runs once in the process, not once each
     (three times for the training split before this was cached)."""
-    from kerasdist.data import csv_source
     from kerasdist.data.inputs import examples_per_worker
+    from kerasdist.data.sources import csv as csv_source
     from kerasdist.training.checks import check_inputs
 
     parsed = []

@@ -129,7 +129,7 @@ def test_an_import_path_of_another_kind_is_refused_unbuilt_and_uncalled(
 @pytest.mark.parametrize("function", ["kd_kinds_user:Boom", "kd_kinds_user:no_args",
                                       "os:popen"])
 def test_a_data_function_of_another_kind_is_refused_uncalled(user_module, function):
-    from kerasdist.data.python_source import load_function
+    from kerasdist.data.sources.python import load_function
 
     config = validate_recipe({"data": {"source": {"kind": "python", "function": function}}}).data
     with pytest.raises(DataError, match=r"^data.source.function: .*Received:"):

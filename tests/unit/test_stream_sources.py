@@ -277,7 +277,7 @@ def test_an_endless_python_split_is_not_counted_under_steps_per_epoch(function, 
                                                                       monkeypatch):
     """Issue 39: the counting pass over an endless split never ended; with
     ``trainer.steps_per_epoch`` only its first batches are read, and it streams."""
-    from kerasdist.data.streams import build_data
+    from kerasdist.data.inputs import build_data
 
     data = _endless(tmp_path, monkeypatch, function)
     recipe = validate_recipe({"data": {**data, "train_split": "train", "eval_split": None,
@@ -295,9 +295,9 @@ def test_an_endless_python_split_is_not_counted_under_steps_per_epoch(function, 
     ("endless", "has more than 30 examples"), ("repeated", "is endless (cardinality INFINITE)")])
 def test_an_endless_python_split_without_steps_per_epoch_is_refused_naming_the_field(
         function, needle, tmp_path, monkeypatch):
-    from kerasdist.data import python_source
+    from kerasdist.data.sources import functions
 
-    monkeypatch.setattr(python_source, "MAX_COUNTED_EXAMPLES", 30)
+    monkeypatch.setattr(functions, "MAX_COUNTED_EXAMPLES", 30)
     data = _endless(tmp_path, monkeypatch, function)
     with pytest.raises(DataError) as raised:
         build_streaming(_recipe(tmp_path, {**data, "eval_split": None}), pipelines=1)
@@ -308,9 +308,9 @@ def test_an_endless_python_split_without_steps_per_epoch_is_refused_naming_the_f
 
 @pytest.mark.timeout(60)
 def test_a_finite_generator_is_counted_and_an_endless_eval_split_is_refused(tmp_path, monkeypatch):
-    from kerasdist.data import python_source
+    from kerasdist.data.sources import functions
 
-    monkeypatch.setattr(python_source, "MAX_COUNTED_EXAMPLES", 40)
+    monkeypatch.setattr(functions, "MAX_COUNTED_EXAMPLES", 40)
     data = _endless(tmp_path, monkeypatch, "generated")
     assert build_streaming(_recipe(tmp_path, {**data, "eval_split": None}),
                            pipelines=1).per_pipeline == 40  # exactly the bound: counted

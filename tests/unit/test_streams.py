@@ -8,12 +8,9 @@ import tensorflow as tf
 
 from kerasdist.config import validate_recipe
 from kerasdist.data import stream
-from kerasdist.data.inputs import build_streaming
+from kerasdist.data.inputs import build_streaming, resolve_shard_policy
 from kerasdist.data.sources import write_tfrecord
-from kerasdist.data.sources.base import memory_units
-from kerasdist.data.streams import (
-    resolve_shard_policy,
-)
+from kerasdist.data.sources.memory import memory_units
 from kerasdist.errors import RecipeError
 
 

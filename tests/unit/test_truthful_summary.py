@@ -83,7 +83,7 @@ def test_a_run_that_trained_every_epoch_says_done_and_a_rerun_says_already_compl
 
 
 def test_a_parameter_server_run_counts_its_workers_the_same_way_on_every_line(caplog):
-    from kerasdist.data.streams import _batch_words
+    from kerasdist.data.inputs import _batch_words
     from kerasdist.training.result import RunResult, summary_text
 
     words = _batch_words(32, 1, 2, asynchronous=True)

@@ -5,7 +5,7 @@ files), so the quickstart runs with no network. Only the split ``test`` exists (
 from __future__ import annotations
 
 from kerasdist.data.readers import embedded_dir, load_idx_split
-from kerasdist.data.sources.base import MemoryKind
+from kerasdist.data.sources.memory import MemoryKind
 from kerasdist.errors import DataError
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kerasdist.data.readers import load_idx_split
-from kerasdist.data.sources.base import MemoryKind
+from kerasdist.data.sources.memory import MemoryKind
 
 
 class IdxKind(MemoryKind):

@@ -6,7 +6,7 @@ and the split name (:func:`kerasdist.data.readers.synthetic_linear`,
 from __future__ import annotations
 
 from kerasdist.data.readers import synthetic_clicks, synthetic_linear
-from kerasdist.data.sources.base import MemoryKind
+from kerasdist.data.sources.memory import MemoryKind
 
 
 class SyntheticLinearKind(MemoryKind):

@@ -1,16 +1,19 @@
-"""Source ``python``: the user's ``data.source.function`` returns the ``tf.data.Dataset`` of a split.
+"""What the function kinds (``python``, ``tfds``) share: a function returns a split's
+``tf.data.Dataset``, and :class:`FunctionKind` streams it as the one stream's
+:class:`~kerasdist.data.stream.Units` (no units: the function's dataset is the records). The
+function is called, checked and counted here, and its errors named; which function it is, is each
+kind's (:mod:`kerasdist.data.sources.python`: the user's ``data.source.function``;
+:mod:`kerasdist.data.sources.tfds`: a prepared TFDS dataset).
 
 Contract: ``function(split: str, input_context: tf.distribute.InputContext | None = None)
 -> tf.data.Dataset`` of **unbatched** ``(features, label)`` examples, the same examples in the same
-order every time it is called (for exact resume). kerasdist shuffles, batches (``data.batch_size`` is
-the global batch), repeats and resumes it. An endless dataset (``from_generator`` over
-``while True``, ``repeat()``) needs ``trainer.steps_per_epoch``: without it the training split is
-counted once, at most :data:`MAX_COUNTED_EXAMPLES` examples. A function that takes
-``input_context`` receives the pipeline's context and returns that worker's shard itself (e.g.
-by file); one that does not is sharded by data (``Dataset.shard``).
-
-Security: the import path is imported and called, like any Python file you run; a recipe naming
-it is as trusted as that code.
+order every time it is called (for exact resume: skipping runs the function's pipeline for the
+skipped examples). kerasdist shuffles, batches (``data.batch_size`` is the global batch), repeats
+and resumes it. An endless dataset (``from_generator`` over ``while True``, ``repeat()``) needs
+``trainer.steps_per_epoch``: without it the training split is counted once, at most
+:data:`MAX_COUNTED_EXAMPLES` examples. A function that takes ``input_context`` receives the
+pipeline's context and returns that worker's shard itself (e.g. by file); one that does not is
+sharded by data (``Dataset.shard``).
 """
 
 from __future__ import annotations
@@ -18,63 +21,15 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+from kerasdist._log import get_logger
 from kerasdist._signals import startup
-from kerasdist.errors import DataError
-from kerasdist.importpath import import_attribute, is_builtin, require_kind
+from kerasdist.data import stream
+from kerasdist.data.convert import shard_policy
+from kerasdist.data.sources.base import SourceKind
+from kerasdist.data.stream import Streaming, Units
+from kerasdist.errors import DataError, RecipeError
 
-
-def load_function(config) -> Callable:
-    """Import ``data.source.function`` and check it is a function taking ``split`` (nothing is called).
-
-    Raises:
-        DataError: the module does not import, has no callable of that name, or it is not a
-            function of one positional argument (a class, a built-in, the standard library).
-    """
-    path = config.source.function
-    fn = import_attribute(path, field="data.source.function", error=DataError,
-                          received=f"function='{path}'", what="Python function")
-    if is_builtin(fn):
-        module_name, _, attr = path.partition(":")
-        raise DataError(f"data.source.function: '{module_name}' has no Python function '{attr}'. "
-                        f"Received: function='{path}'")
-    # checked before it is ever called: a function of (split) (not a class, not the stdlib)
-    return require_kind(fn, path, field="data.source.function", error=DataError,
-                        what="a function (split, input_context=None) -> tf.data.Dataset",
-                        function_args=(1,))
-
-
-def tfds_function(config) -> Callable:
-    """Source ``tfds`` as a data function: ``split -> (data.source.input, data.source.label)`` pairs of the
-    prepared TFDS dataset ``data.source.name`` in ``data.source.data_dir`` (``tfds.builder(...).as_dataset``,
-    files in order, ``shuffle_files=False``; TFDS slicing such as ``train[:80%]`` works). Nothing is
-    downloaded here: a dataset not prepared in ``data_dir`` is refused.
-
-    Raises:
-        DataError: (when called) the dataset is not prepared, or lacks a named feature.
-    """
-    feature_in, feature_label = config.source.input or "image", config.source.label_name
-
-    def load(split):
-        import tensorflow_datasets as tfds
-
-        try:
-            builder = tfds.builder(config.source.name, data_dir=str(config.source.data_dir)
-                                   if config.source.data_dir else None)
-            ds = builder.as_dataset(split=split, shuffle_files=False)
-        except Exception as err:  # noqa: BLE001 - TFDS raises many types
-            first = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
-            raise DataError(f"data.source 'tfds': cannot read '{config.source.name}' split "
-                            f"'{split}' from data.source.data_dir '{config.source.data_dir}': "
-                            f"{first}. Prepare it there first "
-                            f"(tfds build / builder.download_and_prepare()). Received: "
-                            f"name='{config.source.name}'") from None
-        for field, name in (("data.source.input", feature_in), ("data.source.label", feature_label)):
-            if name not in ds.element_spec:
-                raise DataError(f"{field}: '{config.source.name}' has no feature '{name}' (features: "
-                                f"{', '.join(ds.element_spec)}). Received: '{name}'")
-        return ds.map(lambda f: (f[feature_in], f[feature_label]))
-
-    return load
+log = get_logger("data")
 
 
 def describe(config) -> str:
@@ -119,10 +74,10 @@ MAX_COUNTED_EXAMPLES = 100_000
 (``cardinality`` UNKNOWN, e.g. ``Dataset.from_generator``): without ``trainer.steps_per_epoch`` the
 training split is counted once to set the epoch length, and the evaluation split is counted always
 (evaluation reads it whole). A split longer than this, or endless, is refused (exit code 2) after
-reading this many examples instead of counting for ever (about 20 s for a ``from_generator``
-split at 5,000 examples/s). The same number as the records the bad-input checks read
-(:data:`kerasdist.training.checks.MAX_CHECKED_RECORDS`). With ``trainer.steps_per_epoch`` the
-training split is not counted: only its first batches are read (:func:`count_first`)."""
+reading this many examples instead of counting for ever. The same number as the records the
+bad-input checks read (:data:`kerasdist.training.checks.MAX_CHECKED_RECORDS`). With
+``trainer.steps_per_epoch`` the training split is not counted: only its first batches are read
+(:func:`count_first`)."""
 
 
 def count(ds, config, *, split: str, field: str = "data.train_split",
@@ -203,7 +158,6 @@ def count_first(ds, wanted: int, config=None, split: str = "train") -> int:
     """Examples among the first ``wanted`` of ``ds`` (all of them when TensorFlow knows the
     length): the training split's check when ``trainer.steps_per_epoch`` is set, which may be
     endless. Reads at most ``wanted`` examples."""
-
     known = int(ds.cardinality().numpy())
     if known >= 0:
         return known
@@ -224,3 +178,92 @@ def _too_long(config, *, split: str, field: str, limit: int, endless: bool) -> D
     return DataError(f"{head}; evaluation reads it whole. Return a finite split of at most "
                      f"{limit:,} examples, or set data.eval_split: null. Received: "
                      f"eval_split='{split}', function='{describe(config)}'")
+
+
+def _shard_policy(own: bool, config, pipelines: int) -> str:
+    """``data.auto_shard`` resolved for a function that shards itself (``own``: ``'file'``, one
+    shard per pipeline) or is sharded by data."""
+    policy = shard_policy(config, pipelines, units=pipelines if own else None)
+    return "file" if policy == "data" and own else policy
+
+
+def function_units(fn: Callable, config, split: str, policy: str) -> Units:
+    """A function source's ``split`` as the stream's :class:`~kerasdist.data.stream.Units`: no
+    units, the function's dataset is the records (called with ``input_context`` when it takes
+    one, and then it shards itself)."""
+    own = takes_context(fn)
+    return Units(read=lambda _, ctx: call(fn, config, split, ctx), values=None,
+                 shard="none" if own or policy == "off" else "records")
+
+
+def build_function(fn: Callable, recipe, pipelines: int) -> Streaming:
+    """The training stream and evaluation input of a function source for ``pipelines`` input
+    pipelines: ``fn(split[, input_context])`` returns the split's unbatched dataset (see module
+    docs).
+
+    Raises:
+        DataError: the function fails, returns something else, or a split is endless or longer
+            than :data:`MAX_COUNTED_EXAMPLES` where it must be counted.
+        RecipeError: ``data.auto_shard: file`` with a function that does not take
+            ``input_context``.
+    """
+    config = recipe.data
+    train = call(fn, config, config.train_split)
+    bounded = recipe.trainer.steps_per_epoch is not None  # may be endless: read its start only
+    if bounded:
+        counted = count_first(train, config.batch_size * max(pipelines, 1), config,
+                              config.train_split)
+    else:
+        counted = count(train, config, split=config.train_split)
+    own = takes_context(fn)
+    if config.auto_shard == "file" and not own and pipelines > 1:
+        raise RecipeError(f"data.auto_shard 'file' needs a data.source.function that takes input_context "
+                          f"(it shards itself). Received: function='{config.source.function}'")
+    policy = _shard_policy(own, config, pipelines)
+    eval_fn, num_eval = None, 0
+    if config.eval_split:
+        num_eval = count(call(fn, config, config.eval_split), config, split=config.eval_split,
+                         field="data.eval_split")
+        eval_fn = stream.eval_fn(function_units(fn, config, config.eval_split, policy), config,
+                                 shard=policy != "off")
+    size = (f"starts with at least {counted} training examples (not counted whole: "
+            "trainer.steps_per_epoch is set)") if bounded else f"gives {counted} training examples"
+    log.info(f"input: data.source.function '{describe(config)}' {size}; "
+             + ("it shards itself (input_context)" if own else "sharded by data"))
+    per_pipeline = counted if (own or policy == "off") else counted // max(pipelines, 1)
+    if own and pipelines > 1:
+        per_pipeline = counted // pipelines  # assumes the function's shards are about equal
+    return Streaming(train_fn=stream.train_fn(function_units(fn, config, config.train_split, policy),
+                                              config), eval_fn=eval_fn,
+                     per_pipeline=per_pipeline, num_eval=num_eval, policy=policy)
+
+
+class FunctionKind(SourceKind):
+    """A source whose splits a function returns; subclasses give :meth:`function`."""
+
+    def function(self, config) -> Callable:
+        """The kind's ``function(split[, input_context])`` (see module docs).
+
+        Raises:
+            DataError: the function cannot be found or is not a function of a split.
+        """
+        raise NotImplementedError
+
+    def shard_policy(self, config, pipelines):
+        return _shard_policy(takes_context(self.function(config)), config, pipelines)
+
+    def stream(self, recipe, pipelines):
+        return build_function(self.function(recipe.data), recipe, pipelines)
+
+    def _split(self, config, split) -> Units:
+        return function_units(self.function(config), config, split, "off")
+
+    def input_failure(self, config, err, split):
+        return raised(err, config, split) if from_user_code(err) else None
+
+    def eval_dataset(self, config, split, *, run_dir):
+        return stream.global_batches(self._split(config, split), config)
+
+    def sample(self, config, split, limit, *, run_dir=None):
+        return stream.sample_records(config, split, self._split(config, split), limit,
+                                     failure=lambda err: raised(err, config, split))
