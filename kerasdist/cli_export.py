@@ -26,11 +26,21 @@ def add_parser(sub, add_recipe_args) -> None:
                                                "manifest: pods derive their roles (cluster.kind "
                                                "jobset)")
     _add_kubernetes_args(jobset, add_recipe_args, "JobSet")
+    _add_shared_cluster_args(jobset, "JobSet")
     trainjob = targets.add_parser("trainjob", help="Kubeflow Trainer v2 TrainJob + its "
                                                    "TrainingRuntime (trainer.kubeflow.org/"
                                                    "v1alpha1): pods derive their roles by rank "
                                                    "(cluster.kind jobset)")
     _add_kubernetes_args(trainjob, add_recipe_args, "TrainJob")
+    _add_shared_cluster_args(trainjob, "TrainJob")
+
+
+def _add_shared_cluster_args(parser, kind: str) -> None:
+    parser.add_argument("--queue", default=None, metavar="NAME",
+                        help=f"Kueue LocalQueue: the {kind}'s kueue.x-k8s.io/queue-name label")
+    parser.add_argument("--no-network-policy", dest="network_policy", action="store_false",
+                        help="leave out the NetworkPolicy that admits connections to the pods "
+                             "only from the job's own pods")
 
 
 def _add_kubernetes_args(parser, add_recipe_args, kind: str) -> None:
@@ -124,24 +134,20 @@ def run(args, recipe) -> int:
     if args.target == "slurm":
         return _run_slurm(args, recipe)
     from kerasdist.cluster.export import PodResources, dump_manifest, tfjob_manifest
-    from kerasdist.cluster.export_jobset import jobset_manifest
 
     common = dict(recipe_path=args.recipe_in_image or args.recipe, image=args.image,
                   name=args.name, namespace=args.namespace,
                   resources=PodResources(cpu=args.cpu, memory=args.memory, gpus=args.gpus),
                   pvc=args.pvc, overrides=tuple(args.overrides))
-    if args.target == "trainjob":
+    if args.target == "tfjob":
+        manifest = tfjob_manifest(recipe, evaluator=args.evaluator, **common)
+        text = dump_manifest(manifest)
+    else:
         import yaml
 
-        from kerasdist.cluster.export_trainjob import trainjob_manifests
-
-        documents = trainjob_manifests(recipe, **common)
-        manifest = documents[-1]
+        documents = _jobset_documents(args, recipe, common)
+        manifest = documents[0] if args.target == "jobset" else documents[1]
         text = yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False)
-    else:
-        manifest = jobset_manifest(recipe, **common) if args.target == "jobset" else \
-            tfjob_manifest(recipe, evaluator=args.evaluator, **common)
-        text = dump_manifest(manifest)
     if args.output == "-":
         print(text, end="")
     else:
@@ -151,3 +157,21 @@ def run(args, recipe) -> int:
         get_logger().info(f"wrote {args.output} ({manifest['kind']} "
                           f"'{manifest['metadata']['name']}')")
     return EXIT_OK
+
+
+def _jobset_documents(args, recipe, common: dict) -> list[dict]:
+    """``export jobset``'s JobSet or ``export trainjob``'s TrainingRuntime and TrainJob, with the
+    NetworkPolicy of their pods unless ``--no-network-policy``."""
+    from kerasdist.cluster.export_jobset import jobset_manifest, network_policy
+    from kerasdist.cluster.export_trainjob import trainjob_manifests
+    from kerasdist.config.cluster_configs import as_kind
+
+    build = jobset_manifest if args.target == "jobset" else trainjob_manifests
+    built = build(recipe, queue=args.queue, **common)
+    documents = [built] if isinstance(built, dict) else built
+    if args.network_policy:
+        documents.append(network_policy(
+            name=documents[-1]["metadata"]["name"], namespace=args.namespace,
+            port=as_kind(recipe.cluster, "jobset").port_base, any_port=args.gpus > 0))
+    return documents
+

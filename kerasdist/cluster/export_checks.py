@@ -5,7 +5,10 @@ option (exit code 2), before anything is written.
 
 Sources: Kubernetes object names (DNS-1123 labels and subdomains) and resource quantities,
 https://kubernetes.io/docs/concepts/overview/working-with-objects/names/ and
-https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/; Slurm's
+https://kubernetes.io/docs/reference/kubernetes-api/common-definitions/quantity/; a label value
+is at most 63 characters (``LabelValueMaxLength`` in ``k8s.io/apimachinery/pkg/util/validation``)
+and Kueue refuses a ``kueue.x-k8s.io/queue-name`` that is not a DNS-1123 subdomain
+(``ValidateQueueName`` in kubernetes-sigs/kueue ``pkg/controller/jobframework/validation.go``); Slurm's
 ``--time`` formats, https://slurm.schedmd.com/sbatch.html#OPT_time.
 """
 
@@ -35,10 +38,13 @@ def one_line(what: str, option: str, value: str, *, spaces: bool = True) -> None
                 + ("" if spaces else " without spaces"), value)
 
 
-def dns_name(what: str, option: str, value: str, *, subdomain: bool = False) -> None:
+def dns_name(what: str, option: str, value: str, *, subdomain: bool = False,
+             most: int | None = None) -> None:
     """Refuse a name Kubernetes refuses: a DNS-1123 label (lower-case letters, digits, '-', at
-    most 63 characters) or, with ``subdomain``, labels joined by '.' (at most 253)."""
-    pattern, most = (DNS_SUBDOMAIN, 253) if subdomain else (DNS_LABEL, 63)
+    most 63 characters) or, with ``subdomain``, labels joined by '.' (at most 253, or ``most``:
+    63 for a subdomain that is also a label value)."""
+    pattern, longest = (DNS_SUBDOMAIN, 253) if subdomain else (DNS_LABEL, 63)
+    most = most or longest
     if not pattern.match(value) or len(value) > most:
         _refuse(what, option, f"must be a DNS-1123 {'subdomain' if subdomain else 'label'} "
                 f"(lower-case letters, digits, '-'{', ' + repr('.') if subdomain else ''}; "
@@ -53,8 +59,9 @@ def quantity(what: str, option: str, value: str) -> None:
 
 
 def export_kubernetes(what: str, *, name: str, namespace: str | None, image: str,
-                      pvc: str | None, resources, recipe_path: str) -> None:
-    """Every option of a Kubernetes export (``jobset``, ``trainjob``, ``tfjob``).
+                      pvc: str | None, resources, recipe_path: str, queue: str | None = None) -> None:
+    """Every option of a Kubernetes export (``jobset``, ``trainjob``, ``tfjob``); ``queue`` is
+    the Kueue LocalQueue (``--queue``): a DNS-1123 subdomain that fits a label value.
 
     Raises:
         RecipeError: the first bad option, named, with the value received.
@@ -64,6 +71,8 @@ def export_kubernetes(what: str, *, name: str, namespace: str | None, image: str
         dns_name(what, "--namespace", namespace)
     if pvc is not None:
         dns_name(what, "--pvc", pvc, subdomain=True)
+    if queue is not None:
+        dns_name(what, "--queue", queue, subdomain=True, most=63)
     if not image:
         _refuse(what, "--image", "must name a container image", image)
     one_line(what, "--image", image, spaces=False)

@@ -15,10 +15,18 @@ builds on; unlike the TFJob operator it sets no ``TF_CONFIG``: every pod runs ``
 * ``successPolicy``: the JobSet succeeds when the ``chief`` (parameter server: the coordinator) or
   every ``worker`` (multi-worker) completes; JobSet then deletes the pods still running (the ps
   and worker servers of a parameter-server run, which serve until stopped);
-* ``failurePolicy.maxRestarts: cluster.max_restarts``, ``backoffLimit: 0``, ``restartPolicy:
-  Never``: a failed pod fails its Job and JobSet recreates every Job, which resume from the last
-  checkpoint on the shared run directory (``--pvc``);
+* ``failurePolicy`` (:func:`restart_policy`): ``maxRestarts: cluster.max_restarts`` with
+  ``backoffLimit: 0`` and ``restartPolicy: Never``, so a failed pod fails its Job and JobSet
+  recreates every Job once the old pods are gone (``restartStrategy: BlockingRecreate``); the
+  tasks resume from the last checkpoint on the shared run directory (``--pvc``). Each Job's
+  ``podFailurePolicy`` (:func:`pod_failure_policy`) names two failures for JobSet's rules: exit
+  code 2 (bad input: the set fails, no restart) and an evicted or preempted pod (restarted
+  without counting against ``maxRestarts``);
 * the pods run as the image's uid 1000 (``Dockerfile``), as the TFJob export's do.
+
+With it, :func:`network_policy` (a NetworkPolicy admitting connections to the pods only from the
+set's own pods), and ``queue`` writes Kueue's :data:`QUEUE_LABEL`. JobSet's own sources for the
+fields: docs/kubernetes.md ("Versions").
 """
 
 from __future__ import annotations
@@ -30,13 +38,18 @@ from kerasdist.cluster.export import IMAGE_UID, RUNS_MOUNT, PodResources, job_na
 from kerasdist.cluster.export_checks import export_kubernetes
 from kerasdist.cluster.roles import recipe_counts
 from kerasdist.config.cluster_configs import as_kind
-from kerasdist.errors import RecipeError
+from kerasdist.errors import EXIT_BAD_INPUT, RecipeError
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 CONTAINER_NAME = "kerasdist"
 ANNOTATIONS = {"JOBSET_NAME": "jobset.sigs.k8s.io/jobset-name",
                "REPLICATED_JOB_NAME": "jobset.sigs.k8s.io/replicatedjob-name"}
 """Environment variable -> the pod annotation JobSet sets, read through the downward API."""
+JOBSET_LABEL = ANNOTATIONS["JOBSET_NAME"]
+"""The label JobSet's controller also puts on every pod of a set, valued with the set's name (its
+headless service selects the pods by it)."""
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+"""Kueue's label naming the LocalQueue a JobSet or TrainJob waits in for admission."""
 _DEFAULT_RESOURCES = PodResources()
 
 
@@ -65,6 +78,61 @@ def check_names(*, image: str, name: str, hosts: list[str], what: str, pattern: 
         raise RecipeError(f"{what}: the pods' host names '{pattern}' must be at most 63 "
                           f"characters; give a shorter --name. Received: name={name!r} "
                           f"({longest} characters)")
+
+
+def metadata(name: str, namespace: str | None, queue: str | None = None) -> dict[str, Any]:
+    """An object's ``metadata``: its name, the namespace (when given), kerasdist's label and,
+    with ``queue``, Kueue's :data:`QUEUE_LABEL`."""
+    labels = {"app.kubernetes.io/created-by": "kerasdist", **({QUEUE_LABEL: queue} if queue else {})}
+    return {"name": name, **({"namespace": namespace} if namespace else {}), "labels": labels}
+
+
+def restart_policy(max_restarts: int) -> dict[str, Any]:
+    """A JobSet's ``failurePolicy``: up to ``max_restarts`` restarts, each after every old pod is
+    gone (``BlockingRecreate``: a new pod never meets an old one under the same DNS name); a Job
+    failed by :func:`pod_failure_policy` fails the set on bad input (exit code 2: a restart
+    would fail the same way) and restarts it, uncounted, when a pod was evicted or preempted.
+    The rules match the Job's failure message, which Kubernetes' Job controller writes as
+    ``Container <c> for pod <ns>/<pod> failed with exit code <n> matching FailJob rule at index
+    <i>`` or ``Pod <ns>/<pod> has condition <type> matching FailJob rule at index <i>``."""
+    def rule(name: str, action: str, pattern: str) -> dict[str, Any]:
+        return {"name": name, "action": action, "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": [pattern]}
+
+    return {"maxRestarts": max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
+        rule("BadInput", "FailJobSet", f"failed with exit code {EXIT_BAD_INPUT} matching FailJob rule"),
+        rule("Disrupted", "RestartJobSetAndIgnoreMaxRestarts",
+             "has condition DisruptionTarget matching FailJob rule")]}
+
+
+def pod_failure_policy(container: str) -> dict[str, Any]:
+    """A Job's ``podFailurePolicy`` failing the Job by a named rule when ``container`` exits with
+    code 2 or the pod was disrupted (``DisruptionTarget``: evicted, preempted): the failures
+    :func:`restart_policy` tells apart."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": container, "operator": "In",
+                                              "values": [EXIT_BAD_INPUT]}},
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+
+
+def network_policy(*, name: str, namespace: str | None, port: int,
+                   any_port: bool = False) -> dict[str, Any]:
+    """A NetworkPolicy for the pods of JobSet ``name`` (:data:`JOBSET_LABEL`): connections to them
+    are admitted only from the same pods, on the task servers' ``port`` (every port with
+    ``any_port``: NCCL between GPU pods uses ports of its own). It restricts ingress only: the
+    pods' egress (DNS, each other, downloads, a tracking server) stays as the namespace has it.
+
+    Returns:
+        ``{"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", ...}`` named ``name``.
+    """
+    pods = {"matchLabels": {JOBSET_LABEL: name}}
+    rule: dict[str, Any] = {"from": [{"podSelector": pods}]}
+    if not any_port:
+        rule["ports"] = [{"protocol": "TCP", "port": port}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": metadata(name, namespace),
+            "spec": {"podSelector": copy.deepcopy(pods), "policyTypes": ["Ingress"],
+                     "ingress": [rule]}}
 
 
 def pod_template_spec(recipe, *, counts: dict[str, int], recipe_path: str, image: str, name: str,
@@ -96,7 +164,8 @@ def pod_template_spec(recipe, *, counts: dict[str, int], recipe_path: str, image
 
 def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = None,
                     namespace: str | None = None, resources: PodResources = _DEFAULT_RESOURCES,
-                    pvc: str | None = None, overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+                    pvc: str | None = None, overrides: tuple[str, ...] = (),
+                    queue: str | None = None) -> dict[str, Any]:
     """Build the JobSet manifest (a plain dict) for a validated recipe (see module docs).
 
     Args:
@@ -110,18 +179,20 @@ def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = 
         pvc: PersistentVolumeClaim for the run directory (checkpoints shared by every pod; a
             restarted JobSet resumes from them).
         overrides: extra ``--set`` overrides passed to every pod.
+        queue: Kueue's LocalQueue (:data:`QUEUE_LABEL`); None: no label.
 
     Returns:
         ``{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", ...}``.
 
     Raises:
         RecipeError: a one-process strategy, ``cluster.ps`` 0 under ``parameter_server``, an
-            empty image, or a name too long for the pods' host names.
+            empty image, a name too long for the pods' host names, or an option Kubernetes or
+            Kueue would refuse (:func:`kerasdist.cluster.export_checks.export_kubernetes`).
     """
     counts = recipe_counts(recipe, what="export jobset")
     name = name or job_name(recipe_path)
     export_kubernetes("export jobset", name=name, namespace=namespace, image=image, pvc=pvc,
-                      resources=resources, recipe_path=str(recipe_path))
+                      resources=resources, recipe_path=str(recipe_path), queue=queue)
     check_names(image=image, name=name, hosts=[f"{name}-{job}-0-{n - 1}" for job, n in counts.items()],
            what="export jobset", pattern="<name>-<type>-0-<index>")
     cluster = recipe.cluster
@@ -129,17 +200,15 @@ def jobset_manifest(recipe, *, recipe_path: str, image: str, name: str | None = 
                                  name=name, resources=resources, pvc=pvc, overrides=overrides)
     replicated = [{"name": job, "replicas": 1, "template": {"spec": {
         "parallelism": count, "completions": count, "completionMode": "Indexed",
-        "backoffLimit": 0, "template": {"spec": copy.deepcopy(pod_spec)}}}}
+        "backoffLimit": 0, "podFailurePolicy": pod_failure_policy(CONTAINER_NAME),
+        "template": {"spec": copy.deepcopy(pod_spec)}}}}
         for job, count in counts.items()]
-    metadata: dict[str, Any] = {"name": name,
-                                "labels": {"app.kubernetes.io/created-by": "kerasdist"}}
-    if namespace:
-        metadata["namespace"] = namespace
     target = "chief" if "chief" in counts else "worker"
-    return {"apiVersion": API_VERSION, "kind": "JobSet", "metadata": metadata,
+    return {"apiVersion": API_VERSION, "kind": "JobSet",
+            "metadata": metadata(name, namespace, queue),
             "spec": {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                      "successPolicy": {"operator": "All", "targetReplicatedJobs": [target]},
-                     "failurePolicy": {"maxRestarts": cluster.max_restarts},
+                     "failurePolicy": restart_policy(cluster.max_restarts),
                      "replicatedJobs": replicated}}
 
 
@@ -165,5 +234,6 @@ def pod_environments(manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
     return result
 
 
-__all__ = ["API_VERSION", "ANNOTATIONS", "check_names", "jobset_manifest", "pod_environments",
-           "pod_template_spec"]
+__all__ = ["API_VERSION", "ANNOTATIONS", "JOBSET_LABEL", "QUEUE_LABEL", "check_names",
+           "jobset_manifest", "metadata", "network_policy", "pod_environments",
+           "pod_failure_policy", "pod_template_spec", "restart_policy"]

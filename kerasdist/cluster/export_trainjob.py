@@ -10,11 +10,12 @@ export writes two documents:
   template of :mod:`kerasdist.cluster.export_jobset` with every task in the one replicated job
   ``node`` (one Indexed Job, ``1 + cluster.ps + cluster.workers`` pods under
   ``parameter_server``, ``cluster.workers`` under ``multi_worker``), DNS host names, the JobSet
-  environment through the downward API, ``failurePolicy.maxRestarts: cluster.max_restarts``;
-  under ``parameter_server`` the Job's ``successPolicy`` (``succeededIndexes: "0"``, Kubernetes
+  environment through the downward API, the JobSet export's ``failurePolicy`` and
+  ``podFailurePolicy`` (:func:`kerasdist.cluster.export_jobset.restart_policy`); under
+  ``parameter_server`` the Job's ``successPolicy`` (``succeededIndexes: "0"``, Kubernetes
   >= 1.31) makes the chief's success the Job's: Kubernetes then ends the ps and worker servers;
 * a ``TrainJob`` naming that runtime, with the image, the command, ``numNodes`` and the
-  resources per node.
+  resources per node, and Kueue's queue label when ``queue`` is given.
 
 Every pod runs ``kerasdist fit <recipe> --set cluster.kind=jobset``; its role comes from its rank
 (``JOB_COMPLETION_INDEX`` in replicated job ``node``: rank 0 the chief, then the ps, then the
@@ -29,7 +30,14 @@ from typing import Any
 
 from kerasdist.cluster.export import PodResources, job_name
 from kerasdist.cluster.export_checks import export_kubernetes
-from kerasdist.cluster.export_jobset import check_names, pod_environments, pod_template_spec
+from kerasdist.cluster.export_jobset import (
+    check_names,
+    metadata,
+    pod_environments,
+    pod_failure_policy,
+    pod_template_spec,
+    restart_policy,
+)
 from kerasdist.cluster.roles import recipe_counts
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -43,7 +51,8 @@ _DEFAULT_RESOURCES = PodResources()
 def trainjob_manifests(recipe, *, recipe_path: str, image: str, name: str | None = None,
                        namespace: str | None = None,
                        resources: PodResources = _DEFAULT_RESOURCES, pvc: str | None = None,
-                       overrides: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+                       overrides: tuple[str, ...] = (), queue: str | None = None
+                       ) -> list[dict[str, Any]]:
     """The ``TrainingRuntime`` and the ``TrainJob`` (plain dicts) of a validated recipe (see
     module docs).
 
@@ -57,19 +66,21 @@ def trainjob_manifests(recipe, *, recipe_path: str, image: str, name: str | None
         resources: per-pod CPU, memory and GPUs (``resourcesPerNode``).
         pvc: PersistentVolumeClaim for the run directory (shared checkpoints).
         overrides: extra ``--set`` overrides passed to every pod.
+        queue: Kueue's LocalQueue, a label of the TrainJob; None: no label.
 
     Returns:
         ``[TrainingRuntime, TrainJob]``.
 
     Raises:
         RecipeError: a one-process strategy, ``cluster.ps`` 0 under ``parameter_server``, an
-            empty image, or a name too long for the pods' host names.
+            empty image, a name too long for the pods' host names, or an option Kubernetes or
+            Kueue would refuse.
     """
     counts = recipe_counts(recipe, what="export trainjob")
     tasks = sum(counts.values())
     name = name or job_name(recipe_path)
     export_kubernetes("export trainjob", name=name, namespace=namespace, image=image, pvc=pvc,
-                      resources=resources, recipe_path=str(recipe_path))
+                      resources=resources, recipe_path=str(recipe_path), queue=queue)
     check_names(image=image, name=name, hosts=[f"{name}-{TRAINER_NODE}-0-{tasks - 1}"],
            what="export trainjob", pattern=f"<name>-{TRAINER_NODE}-0-<rank>")
     pod_spec = pod_template_spec(recipe, counts=counts, recipe_path=recipe_path, image=image,
@@ -77,34 +88,27 @@ def trainjob_manifests(recipe, *, recipe_path: str, image: str, name: str | None
                                  container_name=TRAINER_NODE)
     job_spec: dict[str, Any] = {"parallelism": tasks, "completions": tasks,
                                 "completionMode": "Indexed", "backoffLimit": 0,
+                                "podFailurePolicy": pod_failure_policy(TRAINER_NODE),
                                 "template": {"spec": pod_spec}}
     if "chief" in counts:  # the chief's success ends the Job (Kubernetes' Job successPolicy)
         job_spec["successPolicy"] = {"rules": [{"succeededIndexes": "0"}]}
     runtime_name = f"{name}-runtime"
     runtime = {"apiVersion": API_VERSION, "kind": "TrainingRuntime",
-               "metadata": _metadata(runtime_name, namespace),
+               "metadata": metadata(runtime_name, namespace),
                "spec": {"mlPolicy": {"numNodes": tasks}, "template": {"spec": {
                    "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
-                   "failurePolicy": {"maxRestarts": recipe.cluster.max_restarts},
+                   "failurePolicy": restart_policy(recipe.cluster.max_restarts),
                    "replicatedJobs": [{"name": TRAINER_NODE, "replicas": 1, "template": {
                        "metadata": {"labels": dict(ANCESTOR_LABEL)}, "spec": job_spec}}]}}}}
     (container,) = pod_spec["containers"]
     trainer = {"image": image, "command": list(container["command"]), "numNodes": tasks,
                "resourcesPerNode": copy.deepcopy(container["resources"])}
     trainjob = {"apiVersion": API_VERSION, "kind": "TrainJob",
-                "metadata": _metadata(name, namespace),
+                "metadata": metadata(name, namespace, queue),
                 "spec": {"runtimeRef": {"name": runtime_name, "kind": "TrainingRuntime",
                                         "apiGroup": API_VERSION.split("/")[0]},
                          "trainer": trainer}}
     return [runtime, trainjob]
-
-
-def _metadata(name: str, namespace: str | None) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name,
-                                "labels": {"app.kubernetes.io/created-by": "kerasdist"}}
-    if namespace:
-        metadata["namespace"] = namespace
-    return metadata
 
 
 def trainjob_pod_environments(runtime: dict[str, Any],

@@ -32,7 +32,8 @@ def _manifest(recipe: Path, tmp_path: Path) -> dict:
                            "-o", str(out), "--name", "kd"], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
-    return yaml.safe_load(out.read_text())
+    manifest, _network_policy = yaml.safe_load_all(out.read_text())
+    return manifest
 
 
 def _run_pods(manifest: dict, hosts: HostSet, tmp_path: Path, *,
@@ -130,7 +131,7 @@ def _trainjob(recipe: Path, tmp_path: Path) -> tuple[dict, dict]:
                            "-o", str(out), "--name", "kd"], capture_output=True, text=True,
                           cwd=REPO, timeout=120)
     assert done.returncode == 0, done.stderr
-    runtime, trainjob = yaml.safe_load_all(out.read_text())
+    runtime, trainjob, _network_policy = yaml.safe_load_all(out.read_text())
     return runtime, trainjob
 
 

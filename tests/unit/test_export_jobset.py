@@ -56,9 +56,11 @@ def _errors(validator, manifest) -> list[str]:
 def test_the_exported_manifest_validates_against_jobsets_crd(tmp_path, validator, recipe_file):
     out = tmp_path / "jobset.yaml"
     assert main(["export", "jobset", recipe_file, "-o", str(out), "--pvc", "runs",
-                 "--namespace", "ml"]) == 0
-    manifest = yaml.safe_load(out.read_text())
+                 "--namespace", "ml", "--queue", "team-a"]) == 0
+    manifest, policy = yaml.safe_load_all(out.read_text())  # the policy: test_export_shared_cluster
     assert manifest["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and manifest["kind"] == "JobSet"
+    assert policy["kind"] == "NetworkPolicy"
+    assert manifest["spec"]["failurePolicy"]["rules"]  # the restart rules are validated too
     assert _errors(validator, manifest) == []
 
 
@@ -70,7 +72,11 @@ def test_the_validation_can_fail(validator):
     for edit, expected in (
             (lambda m: m["spec"].update(replicatedjobs=[]), "replicatedjobs"),
             (lambda m: m["spec"]["replicatedJobs"][0].update(replicas="two"), "not of type"),
-            (lambda m: m["spec"]["successPolicy"].update(operator="Most"), "is not one of")):
+            (lambda m: m["spec"]["successPolicy"].update(operator="Most"), "is not one of"),
+            (lambda m: m["spec"]["failurePolicy"]["rules"][0].update(action="Retry"),
+             "is not one of"),
+            (lambda m: m["spec"]["failurePolicy"].update(restartStrategy="InPlace"),
+             "is not one of")):
         bad = copy.deepcopy(good)
         edit(bad)
         assert any(expected in e for e in _errors(validator, bad)), expected
@@ -89,7 +95,7 @@ def test_parameter_server_layout_and_policies():
     assert all(job["completionMode"] == "Indexed" and job["backoffLimit"] == 0
                for job in jobs.values())
     assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
-    assert spec["failurePolicy"] == {"maxRestarts": 4}
+    assert spec["failurePolicy"]["maxRestarts"] == 4
     assert spec["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
     (container,) = jobs["worker"]["template"]["spec"]["containers"]
     assert container["ports"] == [{"name": "tf-grpc", "containerPort": 2222, "protocol": "TCP"}]

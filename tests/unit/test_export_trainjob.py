@@ -54,9 +54,10 @@ def test_the_export_validates_against_trainer_v2s_models_and_jobsets_crd(
         tmp_path, recipe_file, jobset_spec_validator):
     out = tmp_path / "trainjob.yaml"
     assert main(["export", "trainjob", recipe_file, "-o", str(out), "--pvc", "runs",
-                 "--namespace", "ml", "--name", "kd"]) == 0
-    runtime, trainjob = yaml.safe_load_all(out.read_text())
-    assert (runtime["kind"], trainjob["kind"]) == ("TrainingRuntime", "TrainJob")
+                 "--namespace", "ml", "--name", "kd", "--queue", "team-a"]) == 0
+    runtime, trainjob, policy = yaml.safe_load_all(out.read_text())
+    assert (runtime["kind"], trainjob["kind"], policy["kind"]) == \
+        ("TrainingRuntime", "TrainJob", "NetworkPolicy")  # the policy: test_export_shared_cluster
     for document in (runtime, trainjob):
         assert document["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
         assert document["metadata"]["namespace"] == "ml"
@@ -95,7 +96,8 @@ def test_parameter_server_layout_one_node_job_that_ends_with_the_chief():
     spec = job["template"]["spec"]
     assert (spec["completions"], spec["completionMode"], spec["backoffLimit"]) == (6, "Indexed", 0)
     assert spec["successPolicy"] == {"rules": [{"succeededIndexes": "0"}]}
-    assert template["failurePolicy"] == {"maxRestarts": 4}
+    assert template["failurePolicy"]["maxRestarts"] == 4
+    assert spec["podFailurePolicy"]["rules"][0]["onExitCodes"]["containerName"] == "node"
     assert runtime["spec"]["mlPolicy"] == {"numNodes": 6}
     trainer = trainjob["spec"]["trainer"]
     assert trainer["numNodes"] == 6 and trainer["image"] == "kd:2"
