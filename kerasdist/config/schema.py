@@ -46,6 +46,7 @@ from kerasdist.config.training_configs import (  # noqa: F401  (re-exported: the
     TrackingConfig,
     check_callback,
     check_identifier,
+    check_savers_fit_strategy,
 )
 from kerasdist.errors import RecipeError
 
@@ -223,6 +224,7 @@ class Recipe(_Frozen):
     def _cluster_fits_strategy(self) -> Recipe:
         kind, traits = self.strategy.kind, self.strategy.traits
         check_fits_strategy(self.cluster, self.strategy)
+        check_savers_fit_strategy(self.callbacks, self.strategy)
         if self.data.auto_shard not in traits.auto_shard:
             raise ValueError(f"data.auto_shard '{self.data.auto_shard}' means nothing for strategy "
                              f"'{kind}' (it accepts {', '.join(traits.auto_shard)}). "

@@ -199,6 +199,33 @@ PATH_KEYS = ("filepath", "filename", "log_dir", "backup_dir")
 run directory (``CSVLogger(filename='train.csv')`` writes ``<run_dir>/train.csv``)."""
 
 
+SINGLE_PROCESS_SAVERS = ("OrbaxCheckpoint",)
+"""Keras callbacks that coordinate their saves across processes on JAX only
+(``keras.callbacks.OrbaxCheckpoint``'s docstring), refused under a multi-process strategy by
+:func:`check_savers_fit_strategy`."""
+
+
+def check_savers_fit_strategy(callbacks: list, strategy) -> None:
+    """Refuse a :data:`SINGLE_PROCESS_SAVERS` callback (by class name, or an import path to a
+    class of that name) under a strategy of several processes (``multi_worker``,
+    ``parameter_server``).
+
+    Raises:
+        ValueError: names ``callbacks.<index>``, the callback, the strategy and what to use.
+    """
+    if strategy.traits.topology == "single":
+        return
+    for index, spec in enumerate(callbacks):
+        name = spec.class_name if isinstance(spec, KerasConfig) else spec
+        if name.rpartition(":")[2] in SINGLE_PROCESS_SAVERS:
+            raise ValueError(
+                f"callbacks.{index}: {name} is not accepted under strategy '{strategy.kind}': "
+                "Keras coordinates its saves across processes on JAX only, and kerasdist does "
+                "not make it chief-only. Use trainer.checkpoint (kerasdist's own checkpoints, "
+                "resumed at the exact step) or ModelCheckpoint (written by the chief only). "
+                f"Received: {name!r}")
+
+
 def check_callback(value: Any, index: int) -> Any:
     """A string callback must be a class name or an import path."""
     if isinstance(value, str):
