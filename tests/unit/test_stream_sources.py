@@ -223,6 +223,8 @@ def test_an_empty_image_folder_is_refused(tmp_path):
 @pytest.mark.parametrize("function, needle", [
     ("no_such_mod_xyz:make", "data.source.function: cannot import module 'no_such_mod_xyz'"),
     ("user_data_mod:missing", "has no Python function 'missing'"),
+    ("os:getcwd", "data.source.function: 'os:getcwd' is a Python built-in, not a data function "
+     "of your own"),  # the loss and callback paths say "built-in" too
     ("user_data_mod:not_a_dataset", "must return a tf.data.Dataset of unbatched (features, "
      "label). Received: list for split 'train'"),
     ("user_data_mod:singles", "must return a dataset of (features, label) pairs. Received: "

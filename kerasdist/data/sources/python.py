@@ -26,9 +26,8 @@ def load_function(config) -> Callable:
     fn = import_attribute(path, field="data.source.function", error=DataError,
                           received=f"function='{path}'", what="Python function")
     if is_builtin(fn):
-        module_name, _, attr = path.partition(":")
-        raise DataError(f"data.source.function: '{module_name}' has no Python function '{attr}'. "
-                        f"Received: function='{path}'")
+        raise DataError(f"data.source.function: '{path}' is a Python built-in, not a data "
+                        f"function of your own. Received: function='{path}'")
     # checked before it is ever called: a function of (split) (not a class, not the stdlib)
     return require_kind(fn, path, field="data.source.function", error=DataError,
                         what="a function (split, input_context=None) -> tf.data.Dataset",
