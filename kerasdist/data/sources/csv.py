@@ -276,7 +276,7 @@ class CsvSource(FileSource):
     def load_schema(self, train_units: list[str], run_dir: Path | None) -> CsvSchema:
         """The run's schema: read from ``<run_dir>/data/csv-schema.json`` when a previous run
         wrote it (every worker and a resumed run use the same ids), else computed in one pass over
-        the training split and kept in ``artifacts`` for the chief to write."""
+        the training split; kept in ``artifacts`` for the chief to write either way."""
         saved = Path(run_dir) / CSV_SCHEMA_FILE if run_dir is not None else None
         if saved is not None and saved.is_file():
             self.schema = CsvSchema(**json.loads(saved.read_text(encoding="utf-8")))
@@ -288,7 +288,8 @@ class CsvSource(FileSource):
                                 f"'{self.config.source.path}'")
         else:
             self.schema = self._compute(train_units)
-            self.artifacts[CSV_SCHEMA_FILE] = self.schema.to_json()
+        # written (again) by the chief: a run that --overwrite moved aside took the old copy along
+        self.artifacts[CSV_SCHEMA_FILE] = self.schema.to_json()
         return self.schema
 
     def _compute(self, units: list[str]) -> CsvSchema:
