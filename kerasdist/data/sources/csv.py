@@ -29,6 +29,7 @@ from kerasdist.data.sources.files import FileKind, FileSource, split_files
 from kerasdist.errors import DataError
 
 CSV_SCHEMA_FILE = "data/csv-schema.json"
+FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 """Where a csv run keeps its vocabularies and column statistics (relative to output.run_dir)."""
 UNIT_SEP = "\x00"
 """Separates a csv unit's file from its column permutation (see module docs)."""
@@ -295,6 +296,14 @@ class CsvSource(FileSource):
     def _compute(self, units: list[str]) -> CsvSchema:
         numeric, categorical = self._columns()
         stats, seen = self._scan(self.config.train_split, units)
+        for column in numeric if self.config.normalize else ():
+            if (stats[column].std or 0.0) ** 2 > FLOAT32_MAX:
+                raise DataError(
+                    f"data.source.path: column '{column}' of split '{self.config.train_split}' "
+                    f"(first file '{self.reference()[0]}') has a standard deviation of "
+                    f"{stats[column].std:.3g}, whose square (the variance the saved inference "
+                    f"model normalizes with) is not finite in float32; rescale the column (e.g. "
+                    f"to other units). Received: std={stats[column].std:.3g}")
         return CsvSchema(header=list(self.reference()[1]), numeric=numeric,
                          categorical=categorical, mean=[stats[c].mean for c in numeric],
                          std=[stats[c].std or 1.0 for c in numeric],
