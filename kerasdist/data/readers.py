@@ -101,7 +101,20 @@ def as_labels(y: np.ndarray, where: str) -> np.ndarray:
 
 
 def load_npz_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """Split from a Keras ``mnist.npz`` (keys ``x_<split>``, ``y_<split>``)."""
+    """Split from a Keras ``mnist.npz`` (keys ``x_<split>``, ``y_<split>``).
+
+    Raises:
+        DataError: the file is missing, not an npz archive (a zip of ``.npy`` arrays, as
+            ``numpy.savez`` writes), lacks the split's arrays, or their lengths differ.
+    """
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as err:
+        raise DataError(f"data.source.path: cannot read npz file '{path}': {err}") from None
+    if magic != b"PK\x03\x04":  # every zip file, so every npz archive, starts so
+        raise DataError(f"data.source.path: '{path}' is not an npz archive (a zip of .npy arrays "
+                        f"as numpy.savez writes). Received: path='{path}'")
     try:
         with np.load(path, allow_pickle=False) as archive:
             keys = set(archive.files)

@@ -339,3 +339,18 @@ def test_a_csv_split_is_read_once_by_the_checks_before_training(tmp_path, monkey
     (tmp_path / "csv" / "test-000.csv").write_text("a,b,color,y\n1,2,red,0\n", encoding="utf-8")
     _build(recipe)  # a file rewritten is read again
     assert len(parsed) == 2 * (40 + 16) + 2
+
+
+@pytest.mark.parametrize("content", [b"not an npz at all\n", b"\x93NUMPY\x01\x00v\x00"])
+def test_a_file_that_is_not_an_npz_archive_is_named_so(tmp_path, content):
+    """Not numpy's pickle warning, which nudges towards allow_pickle (issue 52 N18)."""
+    from kerasdist.data.readers import load_npz_split
+
+    path = tmp_path / "mnist.npz"
+    path.write_bytes(content)
+    with pytest.raises(DataError, match=r"is not an npz archive \(a zip of .npy arrays") as err:
+        load_npz_split(path, "train")
+    assert "pickle" not in str(err.value)
+    good = tmp_path / "good.npz"
+    np.savez(good, x_train=np.zeros((2, 3)), y_train=np.array([0, 1]))
+    assert load_npz_split(good, "train")[0].shape == (2, 3)
