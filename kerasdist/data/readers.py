@@ -181,11 +181,12 @@ def tf_message(err) -> str:
 def corrupt_file(path: str, err) -> DataError:
     """A ``DataError`` for a TFRecord file TensorFlow cannot read to its end (``DataLossError``:
     truncated, or a bad checksum), naming the file and the byte offset TensorFlow gives."""
-    detail = tf_message(err)
+    detail = re.sub(r"\s*\[Op:\w+\].*$", "", tf_message(err), flags=re.S)  # TF's op and name
     offset = re.search(r"(?:record|corrupted record) at (\d+)", detail)
     where = f" at byte {offset.group(1)}" if offset else ""
+    reason = detail.split(" failed with ", 1)[-1].strip(" '.:")
     return DataError(f"data.source.path: TFRecord file '{path}' is truncated or corrupt{where} (written "
-                     f"partly, or damaged): {detail}. Received: file '{path}'")
+                     f"partly, or damaged): {reason}. Received: file '{path}'")
 
 
 def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:

@@ -293,6 +293,8 @@ def test_a_truncated_tfrecord_is_named_with_its_file(tmp_path):
     with pytest.raises(DataError) as raised:
         _build(_recipe(tmp_path, data))
     assert str(path) in str(raised.value) and "truncated or corrupt" in str(raised.value)
+    text = str(raised.value).split(f"'{path}'")[1]  # no TF op name or stray quote (issue 52 N20)
+    assert "[Op:" not in text and "name:" not in text and "'" not in text.split("Received")[0], text
 
 
 def test_a_truncated_tfrecord_of_the_default_layout_is_named_with_its_file(tmp_path):
