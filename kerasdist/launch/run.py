@@ -101,17 +101,6 @@ def send_callbacks_by_path(recipe: Recipe, callbacks) -> tuple[Recipe, list]:
     return validate_recipe(raw, source="callbacks="), kept
 
 
-def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
-    """This task's role on a cluster kerasdist does not launch: ``tf_config`` when given, else
-    from the task's environment as its kind reads it (``TF_CONFIG``, Slurm, JobSet).
-
-    Raises:
-        ClusterError: missing or invalid ``TF_CONFIG`` / Slurm / JobSet variables (names what is
-            wrong), or a kind whose tasks take no role from their environment.
-    """
-    return clusters.of(recipe).role(recipe, tf_config)
-
-
 def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
                callbacks=(), echo: bool = True) -> RunResult | None:
     """Run ``recipe``; returns the :class:`RunResult` in the process that owns the outputs

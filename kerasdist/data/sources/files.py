@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kerasdist._log import get_logger
-from kerasdist.config.data_configs import is_pattern
+from kerasdist.config.source_configs import is_pattern
 from kerasdist.data import stream
 from kerasdist.data.convert import shard_policy
 from kerasdist.data.sources.base import SourceKind
