@@ -1,17 +1,11 @@
 """What each Ray Train worker runs (:mod:`kerasdist.launch.clusters.ray` is the driver's side).
 
-Ray's TensorFlow backend writes ``TF_CONFIG`` (a worker-only cluster, this worker's rank as its
-index) and ``TF_USE_LEGACY_KERAS=1`` into the worker's environment before calling the loop. The
-loops below drop ``TF_USE_LEGACY_KERAS`` (it would turn ``tf.keras`` into Keras 2 where ``tf_keras``
-is installed; kerasdist trains Keras 3 models), apply :func:`kerasdist.enable`, and then:
-
-* :func:`recipe_loop` runs kerasdist's lifecycle as one multi-worker task, under the driver's
-  run-directory lock (its token comes in the config), with :func:`ray_report` reporting every
-  epoch's logs to Ray, and on the chief the newest checkpoint;
-* :func:`script_loop` runs a user's script as ``__main__`` (``kerasdist launch --ray``).
-
-Each worker writes ``<run_dir>/logs/ray-worker-<rank>.json`` (pid, host, Ray node IP and id, group
-size, TF task address) so that operators (and the fault tests) can find its process and node.
+Ray's TensorFlow backend writes a worker-only ``TF_CONFIG`` and ``TF_USE_LEGACY_KERAS=1`` into the
+worker's environment; the loops drop the latter (kerasdist trains Keras 3), apply
+:func:`kerasdist.enable`, then :func:`recipe_loop` runs kerasdist's lifecycle as one multi-worker
+task under the driver's run-directory lock, reporting each epoch to Ray (:func:`ray_report`), and
+:func:`script_loop` runs a user's script (``launch --ray``). Each worker writes
+``<run_dir>/logs/ray-worker-<rank>.json`` (pid, host, Ray node, group size, TF task address).
 """
 
 from __future__ import annotations
