@@ -146,7 +146,7 @@ def _this_task(args) -> int:
     at start) and release the servers when the chief exits 0."""
     import contextlib
 
-    from kerasdist.cluster.spec import from_flags, parse_tf_config
+    from kerasdist.cluster.spec import parse_tf_config
     from kerasdist.cluster.watch import TaskWatch, watched_tasks
     from kerasdist.launch.clusters import slurm, tf_config
     from kerasdist.launch.script_task import run_script
@@ -156,9 +156,7 @@ def _this_task(args) -> int:
     kind = slurm.SlurmKind() if on_slurm else tf_config.TFConfigKind()
     task = _script_recipe(args, slurm=on_slurm)
     if args.job_name is not None:
-        spec = from_flags(job_name=args.job_name, task_index=args.task_index or 0,
-                          ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
-                          chief_host=args.chief_host or "")
+        spec = flags_role(args)
     else:
         spec = kind.environment_role(task) if on_slurm else \
             parse_tf_config(os.environ.get("TF_CONFIG"))
@@ -207,6 +205,19 @@ def _script_recipe(args, *, slurm: bool):
                                  preemption_signal=args.preemption_signal) if slurm else None
     strategy = SimpleNamespace(kind="parameter_server" if args.ps > 0 else "multi_worker")
     return SimpleNamespace(strategy=strategy, cluster=cluster, intra_op_threads=lambda: 0)
+
+
+def flags_role(args):
+    """The role the seed-style flags give (``--job-name`` ... ``--chief-host``).
+
+    Raises:
+        ClusterError: a malformed host list or index (names the flag).
+    """
+    from kerasdist.cluster.spec import from_flags
+
+    return from_flags(job_name=args.job_name, task_index=args.task_index or 0,
+                      ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
+                      chief_host=args.chief_host or "")
 
 
 def _task_prefix(spec):
@@ -347,10 +358,4 @@ def _cmd_env(args) -> int:
     return EXIT_OK if environment.cluster_ok(report) else EXIT_BAD_INPUT
 
 
-def _cmd_sweep(args) -> int:
-    from kerasdist.sweep import command
-
-    return command.run(args)
-
-
-COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env, "sweep": _cmd_sweep}
+COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env}
