@@ -1,8 +1,6 @@
-"""The operations commands of the ``kerasdist`` CLI: ``launch``, ``evaluate``, ``env``, and the hook
-of ``sweep`` (:mod:`kerasdist.sweep.command`).
-
-(``fit``, ``validate``, ``schema``, ``bench`` and ``export`` are in :mod:`kerasdist.cli`, which
-registers these with :func:`add_parsers`.) Exit codes as in :mod:`kerasdist.errors`.
+"""The operations commands of the ``kerasdist`` CLI (``launch``, ``evaluate``, ``env``; the parser
+of ``sweep``), registered by :mod:`kerasdist.cli` with :func:`add_parsers`. Exit codes as in
+:mod:`kerasdist.errors`.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ log = get_logger("launch")
 
 def threads_per_task(text: str) -> int:
     """``--threads-per-task``: an integer from 0 to
-    :data:`~kerasdist.config.schema.MAX_THREADS_PER_TASK` (argparse refuses anything else, exit 2,
-    before a task starts: TensorFlow would abort the task, which would count as a lost task)."""
+    :data:`~kerasdist.config.schema.MAX_THREADS_PER_TASK` (else exit 2 before a task starts)."""
     from kerasdist.config.schema import MAX_THREADS_PER_TASK
 
     try:
@@ -38,8 +35,7 @@ def threads_per_task(text: str) -> int:
 
 def task_timeout_s(text: str) -> float | None:
     """``--task-timeout-s``: seconds (> 0, at most a day) a watched task may stay unreachable or
-    hung before this task counts it as lost; ``none`` turns the watch off (``0`` is refused, as
-    the message says: it would read as "lost at once")."""
+    hung before it is lost; ``none`` turns the watch off."""
     if text.strip().lower() in ("none", "null"):
         return None
     try:
@@ -93,12 +89,10 @@ def add_parsers(sub, add_role_args) -> None:
                              "TF_CONFIG, the Slurm job or the role flags (ps/worker tasks of a "
                              "parameter-server cluster serve; the others run the script)")
     launch.add_argument("--task-timeout-s", type=task_timeout_s, default=60.0,
-                        help="parameter-server clusters (--ps, or --this-task): seconds a ps or "
-                             "worker task may stay unreachable or hung (frozen) before it is "
-                             "lost: a local cluster kills and restarts it (--max-restarts); "
-                             "with --this-task the chief (watching every ps and worker) or a "
-                             "worker (watching the ps) exits 1 naming it; 'none': never (TF "
-                             "waits for ever) (default 60, as strategy.task_timeout_s)")
+                        help="parameter-server clusters: seconds a ps or worker task may stay "
+                             "unreachable or hung before it is lost (restarted locally; with "
+                             "--this-task the task watching it exits 1); 'none': never (default "
+                             "60, as strategy.task_timeout_s)")
     launch.add_argument("--ray", action="store_true",
                         help="run the workers as Ray Train workers (pip install 'kerasdist[ray]'; "
                              "multi-worker scripts only)")
@@ -280,8 +274,7 @@ def _cmd_launch(args) -> int:
 
 def _launch_on_ray(args) -> int:
     """``kerasdist launch --ray``: checks, then (a local Ray: in a private network namespace)
-    :func:`kerasdist.launch.clusters.ray.launch_script`. ``--workers MIN:MAX`` makes the group elastic
-    through Ray Train's own scaling (``ScalingConfig(num_workers=(MIN, MAX))``)."""
+    :func:`kerasdist.launch.clusters.ray.launch_script`."""
     from kerasdist.errors import ClusterError
     from kerasdist.launch.clusters import ray as ray_kind
 

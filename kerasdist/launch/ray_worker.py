@@ -94,10 +94,8 @@ def ray_report(run_dir: Path, *, is_chief: bool):
     """A Keras callback reporting each epoch to Ray Train (``ray.train.report``): the epoch's logs
     (floats) with ``epoch`` (1-based) and ``global_step`` (``optimizer.iterations``); on the chief
     also the newest kerasdist checkpoint of ``<run_dir>/checkpoints`` (Ray copies it into its
-    storage). Built here, not at import, so that Keras is imported only after :func:`_prepare`.
-
-    Every worker reports once per epoch, as Ray requires. kerasdist's own checkpoint is written
-    before this callback runs (its callbacks come first), so the copy is of this epoch's end.
+    storage; kerasdist's own callbacks run first, so it is this epoch's). Every worker reports
+    once per epoch, as Ray requires. Built here so that Keras is imported after :func:`_prepare`.
 
     Args:
         run_dir: the run directory (``pathlib.Path``).
