@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import sys
@@ -222,11 +223,7 @@ def _fit_recipe(args):
     if args.job_name is None:
         raise ClusterError(f"{given[0].split('=')[0]} needs --job-name (chief, worker or ps). "
                            f"Received: {' '.join(given)}")
-    from kerasdist.cluster.spec import from_flags
-
-    tf_config = from_flags(job_name=args.job_name, task_index=args.task_index or 0,
-                           ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
-                           chief_host=args.chief_host or "")
+    tf_config = cli_ops.flags_role(args)
     if traits.needs_ps and not tf_config.num("ps"):
         raise ClusterError(f"strategy '{recipe.strategy.kind}' needs --ps-hosts. "
                            f"Received: ps_hosts='{args.ps_hosts or ''}'")
@@ -279,30 +276,16 @@ def _cmd_fit(args) -> int:
     return EXIT_OK
 
 
-def _cmd_export(args) -> int:
-    return cli_export.run(args, cli_export.load_as_tasks_will(args))
+def _run_of(module: str):
+    """A command whose ``run(args)`` is in ``module``, imported when the command runs."""
+    return lambda args: importlib.import_module(module).run(args)
 
 
-def _cmd_bench(args) -> int:
-    from kerasdist.bench import command
-
-    return command.run(args)
-
-
-def _cmd_conformance(args) -> int:
-    from kerasdist.conformance import command
-
-    return command.run(args)
-
-
-def _cmd_init(args) -> int:
-    from kerasdist import cli_init
-
-    return cli_init.run(args)
-
-
-COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema, "bench": _cmd_bench,
-            "export": _cmd_export, "conformance": _cmd_conformance, "init": _cmd_init,
+COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema,
+            "bench": _run_of("kerasdist.bench.command"),
+            "export": lambda args: cli_export.run(args, cli_export.load_as_tasks_will(args)),
+            "conformance": _run_of("kerasdist.conformance.command"),
+            "init": _run_of("kerasdist.cli_init"), "sweep": _run_of("kerasdist.sweep.command"),
             **cli_ops.COMMANDS}
 
 

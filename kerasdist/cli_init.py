@@ -1,14 +1,8 @@
 """``kerasdist init [TEMPLATE] [DIR]``: write a starter folder (recipes and the data they read) from
-the templates shipped inside the package, so an installed kerasdist trains with no clone and no
-network.
-
-The files come from ``kerasdist/templates/``: the repository's ``recipes/`` with the ``recipes/``
-folder dropped from the paths they name, and the data those recipes read (a CSV table; the image
-folder is written from the embedded MNIST sample when the template is written). Nothing is
-overwritten: every target is checked before the first file is written.
-
-Exit codes: 0 written (or ``--list``); 2 bad input (an unknown template, a DIR that is a file or
-not writable, a file the template would write exists already): nothing written.
+the templates in ``kerasdist/templates/``, so an installed kerasdist trains with no clone and no
+network. Every target is checked before the first file is written; nothing is overwritten. Exit
+codes: 0 written (or ``--list``); 2 bad input (an unknown template, a DIR that is a file or not
+writable, a file the template would write exists already): nothing written.
 """
 
 from __future__ import annotations

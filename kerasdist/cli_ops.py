@@ -1,8 +1,6 @@
-"""The operations commands of the ``kerasdist`` CLI: ``launch``, ``evaluate``, ``env``, and the hook
-of ``sweep`` (:mod:`kerasdist.sweep.command`).
-
-(``fit``, ``validate``, ``schema``, ``bench`` and ``export`` are in :mod:`kerasdist.cli`, which
-registers these with :func:`add_parsers`.) Exit codes as in :mod:`kerasdist.errors`.
+"""The operations commands of the ``kerasdist`` CLI (``launch``, ``evaluate``, ``env``; the parser
+of ``sweep``), registered by :mod:`kerasdist.cli` with :func:`add_parsers`. Exit codes as in
+:mod:`kerasdist.errors`.
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ log = get_logger("launch")
 
 def threads_per_task(text: str) -> int:
     """``--threads-per-task``: an integer from 0 to
-    :data:`~kerasdist.config.schema.MAX_THREADS_PER_TASK` (argparse refuses anything else, exit 2,
-    before a task starts: TensorFlow would abort the task, which would count as a lost task)."""
+    :data:`~kerasdist.config.schema.MAX_THREADS_PER_TASK` (else exit 2 before a task starts)."""
     from kerasdist.config.schema import MAX_THREADS_PER_TASK
 
     try:
@@ -38,8 +35,7 @@ def threads_per_task(text: str) -> int:
 
 def task_timeout_s(text: str) -> float | None:
     """``--task-timeout-s``: seconds (> 0, at most a day) a watched task may stay unreachable or
-    hung before this task counts it as lost; ``none`` turns the watch off (``0`` is refused, as
-    the message says: it would read as "lost at once")."""
+    hung before it is lost; ``none`` turns the watch off."""
     if text.strip().lower() in ("none", "null"):
         return None
     try:
@@ -93,12 +89,10 @@ def add_parsers(sub, add_role_args) -> None:
                              "TF_CONFIG, the Slurm job or the role flags (ps/worker tasks of a "
                              "parameter-server cluster serve; the others run the script)")
     launch.add_argument("--task-timeout-s", type=task_timeout_s, default=60.0,
-                        help="parameter-server clusters (--ps, or --this-task): seconds a ps or "
-                             "worker task may stay unreachable or hung (frozen) before it is "
-                             "lost: a local cluster kills and restarts it (--max-restarts); "
-                             "with --this-task the chief (watching every ps and worker) or a "
-                             "worker (watching the ps) exits 1 naming it; 'none': never (TF "
-                             "waits for ever) (default 60, as strategy.task_timeout_s)")
+                        help="parameter-server clusters: seconds a ps or worker task may stay "
+                             "unreachable or hung before it is lost (restarted locally; with "
+                             "--this-task the task watching it exits 1); 'none': never (default "
+                             "60, as strategy.task_timeout_s)")
     launch.add_argument("--ray", action="store_true",
                         help="run the workers as Ray Train workers (pip install 'kerasdist[ray]'; "
                              "multi-worker scripts only)")
@@ -138,26 +132,28 @@ def add_parsers(sub, add_role_args) -> None:
 
 
 def _this_task(args) -> int:
-    """``launch --this-task``: this process's role of a real cluster; the script reads the
-    ``TF_CONFIG`` set here (from the role flags or Slurm) or given by the environment."""
+    """``launch --this-task``: this process's role of a real cluster (the role flags, else its
+    Slurm step, else ``TF_CONFIG``); the script reads the ``TF_CONFIG`` set here. The kind's hooks
+    (:class:`~kerasdist.launch.clusters.slurm.SlurmKind` in a Slurm step) serve a ps or worker
+    task of a parameter-server cluster, log the start, requeue after ``--preemption-signal`` stops
+    the script (exit 128 + its number; only with ``--max-restarts``, which also caps the requeues
+    at start) and release the servers when the chief exits 0."""
     import contextlib
 
-    from kerasdist.cluster.spec import from_flags, parse_tf_config
+    from kerasdist.cluster.spec import parse_tf_config
     from kerasdist.cluster.watch import TaskWatch, watched_tasks
-    from kerasdist.launch.script_task import run_script, serve
+    from kerasdist.launch.clusters import slurm, tf_config
+    from kerasdist.launch.script_task import run_script
 
-    slurm = args.job_name is None and not os.environ.get("TF_CONFIG") and \
+    on_slurm = args.job_name is None and not os.environ.get("TF_CONFIG") and \
         bool(os.environ.get("SLURM_JOB_ID"))
+    kind = slurm.SlurmKind() if on_slurm else tf_config.TFConfigKind()
+    task = _script_recipe(args, slurm=on_slurm)
     if args.job_name is not None:
-        spec = from_flags(job_name=args.job_name, task_index=args.task_index or 0,
-                          ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
-                          chief_host=args.chief_host or "")
-    elif slurm:
-        from kerasdist.launch.clusters.slurm import tf_config_from_slurm
-
-        spec = tf_config_from_slurm(needs_ps=args.ps > 0, num_ps=args.ps)
+        spec = flags_role(args)
     else:
-        spec = parse_tf_config(os.environ.get("TF_CONFIG"))
+        spec = kind.environment_role(task) if on_slurm else \
+            parse_tf_config(os.environ.get("TF_CONFIG"))
     os.environ["TF_CONFIG"] = spec.to_json()  # this process's own role, read by the script
     serves = spec.num("ps") > 0 and spec.task_type in ("ps", "worker")
     watched = watched_tasks(spec, args.task_timeout_s) if spec.num("ps") > 0 else {}
@@ -168,16 +164,54 @@ def _this_task(args) -> int:
             print(f"  watches {', '.join(sorted(watched))} (lost after "
                   f"{args.task_timeout_s:g} s unreachable or hung: exit 1)")
         return EXIT_OK
-    # a parameter-server chief or worker watches the tasks it waits on, as a recipe's do on a
-    # cluster kerasdist does not launch (kerasdist.cluster.watch: TF's coordinator would wait for
-    # ever on a cut-off host)
+    # a parameter-server chief or worker watches the tasks it waits on, as a recipe's do
     watch = TaskWatch(watched, args.task_timeout_s, task=spec.task_name,
-                      setting="--task-timeout-s") if watched else \
-        contextlib.nullcontext()
-    if slurm:  # preemption, requeue; a parameter-server job ends when the chief ends
-        return _this_slurm_task(args, spec, serves, watch)
+                      setting="--task-timeout-s") if watched else contextlib.nullcontext()
+    if args.max_restarts is not None:
+        kind.log_start(task, spec)
     with watch, _task_prefix(spec):
-        return serve() if serves else run_script(args.script, list(args.script_args))
+        if serves:
+            kind.serve(task, spec)
+            return EXIT_OK
+        try:
+            with slurm.signal_ends_script(args.preemption_signal) if on_slurm else \
+                    contextlib.nullcontext():
+                code = run_script(args.script, list(args.script_args))
+        except slurm.ScriptPreempted as stop:
+            if args.max_restarts is not None:
+                kind.on_preempted(task)
+            else:
+                log.warning("preempted; not requeued: give --max-restarts N to requeue the job")
+            return 128 + stop.signum
+    if code == 0 and spec.task_type == "chief" and spec.num("ps") > 0:
+        kind.on_success(task, spec)
+    return code
+
+
+def _script_recipe(args, *, slurm: bool):
+    """What the scheduled kinds' hooks read of a recipe, for a ``launch --this-task`` script: the
+    strategy ``--ps`` implies, in a Slurm step a Slurm cluster of the flags, TF's default threads."""
+    from types import SimpleNamespace
+
+    from kerasdist.config.cluster_configs import SlurmClusterConfig
+
+    cluster = SlurmClusterConfig(ps=args.ps, max_restarts=args.max_restarts or 0,
+                                 preemption_signal=args.preemption_signal) if slurm else None
+    strategy = SimpleNamespace(kind="parameter_server" if args.ps > 0 else "multi_worker")
+    return SimpleNamespace(strategy=strategy, cluster=cluster, intra_op_threads=lambda: 0)
+
+
+def flags_role(args):
+    """The role the seed-style flags give (``--job-name`` ... ``--chief-host``).
+
+    Raises:
+        ClusterError: a malformed host list or index (names the flag).
+    """
+    from kerasdist.cluster.spec import from_flags
+
+    return from_flags(job_name=args.job_name, task_index=args.task_index or 0,
+                      ps_hosts=args.ps_hosts or "", worker_hosts=args.worker_hosts or "",
+                      chief_host=args.chief_host or "")
 
 
 def _task_prefix(spec):
@@ -189,39 +223,6 @@ def _task_prefix(spec):
 
     speakers = spec.num("worker") + spec.num("chief") if spec.num("ps") == 0 else 1
     return prefixed_output(spec.task_name) if speakers > 1 else contextlib.nullcontext()
-
-
-def _this_slurm_task(args, spec, serves: bool, watch) -> int:
-    """A task of a Slurm step under ``--this-task`` (:mod:`kerasdist.launch.clusters.slurm`): a
-    parameter-server ps or worker serves until the chief ends (exit 0 on its release, 1 when it
-    is gone); the other tasks run the script, and a parameter-server chief that exits 0 releases
-    the servers. ``--preemption-signal`` stops the script (exit 128 + its number); task 0 then
-    requeues the job while ``SLURM_RESTART_COUNT`` < ``--max-restarts`` (given), and a job
-    requeued more often than that is refused at start (exit 2)."""
-    from kerasdist.launch.clusters import slurm
-    from kerasdist.launch.script_task import run_script
-
-    preemption_signal = args.preemption_signal
-    if args.max_restarts is not None:
-        slurm.log_start(spec, args.max_restarts)
-    if spec.num("ps") > 0:
-        slurm.check_commands("scancel")
-    with watch, _task_prefix(spec):  # a multi-worker step's tasks share the job's output
-        if serves:
-            slurm.serve_until_chief_ends(spec, preemption_signal=preemption_signal)
-            return EXIT_OK
-        try:
-            with slurm.signal_ends_script(preemption_signal):
-                code = run_script(args.script, list(args.script_args))
-        except slurm.ScriptPreempted as stop:
-            if args.max_restarts is not None:
-                slurm.after_preemption(args.max_restarts)
-            else:
-                log.warning("preempted; not requeued: give --max-restarts N to requeue the job")
-            return 128 + stop.signum
-    if code == 0 and spec.task_type == "chief" and spec.num("ps") > 0:
-        slurm.release_servers(spec)
-    return code
 
 
 def _signal_name(text: str) -> str:
@@ -273,8 +274,7 @@ def _cmd_launch(args) -> int:
 
 def _launch_on_ray(args) -> int:
     """``kerasdist launch --ray``: checks, then (a local Ray: in a private network namespace)
-    :func:`kerasdist.launch.clusters.ray.launch_script`. ``--workers MIN:MAX`` makes the group elastic
-    through Ray Train's own scaling (``ScalingConfig(num_workers=(MIN, MAX))``)."""
+    :func:`kerasdist.launch.clusters.ray.launch_script`."""
     from kerasdist.errors import ClusterError
     from kerasdist.launch.clusters import ray as ray_kind
 
@@ -351,10 +351,4 @@ def _cmd_env(args) -> int:
     return EXIT_OK if environment.cluster_ok(report) else EXIT_BAD_INPUT
 
 
-def _cmd_sweep(args) -> int:
-    from kerasdist.sweep import command
-
-    return command.run(args)
-
-
-COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env, "sweep": _cmd_sweep}
+COMMANDS = {"launch": _cmd_launch, "evaluate": _cmd_evaluate, "env": _cmd_env}

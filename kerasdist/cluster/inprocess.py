@@ -1,19 +1,12 @@
-"""An in-process TensorFlow cluster: worker and ps servers running in threads of this process.
+"""An in-process TensorFlow cluster: worker and ps servers running in threads of this process, for
+tests and notebooks (``ParameterServerStrategy`` code runs unchanged against real gRPC servers).
 
-Good for tests and notebooks: ``ParameterServerStrategy`` code runs unchanged against real gRPC
-servers, without spawning processes. Two facts shape this module:
-
-* **Servers live until the process exits.** ``tf.distribute.Server`` has no working ``stop()``
-  for gRPC, so a started cluster cannot be shut down or restarted; start one per process (or per
-  pytest session: :mod:`kerasdist.testing`) and share it. Fault-tolerance tests, which must kill
-  tasks, need subprocesses instead.
-* **Worker servers need ``inter_op_parallelism_threads >= num_workers + 1``.** With fewer, on a
-  machine with few cores, workers deadlock waiting for each other's ops in the shared thread pool
-  (TF's own ``multi_worker_test_base.create_in_process_cluster`` raises it the same way).
-  :func:`start_inprocess_cluster` sets it.
-* **Connecting is for the rest of the process.** Once a ``ParameterServerStrategy`` is built on
-  the cluster (``tf.config.experimental_connect_to_cluster``), later ``MirroredStrategy`` steps in
-  the same process can hang; keep one-host training in other processes (or before it).
+* **Servers live until the process exits** (``tf.distribute.Server`` has no working ``stop()``
+  for gRPC): start one per process and share it; fault-tolerance tests need subprocesses.
+* **Worker servers need ``inter_op_parallelism_threads >= num_workers + 1``** or they can
+  deadlock on few cores (as TF's ``create_in_process_cluster``); :func:`start_inprocess_cluster`
+  sets it.
+* **Connecting is for the rest of the process**: later ``MirroredStrategy`` steps in it can hang.
 """
 
 from __future__ import annotations

@@ -3,19 +3,13 @@
 ``TF_CONFIG`` is the JSON environment variable TensorFlow reads to learn the cluster and the current
 task (https://www.tensorflow.org/guide/distributed_training#setting_up_the_tf_config_environment_variable)::
 
-    {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "host2:2222"],
-                 "ps": ["host3:2222"]},
+    {"cluster": {"chief": ["host0:2222"], "worker": ["host1:2222"], "ps": ["host3:2222"]},
      "task": {"type": "worker", "index": 0}}
 
-Accepted as TensorFlow accepts them: a sidecar ``evaluator`` task not listed in ``cluster`` (the
-Vertex AI / TF docs layout), a task index written as a string (``"1"``), bracketed IPv6
-addresses (``[::1]:2222``). Refused as TensorFlow refuses them: unknown task types, more than one
-chief or evaluator, an index out of range.
-
-TensorFlow accepts duplicate addresses silently and its "Could not start gRPC server" error does not
-name the port, so kerasdist validates the spec here and names the task and address at fault.
-kerasdist never writes ``TF_CONFIG`` into its own environment: :meth:`TFConfig.to_json` is passed
-only into a child process's environment.
+Accepted and refused as TensorFlow does (a sidecar ``evaluator`` not in ``cluster``, a string
+index, bracketed IPv6; unknown task types, two chiefs, an index out of range); duplicate addresses,
+which TensorFlow accepts silently, are refused naming the tasks. :meth:`TFConfig.to_json` is only
+ever passed into a child process's environment, never written into this one's.
 """
 
 from __future__ import annotations

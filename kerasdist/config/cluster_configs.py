@@ -23,9 +23,8 @@ from kerasdist.config._base import Frozen
 from kerasdist.errors import RecipeError
 
 MAX_THREADS_PER_TASK = 1024
-"""Most intra-op threads a task may be given (``cluster.threads_per_task``, ``kerasdist launch
---threads-per-task``): above the hardware threads of the largest machines sold today (2 x 192 cores,
-768 threads); TensorFlow aborts a task given a thread count it cannot use."""
+"""Most intra-op threads a task may be given (``cluster.threads_per_task``, ``--threads-per-task``;
+above 768, the hardware threads of a 2 x 192-core machine); TensorFlow aborts a task above it."""
 
 PreemptionSignal = Literal["USR1", "TERM", "INT", "HUP", "ALRM", "XCPU", "QUIT"]
 PREEMPTION_SIGNALS: tuple[str, ...] = PreemptionSignal.__args__
@@ -72,10 +71,9 @@ class ClusterConfigBase(Frozen):
     traits: ClassVar[ClusterTraits] = ClusterTraits()
     threads_per_task: Annotated[int, Field(ge=0, le=MAX_THREADS_PER_TASK, strict=True)] | \
             Literal["auto"] = Field(
-        "auto", description=f"intra-op threads per task, 0 to {MAX_THREADS_PER_TASK} (an integer, "
-        "not a boolean); 0 = TF default (every core). 'auto': on clusters whose tasks share this "
-        "machine (local, a Ray started here), its cores divided by the tasks (workers + ps + "
-        "coordinator), at least 1; elsewhere TF's default (docs/benchmarks.md).")
+        "auto", description=f"intra-op threads per task, 0 to {MAX_THREADS_PER_TASK}; 0 = TF "
+        "default (every core). 'auto': where the tasks share this machine (local, a Ray started "
+        "here), its cores divided by the tasks, at least 1; elsewhere 0.")
 
     def shares_this_machine(self) -> bool:
         """Whether every task of the cluster runs on this machine (``'auto'`` threads split its
@@ -181,11 +179,9 @@ class SlurmClusterConfig(ClusterConfigBase):
                               "refused at start, exit 2).")
     min_workers: ClassVar[None] = None
     preemption_signal: PreemptionSignal = Field(
-        DEFAULT_PREEMPTION_SIGNAL, description="The signal that stops training at one agreed step "
-        "with a checkpoint, after which task 0 requeues the job (besides SIGTERM and SIGINT, "
-        "always watched); kerasdist export slurm writes it as --signal=<SIG>@<seconds>. A name "
-        "with or without 'SIG', any case: " + ", ".join(PREEMPTION_SIGNALS) + " (USR2 is "
-        "kerasdist's release signal; KILL and STOP cannot be caught).")
+        DEFAULT_PREEMPTION_SIGNAL, description="The signal (besides SIGTERM and SIGINT) that stops "
+        "training at one agreed step with a checkpoint, then task 0 requeues the job; with or "
+        "without 'SIG', any case: " + ", ".join(PREEMPTION_SIGNALS) + ".")
     port_base: int = _PORT_BASE
 
     @field_validator("preemption_signal", mode="before")
@@ -216,12 +212,8 @@ class JobSetClusterConfig(ClusterConfigBase):
 
 
 class RayClusterConfig(ClusterConfigBase):
-    """``workers`` Ray Train workers (``TensorflowTrainer``), each running kerasdist's lifecycle
-    as one multi-worker task; needs ``pip install 'kerasdist[ray]'``. ``max_restarts`` is Ray's
-    ``FailureConfig.max_failures``; ``min_workers`` is Ray Train's elastic scaling
-    (``ScalingConfig(num_workers=(min_workers, workers))``): after a lost worker Ray restarts the
-    group on as many workers as it can place, at least this many, and grows it back every
-    ``resize_check_s``."""
+    """``workers`` Ray Train workers (``TensorflowTrainer``), each one multi-worker task; needs
+    ``pip install 'kerasdist[ray]'`` (docs/ray.md)."""
 
     traits: ClassVar[ClusterTraits] = ClusterTraits(starts_tasks=True, elastic=True)
     kind: Literal["ray"] = "ray"

@@ -1,20 +1,14 @@
-"""The ``data`` section of a recipe: :class:`DataConfig`, its common fields and its ``source``.
-
-``data`` holds what every source shares (splits, the global batch size, shuffling, prefetching,
-sharding); ``data.source`` is one of the per-kind configs of
-:mod:`kerasdist.config.source_configs`, chosen by ``kind``::
+"""The ``data`` section of a recipe: what every source shares (splits, the global batch,
+shuffling, prefetching, sharding) and ``data.source``, one of the kinds of
+:mod:`kerasdist.config.source_configs`::
 
     data:
       source: {kind: csv, path: "data/{split}-*.csv", label: price}
       train_split: train
-      eval_split: test
       batch_size: 32
 
-The flat form of releases up to 0.2 (``source: csv`` with ``path``, ``label``... beside it in
-``data``) is still read for one release: it is lifted to the form above with one
-:class:`~kerasdist.errors.RecipeDeprecationWarning` naming the new form (:func:`lift_flat_source`).
-
-Contracts (what is read, sharding, resume): docs/own-model-and-data.md, "Data sources".
+The flat form of 0.2 (``source: csv`` with ``path`` beside it) is lifted for one release
+(:func:`lift_flat_source`). Contracts: docs/own-model-and-data.md, "Data sources".
 """
 
 from __future__ import annotations
@@ -25,26 +19,17 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from kerasdist.config._base import Frozen
-from kerasdist.config.source_configs import (  # noqa: F401  (re-exported: the schema's names)
-    MNIST_FEATURES,
+from kerasdist.config.source_configs import (
     EmbeddedSourceConfig,
-    FeatureSpec,
     SourceConfig,
     SourceConfigBase,
     SourceTraits,
-    is_pattern,
     is_whole_split,
     source_config_classes,
 )
 from kerasdist.errors import RecipeDeprecationWarning
 
 AutoShard = Literal["auto", "off", "data", "file"]
-DataSource = Literal[tuple(source_config_classes())]  # type: ignore[valid-type]
-"""The names of the built-in source kinds (``data.source.kind``)."""
-SOURCE_TRAITS: dict[str, SourceTraits] = {k: c.traits for k, c in source_config_classes().items()}
-"""The traits of every built-in source kind, by name (each declared on its config class)."""
-STREAMING_SOURCES = tuple(kind for kind, traits in SOURCE_TRAITS.items() if traits.streams)
-"""Sources read with ``tf.data`` as streams (``tfrecord``: whole splits and slices)."""
 KIND_FIELDS = frozenset(name for cls in source_config_classes().values()
                         for name in cls.model_fields if name != "kind")
 """Every source kind's own fields: those the flat form held in ``data`` beside ``source``."""

@@ -16,12 +16,8 @@ from kerasdist.errors import RecipeError
 
 
 def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
-    """Read, override and validate a YAML recipe.
-
-    The YAML is parsed with limits (:data:`MAX_RECIPE_BYTES`, :data:`MAX_DEPTH`,
-    :data:`MAX_NODES` after alias expansion), so a hostile or broken file (an alias bomb, a
-    5,000-deep nesting, binary data) ends in a RecipeError naming the file, quickly and in bounded
-    memory.
+    """Read, override and validate a YAML recipe, parsed within :data:`MAX_RECIPE_BYTES`,
+    :data:`MAX_DEPTH` and :data:`MAX_NODES` (a hostile file fails quickly, in bounded memory).
 
     Args:
         path: the recipe file.

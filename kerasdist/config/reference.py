@@ -1,13 +1,7 @@
-"""The recipe reference of ``docs/recipes.md``, rendered from the recipe's JSON Schema.
-
-The tables are generated, never written by hand: after changing a recipe model, run
-``python -m kerasdist.config.reference docs/recipes.md``, which rewrites the block between
-:data:`BEGIN` and :data:`END` in place; ``tests/unit/test_docs_reference.py`` fails while the
-block and the schema disagree.
-
-The recipe's own schema (``kerasdist schema``) describes ``strategy`` only by its ``kind``,
-because the section is validated by kind; its fields come from the JSON Schema of each built-in
-strategy config class, one table per kind.
+"""The recipe reference of ``docs/recipes.md``, rendered from the recipe's JSON Schema: after changing
+a recipe model, ``python -m kerasdist.config.reference docs/recipes.md`` rewrites the block between
+:data:`BEGIN` and :data:`END` (``tests/unit/test_docs_reference.py`` fails while they disagree).
+``strategy`` and ``cluster`` get one table per built-in kind, from each kind's config class.
 """
 
 from __future__ import annotations
@@ -33,12 +27,9 @@ _BOUNDS = (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="),
 
 
 def recipe_reference_markdown() -> str:
-    """Render the recipe reference: one table per recipe section, one row per field.
-
-    Each row gives the field's dotted path, its type or allowed values with their bounds, its
-    default and its description, all read from the JSON Schema. Nested sections (such as
-    ``trainer.checkpoint``) are rows of their parent's table; ``strategy`` has one table per
-    built-in strategy kind.
+    """Render the recipe reference: one table per recipe section (nested sections are rows of
+    their parent's), one row per field: dotted path, type or allowed values with bounds, default
+    and description, all from the JSON Schema.
 
     Returns:
         Markdown text (no markers), ending with a newline.

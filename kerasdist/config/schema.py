@@ -1,18 +1,8 @@
-"""Typed, frozen recipe models (pydantic v2).
-
-A recipe is a YAML mapping with the sections below. Every model forbids unknown keys and is frozen,
-so a validated :class:`Recipe` can be passed around (and pickled to child tasks) without anyone
-changing it. Closed sets are ``Literal`` so that recipes round-trip through YAML and JSON Schema.
-
-Batch sizes: ``data.batch_size`` is the **global** batch size, the number of examples consumed by
-one optimizer step summed over every replica in the cluster. Each replica receives
-``batch_size // num_replicas_in_sync`` examples per step (TF's
-``InputContext.get_per_replica_batch_size``); the global batch size must be divisible by the number
-of replicas, otherwise ``kerasdist.data.pipeline.check_batch_divisible`` raises
-:class:`kerasdist.errors.RecipeError`
-before anything starts.
+"""Typed, frozen recipe models (pydantic v2): every model forbids unknown keys and is frozen, so a
+validated :class:`Recipe` can be passed around and pickled to child tasks unchanged. Closed sets are
+``Literal`` so that recipes round-trip through YAML and JSON Schema. ``data.batch_size`` is the
+global batch (:mod:`kerasdist.data.inputs`).
 """
-
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +17,6 @@ from pydantic import (
 
 from kerasdist.config._base import Frozen as _Frozen
 from kerasdist.config.strategy_configs import (  # noqa: F401  (re-exported: the schema's names)
-    CHECKPOINT_SCHEMA,
     DefaultStrategyConfig,
     MirroredStrategyConfig,
     MultiWorkerStrategyConfig,
@@ -40,7 +29,6 @@ from kerasdist.config.strategy_configs import (  # noqa: F401  (re-exported: the
 )
 from kerasdist.config.training_configs import (  # noqa: F401  (re-exported: the schema's names)
     CallbackSpec,
-    KerasConfig,
     KerasObject,
     OptimizerConfig,
     TrackingConfig,
@@ -56,17 +44,10 @@ class ModelConfig(_Frozen):
     """``model``: which Keras builder to call and with what keyword arguments, or which saved
     model to start from; its loss and metrics.
 
-    ``name`` is a registered builder (``mnist_cnn``, ``linear``) or an import path
-    ``package.module:function`` returning an uncompiled ``keras.Model``. ``loss`` and ``metrics``
-    default to the registered builder's own; a custom builder (or a saved model of one) must name
-    its ``loss``. Each is a Keras identifier (``mse``), a Keras config ``{class_name, config}`` as
-    ``keras.losses.get`` / ``keras.metrics.get`` take it, or an import path ``pkg.mod:Name`` (a
-    class is built with no arguments, a function is used as it is).
-
-    ``from`` starts from a saved ``.keras`` model (``keras.saving.load_model(compile=False)``,
-    fine-tuning) instead of calling the builder; ``name`` then only gives the default loss and
-    metrics, and ``params`` must be empty. ``trainable_layers`` freezes every top-level layer
-    whose name matches none of its glob patterns (``fnmatch``: ``dense*``, ``head_?``).
+    ``loss`` and ``metrics`` default to the registered builder's own (a custom builder must name
+    its ``loss``); an import path names a class (built with no arguments) or a function. With
+    ``from`` (``keras.saving.load_model(compile=False)``), ``name`` only gives the default loss and
+    metrics and ``params`` must be empty. ``trainable_layers`` patterns are ``fnmatch`` globs.
     """
 
     model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
@@ -112,24 +93,15 @@ class ModelConfig(_Frozen):
         return self
 
 
-# ---------------------------------------------------------------------------------------- data
-# ------------------------------------------------------------------------------------- cluster
+# ------------------------------------------------------------------------------- data, cluster
 from kerasdist.config.cluster_configs import (  # noqa: E402,F401  (re-exported: the schema's names)
     MAX_THREADS_PER_TASK,
     PREEMPTION_SIGNALS,
     ClusterConfig,
-    ClusterConfigBase,
-    ClusterTraits,
-    PreemptionSignal,
     ThisProcessClusterConfig,
     check_fits_strategy,
 )
-from kerasdist.config.data_configs import (  # noqa: E402,F401  (re-exported: the schema's names)
-    AutoShard,
-    DataConfig,
-    DataSource,
-    FeatureSpec,
-)
+from kerasdist.config.data_configs import DataConfig  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------- trainer
@@ -139,10 +111,8 @@ class CheckpointConfig(_Frozen):
     enabled: bool = True
     max_to_keep: int = Field(3, ge=1)
     every_steps: int | None = Field(None, gt=0, description="Also save every N optimizer steps "
-                                    "(multi_worker: the backup a restarted cluster resumes from; "
-                                    "parameter_server: the coordinator joins the workers, then "
-                                    "saves, at the first scheduled call's end at or after each "
-                                    "multiple); None = at epoch ends only.")
+                                    "(the backup a restarted cluster resumes from); None = at "
+                                    "epoch ends only.")
 
 
 class TrainerConfig(_Frozen):
@@ -157,16 +127,12 @@ class TrainerConfig(_Frozen):
     verbose: Literal["auto", 0, 1, 2] = "auto"
     checkpoint: CheckpointConfig = CheckpointConfig()
     gradient_accumulation_steps: int = Field(
-        1, ge=1, description="Split each replica's share of the global batch into this many "
-        "sequential micro-batches and apply (all-reduce) their averaged gradients once. A step "
-        "stays one optimizer update on data.batch_size examples (optimizer.iterations, "
-        "steps_per_epoch and checkpoints count updates); memory is that of one micro-batch of "
-        "batch_size / (replicas x k). data.batch_size must divide by replicas x k. Keras-fit "
-        "strategies only (parameter_server refuses k > 1); see kerasdist.keras.accumulation.")
+        1, ge=1, description="Micro-batches each replica's share of the global batch is split "
+        "into; their averaged gradients make one update, so a step stays one update on "
+        "data.batch_size examples (which must divide by replicas x k). Not parameter_server.")
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
-        "float32", description="Keras dtype policy of the model's layers: mixed_* compute in 16 "
-        "bits with float32 variables and a float32 output layer; mixed_float16 adds dynamic loss "
-        "scaling (LossScaleOptimizer). See kerasdist.keras.precision.")
+        "float32", description="Keras dtype policy of the model's layers (mixed_*: 16-bit "
+        "compute, float32 variables and output layer; mixed_float16 adds loss scaling).")
 
 
 class OutputConfig(_Frozen):
@@ -232,14 +198,10 @@ class Recipe(_Frozen):
         return self
 
     def intra_op_threads(self, cores: int | None = None) -> int:
-        """The intra-op threads of each task: ``cluster.threads_per_task`` resolved.
-
-        ``'auto'`` on a ``local`` cluster (or a ``ray`` cluster started here, no
-        ``cluster.address``) of 2 or more tasks is ``max(1, cores // tasks)``, with tasks =
-        workers + ps + the coordinator (parameter server): the tasks share this machine's cores,
-        and TensorFlow's default (every core for every task) oversubscribes them. Otherwise
-        ``'auto'`` is 0 (TensorFlow's default). Tasks receive the resolved number in their
-        recipe, so a task never resolves ``'auto'`` itself.
+        """The intra-op threads of each task: ``cluster.threads_per_task`` resolved. ``'auto'``
+        is ``max(1, cores // tasks)`` (tasks = workers + ps + a coordinator) on a cluster of 2 or
+        more tasks sharing this machine, else 0 (TensorFlow's default). Tasks receive the
+        resolved number, never ``'auto'``.
 
         Args:
             cores: CPU cores of this machine; default ``os.cpu_count()``.

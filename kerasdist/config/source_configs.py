@@ -1,21 +1,8 @@
-"""``data.source``: one frozen config class per source kind, each declaring its traits.
-
-A recipe names its source as a mapping chosen by ``kind`` (a pydantic discriminated union)::
-
-    data:
-      source: {kind: csv, path: "data/{split}-*.csv", label: price}
-      train_split: train
-      batch_size: 32
-
-A kind whose fields all have defaults may be named by its kind alone (``source: embedded``).
-The kinds' code (discover units, read, decode, count, check) is in :mod:`kerasdist.data.sources`,
-one module per kind; validation reads only the config classes here (no TensorFlow import).
-
-Adding a source kind: one config class here (a :class:`SourceConfigBase` subclass with a
-``Literal`` ``kind``, its fields and its :class:`SourceTraits`; it is registered when defined),
-one module in ``kerasdist/data/sources/`` and one line in that package's registry.
-
-Contracts (what is read, sharding, resume): docs/own-model-and-data.md, "Data sources".
+"""``data.source``: one frozen config class per source kind (a pydantic union discriminated on
+``kind``), each declaring its traits; a kind whose fields all have defaults may be named alone
+(``source: embedded``). The kinds' code is in :mod:`kerasdist.data.sources`; validation reads only
+these classes (no TensorFlow import). A new kind: one :class:`SourceConfigBase` subclass here
+(registered when defined), one module in ``kerasdist/data/sources/``, one registry line.
 """
 
 from __future__ import annotations
@@ -34,8 +21,7 @@ _GLOB = re.compile(r"[*?\[]")
 
 @dataclass(frozen=True)
 class SourceTraits:
-    """What a source kind is, declared once on its config class (as strategy configs declare
-    :class:`~kerasdist.config.strategy_configs.StrategyTraits`).
+    """What a source kind is, declared once on its config class.
 
     Attributes:
         streams: read with ``tf.data`` as a stream (never whole in memory), not loaded as arrays.
@@ -148,8 +134,7 @@ class IdxSourceConfig(_PathSource):
     splits ``train`` and ``test``, read whole into memory."""
 
     kind: Literal["idx"] = "idx"
-    path: Path | None = Field(None, description="Required: the folder of the IDX files (a "
-                              "relative path is resolved against the working directory).")
+    path: Path | None = Field(None, description="Required: the folder of the IDX files.")
 
 
 class NpzSourceConfig(_PathSource):
@@ -157,8 +142,7 @@ class NpzSourceConfig(_PathSource):
     memory."""
 
     kind: Literal["npz"] = "npz"
-    path: Path | None = Field(None, description="Required: the .npz file (a relative path is "
-                              "resolved against the working directory).")
+    path: Path | None = Field(None, description="Required: the .npz file.")
 
 
 # -------------------------------------------------------------------------------- functions
@@ -242,8 +226,7 @@ class TFRecordSourceConfig(_PathSource):
                                                   shard_units="file(s)")
     kind: Literal["tfrecord"] = "tfrecord"
     path: Path | None = Field(
-        None, description="Required: a folder of <split>*.tfrecord* files, or a glob with "
-        "{split} (a relative path is resolved against the working directory).")
+        None, description="Required: a folder of <split>*.tfrecord* files, or a glob with {split}.")
     features: dict[str, FeatureSpec] | None = Field(
         None, description="Feature name -> {dtype: float32|int64|string, shape: [..], "
         "encoding: none|raw|png|jpeg}; `label` names the label, the others are the model's "
@@ -280,7 +263,7 @@ class CsvSourceConfig(_PathSource):
     kind: Literal["csv"] = "csv"
     path: Path | None = Field(
         None, description="Required: a folder of <split>*.csv files, or a glob with {split} "
-        "(csv/data/{split}-*.csv); a relative path is resolved against the working directory.")
+        "(csv/data/{split}-*.csv).")
     label: str | None = Field(None, description="Required: the label column.")
     numeric: list[str] | None = Field(
         None, description="Numeric (float) columns; default every column that is neither the "
@@ -314,8 +297,7 @@ class ImageFolderSourceConfig(_PathSource):
                                                   shard_units="image file(s)")
     kind: Literal["image_folder"] = "image_folder"
     path: Path | None = Field(
-        None, description="Required: the folder holding <split>/<class>/, or a path with "
-        "{split}; a relative path is resolved against the working directory.")
+        None, description="Required: the folder holding <split>/<class>/, or a path with {split}.")
     image_size: tuple[int, int] | None = Field(
         None, description="[height, width] every image is resized to (bilinear, as "
         "keras.utils.image_dataset_from_directory); default: the first training image's size "

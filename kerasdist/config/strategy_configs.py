@@ -74,8 +74,7 @@ class DefaultStrategyConfig(StrategyConfigBase):
 class MirroredStrategyConfig(StrategyConfigBase):
     """Synchronous in-graph replication over the devices of one host (``MirroredStrategy``).
 
-    With ``logical_cpus: N`` the host CPU is split into N logical devices and one replica runs on
-    each, which is how the seed's multi-GPU tower training is exercised on a CPU-only machine.
+    With ``logical_cpus: N`` the host CPU is split into N logical devices, one replica on each.
     """
 
     traits: ClassVar[StrategyTraits] = _ONE_PROCESS
@@ -97,14 +96,9 @@ class MirroredStrategyConfig(StrategyConfigBase):
 class MultiWorkerStrategyConfig(StrategyConfigBase):
     """Synchronous between-graph replication over worker tasks (``MultiWorkerMirroredStrategy``).
 
-    Every worker runs the same program on its own data shard; gradients are all-reduced with
-    collective ops every step. Worker 0 is the chief (writes the outputs).
-
-    The all-reduce settings (``communication``, ``bytes_per_pack``) become the strategy's
-    ``tf.distribute.experimental.CommunicationOptions`` (``timeout_s`` does not: see
-    :mod:`kerasdist.keras.collective_watchdog`); ``gradient_compression`` casts
-    the gradients before the all-reduce (:mod:`kerasdist.keras.compression`).
-    Sources: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy,
+    Every worker runs the same program on its own data shard; gradients are all-reduced every
+    step; worker 0 is the chief. ``communication`` and ``bytes_per_pack`` become its
+    ``CommunicationOptions``. Sources: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy,
     https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/CommunicationOptions
     """
 
@@ -119,12 +113,8 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
         0, ge=0, le=1 << 34, description="Pack the gradients into all-reduces of about this many "
         "bytes each (fewer, larger collectives); 0 = TF's automatic choice. Bytes, <= 16 GiB.")
     timeout_s: float = Field(60.0, gt=0, le=86_400, description="Seconds a worker waits for "
-                             "its peers in one training or validation step before the run fails "
-                             "naming the lost task (<= 1 day); also TF's heartbeat timeout for a "
-                             "dead, frozen or partitioned task. At epoch boundaries (each epoch's "
-                             "and each evaluation's first step and the barrier before it) the "
-                             "bound is 3 x timeout_s. Enforced by one watchdog thread per worker, "
-                             "not by TF's per-collective timeout.")
+                             "its peers in one step before the run fails naming the lost task "
+                             "(3 x timeout_s at epoch boundaries); also TF's heartbeat timeout.")
     gradient_compression: Literal["none", "bf16", "fp16"] = Field(
         "none", description="All-reduce gradients in 16 bits (half the bytes, less precision); "
         "see kerasdist.keras.compression.")
@@ -157,15 +147,9 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
         "round trip; default 4, faster than 1: docs/benchmarks-log.md). A lost worker re-runs "
         "at most this many steps (at-least-once).")
     task_timeout_s: float | None = Field(
-        60.0, gt=0, le=86_400, description="Local clusters: seconds a ps or worker task may go "
-        "without answering a liveness probe of its gRPC server (frozen, swapped out, hung: its "
-        "process runs but TF's coordinator would wait on it for ever) before it is treated as "
-        "lost: killed, then restarted while cluster.max_restarts lasts, or left behind with "
-        "cluster.min_workers (a ps ends the run). Detection takes this plus up to 7 s (probe "
-        "period and timeout). On clusters kerasdist does not launch (tf_config, slurm) the "
-        "chief watches every ps and worker and each worker the ps tasks, counting a task "
-        "unreachable (its host cut off) or hung for this long as lost: the process exits 1 "
-        "naming it (kerasdist.cluster.watch). null = never (TF waits for ever).")
+        60.0, gt=0, le=86_400, description="Seconds a ps or worker task may stay unreachable or "
+        "hung before it is lost (detected within this plus 7 s): a local cluster kills and "
+        "restarts it; elsewhere the task watching it exits 1 naming it. null = never.")
 
 
 _STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {

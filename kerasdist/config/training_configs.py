@@ -1,16 +1,9 @@
 """Recipe models of the Keras-native training config: Keras objects as identifiers, Keras configs
 (``{class_name, config}``) or import paths; the optimizer with its schedule; callbacks; tracking.
 
-Everything here is checked for its *shape* when a recipe is loaded (no Keras import, so
-``kerasdist validate`` stays fast). Whether Keras can build each object (an unknown class name, a
-config argument the class refuses, an import path that fails) is checked by
-:func:`kerasdist.training.keras_objects.check_training_config` before anything is written: by
-``kerasdist fit`` (single process: before the run directory is claimed; local clusters: in the
-launcher's preflight) and by ``kerasdist validate --import`` / ``--check-data``.
-
-An import path ``package.module:Name`` runs code when it is imported, like any Python file you
-run: a recipe with import paths is as trusted as the code it names (see
-:mod:`kerasdist.models.registry`).
+Checked here for their *shape* only (no Keras import); whether Keras can build each object is
+checked by :func:`kerasdist.training.keras_objects.check_training_config` before anything is
+written. An import path runs code when imported: a recipe is as trusted as the code it names.
 """
 
 from __future__ import annotations
@@ -43,12 +36,10 @@ def check_import_path(text: str, *, field: str) -> str:
 class KerasConfig(_Frozen):
     """A Keras object in Keras's own serialized form, ``{class_name, config}``.
 
-    ``class_name`` is what Keras's ``get``/``deserialize`` functions look up (``CosineDecay``,
-    ``SparseCategoricalCrossentropy``, ``EarlyStopping``), or an import path
-    ``package.module:Class`` of your own class, built as ``Class.from_config(config)`` when it has
-    that method, else ``Class(**config)``. The ``module`` and ``registered_name`` keys that
-    ``keras.saving.serialize_keras_object`` also writes are accepted and dropped (the class name
-    finds a Keras built-in; your own classes go by import path).
+    ``class_name`` is what Keras's ``get``/``deserialize`` look up (``CosineDecay``,
+    ``EarlyStopping``), or an import path ``package.module:Class`` of your own class, built as
+    ``Class.from_config(config)`` when it has that method, else ``Class(**config)``. The
+    ``module`` and ``registered_name`` keys Keras's serializer writes are accepted and dropped.
     """
 
     class_name: str = Field(min_length=1, description="Keras class name or 'pkg.mod:Class'.")
@@ -98,26 +89,11 @@ _LEGACY_FIELDS = ("momentum", "nesterov", "scale_lr_by_replicas", "learning_rate
 class OptimizerConfig(_Frozen):
     """``optimizer``: any Keras 3 optimizer, with a constant learning rate or a Keras schedule.
 
-    ``name`` is what ``keras.optimizers.get`` accepts (``adam``, ``AdamW``, ``lion`` ...) or an
-    import path ``pkg.mod:Class`` of an optimizer class of your own; ``params`` are its keyword
-    arguments (e.g. ``weight_decay``, ``beta_1``, ``global_clipnorm``). The Keras form
-    ``optimizer: {class_name: AdamW, config: {learning_rate: ..., weight_decay: ...}}`` is
-    accepted too and read as ``name`` + ``params`` (+ ``learning_rate``).
-
-    ``learning_rate`` is a positive float or a schedule ``{class_name, config}`` that
-    ``keras.optimizers.schedules.deserialize`` builds (``CosineDecay`` with ``warmup_steps`` /
-    ``warmup_target``, ``ExponentialDecay``, ``PiecewiseConstantDecay`` ...; an import path for
-    your own ``LearningRateSchedule``). A schedule is evaluated at ``optimizer.iterations``, the
-    global step restored from the checkpoint, so a resumed run continues it at its exact step.
-
-    ``momentum``/``nesterov`` apply to SGD and RMSprop (kept from earlier recipes).
-    ``scale_lr_by_replicas`` applies the linear scaling rule (Goyal et al. 2017, "Accurate, Large
-    Minibatch SGD"): a constant learning rate is multiplied by the number of replicas in sync (not
-    available with a schedule: scale the schedule's own rates).
-
-    On resume (see :mod:`kerasdist.training.rundir`): another optimizer class is refused; a
-    changed constant learning rate and changed ``params`` are applied from the resumed step and
-    logged; a changed schedule is refused (exit 2), naming ``optimizer.learning_rate``.
+    The Keras form ``{class_name: AdamW, config: {...}}`` is read as ``name`` + ``params`` (+
+    ``learning_rate``). A schedule is evaluated at ``optimizer.iterations``, the global step
+    restored from the checkpoint, so a resumed run continues it at its exact step.
+    ``scale_lr_by_replicas`` multiplies a constant learning rate by the replicas in sync (the
+    linear scaling rule, Goyal et al. 2017); with a schedule, scale its own rates.
     """
 
     name: str = Field("adam", min_length=1, description="keras.optimizers.get identifier (adam, "
@@ -239,16 +215,15 @@ def check_callback(value: Any, index: int) -> Any:
 # ------------------------------------------------------------------------------------- tracking
 TRACKING_SCHEMES = ("http", "https", "databricks", "databricks-uc", "uc", "file", "sqlite",
                     "postgresql", "mysql", "mssql")
-"""URI schemes of MLflow's own tracking stores (``mlflow.tracking._tracking_service.utils``:
-the REST client, Databricks, the file store and its SQLAlchemy databases); ``databricks`` and
-``uc`` may stand without ``://``. A URI of another scheme would only fail in ``fit``, after the
-run directory is written."""
+"""URI schemes of MLflow's own tracking stores (``mlflow.tracking._tracking_service.utils``);
+``databricks`` and ``uc`` may stand without ``://``."""
+
+
 class TrackingConfig(_Frozen):
     """``output.tracking``: log the run to an experiment tracker (``kind: mlflow``).
 
-    Exactly one tracker run per kerasdist run, written by the chief (multi-worker) or the
-    coordinator (parameter server); a resumed or elastic run continues it (its id is kept in the
-    run directory, ``tracking.json``). Needs ``pip install 'kerasdist[mlflow]'``.
+    One tracker run per kerasdist run, written by the chief or coordinator; a resumed or elastic
+    run continues it (``tracking.json``). Needs ``pip install 'kerasdist[mlflow]'``.
     """
 
     kind: Literal["mlflow"] = "mlflow"
@@ -257,10 +232,8 @@ class TrackingConfig(_Frozen):
     experiment: str = Field("kerasdist", min_length=1, description="MLflow experiment name.")
     run_name: str | None = Field(None, description="MLflow run name; None = the run dir's name.")
     log_model: bool = Field(True, description="Log model.keras and metrics.json as artifacts.")
-    required: bool = Field(True, description="The tracking store is checked before anything is "
-                           "written (one request, 5 s timeout, no retry). true: an unreachable "
-                           "server or unusable uri is bad input (exit 2); false: a warning, and "
-                           "the run trains without tracking.")
+    required: bool = Field(True, description="true: a tracking store that does not answer before "
+                           "anything is written is bad input (exit 2); false: a warning.")
 
     @field_validator("uri")
     @classmethod

@@ -1,47 +1,16 @@
 """The one entry point to a recipe's data, whatever its source: launch, training, the strategies,
-the checks, the sidecar evaluator and the bench call these and nothing else (no ``data.source``
-comparison, no branch on how a source is read; each kind's code is in
-:mod:`kerasdist.data.sources`).
+the checks, the sidecar evaluator and the bench call these and nothing else (each kind's code is
+in :mod:`kerasdist.data.sources`; the stream they ride is :mod:`kerasdist.data.stream`).
 
-* :func:`build_data`: the sharded training stream, resumable at an exact step, and the
-  evaluation input, for every Keras-fit strategy (:class:`StreamInput`);
-* :func:`eval_dataset`: a split as one dataset of global batches (the sidecar evaluator);
-* :func:`sample`, :func:`check_sample`: decoded examples as NumPy arrays (the bad-input checks);
-* :func:`load_split`: a whole split as NumPy arrays (the bench, reference evaluations);
-* :func:`examples_per_worker`: the launch preflight's count of a split (reads no split whole);
-* :func:`input_failure`: an error met while training read the input, as the source's
-  :class:`~kerasdist.errors.DataError` (a user's data function that raised mid-training);
-* :func:`serving_model`: the trained model behind the source's preprocessing (csv), which
-  predicts raw rows: ``inference_model.keras``.
-
-Batch sizes. ``data.batch_size`` is the **global** batch: examples consumed by one optimizer step,
-summed over every replica of every worker. Each replica gets ``batch_size / num_replicas_in_sync``
-examples per step (``InputContext.get_per_replica_batch_size``); on CPU workers (one replica each)
-a worker's pipeline therefore yields batches of ``batch_size / workers`` examples.
-
-Sharding (``data.auto_shard``), applied by kerasdist's ``dataset_fn`` per input pipeline, since
-``distribute_datasets_from_function`` leaves sharding to the function (TF's own auto-sharding applies
-only to ``experimental_distribute_dataset``; see
-https://www.tensorflow.org/tutorials/distribute/input#sharding):
-
-* ``data``: pipeline ``i`` of ``N`` keeps examples ``i, i+N, ...`` (``Dataset.shard``) before
-  shuffling; every example is seen once per pass over the split.
-* ``file``: pipeline ``i`` reads files ``i, i+N, ...`` of a streaming split (``csv``,
-  ``image_folder``, ``tfrecord`` with a plain split name); needs at least N files.
-* ``off``: every pipeline reads every example, shuffled with its own seed (``shuffle_seed + i``).
-* ``auto`` (default): ``file`` for a streaming source that can be sharded by file, else ``data``.
-
-Parameter server (``build_data(..., asynchronous=True)``): the same streams, one per worker; a
-step is one worker's batch of ``batch_size`` examples, scheduled on whichever worker is free, so
-which worker ran which step is not recorded. A run resumed at global step ``s`` starts every
-worker's stream at batch ``ceil(s / workers)`` (its fair share): the global step is exact, the
-batches seen around the restart are the fair-share ones.
-
-Resuming at an exact step. Every source rides the one stream of :mod:`kerasdist.data.stream`,
-whose order is a pure function of the recipe (stateless per-pass seeds, never iterator state, so
-every run sees the same batches in the same order); training restarted at global step ``s``
-starts it at batch ``s * local_replicas``, exactly where the interrupted run stopped. An "epoch"
-is ``steps_per_epoch`` steps of that stream, not a pass aligned to the split's end.
+``data.batch_size`` is the **global** batch: examples consumed by one optimizer step, summed over
+every replica of every worker; each replica gets ``batch_size / num_replicas_in_sync``
+(``InputContext.get_per_replica_batch_size``). Sharding (``data.auto_shard``: ``data``, ``file``,
+``off``, ``auto``) is applied per input pipeline by kerasdist's ``dataset_fn``, since
+``distribute_datasets_from_function`` leaves it to the function
+(https://www.tensorflow.org/tutorials/distribute/input#sharding). A run resumed at global step
+``s`` starts each pipeline at batch ``s * local_replicas`` (under parameter server, each worker's
+fair share ``ceil(s / workers)``); an "epoch" is ``steps_per_epoch`` steps of that stream. The
+contracts in full: docs/own-model-and-data.md, "What every streaming source guarantees".
 """
 
 from __future__ import annotations
@@ -122,13 +91,10 @@ class StreamInput:
             lambda ctx: self.train_fn(ctx, start_step * local))
 
     def eval_dataset(self, strategy):
-        """Distributed evaluation input, or None when the recipe has no ``eval_split``.
-
-        With one input pipeline and several replicas (``mirrored``), the globally batched split
-        goes through ``experimental_distribute_dataset``, which splits every global batch over the
-        replicas, the last partial one too (per-replica batches handed out in turn would leave a
-        replica an empty, shapeless batch at an odd count: a crash in the first conv layer).
-        """
+        """Distributed evaluation input, or None when the recipe has no ``eval_split``. With one
+        pipeline and several replicas (``mirrored``) the global batches are split over the replicas
+        by ``experimental_distribute_dataset``, the last partial one too (handed out per replica,
+        an odd count would leave one an empty, shapeless batch)."""
         import tensorflow as tf
 
         if self.eval_fn is None:
@@ -176,9 +142,7 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
         replicas: replicas in sync (the global batch must divide by it).
         pipelines: input pipelines, one per worker process (1 for one-process strategies).
         asynchronous: parameter server: every step is one worker's whole batch of
-            ``data.batch_size`` examples (``replicas`` 1), so a pipeline's batch is the global
-            batch, and one pass (the default ``steps_per_epoch``) is the pipelines' passes
-            summed: ``pipelines * (examples per pipeline // batch_size)`` steps.
+            ``data.batch_size`` examples, and one pass is the pipelines' passes summed.
 
     Must run after a multi-worker strategy exists (tfrecord sources run TF ops).
 

@@ -1,19 +1,9 @@
-"""The readers of the in-memory formats and of the MNIST TFRecord layout: leaf functions (no
-other ``kerasdist.data`` module is imported) that the source kinds (:mod:`kerasdist.data.sources`)
-call.
-
-* ``embedded``: the real MNIST test set (10,000 digits, IDX files) shipped inside the package
-  (:func:`embedded_dir`; provenance: ``sample/README.md``);
-* IDX files (:func:`read_idx`, :func:`load_idx_split`), a Keras ``mnist.npz``
-  (:func:`load_npz_split`);
-* the seed's TFRecord layout: ``image_raw`` (bytes, raw uint8 square image) and ``label`` (int64):
-  :func:`parse_square_image` (one record), :func:`parse_square_images` (a batch),
-  :func:`write_tfrecord`;
-* the synthetic splits (:func:`synthetic_linear`, :func:`synthetic_clicks`);
-* :func:`corrupt_file`: the message for a TFRecord file TensorFlow cannot read to its end.
-
-Images are ``uint8`` of shape ``(N, 28, 28)``; labels ``int64`` of shape ``(N,)``. The linear source
-gives ``float32`` ``x`` and ``y`` of shape ``(N, 1)``.
+"""The readers of the in-memory formats and of the MNIST TFRecord layout: leaf functions (no other
+``kerasdist.data`` module is imported) that the source kinds call: the embedded MNIST test set
+(:func:`embedded_dir`; provenance: ``sample/README.md``), IDX files, a Keras ``mnist.npz``, the
+TFRecord layout ``image_raw`` (raw uint8 square image) + ``label`` (int64), the synthetic splits,
+and :func:`corrupt_file`. Images are ``uint8`` ``(N, 28, 28)``, labels ``int64`` ``(N,)``; the
+linear source gives ``float32`` ``x`` and ``y`` of shape ``(N, 1)``.
 """
 
 from __future__ import annotations

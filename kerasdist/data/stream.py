@@ -1,36 +1,22 @@
 """The one resumable stream every source kind rides: shard policy, per-pass order, skip to the exact
 step, decode, batch. A kind (:mod:`kerasdist.data.sources`) describes what it reads as
 :class:`Units`; this module turns that into ``train_fn(input_context, skip_batches)`` and
-``eval_fn(input_context)``, whatever the source. It compares no ``data.source`` and imports
-TensorFlow only when a dataset is built.
+``eval_fn(input_context)``, whatever the source, and imports TensorFlow only when a dataset is built.
 
-A split is a sequence of **units** read in order into raw records: the files of a file source
-(``tfrecord``, ``csv``, ``image_folder``: one image is one file), the example ids of an in-memory
-source (``embedded``, ``idx``, ``npz``, ``synthetic_*``: a record is an example id, gathered from
-the arrays when a batch is decoded), or none for a function source (``python``, ``tfds``: the
-function's dataset is the records).
+A split is a sequence of **units** read in order into raw records: the files of a file source,
+the example ids of an in-memory source (gathered from the arrays when a batch is decoded), or none
+for a function source (its dataset is the records). Pipeline ``i`` of ``N`` gets its share by
+:attr:`Units.shard`: ``units`` keeps units ``i, i+N, ...``; ``records`` reads every unit in one
+common order and keeps records ``i, i+N, ...``; ``none`` reads everything.
 
-Pipeline ``i`` of ``N`` (``ctx.input_pipeline_id``, ``ctx.num_input_pipelines``) gets its share by
-:attr:`Units.shard`: ``units`` keeps units ``i, i+N, ...`` (``data.auto_shard: file``, and ``data``
-for an in-memory source, whose units are examples); ``records`` reads every unit in one common
-order and keeps records ``i, i+N, ...`` (``Dataset.shard``); ``none`` reads everything (``off``,
-or a function that shards itself through ``input_context``).
-
-Order. The training input is one endless stream per pipeline, a pure function of the recipe:
-pass ``p`` (``Dataset.counter`` + ``flat_map``, never iterator state):
-
-1. permutes the pipeline's units with ``tf.random.experimental.stateless_shuffle`` seeded with
-   ``(shuffle_seed + i, p)`` (``(shuffle_seed, p)`` under ``records`` sharding: one common order),
-   when ``data.shuffle_buffer`` > 0 -- for units that are examples, only when the buffer covers the
-   pipeline's units (it is then a full permutation and nothing else shuffles);
-2. shuffles the records in a ``shuffle_buffer`` seeded with ``(shuffle_seed + i) * 1_000_003 + p``
-   (``reshuffle_each_iteration=False``) when the buffer is > 0 and step 1 did not already permute
-   every example.
-
-A run resumed at global step ``s`` restarts each pipeline ``s * local_replicas`` per-replica
-batches in: ``Dataset.skip`` on the raw records, before any decoding or gather (a skipped file
-record is read but not decoded; a skipped example id costs nothing). Decoding runs with
-``deterministic=True``, one vectorized decode per batch when the source has one.
+Order: one endless stream per pipeline, a pure function of the recipe. Pass ``p``
+(``Dataset.counter`` + ``flat_map``, never iterator state) permutes the pipeline's units with
+``stateless_shuffle`` seeded ``(shuffle_seed + i, p)`` (``(shuffle_seed, p)`` under ``records``;
+for example ids, only when the buffer covers them all), then shuffles records in a
+``shuffle_buffer`` seeded ``(shuffle_seed + i) * 1_000_003 + p`` unless step one permuted every
+example. A run resumed at global step ``s`` skips ``s * local_replicas`` per-replica batches of raw
+records before any decoding; decoding is ``deterministic=True``, vectorized per batch where the
+source can.
 """
 
 from __future__ import annotations

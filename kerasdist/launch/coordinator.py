@@ -2,26 +2,11 @@
 when elastic, as task ``chief:0``).
 
 The :class:`~kerasdist.launch.supervisor.Supervisor` starts the servers and runs the session
-(:func:`kerasdist.training.run_session`) as its body. Fault handling (what TF's
-``ClusterCoordinator`` promises, plus what the supervisor adds):
-
-* a **worker** that dies is restarted on the same address (``cluster.max_restarts`` restarts in
-  all); meanwhile the coordinator re-schedules its unfinished steps on the remaining workers
-  (steps are at-least-once) and the restarted worker rejoins. Beyond the budget the run stops
-  (:class:`TaskFailedError`, exit code 1, naming the worker): TF's ``ClusterCoordinator`` cannot
-  go on without one of its workers (it waits for every worker to come back; see
-  :mod:`kerasdist.launch.supervisor`). Re-running resumes from the last checkpoint, with
-  ``--set cluster.workers=<fewer>`` while the worker's host is gone;
-* with ``cluster.min_workers`` below ``cluster.workers`` (:func:`elastic`) the coordinator runs
-  as member task ``chief:0`` instead of here, and the supervisor treats the lost worker as it
-  does a multi-worker peer: the attempt fails (the coordinator is stopped with it) and the next
-  one runs on the workers left, down to ``min_workers``, its coordinator resuming from the last
-  checkpoint; the next restart tries ``cluster.workers`` again;
-* a **ps** task that dies is not restarted (its variables are gone): the run stops with
-  :class:`TaskFailedError` (exit code 1) naming it. Re-running the command resumes from the last
-  checkpoint;
-* the **coordinator** killed: the tasks die with it (``PR_SET_PDEATHSIG``); re-running resumes
-  from the last checkpoint.
+(:func:`kerasdist.training.run_session`) as its body: a lost worker is restarted on its address
+within ``cluster.max_restarts`` while ``ClusterCoordinator`` re-runs its steps; with
+``cluster.min_workers`` (:func:`elastic`) the coordinator is member task ``chief:0`` and a lost
+worker makes the next attempt run on the workers left; a lost ps ends the run (exit 1, naming
+it). What each failure costs: docs/guarantees.md.
 """
 
 from __future__ import annotations

@@ -9,10 +9,7 @@ A run that fails at runtime ends its console output with one short paragraph::
                  to resume from global step 40 (cluster.max_restarts: 2 restarts it by itself)
       logs:      runs/x/logs (worker-1.log)
 
-Whether a failure is retryable is its failure class (:func:`kerasdist.errors.classify`): a lost
-task, a transient RPC error or a preemption is; a deterministic error (a bad label met during
-training, a bug in the user's code) is not -- the same input fails the same way. Nothing here
-runs TensorFlow or imports it.
+Whether a failure is retryable is its failure class (:func:`kerasdist.errors.classify`).
 """
 
 from __future__ import annotations

@@ -1,35 +1,20 @@
 """Local clusters in a private network namespace: their task servers are unreachable from the network.
 
-TensorFlow's task servers (``tf.distribute.Server``, the collective runtime of multi-worker
-training) listen on every network interface -- TensorFlow offers no bind address -- and accept any
-client without authentication: whoever reaches a port can run ops in the task (read and write files
-as its user, for example). A ``cluster.kind: local`` run therefore runs its whole cluster inside one
-fresh Linux network namespace holding only a loopback interface:
+TensorFlow's task servers listen on every interface and accept any client unauthenticated, so a
+``cluster.kind: local`` run (and a local Ray) runs its whole cluster in one fresh Linux network
+namespace holding only a loopback interface (docs/guarantees.md, "Security"). The launching process
+checks everything first (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
+``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or forks it:
+:mod:`kerasdist.launch.forking.netns`), which brings ``lo`` up and runs the local launcher there
+(:func:`serve`). :func:`run_isolated` lets the child write to the console, forwards SIGINT and
+SIGTERM to it and maps its result back: the :class:`RunResult` of ``<run_dir>/metrics.json``, or
+the child's exception class and message, so the API raises (and the CLI exits with) the same as
+without the namespace.
 
-* the launching process (``kerasdist fit``, :func:`kerasdist.fit`) checks everything first
-  (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
-  ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or, where the command
-  imported TensorFlow for the run, a child forked from it that calls ``unshare(2)`` itself:
-  :mod:`kerasdist.launch.forking.netns`), which brings ``lo`` up and runs the local launcher there
-  (:func:`serve`; the kind's ``launch_here``, :mod:`kerasdist.launch.clusters.local`): worker
-  and ps tasks, the coordinator of a parameter-server run, the ports they pick -- all inside the
-  namespace;
-* the launching process (:func:`run_isolated`) lets the child write to its console
-  (inherited stdout/stderr), forwards SIGINT and SIGTERM to it, and maps its result back: on
-  success the :class:`RunResult` of ``<run_dir>/metrics.json``; on failure the child's exception
-  class and message (sent back over a pipe), so the API raises the same classes (and the CLI
-  exits with the same codes) as without the namespace.
-
-Where no namespace can be made (no ``unshare`` binary, or ``unshare --net true`` fails, e.g. in a
-container without the privilege), a local cluster is refused with exit code 2 unless the recipe sets
-``cluster.allow_network_exposure: true``; then the tasks run as before, reachable from the network,
-with a warning. Set ``KERASDIST_NO_NETNS=1`` to act as if namespaces were unavailable (tests).
-
-Limits: the tasks of an isolated local cluster reach nothing but each other (no remote data
-sources such as ``gs://`` paths or online downloads after the preflight); extra Python ``callbacks``
-travel only as recipe callbacks (an import path, ``{class_name, config}``, or an instance of an
-importable class with ``get_config``: :func:`kerasdist.launch.run.send_callbacks_by_path`); any
-other callback object is refused, as local peers already do.
+Where no namespace can be made, a local cluster is refused (exit 2) unless
+``cluster.allow_network_exposure: true``; ``KERASDIST_NO_NETNS=1`` acts as if none could be made.
+Isolated tasks reach nothing but each other; extra Python ``callbacks`` travel only as recipe
+callbacks (:func:`kerasdist.launch.run.send_callbacks_by_path`).
 """
 
 from __future__ import annotations

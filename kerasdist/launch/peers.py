@@ -1,24 +1,10 @@
 """A local cluster of peers (every worker runs the run, ``multi_worker``): its launch spec.
 
 Each attempt of the :class:`~kerasdist.launch.supervisor.Supervisor` starts every worker
-(``python -m kerasdist fit <run_dir>/logs/recipe.json``, each with its own ``TF_CONFIG`` in its
-environment only) on fresh localhost ports:
-
-* all workers exit 0: done (the chief wrote ``metrics.json``; the launcher adds the attempts to it
-  under ``supervisor``);
-* a worker dies or fails: the survivors get a few seconds to fail on their own (their collectives
-  fail within ``strategy.timeout_s``, naming the lost task), then every task is stopped, one line
-  each. A lost peer or a preemption is retried from the last backup, up to
-  ``cluster.max_restarts``; a deterministic error (class ``fatal``, e.g. a label out of range) or
-  bad input is not: the same input would fail the same way, so it is reported at once with the
-  task's own message;
-* with ``cluster.min_workers`` below ``cluster.workers``, a lost worker with no restart left does
-  not end the run: the workers that are left resume from the last backup at its exact step with the
-  same global batch (each replica's share re-derived; a count the batch does not divide is refused),
-  and the next restart tries the full size again;
-* the launcher itself gets SIGTERM or Ctrl-C: the workers save a checkpoint at an agreed step and
-  exit (up to :data:`~kerasdist.launch.plan.STOP_GRACE_S` s); then ``KeyboardInterrupt``
-  (the CLI exits 130; re-running the command finishes the run).
+(``python -m kerasdist fit <run_dir>/logs/recipe.json``, its ``TF_CONFIG`` in its environment
+only) on fresh localhost ports. A lost peer or a preemption is retried from the last backup
+within ``cluster.max_restarts``, or continued on fewer workers with ``cluster.min_workers``; a
+deterministic error or bad input is reported at once with the task's own message.
 """
 
 from __future__ import annotations

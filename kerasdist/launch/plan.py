@@ -74,17 +74,13 @@ class LaunchSpec:
         after_stop: called with the attempt's tasks once they are all stopped (clean-up).
         echo: copy every task's new log lines to stdout, prefixed ``[worker:1]``.
         what: the run, in words, for messages (``"multi-worker training"``).
-        interrupt_body: a task that ends the run while ``body`` runs (a ps task died, a worker
-            server died with no restart left) interrupts the main thread (SIGINT: the body saves
-            and stops if it still can), and :meth:`Supervisor.run` raises
-            :class:`TaskFailedError` naming it.
-        hang_timeout_s: seconds a server task (ps, parameter-server worker) may go without
-            answering a liveness probe before it is treated as lost: killed, then restarted or
-            dropped like any lost task (:mod:`kerasdist.launch.hang`); None: not watched.
-        abandon: called with that :class:`TaskFailedError` when the body stayed blocked
-            :data:`~kerasdist.launch.supervisor.BODY_ABANDON_S` s after every task was stopped
-            (TF's coordinator waiting for a lost worker); the default,
-            :func:`kerasdist._exit.abandon`, reports it and ends the process (exit code 1).
+        interrupt_body: a task that ends the run while ``body`` runs interrupts the main thread
+            (SIGINT), and :meth:`Supervisor.run` raises :class:`TaskFailedError` naming it.
+        hang_timeout_s: seconds a server task may go without answering a liveness probe before
+            it is lost (:mod:`kerasdist.launch.hang`); None: not watched.
+        abandon: called with that :class:`TaskFailedError` when the body is still blocked
+            :data:`~kerasdist.launch.supervisor.BODY_ABANDON_S` s after every task stopped;
+            default :func:`kerasdist._exit.abandon` (reports it, exit code 1).
     """
 
     plan: Callable[[int, int], list[TaskPlan]]

@@ -1,17 +1,11 @@
 """What each Ray Train worker runs (:mod:`kerasdist.launch.clusters.ray` is the driver's side).
 
-Ray's TensorFlow backend writes ``TF_CONFIG`` (a worker-only cluster, this worker's rank as its
-index) and ``TF_USE_LEGACY_KERAS=1`` into the worker's environment before calling the loop. The
-loops below drop ``TF_USE_LEGACY_KERAS`` (it would turn ``tf.keras`` into Keras 2 where ``tf_keras``
-is installed; kerasdist trains Keras 3 models), apply :func:`kerasdist.enable`, and then:
-
-* :func:`recipe_loop` runs kerasdist's lifecycle as one multi-worker task, under the driver's
-  run-directory lock (its token comes in the config), with :func:`ray_report` reporting every
-  epoch's logs to Ray, and on the chief the newest checkpoint;
-* :func:`script_loop` runs a user's script as ``__main__`` (``kerasdist launch --ray``).
-
-Each worker writes ``<run_dir>/logs/ray-worker-<rank>.json`` (pid, host, Ray node IP and id, group
-size, TF task address) so that operators (and the fault tests) can find its process and node.
+Ray's TensorFlow backend writes a worker-only ``TF_CONFIG`` and ``TF_USE_LEGACY_KERAS=1`` into the
+worker's environment; the loops drop the latter (kerasdist trains Keras 3), apply
+:func:`kerasdist.enable`, then :func:`recipe_loop` runs kerasdist's lifecycle as one multi-worker
+task under the driver's run-directory lock, reporting each epoch to Ray (:func:`ray_report`), and
+:func:`script_loop` runs a user's script (``launch --ray``). Each worker writes
+``<run_dir>/logs/ray-worker-<rank>.json`` (pid, host, Ray node, group size, TF task address).
 """
 
 from __future__ import annotations
@@ -100,10 +94,8 @@ def ray_report(run_dir: Path, *, is_chief: bool):
     """A Keras callback reporting each epoch to Ray Train (``ray.train.report``): the epoch's logs
     (floats) with ``epoch`` (1-based) and ``global_step`` (``optimizer.iterations``); on the chief
     also the newest kerasdist checkpoint of ``<run_dir>/checkpoints`` (Ray copies it into its
-    storage). Built here, not at import, so that Keras is imported only after :func:`_prepare`.
-
-    Every worker reports once per epoch, as Ray requires. kerasdist's own checkpoint is written
-    before this callback runs (its callbacks come first), so the copy is of this epoch's end.
+    storage; kerasdist's own callbacks run first, so it is this epoch's). Every worker reports
+    once per epoch, as Ray requires. Built here so that Keras is imported after :func:`_prepare`.
 
     Args:
         run_dir: the run directory (``pathlib.Path``).

@@ -1,17 +1,5 @@
-"""What the supervisor does after a failed attempt: the restart and shrink rules, as one pure
-function (no process is touched here; :class:`kerasdist.launch.supervisor.Supervisor` acts on
-the answer).
-
-The rules (the supervisor's module docs tell the whole story):
-
-* a failure the same input repeats ends the run with the task's own message: class
-  ``bad_input`` (e.g. a task's port taken) raises the task's own error class (exit 2), any other
-  class that is not retryable (``fatal``) raises :class:`~kerasdist.errors.TrainingError`;
-* a worker lost again in the attempt right after its restart, with ``min_workers`` allowing it:
-  go on with the workers left, spending no restart (shrink);
-* while restarts are left: restart at the full size (grow back), spending one;
-* with no restart left and ``min_workers`` allowing it: go on with the workers left;
-* otherwise the run fails (:class:`~kerasdist.errors.TaskFailedError`).
+"""What the supervisor does after a failed attempt: the restart and shrink rules as one pure function
+(:func:`next_attempt`; :class:`kerasdist.launch.supervisor.Supervisor` acts on the answer).
 """
 
 from __future__ import annotations
@@ -33,7 +21,11 @@ class NextAttempt:
 
 def next_attempt(failure: Failure, *, workers: int, full: int, fewest: int, restarts_left: int,
                  previous_lost: set[str], number: int, what: str) -> NextAttempt:
-    """Decide the attempt after attempt ``number`` failed with ``failure``.
+    """Decide the attempt after attempt ``number`` failed with ``failure``: a failure the same
+    input repeats ends the run (``bad_input``: the task's own error class; ``fatal``:
+    :class:`~kerasdist.errors.TrainingError`); a worker lost again right after its restart shrinks
+    the run (``min_workers`` allowing, no restart spent); while restarts are left the cluster
+    restarts at full size; with none left it shrinks, else the run fails.
 
     Args:
         failure: how the attempt failed (its class and the worker tasks it lost).

@@ -1,8 +1,6 @@
-"""Run a recipe where its ``cluster.kind`` says: :func:`run_recipe` hands it to the kind
-(:mod:`kerasdist.launch.clusters`: this process, a local cluster, Ray, or one task of a cluster
-started by TF_CONFIG, Slurm or a JobSet); the checks of the command that launches a cluster
-(:func:`preflight`, :func:`check_shape`) and the callbacks a task can rebuild.
-"""
+"""Run a recipe where its ``cluster.kind`` says (:func:`run_recipe` hands it to the kind,
+:mod:`kerasdist.launch.clusters`); the launcher's checks (:func:`preflight`, :func:`check_shape`)
+and the callbacks a task can rebuild."""
 
 from __future__ import annotations
 
@@ -26,10 +24,9 @@ log = _log.get_logger("launch")
 
 def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     """Every bad-input check of a cluster started from this process, before any process starts
-    or any file is written: :func:`check_shape`, the run directory (path, fingerprint), the data
-    splits (readable, at least one global batch), and the model built against the data (labels,
-    shapes, NaN/inf: :func:`kerasdist.training.checks.check_recipe_here`, no strategy created; in
-    a forked child where :mod:`kerasdist.launch.forking` applies).
+    or any file is written: :func:`check_shape`, the run directory, the data splits (at least one
+    global batch) and the model built against the data
+    (:func:`kerasdist.training.checks.check_recipe_here`, in a forked child where it applies).
 
     Returns:
         The checked :class:`~kerasdist.training.rundir.RunDir` (claimed by the launcher).
@@ -101,17 +98,6 @@ def send_callbacks_by_path(recipe: Recipe, callbacks) -> tuple[Recipe, list]:
     return validate_recipe(raw, source="callbacks="), kept
 
 
-def resolve_role(recipe: Recipe, tf_config: TFConfig | None) -> TFConfig:
-    """This task's role on a cluster kerasdist does not launch: ``tf_config`` when given, else
-    from the task's environment as its kind reads it (``TF_CONFIG``, Slurm, JobSet).
-
-    Raises:
-        ClusterError: missing or invalid ``TF_CONFIG`` / Slurm / JobSet variables (names what is
-            wrong), or a kind whose tasks take no role from their environment.
-    """
-    return clusters.of(recipe).role(recipe, tf_config)
-
-
 def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_config: TFConfig | None = None,
                callbacks=(), echo: bool = True) -> RunResult | None:
     """Run ``recipe``; returns the :class:`RunResult` in the process that owns the outputs
@@ -123,9 +109,8 @@ def run_recipe(recipe: Recipe, *, overwrite: bool = False, verbose=None, tf_conf
         verbose: Keras progress verbosity and log level (0, 1, 2); default the recipe's.
         tf_config: this task's role on a real cluster; default: from its environment
             (``TF_CONFIG``, the ``SLURM_*`` or JobSet variables, as its kind reads them).
-        callbacks: extra Keras callbacks; refused for a local cluster (its launcher runs in a
-            child process in a private network namespace) unless it runs exposed
-            (``cluster.allow_network_exposure``) with the coordinator here.
+        callbacks: extra Keras callbacks; a local cluster takes only those a task can rebuild
+            (:func:`send_callbacks_by_path`) unless its coordinator runs here, exposed.
         echo: on a local cluster, show the chief task's new log lines on the console while it
             runs (default True; ``fit --quiet``: False).
 

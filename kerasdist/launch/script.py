@@ -1,35 +1,14 @@
 """``kerasdist launch``: run a user's own Keras script as a local cluster (torchrun for Keras 3).
 
-* **Multi-worker** (``--ps 0``, the default): ``--workers N`` tasks (plus ``chief:0`` with
-  ``--chief``) each run the script with its own ``TF_CONFIG``; the script builds its
-  ``MultiWorkerMirroredStrategy`` from it, as on real machines.
-* **Parameter server** (``--ps M``): ``M`` ps and ``N`` worker tasks run kerasdist's TensorFlow
-  servers; the script runs once, as ``chief:0``, the coordinator of its ``ParameterServerStrategy``.
+* **Multi-worker** (``--ps 0``): ``--workers N`` tasks (plus ``chief:0`` with ``--chief``) each
+  run the script with its own ``TF_CONFIG``.
+* **Parameter server** (``--ps M``): ``M`` ps and ``N`` worker tasks serve; the script runs once,
+  as ``chief:0``, the coordinator of its ``ParameterServerStrategy``.
 
-Every script task runs ``python -m kerasdist.launch.script_task SCRIPT ARGS`` (kerasdist enabled
-before the script's first line; see :mod:`kerasdist.launch.script_task`). The launcher is the one
-recipes use (:class:`~kerasdist.launch.processes.LocalLauncher`, status files, failure classes):
-
-* every task's output goes to ``<log_dir>/<type>-<index>.log`` and is echoed to the console with
-  its task as prefix (``[worker:1] ...``);
-* the first failing task is named with how it ended and its last lines; every process is stopped
-  on a failure, on Ctrl-C and on SIGTERM (exit code 130);
-* a lost task (killed, or its script failed because a peer was lost) restarts the cluster up to
-  ``--max-restarts`` times (the script resumes from its own ``BackupAndRestore``/checkpoints); a
-  script error (class ``fatal``) is not restarted. Under parameter server a dead *worker* server
-  is restarted alone and the coordinator carries on (``ClusterCoordinator`` re-runs its steps)
-  while the budget lasts; beyond it the attempt fails (the coordinator cannot go on without one
-  of its workers);
-* ``--workers MIN:MAX``: with no restart left, a lost worker does not end the run: the cluster
-  restarts on the workers that are left (down to MIN; the script's ``TF_CONFIG`` has fewer
-  workers, its own backup resumes it), and the next restart tries MAX again. The same holds for
-  the worker servers of a parameter-server script.
-
-One :class:`~kerasdist.launch.supervisor.Supervisor` runs it, the same one recipes use.
-
-The cluster runs in a private network namespace (:mod:`kerasdist.launch.isolation`): its servers
-are unreachable from other machines, and so is the network from the script (prepare datasets
-first). ``--allow-network-exposure`` runs without it.
+Every script task runs ``python -m kerasdist.launch.script_task SCRIPT ARGS``. The
+:class:`~kerasdist.launch.supervisor.Supervisor` recipes use runs the cluster (task logs echoed
+with their task as prefix, restarts within ``--max-restarts``, ``--workers MIN:MAX`` shrinking),
+in a private network namespace unless ``--allow-network-exposure`` (docs/launch.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """One task of ``kerasdist launch``: run a user's script with kerasdist enabled, or serve.
 
-``python -m kerasdist.launch.script_task SCRIPT [ARGS...]`` applies :func:`kerasdist.enable`
-(Keras 3 multi-worker and parameter-server mends; a ``kerasdist.enable()`` in the script is then a
-harmless no-op), sets ``sys.argv`` to ``[SCRIPT, *ARGS]`` and runs the script as ``__main__``
-(:func:`runpy.run_path`), as ``python SCRIPT ARGS`` would. Its role comes from ``TF_CONFIG`` as the
-script expects. An exception from the script is recorded in the task's status file
-(:mod:`kerasdist.launch.status`) so the launcher can tell a lost peer from a bug in the script.
-
-``python -m kerasdist.launch.script_task --serve`` runs a ``ps`` or ``worker`` task of a
-parameter-server cluster instead: a TensorFlow server for the role in ``TF_CONFIG``, until stopped.
+``python -m kerasdist.launch.script_task SCRIPT [ARGS...]`` applies :func:`kerasdist.enable`, then
+runs the script as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]``, its role from ``TF_CONFIG``;
+an exception from the script is recorded in the task's status file (:mod:`kerasdist.launch.status`).
+``--serve`` runs a ``ps`` or ``worker`` server of a parameter-server cluster until stopped.
 """
 
 from __future__ import annotations

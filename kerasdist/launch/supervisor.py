@@ -1,43 +1,27 @@
 """One supervisor for every local cluster kerasdist starts: recipes, ``kerasdist launch``, the
 parameter-server worker restarts.
 
-Modelled on torchelastic's agent (``torch.distributed.elastic.agent.server.SimpleElasticAgent``,
-https://pytorch.org/docs/stable/elastic/agent.html): one monitor loop over worker states, one
-restart budget, one failure channel -- each task's status file (:mod:`kerasdist.launch.status`),
-never its log. What to run comes in as a :class:`LaunchSpec`, built by the caller (the recipe
-launcher, the CLI's ``launch``); the supervisor decides nothing about strategies.
+Modelled on torchelastic's agent (``SimpleElasticAgent``,
+https://pytorch.org/docs/stable/elastic/agent.html): one monitor loop over task states, one
+restart budget, one failure channel, each task's status file (:mod:`kerasdist.launch.status`),
+never its log. What to run comes in as a :class:`LaunchSpec`; the supervisor decides nothing
+about strategies.
 
-An **attempt** starts the tasks of :attr:`LaunchSpec.plan` for its number of workers (servers
-first, then waits until they listen, then the members) and watches them:
+An **attempt** starts the tasks of :attr:`LaunchSpec.plan` (servers first, then the members) and
+watches them: every *member* exiting 0 succeeds it; a failed member or a dead ps fails it (the
+others get :attr:`LaunchSpec.survivor_grace_s` to fail on their own, then every task is stopped,
+one line each). A dead *server* worker is restarted alone on its address while the budget lasts.
+A coordinator cannot go on without one of its workers (TF's ``ClusterCoordinator`` waits in
+``update_server_def`` until every worker is back: ``WorkerPreemptionHandler`` in
+tensorflow/python/distribute/coordinator/cluster_coordinator.py), so a body's run is then ended:
+interrupted, its tasks stopped after :data:`BODY_STOP_S`, and abandoned after
+:data:`BODY_ABANDON_S` more (:attr:`LaunchSpec.abandon`). SIGINT or SIGTERM asks every task to
+save and stop, then raises ``KeyboardInterrupt``.
 
-* every *member* exits 0 (a worker of a multi-worker run, a script task): the attempt succeeds;
-* a member fails, or a server other than a worker (a ps task) dies: the attempt fails. The others
-  get :attr:`LaunchSpec.survivor_grace_s` to fail on their own (so their status files say which
-  peer they lost), then every task is stopped and each gets one line saying how it ended;
-* a *server* worker (parameter server) dies: it is restarted alone on its address while the budget
-  lasts (``ClusterCoordinator`` re-runs its steps); beyond it, the attempt fails like any lost task.
-  A coordinator cannot go on without one of its workers: TF's ``ClusterCoordinator`` blocks in
-  ``update_server_def`` until every worker is back (``WorkerPreemptionHandler._preemption_handler``
-  in tensorflow/python/distribute/coordinator/cluster_coordinator.py: "waits until all workers are
-  back"; partial recovery is a TODO there), and a per-worker evaluation shard waits for it too. A
-  body's run is therefore ended (interrupted; after :data:`BODY_STOP_S` seconds its tasks are
-  stopped, so that its pending remote calls fail; if the body is still blocked
-  :data:`BODY_ABANDON_S` seconds later -- TF's failure handler can hold every worker thread, so
-  that no call ever fails -- :attr:`LaunchSpec.abandon` reports the failure and ends the
-  process); where the coordinator is a member task (a script's, or an elastic recipe's
-  ``chief:0``) the attempt fails, and the run restarts or, with ``min_workers``, shrinks as below
-  (a lost ``chief:0`` of a cluster with ps tasks loses no worker);
-* SIGINT or SIGTERM to the supervisor: every task gets SIGTERM (they save a checkpoint at an agreed
-  step and exit 130), one line per task, then ``KeyboardInterrupt`` (the CLI exits 130).
-
-After a failed attempt: a failure the same input repeats (class ``fatal``, ``bad_input``) ends the
-run at once with the task's own message; a lost task restarts the cluster at its full size ("grows
-back") while the budget (``max_restarts``, shared with the worker restarts above) lasts. With
-``min_workers`` below ``workers``, a worker that cannot be restarted -- lost again in the attempt
-right after its restart, or lost with the budget spent -- no longer ends the run: it **continues on
-the workers that are left** (fewer tasks, same global batch: :attr:`LaunchSpec.check_workers`
-refuses a count it does not divide), resuming from the last backup at its exact step. Shrinking
-costs no restart; each grow-back does, so the run ends.
+After a failed attempt (:func:`kerasdist.launch.retry.next_attempt`): a failure the same input
+repeats ends the run with the task's own message; a lost task restarts the cluster at full size
+while ``max_restarts`` lasts; with ``min_workers`` a worker that cannot be restarted leaves the run
+to go on with the workers left (same global batch, from the last backup at its exact step).
 """
 
 from __future__ import annotations

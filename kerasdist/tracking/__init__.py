@@ -1,13 +1,7 @@
-"""Experiment tracking of recipe runs (``output.tracking``): one tracker run per kerasdist run.
-
-Only the task that writes the run directory's outputs tracks: the chief of a multi-worker
-cluster, the coordinator of a parameter-server one, the one process otherwise
-(:func:`kerasdist.training.run_session`). The tracker run's id is kept in
-``<run_dir>/tracking.json``, so a resumed run, a restarted cluster and an elastic run that goes on
-with fewer workers all continue the same tracker run.
-
-* :mod:`kerasdist.tracking.mlflow_tracker`: MLflow, through ``mlflow.MlflowClient`` (no global
-  MLflow state); needs ``pip install 'kerasdist[mlflow]'``.
+"""Experiment tracking of recipe runs (``output.tracking``): one tracker run per kerasdist run,
+written by the task that writes the outputs (:func:`kerasdist.training.run_session`) and kept in
+``<run_dir>/tracking.json``, so a resumed, restarted or elastic run continues it. MLflow
+(:mod:`kerasdist.tracking.mlflow_tracker`) needs ``pip install 'kerasdist[mlflow]'``.
 """
 
 from __future__ import annotations

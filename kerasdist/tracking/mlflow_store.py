@@ -105,10 +105,8 @@ def client_for(uri: str):
 
 def unreachable(uri: str | None, *, timeout_s: int = PROBE_TIMEOUT_S) -> str | None:
     """Why the tracking store ``uri`` cannot be used, or None when it answers: one request
-    (``search_experiments``) with a ``timeout_s`` timeout and no retry. Writes nothing in a run
-    directory: the default URI (None, a new SQLite file in the run directory) is not opened; a
-    ``sqlite:///PATH`` store is refused when PATH's directory does not exist, else opened (MLflow
-    creates the file and its tables there).
+    (``search_experiments``), no retry. The default URI (None) is not opened; a
+    ``sqlite:///PATH`` store is refused when PATH's directory does not exist, else opened.
 
     Args:
         uri: ``output.tracking.uri``.

@@ -1,25 +1,13 @@
-"""MLflow tracking of a recipe run: one MLflow run per kerasdist run, logged by one task.
+"""MLflow tracking of a recipe run: one MLflow run per kerasdist run, logged by one task through
+``mlflow.MlflowClient`` (never MLflow's process-wide active run).
 
-What is logged (through ``mlflow.MlflowClient``, never MLflow's process-wide active run):
-
-* params: the resolved recipe flattened to dotted keys (``optimizer.learning_rate.config.
-  decay_steps``), values as JSON text (cut to MLflow's 6000 characters). MLflow params cannot
-  change; a resumed run whose recipe changed a value (``trainer.epochs`` 2 -> 4) records it as the
-  tag ``kerasdist.changed.<key>`` ("2 -> 4 at step 8");
-* metrics at every epoch end, at the global step (``optimizer.iterations``): every numeric
-  Keras log (``loss``, ``val_accuracy``, the parameter-server ``ps_*`` figures) and
-  ``examples_per_sec`` (global batch x steps of the epoch / its wall seconds, validation
-  included) and ``epoch`` (1-based);
-* tags: ``kerasdist.strategy``, ``kerasdist.cluster_kind``, ``kerasdist.workers``,
-  ``kerasdist.ps``, ``kerasdist.replicas``, ``kerasdist.version``, ``tensorflow.version``,
-  ``keras.version``, ``kerasdist.run_dir``;
-* at the end: the held-out evaluation as ``final_<name>`` metrics, ``model.keras`` and
-  ``metrics.json`` as artifacts; the run is set FINISHED (FAILED or KILLED when training raised).
-
-The run's id is written to ``<run_dir>/tracking.json`` (``{"kind", "uri", "run_id",
-"experiment_id", "launched"}``); a resumed run (same run directory) sets
-that run RUNNING again and logs on at its global step. The default URI is the SQLite store
-``sqlite:///<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``: no server needed.
+Logged: the resolved recipe as params (dotted keys, JSON values cut to MLflow's 6000 characters;
+a value a resumed run changed is the tag ``kerasdist.changed.<key>``, "2 -> 4 at step 8"); every
+numeric Keras log, ``examples_per_sec`` and ``epoch`` at each epoch end, at the global step; tags
+of the strategy, cluster and versions; at the end ``final_<name>`` metrics and the ``model.keras``
+and ``metrics.json`` artifacts, and the run's status. The run's id is kept in
+``<run_dir>/tracking.json`` so a resumed run logs on; the default URI is
+``sqlite:///<run_dir>/mlflow.db`` (docs/own-model-and-data.md, "Tracking with MLflow").
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""The protocol every source kind implements (:class:`SourceKind`) and its three families, each
-in its own module: :class:`~kerasdist.data.sources.memory.MemoryKind` (a split read whole into
-NumPy arrays: ``embedded``, ``idx``, ``npz``, ``synthetic_*``),
-:class:`~kerasdist.data.sources.files.FileKind` (a
-:class:`~kerasdist.data.sources.files.FileSource` whose units are files: ``tfrecord``, ``csv``,
-``image_folder``) and :class:`~kerasdist.data.sources.functions.FunctionKind` (a function returns
-a split's ``tf.data.Dataset``: ``python``, ``tfds``).
-
-All three describe a split as :class:`~kerasdist.data.stream.Units` and ride the one resumable
-stream of :mod:`kerasdist.data.stream` (shard policy, per-pass order, skip to the exact step,
-decode, batch).
-
-Every family gives the same four things, which the entry points of :mod:`kerasdist.data.inputs`
-call and nothing else does: the resumable training stream and evaluation input
-(:meth:`SourceKind.stream`), the sidecar evaluator's input (:meth:`SourceKind.eval_dataset`), a
-sample of decoded examples (:meth:`SourceKind.sample`, :meth:`SourceKind.check_sample`) and the
-whole split as arrays (:meth:`SourceKind.load`). A kind reads its own fields as
-``config.source.<field>`` and the common ones (splits, batch size, seed) as ``config.<field>``.
+"""The protocol every source kind implements (:class:`SourceKind`) and its three families, each in
+its own module: :class:`~kerasdist.data.sources.memory.MemoryKind` (a split read whole into NumPy
+arrays), :class:`~kerasdist.data.sources.files.FileKind` (units are files) and
+:class:`~kerasdist.data.sources.functions.FunctionKind` (a function returns a split's
+``tf.data.Dataset``). All three describe a split as :class:`~kerasdist.data.stream.Units` and ride
+the one stream of :mod:`kerasdist.data.stream`; only :mod:`kerasdist.data.inputs` calls them. A
+kind reads its own fields as ``config.source.<field>``, the common ones as ``config.<field>``.
 """
 
 from __future__ import annotations

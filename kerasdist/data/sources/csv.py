@@ -1,20 +1,14 @@
 """Source ``csv``: CSV files with a header row, read with ``tf.data.TextLineDataset`` and
-``tf.io.decode_csv``; categorical columns become ids with a vocabulary computed once from the
-training split and kept in the run directory (:data:`CSV_SCHEMA_FILE`); :class:`CsvSource`
-implements the :class:`~kerasdist.data.sources.files.FileSource` protocol.
+``tf.io.decode_csv`` (:class:`CsvSource`, a :class:`~kerasdist.data.sources.files.FileSource`).
 
-Columns are matched by their header name, never by position: the column order of the training
-split's first file is the reference, and every file of every split (training or evaluation) must
-have the same columns, in any order (a missing or an extra column is refused, naming the file and
-the column). A file's unit carries the permutation from its own column order to the reference one
-(``path<SEP>i,j,...``), which the decoder applies to each line.
-
-Before anything is written every file of a split is read once in Python (the pre-pass): each
-numeric cell and each label must parse (a finite float32 number; an int64 class id or, with
-``data.source.label_dtype: float32``, a finite number), so that a bad value is reported with its file,
-line, column and value instead of a TensorFlow error in the middle of training. The training
-split's pass also computes the numeric columns' mean and std (Welford's algorithm in float64) and
-the categorical vocabularies. A UTF-8 byte order mark (Excel's "CSV UTF-8") is accepted."""
+Columns are matched by header name: the training split's first file gives the reference order,
+and every file must have the same columns in any order (a unit carries its permutation,
+``path<SEP>i,j,...``). Before anything is written every file of a split is read once in Python:
+each numeric cell and label must parse, so a bad value is reported with its file, line, column and
+value; the training split's pass also computes the numeric columns' mean and std (Welford, in
+float64) and the categorical vocabularies, kept in the run directory (:data:`CSV_SCHEMA_FILE`).
+A UTF-8 byte order mark is accepted.
+"""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """What the file kinds (``tfrecord``, ``csv``, ``image_folder``) share: the :class:`FileSource`
 protocol each kind's module implements, the files of a split, and :class:`FileKind`, which turns a
-source's files into the one stream's :class:`~kerasdist.data.stream.Units`.
-
-A :class:`FileSource` lists a split's shardable units (files; for ``image_folder`` each image),
-reads them as raw, undecoded records (a serialized ``tf.train.Example``, a CSV line, an image
-path) and decodes a record into ``(x, y)``. Shuffling, sharding, skipping (resume) and batching
-happen on the raw records (:mod:`kerasdist.data.stream`), so a resumed stream skips records
-without decoding them; no split is read whole into memory.
+source's files into the one stream's :class:`~kerasdist.data.stream.Units`. Shuffling, sharding,
+skipping and batching happen on raw, undecoded records; no split is read whole into memory.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kerasdist._log import get_logger
-from kerasdist.config.data_configs import is_pattern
+from kerasdist.config.source_configs import is_pattern
 from kerasdist.data import stream
 from kerasdist.data.convert import shard_policy
 from kerasdist.data.sources.base import SourceKind

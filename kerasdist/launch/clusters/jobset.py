@@ -1,31 +1,13 @@
 """``cluster.kind: jobset``: each task is a pod of a Kubernetes JobSet and reads its role there.
 
-A JobSet (https://jobset.sigs.k8s.io, API ``jobset.x-k8s.io/v1alpha2``) runs one Kubernetes Job
-per *replicated job*; ``kerasdist export jobset`` writes one replicated job per TensorFlow task
-type, named as the type (``chief``, ``ps``, ``worker``), each an Indexed Job with one pod per task.
-JobSet gives every pod a stable DNS name when ``spec.network.enableDNSHostnames`` is true::
-
-    <jobset name>-<replicated job>-<job index>-<pod index>.<subdomain>
-
-(the subdomain is a headless service JobSet creates, named as the JobSet unless
-``spec.network.subdomain`` says otherwise). Each pod reads, from its environment:
-
-* ``JOBSET_NAME`` and ``REPLICATED_JOB_NAME``: the manifest maps them from the pod's annotations
-  ``jobset.sigs.k8s.io/jobset-name`` and ``jobset.sigs.k8s.io/replicatedjob-name``
-  (Kubernetes' downward API);
-* ``JOB_COMPLETION_INDEX``: set by Kubernetes in every pod of an Indexed Job: the task index;
-* ``JOBSET_SUBDOMAIN`` (optional): the subdomain, when it is not the JobSet's name.
-
-A Kubeflow Trainer v2 TrainJob (``kerasdist export trainjob``) runs every task in the one
-replicated job Trainer v2 builds, named ``node``: there the pod's ``JOB_COMPLETION_INDEX`` is its
-rank, mapped to roles as under Slurm (:func:`kerasdist.cluster.roles.rank_roles`: rank 0 the
-chief, then the ps, then the workers; without ps every rank is a worker).
-
-The task counts come from the recipe (``cluster.workers``, ``cluster.ps``; one chief under
-``parameter_server``), the port from ``cluster.port_base`` (every pod has its own address, so one
-port serves all). The result is a validated :class:`~kerasdist.cluster.spec.TFConfig`: a JobSet
-run goes through the same code as a ``TF_CONFIG`` run (:class:`JobSetKind` is a
-:class:`~.tf_config.ScheduledKind`).
+``kerasdist export jobset`` writes one Indexed Job per task type (replicated jobs ``chief``,
+``ps``, ``worker``) with DNS hostnames, ``<jobset>-<replicated job>-<job index>-<pod
+index>.<subdomain>``. Each pod reads ``JOBSET_NAME`` and ``REPLICATED_JOB_NAME`` (mapped from
+its annotations by the manifest), ``JOB_COMPLETION_INDEX`` (its task index) and, optionally,
+``JOBSET_SUBDOMAIN``. In a Kubeflow Trainer v2 TrainJob every task is in the replicated job
+``node`` and ``JOB_COMPLETION_INDEX`` is its rank (:func:`kerasdist.cluster.roles.rank_roles`).
+Task counts come from the recipe, the port from ``cluster.port_base``; the result is a validated
+:class:`~kerasdist.cluster.spec.TFConfig` (docs/kubernetes.md).
 """
 
 from __future__ import annotations

@@ -1,39 +1,16 @@
 """``cluster.kind: ray``: run a multi-worker recipe, or a user's script, on Ray: each Ray Train
 worker is one worker task.
 
-``cluster.kind: ray`` (:class:`RayKind`: the launcher of a local cluster, with Ray in place of
-the supervisor) and ``kerasdist launch --ray`` hand the worker group to Ray Train's
-``TensorflowTrainer``: Ray places ``cluster.workers`` workers (each reserving
-``cluster.cpus_per_worker`` CPUs and ``cluster.gpus_per_worker`` GPUs), writes a worker-only
-``TF_CONFIG`` into each, and runs :func:`kerasdist.launch.ray_worker.recipe_loop` there, which
-applies :func:`kerasdist.enable` and runs the same lifecycle as a local multi-worker task
-(:func:`kerasdist.training.run_session`): worker 0 is the chief and writes the outputs into
-``output.run_dir``; each epoch every worker reports its logs to Ray, and the chief also reports the
-newest checkpoint (copied into Ray's storage, ``<run_dir>/ray``). After a worker is lost, Ray's
-``FailureConfig(max_failures=cluster.max_restarts)`` restarts the whole group, which resumes from
-kerasdist's last backup at its exact step (``trainer.checkpoint.every_steps``).
-
-With ``cluster.min_workers`` below ``cluster.workers`` the group is elastic through Ray Train V2's
-own scaling, ``ScalingConfig(num_workers=(min_workers, workers))``: after a failure (one of the
-``max_restarts``) Ray restarts the group with as many workers as the cluster can place, at least
-``min_workers``, and every ``cluster.resize_check_s`` (``elastic_resize_monitor_interval_s``) a
-smaller group is restarted at full size when the nodes are back (not a failure). Ray's TensorFlow
-backend writes each new group's ``TF_CONFIG``; every attempt resumes from the last backup with the
-recipe's global batch (the per-replica batch re-derived; every count from ``min_workers`` to
-``workers`` must divide it: :func:`check_elastic`). kerasdist adds no elasticity of its own here.
-
-Where Ray runs:
-
-* ``cluster.address`` unset: a local Ray is started for this run, with
-  ``max(cores, workers x cpus_per_worker)`` logical CPUs (over-subscribed on small machines), inside
-  the run's private network namespace (:mod:`kerasdist.launch.isolation`: Ray's own servers, like
-  TensorFlow's, accept unauthenticated clients), and shut down at the end;
-* ``auto`` or ``HOST:PORT``: the existing cluster there is joined and left running. Its network is
-  the operator's: TensorFlow's task servers in the workers listen on the nodes' addresses for the
-  run (docs/guarantees.md, "Security"). ``output.run_dir`` must then be on storage every node reaches.
-
-Parameter-server training is refused on Ray (see ``ParameterServerStrategyConfig``'s traits).
-Source: https://docs.ray.io/en/latest/train/api/doc/ray.train.tensorflow.TensorflowTrainer.html
+``cluster.kind: ray`` (:class:`RayKind`: a local cluster's launcher, with Ray in place of the
+supervisor) and ``kerasdist launch --ray`` hand the worker group to Ray Train's
+``TensorflowTrainer``, which writes a worker-only ``TF_CONFIG`` into each worker and runs
+:mod:`kerasdist.launch.ray_worker` there (worker 0 is the chief). ``cluster.max_restarts`` is
+Ray's ``FailureConfig(max_failures=...)``; ``cluster.min_workers`` is Ray Train V2's elastic
+scaling, ``ScalingConfig(num_workers=(min_workers, workers))``. Without ``cluster.address`` a
+local Ray is started for the run in its private network namespace; with ``auto`` or
+``HOST:PORT`` that cluster is joined and left running. Parameter-server training is refused
+(docs/ray.md). Source:
+https://docs.ray.io/en/latest/train/api/doc/ray.train.tensorflow.TensorflowTrainer.html
 """
 
 from __future__ import annotations
@@ -124,12 +101,8 @@ def require_ray():
 
 def check_elastic(recipe: Recipe) -> None:
     """Refuse an elastic Ray group (``cluster.min_workers``) Ray Train cannot run, or whose
-    worker counts the global batch does not divide, before anything starts.
-
-    Ray Train picks any count from ``min_workers`` to ``workers`` (as many as the cluster can
-    place), and the global batch (``data.batch_size``) is kept at every count, so each count must
-    divide it (times ``trainer.gradient_accumulation_steps``). Elastic groups are Ray Train V2's
-    (the default of Ray 2.60; ``RAY_TRAIN_V2_ENABLED=0`` selects V1, which has none).
+    worker counts (any from ``min_workers`` to ``workers``) the global batch does not divide
+    (times ``trainer.gradient_accumulation_steps``), before anything starts.
 
     Raises:
         RecipeError: a count in ``min_workers..workers`` does not divide the global batch (exit 2).
@@ -324,8 +297,7 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     (whose token the workers receive), after the launcher's preflight.
 
     Args:
-        overwrite: already done by the launcher under the lock (it moved the old run aside); the
-            workers never overwrite, so a Ray restart resumes. Kept for the launcher's signature.
+        overwrite: done by the launcher under the lock; the workers never overwrite.
 
     Returns:
         the chief's :class:`RunResult` (from ``<run_dir>/metrics.json``).

@@ -1,12 +1,10 @@
 """``cluster.kind: tf_config``, and the base of the kinds whose tasks someone else starts (a
 scheduler, an operator, Kubernetes): this process is one task of the cluster.
 
-The task takes its role (:meth:`~kerasdist.launch.clusters.base.ClusterKind.role`: ``TF_CONFIG``
-here; Slurm and JobSet read their own variables), then (:meth:`ScheduledKind.run`)
-an ``evaluator`` follows the chief's run directory; under ``parameter_server`` a ps or worker
-serves and the chief runs the lifecycle, each watching the tasks it waits on; under
-``multi_worker`` every worker runs the lifecycle. A subclass adds what its scheduler needs (a
-start log, serving until the chief ends, after a preemption, the chief's end: :mod:`.slurm`).
+:meth:`ScheduledKind.run`: the task takes its role, then an ``evaluator`` follows the chief's run
+directory; under ``parameter_server`` a ps or worker serves and the chief runs the lifecycle, each
+watching the tasks it waits on; under ``multi_worker`` every worker runs it. A subclass adds its
+scheduler's hooks (:mod:`.slurm`).
 """
 
 from __future__ import annotations

@@ -1,36 +1,24 @@
 """The fork path of a local fit: tasks forked from a launcher that imported TensorFlow once (time
 to first step). On by default where it applies; ``KERASDIST_FORK_TASKS=0`` turns it off.
 
-The package holds every fork of kerasdist: this module (when the fork path applies, the recipe
+The package holds every fork of kerasdist: this module (whether the fork path applies, the recipe
 checked in a forked child, the first attempt's tasks forked), :mod:`.process` (a forked process
-made to stand where a started one would, and :class:`ForkedTask`, the launcher's handle on it)
-and :mod:`.netns` (the launcher of an isolated local cluster forked into a fresh network
-namespace).
+made to stand where a started one would) and :mod:`.netns` (the isolated launcher forked into a
+fresh network namespace). Where it applies, the command:
 
-Without it, the launching command imports TensorFlow and builds the model against the data (its
-bad-input checks: nothing may start before they pass), then every task imports TensorFlow again.
-Where this module applies, the command instead:
+1. imports ``tensorflow`` and ``keras`` once and initializes no TensorFlow runtime (a
+   ``MultiWorkerMirroredStrategy`` must be the first TF runtime op of its process, and TF's
+   runtime threads would not survive a fork);
+2. runs the checks (:func:`kerasdist.training.checks.check_recipe_here`) in a forked child that
+   reports its verdict on a pipe: bad input still exits 2 and starts nothing;
+3. runs the launcher: forked into a fresh network namespace (:mod:`.netns`), or in the command
+   when the run is exposed;
+4. the launcher forks the first attempt's tasks (:func:`start`), each standing where a started
+   task would and running ``python -m kerasdist <args>``'s entry point, ending with ``os._exit``.
 
-1. imports ``tensorflow`` and ``keras`` once and initializes no TensorFlow runtime (no eager
-   context, no op: a ``MultiWorkerMirroredStrategy`` must be the first TF runtime op of its
-   process, and TensorFlow's runtime threads would not survive a fork);
-2. runs the checks (:func:`kerasdist.training.checks.check_recipe_here`) in a child forked from
-   it, which reports its verdict on a pipe and exits: bad input still exits 2 with the same
-   message and starts nothing;
-3. runs the local cluster's launcher: an isolated run (the default where a network namespace can
-   be made) forks it into a fresh network namespace (:mod:`.netns`); an exposed
-   run (``cluster.allow_network_exposure`` where none can be made) runs it in the command;
-4. the launcher forks the first attempt's tasks (:func:`start`): each child leaves the
-   launcher's session and dies with it (as a started task does), reads ``/dev/null``, writes its
-   log file, takes its task's environment, drops the launcher's signal handlers, ``atexit``
-   hooks, stderr filter and crash-trace descriptor, and runs ``python -m kerasdist <args>``'s
-   entry point; it ends with ``os._exit`` and the code that command returns.
-
-It applies only to a local ``fit`` started by kerasdist's own command (not a library call),
-without tracking, ``multi_worker`` or ``parameter_server``; only the first attempt's tasks are
-forked (a restart, a parameter-server worker started again, ``kerasdist launch``, Slurm and Ray
-start processes as before). Once the launcher may have started TensorFlow's runtime (a
-parameter-server coordinator runs in it), nothing more is forked from it (:func:`spend`).
+It applies only to a local ``fit`` from kerasdist's own command (not a library call), without
+tracking, ``multi_worker`` or ``parameter_server``; only the first attempt's tasks are forked.
+Once the launcher may have started TensorFlow's runtime, nothing more is forked (:func:`spend`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
-"""The namespace child of an isolated local cluster, forked from the command that checked the run
-(time to first step).
+"""The namespace child of an isolated local cluster, forked from the command that checked the run.
 
-Where :func:`kerasdist.launch.forking.launcher_ready` holds (a local ``fit`` from kerasdist's own
-command that imported TensorFlow for its checks, :mod:`kerasdist.launch.forking`), the launcher of
-an isolated local cluster (:mod:`kerasdist.launch.isolation`) is not started as a new interpreter
-under ``unshare --net``; it is forked from the command (:func:`fork_launcher`), and the child:
-
-1. stands where a started child would (:func:`kerasdist.launch.forking.process.run`: its own
-   session, death with the command, the console with new streams, no descriptor of the command
-   but its result pipe, the environment a started child gets);
-2. moves itself into a fresh network namespace (:func:`unshare_network`: ``unshare(2)`` with
-   ``CLONE_NEWNET``; where it is not root, with ``CLONE_NEWUSER`` first and its user and group
-   mapped to root there, as ``unshare --net --map-root-user``) before anything else; if that
-   fails it reports so and exits having started nothing, and the command starts the launcher as
-   a new process as before (:class:`NotIsolated`);
-3. runs the launcher's work given by the caller (:func:`kerasdist.launch.isolation.serve`: brings
-   ``lo`` up, refusing a namespace with any other interface, and runs the local cluster); the
-   first attempt's tasks are forked from it in turn, inside the namespace, so no task imports
-   TensorFlow again.
-
-The child is single-threaded when it calls ``unshare`` (a forked process holds only the thread
-that forked it), which ``CLONE_NEWUSER`` requires. ``KERASDIST_FORK_TASKS=0`` turns this off with
-the rest of the fork path.
+Where :func:`kerasdist.launch.forking.launcher_ready` holds, the launcher of an isolated local
+cluster is forked from the command (:func:`fork_launcher`) instead of started under
+``unshare --net``. The child stands where a started child would
+(:func:`kerasdist.launch.forking.process.run`), moves itself into a fresh network namespace
+(:func:`unshare_network`: ``CLONE_NEWNET``, with ``CLONE_NEWUSER`` first and root mapped when
+not root; it is single-threaded, as ``CLONE_NEWUSER`` requires) before anything else, then runs
+the caller's work (:func:`kerasdist.launch.isolation.serve`). If the namespace cannot be made it
+exits having started nothing and the command starts the launcher as before (:class:`NotIsolated`).
 """
 
 from __future__ import annotations
