@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
-from kerasdist._log import get_logger
+from kerasdist._log import LAUNCHED_ENV, get_logger
 
 log = get_logger("cluster")
 
@@ -149,9 +149,7 @@ def watched_tasks(tf_config, timeout_s: float | None) -> dict[str, str]:
     watches every ps and worker, a worker the ps tasks, a ps nothing. Empty when ``timeout_s``
     is None, or when kerasdist's own launcher runs this task (it watches every task itself:
     :mod:`kerasdist.launch.hang`)."""
-    from kerasdist.launch.status import STATUS_ENV
-
-    if timeout_s is None or os.environ.get(STATUS_ENV):
+    if timeout_s is None or os.environ.get(LAUNCHED_ENV):
         return {}
     jobs = {"chief": ("ps", "worker"), "worker": ("ps",)}.get(tf_config.task_type, ())
     return {f"{job}:{i}": address for job in jobs

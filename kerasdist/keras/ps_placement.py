@@ -76,14 +76,14 @@ def ps_peak_rss(ps_addresses: list[str], logs: Path | None = None) -> dict[int, 
     run on this machine as processes readable by this user (local clusters): a process whose
     ``TF_CONFIG`` names task type ``ps`` and the same ps addresses, or, with ``logs`` (the run's
     log folder), a local cluster's ps task found by its log (forked tasks included:
-    :func:`kerasdist.launch.task_logs.local_task`); read from ``/proc/<pid>/status``
+    :func:`kerasdist._task_logs.local_task`); read from ``/proc/<pid>/status``
     (``VmHWM``, Linux). Tasks elsewhere are left out; empty off Linux."""
     import json
     import os
 
     import psutil
 
-    from kerasdist.launch.task_logs import local_task
+    from kerasdist._task_logs import local_task
 
     logs = Path(os.path.realpath(logs)) if logs is not None else None
     found: dict[int, int] = {}

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kerasdist._task_logs import task_log_name
 from kerasdist.cluster.spec import TFConfig, split_address
 from kerasdist.errors import ClusterError
 from kerasdist.importpath import child_pythonpath
-from kerasdist.launch.task_logs import task_log_name
 
 
 @dataclass

@@ -107,7 +107,7 @@ class SweepTracker:
 
 
 def _record(folder: Path) -> dict | None:
-    from kerasdist.training.outputs import TRACKING_FILE
+    from kerasdist.tracking.mlflow_store import TRACKING_FILE
 
     path = folder / TRACKING_FILE
     try:

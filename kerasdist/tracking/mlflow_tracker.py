@@ -32,15 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
+from kerasdist._atomic import write_json_atomic
 from kerasdist._log import get_logger
 from kerasdist.tracking.mlflow_store import (  # noqa: F401 - re-exported
+    MLFLOW_ARTIFACTS,
     NETWORK_SCHEMES,
+    TRACKING_FILE,
     check_uri,
     client_for,
     default_uri,
     require_mlflow,
 )
-from kerasdist.training.outputs import MLFLOW_ARTIFACTS, TRACKING_FILE, write_json_atomic
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe

@@ -300,7 +300,7 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
                          start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
                          verbose=keras_verbose(
                              recipe.trainer.verbose if verbose is None else verbose, is_chief=is_chief),
-                         task=task, is_chief=is_chief, state_callbacks=from_recipe)
+                         task=task, is_chief=is_chief, state_callbacks=from_recipe, logs=run_dir.logs)
         log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
                  f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
                  f"mends {mends or 'none'}; run dir {run_dir.path}")
