@@ -19,8 +19,7 @@ The readers of the in-memory formats are re-exported here under their former nam
 
 from __future__ import annotations
 
-import importlib
-
+from kerasdist._registry import LazyRegistry
 from kerasdist.data.readers import (  # noqa: F401 - the former names of kerasdist.data.sources
     LINEAR_B,
     LINEAR_W,
@@ -53,12 +52,14 @@ _BUILTIN: dict[str, str] = {
     "python": "kerasdist.data.sources.python:PythonKind",
     "tfds": "kerasdist.data.sources.tfds:TfdsKind",
 }
-_OBJECTS: dict = {}
+_KINDS = LazyRegistry(_BUILTIN, unknown=lambda kind: DataError(
+    f"data.source: unknown source '{kind}'; available: {', '.join(available())}. "
+    f"Received: source='{kind}'"))
 
 
 def available() -> list[str]:
     """The registered source kinds, sorted."""
-    return sorted(set(_BUILTIN) | set(_OBJECTS))
+    return _KINDS.available()
 
 
 def get(kind: str):
@@ -67,13 +68,7 @@ def get(kind: str):
     Raises:
         DataError: unknown kind; the message lists the available ones.
     """
-    if kind not in _OBJECTS:
-        if kind not in _BUILTIN:
-            raise DataError(f"data.source: unknown source '{kind}'; available: "
-                            f"{', '.join(available())}. Received: source='{kind}'")
-        module, _, name = _BUILTIN[kind].partition(":")
-        _OBJECTS[kind] = getattr(importlib.import_module(module), name)()
-    return _OBJECTS[kind]
+    return _KINDS.get(kind)
 
 
 def of(config):

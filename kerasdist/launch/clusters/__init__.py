@@ -10,8 +10,7 @@ Adding a cluster kind: one config class, one module here, one line in ``_BUILTIN
 
 from __future__ import annotations
 
-import importlib
-
+from kerasdist._registry import LazyRegistry
 from kerasdist.errors import ClusterError
 
 _BUILTIN: dict[str, str] = {
@@ -22,12 +21,27 @@ _BUILTIN: dict[str, str] = {
     "jobset": "kerasdist.launch.clusters.jobset:JobSetKind",
     "ray": "kerasdist.launch.clusters.ray:RayKind",
 }
-_OBJECTS: dict = {}
+
+
+def _adopt(kind: str, obj):
+    from kerasdist.launch.clusters.base import ClusterKind
+
+    obj = obj() if isinstance(obj, type) else obj
+    if not isinstance(obj, ClusterKind):
+        raise ClusterError(f"register() takes a kerasdist.launch.clusters.base.ClusterKind. "
+                           f"Received: {obj!r} for kind '{kind}'")
+    obj.kind = kind
+    return obj
+
+
+_KINDS = LazyRegistry(_BUILTIN, adopt=_adopt, unknown=lambda kind: ClusterError(
+    f"cluster.kind: unknown cluster kind '{kind}'; available: {', '.join(available())}. "
+    f"Received: kind='{kind}'"))
 
 
 def available() -> list[str]:
     """The registered cluster kinds, sorted."""
-    return sorted(set(_BUILTIN) | set(_OBJECTS))
+    return _KINDS.available()
 
 
 def register(kind: str, obj) -> None:
@@ -37,14 +51,7 @@ def register(kind: str, obj) -> None:
     Raises:
         ClusterError: ``obj`` is not a ``ClusterKind``.
     """
-    from kerasdist.launch.clusters.base import ClusterKind
-
-    obj = obj() if isinstance(obj, type) else obj
-    if not isinstance(obj, ClusterKind):
-        raise ClusterError(f"register() takes a kerasdist.launch.clusters.base.ClusterKind. "
-                           f"Received: {obj!r} for kind '{kind}'")
-    obj.kind = kind
-    _OBJECTS[kind] = obj
+    _KINDS.register(kind, obj)
 
 
 def get(kind: str):
@@ -53,13 +60,7 @@ def get(kind: str):
     Raises:
         ClusterError: unknown kind; the message lists the available ones.
     """
-    if kind not in _OBJECTS:
-        if kind not in _BUILTIN:
-            raise ClusterError(f"cluster.kind: unknown cluster kind '{kind}'; available: "
-                               f"{', '.join(available())}. Received: kind='{kind}'")
-        module, _, name = _BUILTIN[kind].partition(":")
-        register(kind, getattr(importlib.import_module(module), name))
-    return _OBJECTS[kind]
+    return _KINDS.get(kind)
 
 
 def of(recipe):
