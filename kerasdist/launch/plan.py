@@ -80,7 +80,7 @@ class LaunchSpec:
             :class:`TaskFailedError` naming it.
         hang_timeout_s: seconds a server task (ps, parameter-server worker) may go without
             answering a liveness probe before it is treated as lost: killed, then restarted or
-            dropped like any lost task (:mod:`kerasdist.launch.hang`); None: not watched.
+            dropped like any lost task (:class:`kerasdist.cluster.watch.HangWatch`); None: not watched.
         abandon: called with that :class:`TaskFailedError` when the body stayed blocked
             :data:`~kerasdist.launch.supervisor.BODY_ABANDON_S` s after every task was stopped
             (TF's coordinator waiting for a lost worker); the default,
