@@ -19,12 +19,6 @@ class LazyRegistry:
             in nor registered (the caller's error class and words, listing the available kinds).
         adopt: ``adopt(kind, obj)`` -> the object to keep, for every object registered, built-in
             ones included (checks it, names it); default: ``obj`` as it is.
-
-    Example::
-
-        kinds = LazyRegistry({"csv": "kerasdist.data.sources.csv:CsvKind"},
-                             unknown=lambda kind: DataError(f"unknown source '{kind}'"))
-        kinds.get("csv")   # imports kerasdist.data.sources.csv once
     """
 
     def __init__(self, builtin: Mapping[str, str], *, unknown: Callable[[str], Exception],

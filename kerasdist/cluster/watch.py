@@ -5,30 +5,21 @@ a task that is cut off (a partition drops packets: its remote calls neither end 
 frozen (SIGSTOP, a stalled host: the kernel still completes TCP handshakes for its port), and a
 worker server whose ps is gone serves on; the two watches bound that wait.
 
-* :class:`HangWatch`: the local launcher's supervisor probes every server task (ps, workers) it
-  started; only ``hung`` counts (a refused port is a task starting or restarting; a dead process
-  is seen by its exit code). A lost task is killed (SIGKILL), and what follows is what follows any
-  lost task (a worker restarted alone while the budget lasts; with ``cluster.min_workers`` the run
-  goes on without it; a ps ends the run).
-* :class:`TaskWatch`: on clusters kerasdist does not launch (``cluster.kind: tf_config``, Slurm,
-  TFJob), a daemon thread of the chief (watching every ps and worker) and of each worker
-  (watching the ps tasks); ``unreachable`` (no TCP handshake: its host is down or cut off) and
-  ``hung`` (connects, never answers) count. The process then ends the way a process blocked in
-  TensorFlow ends (:func:`kerasdist._exit.abandon`): the failure, a
-  :class:`~kerasdist.errors.TaskFailedError` naming the task with its state and address
-  (``lost task worker:1 (unreachable, 10.77.5.3:4021)``), is printed (and written to the task's
-  status file), and the process exits with code 1, what orchestrators restart on. The newest
-  complete checkpoint stays the resume point (TF's ``CheckpointManager`` names a checkpoint only
-  once its files are complete). A ``dead`` task (port refused: a process restarting, or a chief
-  that has finished) is not lost there: TF's coordinator itself sees refused connections, and a
-  worker restarted by its orchestrator on the same address is taken back by the coordinator.
-
-Why a run does not go on without a lost worker there (as ``cluster.min_workers`` allows on local
-clusters): the calls in flight on a cut-off worker never end and cannot be cancelled (TF's
-``RemoteValue`` and ``ClusterCoordinator.join`` have no timeout), and the coordinator's eager
-context registers and removes functions on *every* task with blocking calls
-(:mod:`kerasdist._compat.tf_frozen_task`), so the next checkpoint, validation or function
-traced would wait on the lost worker. A restart on the workers left is the bounded way on.
+* :class:`HangWatch`, the local launcher's supervisor's over the server tasks it started: only
+  ``hung`` counts (a refused port is a task starting or restarting; a dead process is seen by its
+  exit code). A lost task is killed (SIGKILL); then what follows any lost task follows.
+* :class:`TaskWatch`, on clusters kerasdist does not launch (``tf_config``, Slurm, TFJob): a
+  daemon thread of the chief (watching every ps and worker) and of each worker (the ps tasks);
+  ``unreachable`` and ``hung`` count, ``dead`` does not (TF's coordinator sees refused
+  connections itself and takes back a worker restarted on its address). The process ends as a
+  process blocked in TensorFlow ends (:func:`kerasdist._exit.abandon`): a
+  :class:`~kerasdist.errors.TaskFailedError` naming the task, its state and address (``lost task
+  worker:1 (unreachable, 10.77.5.3:4021)``) is printed and written to the status file, exit code
+  1, what orchestrators restart on; the newest complete checkpoint stays the resume point. The
+  run cannot go on without the lost worker there: the calls in flight on it never end and cannot
+  be cancelled (``RemoteValue`` and ``ClusterCoordinator.join`` have no timeout), and the
+  coordinator registers and removes functions on *every* task with blocking calls
+  (:mod:`kerasdist._compat.tf_frozen_task`).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ can see that each of N ps holds about 1/N of a large table.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -119,15 +120,8 @@ def describe(placement: list[dict]) -> list[str]:
         if entry.get("peak_rss_bytes"):
             line += f" (process peak RSS {entry['peak_rss_bytes'] / 2**20:.0f} MiB)"
         if entry["shards"]:
-            big = max(entry["shards"], key=lambda s: _elements(s["shape"]))
+            big = max(entry["shards"], key=lambda s: math.prod(int(n) for n in s["shape"]))
             line += (f", {len(entry['shards'])} shard(s) of split variables (largest "
                      f"{big['path']} {big['shard'] + 1}/{big['of']} {big['shape']})")
         lines.append(line)
     return lines
-
-
-def _elements(shape) -> int:
-    total = 1
-    for size in shape:
-        total *= int(size)
-    return total

@@ -48,13 +48,9 @@ def available() -> list[str]:
     return sorted(set(_KINDS.available()) | set(strategy_config_classes()))
 
 
-def get(kind: str) -> Strategy:
-    """The strategy object of ``kind``.
-
-    Raises:
-        RecipeError: unknown kind; the message lists the available ones.
-    """
-    return _KINDS.get(kind)
+get = _KINDS.get
+"""``get(kind)``: the strategy object of ``kind``; an unknown kind is a ``RecipeError`` listing the
+available ones."""
 
 
 def for_recipe(recipe) -> Strategy:

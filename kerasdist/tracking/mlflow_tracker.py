@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
-from kerasdist._atomic import write_json_atomic
+from kerasdist._files import read_json, write_json_atomic
 from kerasdist._log import get_logger
 from kerasdist.tracking.mlflow_store import (  # noqa: F401 - re-exported
     MLFLOW_ARTIFACTS,
@@ -243,10 +243,7 @@ def record_move(source: Path, target: Path) -> None:
 
 
 def _read_record(run_dir: Path) -> dict | None:
-    try:
-        data = json.loads((run_dir / TRACKING_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    data = read_json(run_dir / TRACKING_FILE)
     return data if isinstance(data, dict) and data.get("run_id") else None
 
 

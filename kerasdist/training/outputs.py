@@ -1,4 +1,4 @@
-"""The run directory's file names and its outputs, written atomically (:mod:`kerasdist._atomic`):
+"""The run directory's file names and its outputs, written atomically (:mod:`kerasdist._files`):
 a crash never leaves a truncated file in place.
 
 Keras's ``model.save`` truncates its target before writing, so a crash mid-save would lose the
@@ -7,12 +7,10 @@ previous good model; :func:`save_model_atomic` saves to a temporary name and mov
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kerasdist._atomic import temp_path, write_json_atomic
+from kerasdist._files import read_json, write_atomic, write_json_atomic
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -41,15 +39,8 @@ def save_model_atomic(model, path: str | Path) -> Path:
     :mod:`kerasdist._compat.keras_chief_saves`, whose barrier needs every worker, is bypassed."""
     from kerasdist._compat._save_scope import passthrough
 
-    path = Path(path)
-    tmp = temp_path(path, ".keras")  # Keras requires the .keras suffix
-    try:
-        with passthrough():
-            model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    with passthrough():
+        return write_atomic(path, model.save, suffix=".keras")  # Keras requires the suffix
 
 
 def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
@@ -66,10 +57,7 @@ def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
 
 def read_run_info(run_dir: Path) -> dict[str, Any] | None:
     """The run directory's ``run.json``, or None if missing or unreadable."""
-    try:
-        data = json.loads((Path(run_dir) / RUN_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    data = read_json(Path(run_dir) / RUN_INFO)
     return data if isinstance(data, dict) else None
 
 

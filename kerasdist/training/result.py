@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerasdist._atomic import write_json_atomic
+from kerasdist._files import write_json_atomic
 from kerasdist._version import __version__
 
 

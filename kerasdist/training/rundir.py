@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kerasdist._atomic import write_json_atomic, write_text_atomic
+from kerasdist._files import write_json_atomic, write_text_atomic
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
 from kerasdist.tracking.mlflow_store import TRACKING_ENTRIES, TRACKING_FILE
@@ -378,7 +378,7 @@ class RunDir:
     # ----------------------------------------------------------------------------------- writes
     def write_json(self, path: Path, data: Any) -> Path:
         """Write ``data`` as strict JSON to ``path`` (a path of this layout) atomically
-        (:func:`kerasdist._atomic.write_json_atomic`)."""
+        (:func:`kerasdist._files.write_json_atomic`)."""
         return write_json_atomic(path, data)
 
     def write_run_info(self, recipe: Recipe, checkpoint_schema: str) -> Path:

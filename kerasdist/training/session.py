@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from kerasdist import tracking
 from kerasdist._log import ensure_configured, get_logger, keras_verbose
 from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist._timeline import mark, set_task
@@ -49,23 +50,11 @@ log = get_logger("training")
 
 @dataclass
 class _Session:
-    """One process's part of a run, as start-up built it (the state :func:`_run` carries on).
-
-    Attributes:
-        recipe: the validated recipe (without ``output.tracking`` when its store was unusable and
-            not required).
-        run_dir: the run directory (checked; claimed on the chief).
-        strategy: the strategy object of ``strategy.kind``.
-        tf_strategy: the ``tf.distribute.Strategy`` it built.
-        model: the compiled model, its optimizer built.
-        data: the recipe's input (:meth:`Strategy.make_input`).
-        mends: the names of the :mod:`kerasdist._compat` mends applied.
-        tf_config: this task's role on a cluster, or None.
-        task: this task's name (``chief:0`` for a one-process run).
-        is_chief: whether this process writes the run's outputs.
-        recipe_callbacks: the recipe's ``callbacks``, built.
-        started: ``time.perf_counter()`` when the session began (s).
-    """
+    """One process's part of a run as start-up built it, carried on by :func:`_run`: the recipe
+    (without ``output.tracking`` when its store was unusable and not required), its run directory,
+    strategy object and ``tf.distribute.Strategy``, the compiled model, the input, the mends
+    applied, this task's role (None for one process), name and whether it is the chief, the
+    recipe's callbacks built, and ``started`` (``time.perf_counter()`` at the start, s)."""
 
     recipe: Recipe
     run_dir: RunDir
@@ -294,8 +283,6 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         with startup("starting: the tracker, the strategy (connecting to the cluster), the "
                      "input, the model"):
             if is_chief:  # first: a few seconds, no TensorFlow
-                from kerasdist import tracking
-
                 recipe = tracking.check(recipe)  # without it when unreachable and not required
             tf_strategy, mends = _start_runtime(recipe, strategy=strategy, tf_config=tf_config)
             mark("strategy")
@@ -328,7 +315,8 @@ def _run(s: _Session, *, resumable: bool, verbose, callbacks: Sequence) -> RunRe
         if s.is_chief:
             s.run_dir.write_run_info(s.recipe, s.strategy.traits.checkpoint_schema)
             s.data.write_artifacts(s.run_dir.path)  # e.g. a csv source's vocabularies
-            tracker = _start_tracking(s)
+            tracker = tracking.start(s.recipe, run_dir=s.run_dir.path,
+                                     num_replicas=s.strategy.num_replicas(s.tf_strategy))
             callbacks = [*callbacks, *([tracker] if tracker is not None else [])]
         run = RunContext(recipe=s.recipe, model=s.model, tf_strategy=s.tf_strategy, data=s.data,
                          store=store, start_step=start_step, callbacks=_callbacks(s, callbacks),
@@ -390,12 +378,3 @@ def _finish(s: _Session, run: RunContext, *, history: dict, evaluation: dict,
         tracker.finish(evaluation=evaluation, step=steps, artifacts=(
             [model_path, run_dir.metrics] if recipe.output.tracking.log_model else []))
     return result
-
-
-def _start_tracking(s: _Session):
-    """The chief's (coordinator's) tracker of ``output.tracking`` (:mod:`kerasdist.tracking`),
-    or None."""
-    from kerasdist import tracking
-
-    return tracking.start(s.recipe, run_dir=s.run_dir.path,
-                          num_replicas=s.strategy.num_replicas(s.tf_strategy))

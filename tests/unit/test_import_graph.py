@@ -41,7 +41,7 @@ LAYERS: list[set[str]] = [
     {"kerasdist.config", "kerasdist._compat"},
     {"kerasdist.models"},
     # the process's basics
-    {"kerasdist.errors", "kerasdist.importpath", "kerasdist._atomic", "kerasdist._exit",
+    {"kerasdist.errors", "kerasdist.importpath", "kerasdist._exit", "kerasdist._files",
      "kerasdist._log", "kerasdist._native_log", "kerasdist._parent_death", "kerasdist._preload",
      "kerasdist._registry", "kerasdist._scratch", "kerasdist._signals", "kerasdist._task_logs",
      "kerasdist._timeline", "kerasdist._version"},

@@ -11,7 +11,8 @@ directly, and compare no ``data.source`` string.
 
 Adding a source: one config class in :mod:`kerasdist.config.source_configs`, one module here with
 one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in ``_BUILTIN`` below
-(docs/own-model-and-data.md, "Adding a source").
+(docs/own-model-and-data.md, "Adding a source"). ``get(kind)`` gives a kind's object; an unknown
+kind is a ``DataError`` listing the ``available()`` ones.
 
 The readers of the in-memory formats are re-exported here under their former names
 (:mod:`kerasdist.data.readers`).
@@ -56,19 +57,7 @@ _KINDS = LazyRegistry(_BUILTIN, unknown=lambda kind: DataError(
     f"data.source: unknown source '{kind}'; available: {', '.join(available())}. "
     f"Received: source='{kind}'"))
 
-
-def available() -> list[str]:
-    """The registered source kinds, sorted."""
-    return _KINDS.available()
-
-
-def get(kind: str):
-    """The :class:`~kerasdist.data.sources.base.SourceKind` object of ``kind``.
-
-    Raises:
-        DataError: unknown kind; the message lists the available ones.
-    """
-    return _KINDS.get(kind)
+available, get = _KINDS.available, _KINDS.get
 
 
 def of(config):

@@ -5,7 +5,9 @@ traits are on its config class (:mod:`kerasdist.config.cluster_configs`); code o
 package and that module reads traits and compares no ``cluster.kind`` string.
 
 Adding a cluster kind: one config class, one module here, one line in ``_BUILTIN`` (or
-:func:`register`): docs/architecture.md, "Adding a cluster kind".
+``register(kind, obj)``, ``obj`` a ``ClusterKind`` or its class; else a ``ClusterError``):
+docs/architecture.md, "Adding a cluster kind". ``get(kind)`` gives a kind's object; an unknown
+kind is a ``ClusterError`` listing the ``available()`` ones.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ _BUILTIN: dict[str, str] = {
 
 
 def _adopt(kind: str, obj):
+    """``obj`` (a ``ClusterKind``, or its class instantiated) as the object of ``kind``."""
     from kerasdist.launch.clusters.base import ClusterKind
 
     obj = obj() if isinstance(obj, type) else obj
@@ -38,29 +41,7 @@ _KINDS = LazyRegistry(_BUILTIN, adopt=_adopt, unknown=lambda kind: ClusterError(
     f"cluster.kind: unknown cluster kind '{kind}'; available: {', '.join(available())}. "
     f"Received: kind='{kind}'"))
 
-
-def available() -> list[str]:
-    """The registered cluster kinds, sorted."""
-    return _KINDS.available()
-
-
-def register(kind: str, obj) -> None:
-    """Run ``cluster.kind: <kind>`` with ``obj``, a
-    :class:`~kerasdist.launch.clusters.base.ClusterKind` or its class (replaces an earlier one).
-
-    Raises:
-        ClusterError: ``obj`` is not a ``ClusterKind``.
-    """
-    _KINDS.register(kind, obj)
-
-
-def get(kind: str):
-    """The :class:`~kerasdist.launch.clusters.base.ClusterKind` object of ``kind``.
-
-    Raises:
-        ClusterError: unknown kind; the message lists the available ones.
-    """
-    return _KINDS.get(kind)
+available, get, register = _KINDS.available, _KINDS.get, _KINDS.register
 
 
 def of(recipe):
