@@ -151,7 +151,7 @@ def run(args, recipe) -> int:
     if args.output == "-":
         print(text, end="")
     else:
-        from kerasdist.training.outputs import write_text_atomic
+        from kerasdist._files import write_text_atomic
 
         write_text_atomic(args.output, text)
         get_logger().info(f"wrote {args.output} ({manifest['kind']} "

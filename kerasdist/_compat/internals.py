@@ -10,6 +10,8 @@ Keras (and TensorFlow): import it inside functions, as ``kerasdist/keras/`` does
 
 from __future__ import annotations
 
+import contextlib
+
 # Builds a model by tracing its call on symbolic inputs (Keras's own build path): no public API.
 from keras.src.backend import compute_output_spec
 
@@ -34,7 +36,7 @@ from keras.src.utils.python_utils import pythonify_logs
 __all__ = [
     "backing_variable", "backup_initial_epoch", "call_has_training_arg", "class_weight_to_sample_weights",
     "cluster_resolver", "compute_loss", "compute_output_spec", "configure_coordination_heartbeat",
-    "convert_to_np_if_not_ragged",
+    "convert_to_np_if_not_ragged", "direct_merge_calls",
     "flatten_layers", "flatten_metrics_in_order", "learning_rate_setting", "loss_tracker",
     "make_class_weight_map_fn", "op_determinism", "potentially_ragged_concat", "pythonify_logs",
     "remote_value_event", "symbolic_build", "unscale_loss_for_distribution",
@@ -161,3 +163,27 @@ def abort_collective_ops(message: str) -> None:
     from tensorflow.python.framework import errors
 
     context.context().abort_collective_ops(errors.DEADLINE_EXCEEDED, message)
+
+
+@contextlib.contextmanager
+def direct_merge_calls():
+    """While open, TF's ``maybe_merge_call`` (``tf.__internal__.distribute.interim``: Keras's TF
+    optimizer calls it and it assumes a replica context) calls its function directly in
+    cross-replica context: for Keras's unmodified optimizer code run inside a mend's own
+    ``merge_call``. Only the thread holding that ``merge_call`` runs meanwhile (the replicas wait
+    for it), so no replica sees the swap; it is undone on exit."""
+    import tensorflow as tf
+
+    interim = tf.__internal__.distribute.interim
+    original = interim.maybe_merge_call
+
+    def maybe_merge_call(fn, strategy, *args, **kwargs):
+        if tf.distribute.in_cross_replica_context():
+            return fn(strategy, *args, **kwargs)
+        return original(fn, strategy, *args, **kwargs)
+
+    interim.maybe_merge_call = maybe_merge_call
+    try:
+        yield
+    finally:
+        interim.maybe_merge_call = original

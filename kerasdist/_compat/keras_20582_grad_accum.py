@@ -44,7 +44,6 @@ when that changes.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 
@@ -109,29 +108,6 @@ def _refuse(steps) -> None:
         f"a synchronous strategy (MultiWorkerMirroredStrategy). Received: {_ARGUMENT}={steps!r}")
 
 
-@contextlib.contextmanager
-def _merge_calls_answered_directly():
-    """While Keras's unmodified ``apply`` runs inside our ``merge_call``, TF's
-    ``maybe_merge_call`` (which Keras's TF optimizer calls and which expects a replica context)
-    calls its function at once. Only the thread holding the ``merge_call`` runs meanwhile (the
-    replicas wait for it), so no replica sees the swap; it is undone on exit."""
-    import tensorflow as tf
-
-    interim = tf.__internal__.distribute.interim
-    original = interim.maybe_merge_call
-
-    def maybe_merge_call(fn, strategy, *args, **kwargs):
-        if tf.distribute.in_cross_replica_context():
-            return fn(strategy, *args, **kwargs)
-        return original(fn, strategy, *args, **kwargs)
-
-    interim.maybe_merge_call = maybe_merge_call
-    try:
-        yield
-    finally:
-        interim.maybe_merge_call = original
-
-
 def _reduced_gradients(optimizer, grads, variables):
     """The replicas' gradients summed (``None`` kept), as Keras's TF optimizer reduces them; the
     mean when kerasdist left a Keras step's losses unscaled (per-replica means)."""
@@ -161,9 +137,11 @@ def _mended(original):
         reduced = _reduced_gradients(self, grads, variables)
 
         def in_cross_replica(distribution, reduced):
+            from kerasdist._compat import internals
+
             local = [None if g is None else distribution.experimental_local_results(g)[0]
                      for g in reduced]
-            with _merge_calls_answered_directly():
+            with internals.direct_merge_calls():
                 return original(self, local, variables)
 
         return context.merge_call(in_cross_replica, args=(reduced,))

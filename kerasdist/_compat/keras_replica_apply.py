@@ -33,7 +33,6 @@ while clipping happens in ``_backend_apply_gradients`` before ``_backend_update_
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 
@@ -82,30 +81,6 @@ def _local(distribution, value):
     return distribution.experimental_local_results(value)[0]
 
 
-@contextlib.contextmanager
-def _direct_merge_calls():
-    """While the optimizer runs in cross-replica context, TF's ``maybe_merge_call`` (which Keras's
-    TF optimizer calls, and which assumes a replica context) calls its function directly.
-
-    Only the thread holding the ``merge_call`` runs while the replicas wait, so the swap is not
-    seen by another replica; it is undone on exit."""
-    import tensorflow as tf
-
-    interim = tf.__internal__.distribute.interim
-    original = interim.maybe_merge_call
-
-    def maybe_merge_call(fn, strategy, *args, **kwargs):
-        if tf.distribute.in_cross_replica_context():
-            return fn(strategy, *args, **kwargs)
-        return original(fn, strategy, *args, **kwargs)
-
-    interim.maybe_merge_call = maybe_merge_call
-    try:
-        yield
-    finally:
-        interim.maybe_merge_call = original
-
-
 def _scaled(grad, factor, *, divide: bool):
     """``grad`` times (or divided by, ``divide_no_nan``) the scalar ``factor``, of the same kind:
     a sparse gradient (``tf.IndexedSlices``, an ``Embedding``'s) stays sparse. Densifying it
@@ -130,7 +105,7 @@ def _mended(original):
 
         if not _needs_mend(self):
             return original(self, grads, trainable_variables)
-        from kerasdist._compat import keras_replica_loss
+        from kerasdist._compat import internals, keras_replica_loss
 
         trainable_variables = list(trainable_variables)
         unscaled = keras_replica_loss.unscaled_losses()
@@ -147,7 +122,7 @@ def _mended(original):
 
         def in_cross_replica(distribution, reduced):
             local = [_local(distribution, g) for g in reduced]
-            with _direct_merge_calls():
+            with internals.direct_merge_calls():
                 return original(self, local, trainable_variables)
 
         return tf.distribute.get_replica_context().merge_call(in_cross_replica, args=(reduced,))

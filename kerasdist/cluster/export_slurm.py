@@ -149,7 +149,7 @@ def write_script(path: str | Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, executable (0755)."""
     import os
 
-    from kerasdist.training.outputs import write_text_atomic
+    from kerasdist._files import write_text_atomic
 
     write_text_atomic(path, text)
     os.chmod(path, 0o755)

@@ -1,41 +1,37 @@
-"""A parameter-server task's own watch over the tasks it waits on, for clusters kerasdist does not
-launch (``cluster.kind: tf_config``, Slurm, TFJob): a lost host ends the task in bounded time.
+"""The liveness of a cluster's tasks: each task's gRPC port is probed
+(:func:`kerasdist.cluster.probe.probe`), and a task whose probes stay silent for ``timeout_s``
+seconds (``strategy.task_timeout_s``) is **lost**. TF's ``ClusterCoordinator`` waits for ever on
+a task that is cut off (a partition drops packets: its remote calls neither end nor fail) or
+frozen (SIGSTOP, a stalled host: the kernel still completes TCP handshakes for its port), and a
+worker server whose ps is gone serves on; the two watches bound that wait.
 
-TF's ``ClusterCoordinator`` waits for ever on a worker or ps whose host is cut off (a partition
-drops packets, with no TCP reset: its remote calls neither end nor fail), and a worker server
-whose ps is gone serves on. kerasdist's local launcher probes every task itself
-(:mod:`kerasdist.launch.hang`); on other clusters nothing did. :class:`TaskWatch` runs in a
-daemon thread of the chief (watching every ps and worker) and of each worker (watching the ps
-tasks): it probes each task's gRPC port (:func:`kerasdist.cluster.probe.probe`) and a task that
-is ``unreachable`` (no TCP handshake: its host is down or cut off) or ``hung`` (connects, never
-answers) for ``strategy.task_timeout_s`` seconds is **lost**. The process then ends the way a
-process blocked in TensorFlow ends (:func:`kerasdist._exit.abandon`): the failure, a
-:class:`~kerasdist.errors.TaskFailedError` naming the task with its state and address
-(``lost task worker:1 (unreachable, 10.77.5.3:4021)``), is printed (and written to the task's
-status file), and the process exits with code 1, what orchestrators restart on. Nothing is
-lost: the newest complete checkpoint stays the resume point (TF's ``CheckpointManager`` names a
-checkpoint only once its files are complete).
-
-A ``dead`` task (port refused: a process restarting, or a chief that has finished) is not lost
-here: TF's coordinator itself sees refused connections, and a worker restarted by its
-orchestrator on the same address is taken back by the coordinator.
-
-Why the run does not go on without a lost worker (as ``cluster.min_workers`` allows on local
-clusters): the calls in flight on a cut-off worker never end and cannot be cancelled (TF's
-``RemoteValue`` and ``ClusterCoordinator.join`` have no timeout), and the coordinator's eager
-context registers and removes functions on *every* task with blocking calls
-(:mod:`kerasdist._compat.tf_frozen_task`), so the next checkpoint, validation or function
-traced would wait on the lost worker. A restart on the workers left is the bounded way on.
+* :class:`HangWatch`, the local launcher's supervisor's over the server tasks it started: only
+  ``hung`` counts (a refused port is a task starting or restarting; a dead process is seen by its
+  exit code). A lost task is killed (SIGKILL); then what follows any lost task follows.
+* :class:`TaskWatch`, on clusters kerasdist does not launch (``tf_config``, Slurm, TFJob): a
+  daemon thread of the chief (watching every ps and worker) and of each worker (the ps tasks);
+  ``unreachable`` and ``hung`` count, ``dead`` does not (TF's coordinator sees refused
+  connections itself and takes back a worker restarted on its address). The process ends as a
+  process blocked in TensorFlow ends (:func:`kerasdist._exit.abandon`): a
+  :class:`~kerasdist.errors.TaskFailedError` naming the task, its state and address (``lost task
+  worker:1 (unreachable, 10.77.5.3:4021)``) is printed and written to the status file, exit code
+  1, what orchestrators restart on; the newest complete checkpoint stays the resume point. The
+  run cannot go on without the lost worker there: the calls in flight on it never end and cannot
+  be cancelled (``RemoteValue`` and ``ClusterCoordinator.join`` have no timeout), and the
+  coordinator registers and removes functions on *every* task with blocking calls
+  (:mod:`kerasdist._compat.tf_frozen_task`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
-from kerasdist._log import get_logger
+from kerasdist._log import LAUNCHED_ENV, get_logger
 
 log = get_logger("cluster")
 
@@ -43,7 +39,45 @@ PROBE_TIMEOUT_S = 2.0
 """Seconds one probe waits for a TCP handshake, then for the task's SETTINGS frame."""
 
 LOST_STATES = frozenset({"unreachable", "hung"})
-"""Probe states that count towards a task's loss (see module docs)."""
+"""Probe states that count towards a task's loss on clusters kerasdist does not launch."""
+
+
+class Silences:
+    """How long each watched task has not answered: a task is silent from the first probe whose
+    state counts until a probe whose state does not.
+
+    Args:
+        timeout_s: seconds of silence after which a task is lost (> 0), or None (no bound).
+        counts: the probe states that count as silence.
+        period_s: seconds between two rounds of probes (default: a quarter of ``timeout_s``,
+            between 1 and 5 s).
+        prober: ``prober(address, timeout_s=...)`` -> a probe state (tests); default
+            :func:`kerasdist.cluster.probe.probe`.
+    """
+
+    def __init__(self, timeout_s: float | None, *, counts: frozenset[str] = LOST_STATES,
+                 period_s: float | None = None, prober: Callable[..., str] | None = None):
+        from kerasdist.cluster.probe import probe
+
+        self.timeout_s = timeout_s
+        self.period_s = period_s if period_s is not None else \
+            min(5.0, max(1.0, (timeout_s or 4.0) / 4))
+        self.counts = counts
+        self.prober = prober or probe
+        self._since: dict = {}
+
+    def probe(self, key, address: str) -> tuple[str, float]:
+        """Probe the task ``key`` at ``address`` once: its state and how many seconds it has been
+        silent (0.0 when the state does not count)."""
+        state = self.prober(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+        if state not in self.counts:
+            self._since.pop(key, None)
+            return state, 0.0
+        return state, time.monotonic() - self._since.setdefault(key, time.monotonic())
+
+    def forget(self, key) -> None:
+        """Start ``key``'s clock afresh at its next silent probe."""
+        self._since.pop(key, None)
 
 
 class TaskWatch:
@@ -70,16 +104,14 @@ class TaskWatch:
                  on_lost: Callable[[str, str, str, float], object] | None = None,
                  task: str = "this task", period_s: float | None = None, prober=None,
                  setting: str = "strategy.task_timeout_s"):
-        from kerasdist.cluster.probe import probe
-
         self.addresses = dict(addresses)
         self.timeout_s = float(timeout_s)
-        self.period_s = period_s if period_s is not None else min(5.0, max(1.0, timeout_s / 4))
+        self._silences = Silences(self.timeout_s, period_s=period_s, prober=prober)
+        self.period_s = self._silences.period_s
         self.task = task
         self.setting = setting
         self.on_lost = on_lost or (lambda *lost: abandon_on_loss(task, timeout_s, *lost,
                                                                  setting=setting))
-        self._probe = prober or probe
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="kerasdist-task-watch", daemon=True)
         self.lost: tuple[str, str, str, float] | None = None
@@ -101,18 +133,12 @@ class TaskWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        since: dict[str, tuple[float, str]] = {}
         while not self._stop.is_set():
             for name, address in self.addresses.items():
-                state = self._probe(address, timeout_s=min(PROBE_TIMEOUT_S, self.timeout_s))
+                state, silent = self._silences.probe(name, address)
                 if self._stop.is_set():
                     return
-                if state not in LOST_STATES:
-                    since.pop(name, None)
-                    continue
-                first = since.setdefault(name, (time.monotonic(), state))[0]
-                silent = time.monotonic() - first
-                if silent >= self.timeout_s:
+                if state in LOST_STATES and silent >= self.timeout_s:
                     self.lost = (name, state, address, silent)
                     self.on_lost(name, state, address, silent)
                     return
@@ -148,10 +174,8 @@ def watched_tasks(tf_config, timeout_s: float | None) -> dict[str, str]:
     """``{task name: address}`` this parameter-server task watches (see module docs): the chief
     watches every ps and worker, a worker the ps tasks, a ps nothing. Empty when ``timeout_s``
     is None, or when kerasdist's own launcher runs this task (it watches every task itself:
-    :mod:`kerasdist.launch.hang`)."""
-    from kerasdist.launch.status import STATUS_ENV
-
-    if timeout_s is None or os.environ.get(STATUS_ENV):
+    :class:`HangWatch`)."""
+    if timeout_s is None or os.environ.get(LAUNCHED_ENV):
         return {}
     jobs = {"chief": ("ps", "worker"), "worker": ("ps",)}.get(tf_config.task_type, ())
     return {f"{job}:{i}": address for job in jobs
@@ -159,5 +183,66 @@ def watched_tasks(tf_config, timeout_s: float | None) -> dict[str, str]:
             if f"{job}:{i}" != tf_config.task_name}
 
 
-__all__ = ["LOST_STATES", "PROBE_TIMEOUT_S", "TaskWatch", "abandon_on_loss", "lost_error",
-           "watched_tasks"]
+
+class HangWatch:
+    """The supervisor's watch: probe server tasks at most every ``period_s`` seconds; report the
+    ones that answered no probe for ``timeout_s`` (only ``hung`` counts; see module docs).
+
+    Args:
+        timeout_s: seconds without an answer after which a task is lost (the recipe's
+            ``strategy.task_timeout_s``); None disables the watch.
+        period_s: seconds between two rounds of probes (default: a quarter of ``timeout_s``,
+            between 1 and 5 s).
+        prober: ``prober(address, timeout_s=...)`` -> ``'alive' | 'hung' | 'dead'`` (tests).
+
+    The tasks are the supervisor's (:class:`kerasdist.launch.processes.Task`): ``name``,
+    ``tf_config``, ``returncode()``, ``pid`` and ``process``.
+    """
+
+    def __init__(self, timeout_s: float | None, *, period_s: float | None = None,
+                 prober: Callable[..., str] | None = None):
+        self.timeout_s = timeout_s
+        self._silences = Silences(timeout_s, counts=frozenset({"hung"}), period_s=period_s,
+                                  prober=prober)
+        self.period_s = self._silences.period_s
+        self._next = 0.0
+        self.hung: dict[str, float] = {}  # task name -> seconds it had not answered when killed
+
+    def overdue(self, tasks: Sequence) -> list[tuple[object, float]]:
+        """The tasks (with how long they have not answered, s) silent for ``timeout_s`` or more;
+        probes only when a round is due, else returns []."""
+        now = time.monotonic()
+        if self.timeout_s is None or now < self._next:
+            return []
+        self._next = now + self.period_s
+        found = []
+        for task in tasks:
+            if task.tf_config is None or task.returncode() is not None:
+                continue
+            _, silent = self._silences.probe(id(task), task.tf_config.address)
+            if silent >= self.timeout_s:
+                found.append((task, silent))
+        return found
+
+    def hung_now(self, tasks: Sequence) -> list:
+        """The tasks that do not answer one probe now (for a stop that must not wait on them)."""
+        return [t for t in tasks if t.tf_config is not None and t.returncode() is None
+                and self._silences.prober(t.tf_config.address, timeout_s=PROBE_TIMEOUT_S) == "hung"]
+
+    def kill(self, task, silent_s: float | None) -> None:
+        """Treat ``task`` as lost: SIGKILL it (a stopped process dies too) and wait for it;
+        ``silent_s`` None: a stop, already announced (no line here)."""
+        if silent_s is not None:
+            log.warning(f"task {task.name} has not answered for {silent_s:.0f} s (frozen or hung: "
+                        "its gRPC server sends nothing; strategy.task_timeout_s="
+                        f"{self.timeout_s:g}): treating it as lost")
+            self.hung[task.name] = silent_s
+        self._silences.forget(id(task))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(task.pid, signal.SIGKILL)  # its own process group (die_with_parent)
+        task.process.kill()
+        task.process.wait()
+
+
+__all__ = ["LOST_STATES", "PROBE_TIMEOUT_S", "HangWatch", "Silences", "TaskWatch", "abandon_on_loss",
+           "lost_error", "watched_tasks"]

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     strategies, cases = _parse(args)
     _check_isolation(strategies, args.allow_network_exposure)
     # SIGTERM unwinds like Ctrl-C: run_matrix stops the strategies' processes, the temporary
-    # folder is removed (the processes also get SIGTERM if this one is killed: driver._stop_with)
+    # folder is removed (the processes also get SIGTERM if this one is killed: driver.start_strategy)
     with terminate_on_sigterm():
         folder = args.work_dir or Path(tempfile.mkdtemp(prefix="kerasdist-conformance-"))
         return _run(args, strategies, cases, folder)

@@ -13,7 +13,6 @@ run's trained weights here, without a strategy, and judges every cell
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -23,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerasdist._parent_death import session_ending_with
 from kerasdist.conformance import data as cdata
 from kerasdist.conformance import oracle, runner
 from kerasdist.conformance.cases import Case, select
@@ -120,29 +120,15 @@ def start_strategy(strategy: str, cases: list[Case], folder: Path, *, timeout_s:
     command = _command(strategy, plan_path, folder / "logs" / strategy,
                        allow_exposure=allow_exposure)
     log = folder / f"output-{strategy}.log"
+    # its own process group (what stop_strategies signals), SIGTERM when this process ends
+    # however it ends: kerasdist launch then stops its tasks, a task script ends, and a killed
+    # kerasdist conformance leaves no strategy process running
     with open(log, "wb") as sink:  # a file, not a pipe: nobody must drain it while others run
         proc = subprocess.Popen(command, env={**os.environ, **QUIET}, stdout=sink,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=str(folder), preexec_fn=_stop_with(os.getpid()))
+                                cwd=str(folder), preexec_fn=session_ending_with(os.getpid()))
     now = time.perf_counter()
     return StrategyRun(strategy, proc, log, now, now + timeout_s)
-
-
-def _stop_with(parent: int):
-    """A ``preexec_fn``: the child gets a session of its own (its process group is what
-    :func:`stop_strategies` signals) and SIGTERM when this process ends, however it ends
-    (``PR_SET_PDEATHSIG``, Linux): ``kerasdist launch`` then stops its tasks, a task script ends,
-    and a killed ``kerasdist conformance`` leaves no strategy process running."""
-
-    def preexec() -> None:  # runs in the child between fork and exec
-        os.setsid()
-        if sys.platform.startswith("linux"):
-            with contextlib.suppress(OSError):
-                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-            if os.getppid() != parent:  # the parent ended before the prctl took effect
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
 
 
 def finish_strategy(run: StrategyRun) -> tuple[float, str]:

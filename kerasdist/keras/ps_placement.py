@@ -9,6 +9,7 @@ can see that each of N ps holds about 1/N of a large table.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 
@@ -76,14 +77,14 @@ def ps_peak_rss(ps_addresses: list[str], logs: Path | None = None) -> dict[int, 
     run on this machine as processes readable by this user (local clusters): a process whose
     ``TF_CONFIG`` names task type ``ps`` and the same ps addresses, or, with ``logs`` (the run's
     log folder), a local cluster's ps task found by its log (forked tasks included:
-    :func:`kerasdist.launch.task_logs.local_task`); read from ``/proc/<pid>/status``
+    :func:`kerasdist._task_logs.local_task`); read from ``/proc/<pid>/status``
     (``VmHWM``, Linux). Tasks elsewhere are left out; empty off Linux."""
     import json
     import os
 
     import psutil
 
-    from kerasdist.launch.task_logs import local_task
+    from kerasdist._task_logs import local_task
 
     logs = Path(os.path.realpath(logs)) if logs is not None else None
     found: dict[int, int] = {}
@@ -119,15 +120,8 @@ def describe(placement: list[dict]) -> list[str]:
         if entry.get("peak_rss_bytes"):
             line += f" (process peak RSS {entry['peak_rss_bytes'] / 2**20:.0f} MiB)"
         if entry["shards"]:
-            big = max(entry["shards"], key=lambda s: _elements(s["shape"]))
+            big = max(entry["shards"], key=lambda s: math.prod(int(n) for n in s["shape"]))
             line += (f", {len(entry['shards'])} shard(s) of split variables (largest "
                      f"{big['path']} {big['shard'] + 1}/{big['of']} {big['shape']})")
         lines.append(line)
     return lines
-
-
-def _elements(shape) -> int:
-    total = 1
-    for size in shape:
-        total *= int(size)
-    return total

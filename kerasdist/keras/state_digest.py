@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from kerasdist._files import read_json, write_text_atomic
 
 DIGESTS_FILE = "state-sha256.json"
 """``{checkpoint name: sha256}`` in the checkpoint folder, written by the chief (atomically)."""
@@ -34,10 +34,7 @@ def state_digest(model) -> str:
 
 def read(directory: Path) -> dict[str, str]:
     """The recorded digests (empty when missing or unreadable)."""
-    try:
-        data = json.loads((Path(directory) / DIGESTS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
+    data = read_json(Path(directory) / DIGESTS_FILE)
     return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
@@ -49,10 +46,4 @@ def record(directory: Path, checkpoint: str, digest: str) -> None:
     kept = {name: value for name, value in read(directory).items()
             if (directory / f"{name}.index").exists() or name == Path(checkpoint).name}
     kept[Path(checkpoint).name] = digest
-    fd, tmp = tempfile.mkstemp(prefix=f".{DIGESTS_FILE}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(kept, fh, indent=1)
-        os.replace(tmp, directory / DIGESTS_FILE)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_text_atomic(directory / DIGESTS_FILE, json.dumps(kept, indent=1))

@@ -9,10 +9,10 @@ deterministic error or bad input is reported at once with the task's own message
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import TYPE_CHECKING
 
+from kerasdist._files import read_json
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.config.cluster_configs import as_kind
@@ -98,9 +98,8 @@ def run_peers(recipe: Recipe, *, overwrite: bool) -> Supervisor:
 def record_attempts(run_dir: RunDir, supervisor: Supervisor) -> None:
     """Add ``supervisor: {attempts: [{workers, ended}], workers, restarted_tasks}`` to the run's
     ``metrics.json`` (atomically)."""
-    try:
-        data = json.loads(run_dir.metrics.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    data = read_json(run_dir.metrics)
+    if data is None:
         return
     data["supervisor"] = {"attempts": [a.as_dict() for a in supervisor.attempts],
                           "workers": supervisor.attempts[-1].workers,

@@ -77,7 +77,7 @@ class LaunchSpec:
         interrupt_body: a task that ends the run while ``body`` runs interrupts the main thread
             (SIGINT), and :meth:`Supervisor.run` raises :class:`TaskFailedError` naming it.
         hang_timeout_s: seconds a server task may go without answering a liveness probe before
-            it is lost (:mod:`kerasdist.launch.hang`); None: not watched.
+            it is lost (:class:`kerasdist.cluster.watch.HangWatch`); None: not watched.
         abandon: called with that :class:`TaskFailedError` when the body is still blocked
             :data:`~kerasdist.launch.supervisor.BODY_ABANDON_S` s after every task stopped;
             default :func:`kerasdist._exit.abandon` (reports it, exit code 1).

@@ -11,7 +11,6 @@ and :func:`terminate_on_sigterm`), and, on Linux, when the launcher process itse
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -22,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from kerasdist._parent_death import signal_when_parent_dies
+from kerasdist._task_logs import task_log_name
 from kerasdist.cluster.spec import TFConfig, split_address
 from kerasdist.errors import ClusterError
 from kerasdist.importpath import child_pythonpath
-from kerasdist.launch.task_logs import task_log_name
 
 
 @dataclass
@@ -84,11 +84,7 @@ def check_task_count(tasks: int, *, allowed: bool, what: str, flag: str,
 
 def die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+    signal_when_parent_dies(signal.SIGKILL)
 
 
 def describe_exit(code: int | None) -> str:

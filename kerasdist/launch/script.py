@@ -35,7 +35,7 @@ class ScriptCluster:
     most; ``min_workers``, default ``workers``, at least); ``ps`` >= 0 (0: multi-worker).
     ``task_timeout_s`` (seconds, None: never): with ps tasks, a ps or worker server that answers no
     liveness probe for that long is lost, as with a recipe's ``strategy.task_timeout_s``
-    (:mod:`kerasdist.launch.hang`)."""
+    (:class:`kerasdist.cluster.watch.HangWatch`)."""
 
     script: str
     args: tuple[str, ...] = ()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kerasdist import _log, errors
+from kerasdist._files import read_json
 from kerasdist.errors import PEER_LOST, Preempted, TrainingError, classify, exit_code
 
 STATUS_ENV = _log.LAUNCHED_ENV  # its presence also tells a task it has a log of its own
@@ -50,12 +51,7 @@ def report(err: BaseException) -> str:
 
 def read(path: Path | None) -> dict[str, Any] | None:
     """A task's status, or None if it wrote none (then it was killed)."""
-    if path is None:
-        return None
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return None if path is None else read_json(path)
 
 
 def failure_class(path: Path | None) -> str:

@@ -37,10 +37,10 @@ from kerasdist._log import get_logger
 from kerasdist._signals import terminate_on_sigterm
 from kerasdist._timeline import mark
 from kerasdist.cluster.spec import TFConfig, check_ports_free
+from kerasdist.cluster.watch import HangWatch
 from kerasdist.errors import EXIT_INTERRUPTED, RETRYABLE, TaskFailedError
 from kerasdist.launch import forking, status
 from kerasdist.launch.echo import Echo
-from kerasdist.launch.hang import HangWatch
 from kerasdist.launch.plan import (
     AttemptRecord,
     Failure,
@@ -250,7 +250,7 @@ class Supervisor:
 
     def _kill_hung(self) -> None:
         """Kill the server tasks that have not answered for ``hang_timeout_s``
-        (:mod:`kerasdist.launch.hang`): from then on they are lost tasks like any other."""
+        (:class:`kerasdist.cluster.watch.HangWatch`): from then on they are lost tasks like any other."""
         for task, silent_s in self._hang.overdue([t for t in self._live() if t in self._servers]):
             self._hang.kill(task, silent_s)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class RunContext:
         task: this task's name (``worker:1``), or None for a one-process run.
         is_chief: whether this process writes the run's outputs.
         extra: figures a loop adds to ``metrics.json`` (e.g. ``parameter_server``).
+        logs: the run directory's log folder (``<run_dir>/logs``), where a local cluster's tasks
+            write theirs.
     """
 
     recipe: Any
@@ -43,3 +46,4 @@ class RunContext:
     is_chief: bool = True
     extra: dict = field(default_factory=dict)
     state_callbacks: list = field(default_factory=list)
+    logs: Path | None = None

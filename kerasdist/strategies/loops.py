@@ -210,9 +210,8 @@ class CoordinatorLoop:
             log.info(f"preempted: checkpoint at global step {step} saved; stopping")
             raise Preempted(step)
         from kerasdist.keras.ps_placement import describe, ps_placement
-        from kerasdist.training.rundir import RunDir
 
-        placement = ps_placement(run.model, spec.num_tasks("ps"), logs=RunDir.of(run.recipe).logs)
+        placement = ps_placement(run.model, spec.num_tasks("ps"), logs=run.logs)
         total = total or PSStats(workers)
         run.extra["parameter_server"] = {**total.summary(global_step(run.model)),
                                          "num_ps": spec.num_tasks("ps"),

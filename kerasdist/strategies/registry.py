@@ -12,8 +12,7 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-
+from kerasdist._registry import LazyRegistry
 from kerasdist.config.schema import register_strategy_config, strategy_config_classes
 from kerasdist.errors import RecipeError
 from kerasdist.strategies.base import Strategy
@@ -24,7 +23,8 @@ _BUILTIN: dict[str, str] = {
     "multi_worker": "kerasdist.strategies.multi_worker:MultiWorkerStrategy",
     "parameter_server": "kerasdist.strategies.parameter_server:ParameterServerStrategy",
 }
-_OBJECTS: dict[str, Strategy] = {}
+_KINDS = LazyRegistry(_BUILTIN, unknown=lambda kind: RecipeError(
+    f"strategy.kind: unknown strategy '{kind}'. Available: {', '.join(available())}"))
 
 
 def register(strategy: Strategy | type[Strategy]) -> Strategy:
@@ -40,28 +40,17 @@ def register(strategy: Strategy | type[Strategy]) -> Strategy:
         raise RecipeError("register() takes a kerasdist.strategies.Strategy with `kind` and "
                           f"`config_class`. Received: {strategy!r}")
     register_strategy_config(obj.config_class)
-    _OBJECTS[obj.kind] = obj
-    return obj
+    return _KINDS.register(obj.kind, obj)
 
 
 def available() -> list[str]:
     """Registered strategy kinds, sorted."""
-    return sorted(set(_BUILTIN) | set(_OBJECTS) | set(strategy_config_classes()))
+    return sorted(set(_KINDS.available()) | set(strategy_config_classes()))
 
 
-def get(kind: str) -> Strategy:
-    """The strategy object of ``kind``.
-
-    Raises:
-        RecipeError: unknown kind; the message lists the available ones.
-    """
-    if kind not in _OBJECTS:
-        if kind not in _BUILTIN:
-            raise RecipeError(f"strategy.kind: unknown strategy '{kind}'. "
-                              f"Available: {', '.join(available())}")
-        module, _, name = _BUILTIN[kind].partition(":")
-        _OBJECTS[kind] = getattr(importlib.import_module(module), name)()
-    return _OBJECTS[kind]
+get = _KINDS.get
+"""``get(kind)``: the strategy object of ``kind``; an unknown kind is a ``RecipeError`` listing the
+available ones."""
 
 
 def for_recipe(recipe) -> Strategy:

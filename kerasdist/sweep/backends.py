@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from kerasdist.sweep.processes import STOP_GRACE_S, _with_driver, poll_until_exit
+from kerasdist._parent_death import session_ending_with
+from kerasdist.sweep.processes import STOP_GRACE_S, poll_until_exit
 
 
 class LocalTrial:
@@ -41,7 +42,7 @@ class LocalTrial:
             env = {**os.environ, DRIVER_ENV: str(os.getpid())}
             self.proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=cwd, env=env,
-                                         preexec_fn=_with_driver(os.getpid()))
+                                         preexec_fn=session_ending_with(os.getpid()))
         self._term_at: float | None = None
 
     @property

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import keras
 
+from kerasdist._files import write_text_atomic
+
 CONTINUE, PRUNE = "continue", "prune"
 DRIVER_ENV = "KERASDIST_SWEEP_DRIVER"
 """The environment variable holding the driver's pid in a trial's processes."""
@@ -46,9 +48,7 @@ def decision_path(gate_dir: Path, epoch: int) -> Path:
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole: a reader sees the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(text, encoding="utf-8")
-    os.replace(temp, path)
+    write_text_atomic(path, text)
 
 
 class SweepPruneGate(keras.callbacks.Callback):

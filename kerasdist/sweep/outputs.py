@@ -17,13 +17,13 @@ from __future__ import annotations
 import csv
 import io
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Callable
 
 import yaml
 
+from kerasdist._files import write_text_atomic
 from kerasdist.config.loader import validate_recipe
 from kerasdist.sweep.plan import SweepPlan
 from kerasdist.sweep.study import best_recipe
@@ -63,14 +63,7 @@ def write_csv(plan: SweepPlan, study) -> Path:
     writer = csv.DictWriter(buffer, fieldnames=columns)
     writer.writeheader()
     writer.writerows(table)
-    return _write(plan.out / "trials.csv", buffer.getvalue())
-
-
-def _write(path: Path, text: str) -> Path:
-    temp = path.with_name(f".{path.name}.tmp")
-    temp.write_text(text, encoding="utf-8")
-    os.replace(temp, path)
-    return path
+    return write_text_atomic(plan.out / "trials.csv", buffer.getvalue())
 
 
 def best_trial(study):
@@ -91,7 +84,7 @@ def write_best(plan: SweepPlan, study) -> Path | None:
               f"trial {best.number}, {metric}={best.value:.6g}\n"
               f"# parameters: {', '.join(f'{k}={v!r}' for k, v in best.params.items())}\n"
               f"# train it: kerasdist fit {plan.out / 'best.yaml'}\n")
-    return _write(plan.out / "best.yaml", header + yaml.safe_dump(raw, sort_keys=False))
+    return write_text_atomic(plan.out / "best.yaml", header + yaml.safe_dump(raw, sort_keys=False))
 
 
 def write_plots(plan: SweepPlan, study, *, echo: Callable[[str], None] = print) -> list[Path]:

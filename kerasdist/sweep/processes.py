@@ -1,14 +1,9 @@
-"""The trials' processes: how long a stopped trial has, the wait for a trial's end, and the
-``preexec_fn`` that ties a trial to the driver (a leaf module: :mod:`kerasdist.sweep.backends` and
-:mod:`kerasdist.sweep.ray_backend` both use it)."""
+"""The trials' processes: how long a stopped trial has and the wait for a trial's end (a leaf
+module: :mod:`kerasdist.sweep.backends` and :mod:`kerasdist.sweep.ray_backend` both use it; a
+trial is tied to the driver by :func:`kerasdist._parent_death.session_ending_with`)."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import os
-import signal
-import sys
 import time
 from typing import Callable
 
@@ -28,16 +23,3 @@ def poll_until_exit(poll: Callable[[], int | None], timeout_s: float,
             return code
         time.sleep(interval_s)
 
-
-def _with_driver(parent: int):
-    """A ``preexec_fn``: a session of its own, SIGTERM when the driver ends."""
-
-    def preexec() -> None:  # runs in the child between fork and exec
-        os.setsid()
-        if sys.platform.startswith("linux"):
-            with contextlib.suppress(OSError):
-                ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PDEATHSIG
-            if os.getppid() != parent:  # the driver ended before the prctl took effect
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec

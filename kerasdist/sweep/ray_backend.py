@@ -88,12 +88,13 @@ def shutdown() -> None:
 def _run_fit(command: list[str], log: str, cwd: str, env: dict[str, str]) -> int:
     """Inside the Ray task: run the trial's ``kerasdist fit`` and return its exit code. A
     cancelled task (``KeyboardInterrupt``) sends the trial SIGTERM and waits for it."""
-    from kerasdist.sweep.processes import STOP_GRACE_S, _with_driver
+    from kerasdist._parent_death import session_ending_with
+    from kerasdist.sweep.processes import STOP_GRACE_S
 
     with open(log, "ab") as sink:
         proc = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, cwd=cwd, env=env,
-                                preexec_fn=_with_driver(os.getpid()))
+                                preexec_fn=session_ending_with(os.getpid()))
     try:
         return proc.wait()
     except KeyboardInterrupt:

@@ -107,10 +107,7 @@ class SweepTracker:
 
 
 def _record(folder: Path) -> dict | None:
-    from kerasdist.training.outputs import TRACKING_FILE
+    from kerasdist._files import read_json
+    from kerasdist.tracking.mlflow_store import TRACKING_FILE
 
-    path = folder / TRACKING_FILE
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    return read_json(folder / TRACKING_FILE)

@@ -14,31 +14,27 @@ if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
 
-def start(recipe: Recipe, *, run_dir, num_replicas: int):
+def start(recipe: Recipe, *, run_dir, num_replicas: int | None = None, launcher: bool = False):
     """The tracker of ``recipe`` (a Keras callback with ``finish``/``fail``), or None when
-    ``output.tracking`` is unset.
+    ``output.tracking`` is unset (:meth:`MlflowTracker.start
+    <kerasdist.tracking.mlflow_tracker.MlflowTracker.start>`).
+
+    Args:
+        recipe: the recipe as this process runs it.
+        run_dir: the run directory.
+        num_replicas: replicas in sync, on the task that logs; None in a launcher.
+        launcher: the launcher's part (a local or Ray cluster, before its tasks start): create
+            or continue the tracker run with the user's recipe; the chief task logs into it.
 
     Raises:
         RecipeError: the tracker's package is not installed (names the extra to install).
     """
-    tracking = recipe.output.tracking
-    if tracking is None:
-        return None
-    from kerasdist.tracking.mlflow_tracker import MlflowTracker
-
-    return MlflowTracker.start(recipe, run_dir=run_dir, num_replicas=num_replicas)
-
-
-def start_launch(recipe: Recipe, *, run_dir):
-    """The launcher's part (a local or Ray cluster, before its tasks start): create or continue
-    the tracker run with the user's recipe (see :meth:`MlflowTracker.start
-    <kerasdist.tracking.mlflow_tracker.MlflowTracker.start>`); None when ``output.tracking`` is
-    unset. The chief task logs into that run."""
     if recipe.output.tracking is None:
         return None
     from kerasdist.tracking.mlflow_tracker import MlflowTracker
 
-    return MlflowTracker.start(recipe, run_dir=run_dir, num_replicas=None, launcher=True)
+    return MlflowTracker.start(recipe, run_dir=run_dir, num_replicas=num_replicas,
+                               launcher=launcher)
 
 
 def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
@@ -84,4 +80,4 @@ def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
     return recipe.model_copy(update={"output": output})
 
 
-__all__ = ["check", "start", "start_launch"]
+__all__ = ["check", "start"]

@@ -13,8 +13,13 @@ from pathlib import Path
 from typing import Iterator
 
 from kerasdist.errors import RecipeError
-from kerasdist.training.outputs import MLFLOW_DB
 
+TRACKING_FILE = "tracking.json"
+MLFLOW_DB = "mlflow.db"
+MLFLOW_ARTIFACTS = "mlartifacts"
+TRACKING_ENTRIES = (TRACKING_FILE, MLFLOW_DB, f"{MLFLOW_DB}-journal", MLFLOW_ARTIFACTS)
+"""What ``output.tracking`` may write in the run directory, possibly before ``run.json`` (a local
+cluster's launcher creates the tracker run first)."""
 NETWORK_SCHEMES = ("http://", "https://", "databricks")
 
 

@@ -20,15 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import keras
 
+from kerasdist._files import read_json, write_json_atomic
 from kerasdist._log import get_logger
 from kerasdist.tracking.mlflow_store import (  # noqa: F401 - re-exported
+    MLFLOW_ARTIFACTS,
     NETWORK_SCHEMES,
+    TRACKING_FILE,
     check_uri,
     client_for,
     default_uri,
     require_mlflow,
 )
-from kerasdist.training.outputs import MLFLOW_ARTIFACTS, TRACKING_FILE, write_json_atomic
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
@@ -229,10 +231,7 @@ def record_move(source: Path, target: Path) -> None:
 
 
 def _read_record(run_dir: Path) -> dict | None:
-    try:
-        data = json.loads((run_dir / TRACKING_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    data = read_json(run_dir / TRACKING_FILE)
     return data if isinstance(data, dict) and data.get("run_id") else None
 
 

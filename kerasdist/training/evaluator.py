@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from kerasdist._files import read_json
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
 from kerasdist.training import outputs, rundir, rundir_lock
@@ -132,9 +133,8 @@ class Evaluator:
         self._writer = None
 
     def _read_results(self) -> list[dict[str, Any]]:
-        try:
-            data = json.loads(self.layout.eval_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        data = read_json(self.layout.eval_file)
+        if data is None:
             return []
         return [r for r in data.get("evaluations", []) if isinstance(r, dict)]
 

@@ -1,25 +1,24 @@
-"""Run-directory outputs written atomically: a crash never leaves a truncated file in place.
+"""The run directory's file names and its outputs, written atomically (:mod:`kerasdist._files`):
+a crash never leaves a truncated file in place.
 
 Keras's ``model.save`` truncates its target before writing, so a crash mid-save would lose the
-previous good model. Here every file is written to a temporary name in the same folder and moved
-over the old one with ``os.replace`` (atomic on POSIX and Windows within one filesystem).
+previous good model; :func:`save_model_atomic` saves to a temporary name and moves it over.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from kerasdist._files import read_json, write_atomic, write_json_atomic
 
 if TYPE_CHECKING:
     from kerasdist.config import Recipe
 
 
 # The run directory's layout: every name kerasdist writes there (``RunDir`` in
-# :mod:`kerasdist.training.rundir` gives their paths; no other module spells them).
+# :mod:`kerasdist.training.rundir` gives their paths; no other module spells them) but the
+# tracker's (``TRACKING_ENTRIES``, :mod:`kerasdist.tracking.mlflow_store`).
 RUN_INFO = "run.json"
 METRICS = "metrics.json"
 MODEL = "model.keras"
@@ -31,47 +30,6 @@ RAY_DIR = "ray"
 EVAL_FILE = "eval.json"
 LOCK_NAME = ".kerasdist.lock"
 TASK_RECIPE = "recipe.json"
-TRACKING_FILE = "tracking.json"
-MLFLOW_DB = "mlflow.db"
-MLFLOW_ARTIFACTS = "mlartifacts"
-TRACKING_ENTRIES = (TRACKING_FILE, MLFLOW_DB, f"{MLFLOW_DB}-journal", MLFLOW_ARTIFACTS)
-"""What ``output.tracking`` (:mod:`kerasdist.tracking`) may write in the run directory, possibly
-before ``run.json`` (a local cluster's launcher creates the tracker run first)."""
-
-
-def _temp_path(target: Path, suffix: str) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
-    os.close(fd)
-    return Path(name)
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file + ``os.replace``."""
-    path = Path(path)
-    tmp = _temp_path(path, ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
-
-
-def write_json_atomic(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as indented, strictly valid JSON (NaN and infinities become ``null``),
-    atomically."""
-    text = json.dumps(_finite(data), indent=2, sort_keys=False, default=str, allow_nan=False)
-    return write_text_atomic(path, text + "\n")
 
 
 def save_model_atomic(model, path: str | Path) -> Path:
@@ -81,15 +39,8 @@ def save_model_atomic(model, path: str | Path) -> Path:
     :mod:`kerasdist._compat.keras_chief_saves`, whose barrier needs every worker, is bypassed."""
     from kerasdist._compat._save_scope import passthrough
 
-    path = Path(path)
-    tmp = _temp_path(path, ".keras")  # Keras requires the .keras suffix
-    try:
-        with passthrough():
-            model.save(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    with passthrough():
+        return write_atomic(path, model.save, suffix=".keras")  # Keras requires the suffix
 
 
 def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
@@ -106,10 +57,7 @@ def model_fingerprint(recipe: Recipe, checkpoint_schema: str) -> dict[str, Any]:
 
 def read_run_info(run_dir: Path) -> dict[str, Any] | None:
     """The run directory's ``run.json``, or None if missing or unreadable."""
-    try:
-        data = json.loads((Path(run_dir) / RUN_INFO).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    data = read_json(Path(run_dir) / RUN_INFO)
     return data if isinstance(data, dict) else None
 
 

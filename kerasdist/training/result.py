@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kerasdist._files import write_json_atomic
 from kerasdist._version import __version__
-from kerasdist.training import outputs
 
 
 @dataclass
@@ -70,7 +70,7 @@ def write_metrics(result: RunResult, recipe) -> Path:
                      "keras": keras.__version__, "python": sys.version.split()[0]},
         **result.extra,
     }
-    return outputs.write_json_atomic(result.metrics_path, data)
+    return write_json_atomic(result.metrics_path, data)
 
 
 def stop_reason(*, steps: int, start_step: int, steps_per_epoch: int, epochs: int,

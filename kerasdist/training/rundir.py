@@ -45,8 +45,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kerasdist._files import write_json_atomic, write_text_atomic
 from kerasdist._log import get_logger
 from kerasdist.errors import RunDirError
+from kerasdist.tracking.mlflow_store import TRACKING_ENTRIES, TRACKING_FILE
 from kerasdist.training import outputs, rundir_checks
 from kerasdist.training.outputs import LOCK_NAME, RUN_INFO
 from kerasdist.training.rundir_lock import RunDirLock, link_error, lstat_or_none
@@ -56,7 +58,7 @@ if TYPE_CHECKING:
 
 log = get_logger("training")
 
-LAUNCH_ONLY = frozenset({outputs.LOG_DIR, outputs.RAY_DIR, LOCK_NAME, *outputs.TRACKING_ENTRIES})
+LAUNCH_ONLY = frozenset({outputs.LOG_DIR, outputs.RAY_DIR, LOCK_NAME, *TRACKING_ENTRIES})
 """Entries a run directory may hold before a run writes its ``run.json``: the launcher's task logs,
 Ray's storage (``cluster.kind: ray``), the lock and the tracker's files (``output.tracking``)."""
 TASK_LOG_NAME = re.compile(r"(?:chief|worker|ps|evaluator)-\d+(?:\.log|\.status\.json(?:\.tmp)?)"
@@ -365,7 +367,7 @@ class RunDir:
                               f"'{target}': {err.strerror}") from None
         log.warning(f"--overwrite: moved the previous run in {self.path} aside to {target} "
                     "(nothing deleted)")
-        if lstat_or_none(target / outputs.TRACKING_FILE) is not None:
+        if lstat_or_none(target / TRACKING_FILE) is not None:
             try:
                 from kerasdist.tracking.mlflow_tracker import record_move
             except ImportError:  # MLflow is not installed here: nothing to update
@@ -376,8 +378,8 @@ class RunDir:
     # ----------------------------------------------------------------------------------- writes
     def write_json(self, path: Path, data: Any) -> Path:
         """Write ``data`` as strict JSON to ``path`` (a path of this layout) atomically
-        (:func:`kerasdist.training.outputs.write_json_atomic`)."""
-        return outputs.write_json_atomic(path, data)
+        (:func:`kerasdist._files.write_json_atomic`)."""
+        return write_json_atomic(path, data)
 
     def write_run_info(self, recipe: Recipe, checkpoint_schema: str) -> Path:
         """Write ``run.json`` (atomically): fingerprint, the strategy kind that wrote it, the
@@ -391,7 +393,7 @@ class RunDir:
     def write_task_recipe(self, data: dict) -> Path:
         """Write ``logs/recipe.json`` (atomically) for a local launcher's tasks."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        return outputs.write_text_atomic(self.task_recipe, json.dumps(data, indent=2))
+        return write_text_atomic(self.task_recipe, json.dumps(data, indent=2))
 
 
 

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
 
+from kerasdist import tracking
 from kerasdist._log import ensure_configured, get_logger, keras_verbose
 from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist._timeline import mark, set_task
@@ -39,13 +41,36 @@ from kerasdist.training.rundir import RunDir
 if TYPE_CHECKING:
     from kerasdist.cluster.spec import TFConfig
     from kerasdist.config import Recipe
+    from kerasdist.data.inputs import StreamInput
     from kerasdist.strategies import Strategy
 
 
 log = get_logger("training")
 
 
-def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | None):
+@dataclass
+class _Session:
+    """One process's part of a run as start-up built it, carried on by :func:`_run`: the recipe
+    (without ``output.tracking`` when its store was unusable and not required), its run directory,
+    strategy object and ``tf.distribute.Strategy``, the compiled model, the input, the mends
+    applied, this task's role (None for one process), name and whether it is the chief, the
+    recipe's callbacks built, and ``started`` (``time.perf_counter()`` at the start, s)."""
+
+    recipe: Recipe
+    run_dir: RunDir
+    strategy: Strategy
+    tf_strategy: Any
+    model: Any
+    data: StreamInput
+    mends: list
+    tf_config: TFConfig | None
+    task: str
+    is_chief: bool
+    recipe_callbacks: list
+    started: float
+
+
+def _start_runtime(recipe: Recipe, *, strategy: Strategy, tf_config: TFConfig | None):
     """Threads, then the strategy (first TF op of the process), then mends, seeds, determinism."""
     import keras
     import tensorflow as tf
@@ -72,7 +97,7 @@ def _start_runtime(recipe: Recipe, strategy: Strategy, tf_config: TFConfig | Non
     return tf_strategy, mends
 
 
-def _build_model(recipe, strategy, tf_strategy):
+def _build_model(recipe: Recipe, *, strategy: Strategy, tf_strategy):
     """The compiled model with its optimizer built, under the strategy's scope; checked against
     the data before anything is written (:func:`kerasdist.training.checks.check_inputs`)."""
     from kerasdist.training import checks
@@ -85,17 +110,17 @@ def _build_model(recipe, strategy, tf_strategy):
     return model
 
 
-def _make_store(recipe, strategy, tf_strategy, model, data, *, run_dir: RunDir, task: str,
-                is_chief: bool):
+def _make_store(s: _Session):
     from kerasdist.keras.backup import BackupStore
 
     store = None
-    if recipe.trainer.checkpoint.enabled:
-        with tf_strategy.scope():
-            store = BackupStore(model=model, directory=run_dir.checkpoints,
-                                is_chief=is_chief, task_name=task, steps_per_epoch=data.steps_per_epoch,
-                                max_to_keep=recipe.trainer.checkpoint.max_to_keep)
-    strategy.prepare_model(model, recipe.strategy)
+    if s.recipe.trainer.checkpoint.enabled:
+        with s.tf_strategy.scope():
+            store = BackupStore(model=s.model, directory=s.run_dir.checkpoints,
+                                is_chief=s.is_chief, task_name=s.task,
+                                steps_per_epoch=s.data.steps_per_epoch,
+                                max_to_keep=s.recipe.trainer.checkpoint.max_to_keep)
+    s.strategy.prepare_model(s.model, s.recipe.strategy)
     if store is not None:
         store.remove_stale_temp()
     return store
@@ -115,8 +140,8 @@ def _hyperparameters(optimizer) -> dict[str, float]:
     return {"learning_rate": float(keras.ops.convert_to_numpy(optimizer.learning_rate))}
 
 
-def _apply_hyperparameters(optimizer, wanted: dict[str, float], recipe: Recipe,
-                           previous: dict | None, step: int, *, log_it: bool) -> None:
+def _apply_hyperparameters(optimizer, wanted: dict[str, float], *, recipe: Recipe,
+                           previous: dict | None, step: int, log_it: bool) -> None:
     """After a restore: hyperparameters the recipe changed since the previous run apply from the
     resumed step. A checkpoint holds the learning rate it was written with (as a callback such
     as ``ReduceLROnPlateau`` left it); when the recipe's constant ``optimizer.learning_rate``
@@ -146,7 +171,7 @@ def _apply_hyperparameters(optimizer, wanted: dict[str, float], recipe: Recipe,
                         "resumed step)")
 
 
-def _callbacks(recipe: Recipe, run_dir: RunDir, is_chief: bool, extra: Sequence) -> list:
+def _callbacks(s: _Session, extra: Sequence) -> list:
     """kerasdist's callbacks (throughput first, TensorBoard on the chief unless the recipe has
     its own), then ``extra`` (the caller's, the tracker). The recipe's ``callbacks`` travel
     apart (``RunContext.state_callbacks``): the loops run them before their checkpoint saves."""
@@ -154,9 +179,9 @@ def _callbacks(recipe: Recipe, run_dir: RunDir, is_chief: bool, extra: Sequence)
     from kerasdist.keras.callbacks import EpochTensorBoard, ThroughputMeter
     from kerasdist.training.keras_objects import has_tensorboard
 
-    cbs = [ThroughputMeter(recipe.data.batch_size)]
-    if recipe.output.tensorboard and is_chief and not has_tensorboard(recipe.callbacks):
-        cbs.append(EpochTensorBoard(log_dir=str(run_dir.tensorboard)))
+    cbs = [ThroughputMeter(s.recipe.data.batch_size)]
+    if s.recipe.output.tensorboard and s.is_chief and not has_tensorboard(s.recipe.callbacks):
+        cbs.append(EpochTensorBoard(log_dir=str(s.run_dir.tensorboard)))
     return cbs + list(extra)
 
 
@@ -177,11 +202,12 @@ def _recipe_callbacks(recipe: Recipe, run_dir: RunDir) -> list:
     return make_callbacks(recipe.callbacks, run_dir.path)
 
 
-def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
+def _train_and_evaluate(run: RunContext, s: _Session):
     import tensorflow as tf
 
     from kerasdist.data.inputs import input_failure
 
+    loop = s.strategy.make_loop()
     total = run.recipe.trainer.epochs * run.data.steps_per_epoch
     split = run.recipe.data.train_split
     try:
@@ -199,8 +225,8 @@ def _train_and_evaluate(run: RunContext, loop, strategy, tf_config):
         data_error = input_failure(run.recipe.data, err, split)
         if data_error is not None:  # the user's data function raised: exit 2 naming it
             raise data_error from None
-        raised = strategy.explain_failure(err, config=run.recipe.strategy, tf_config=tf_config,
-                                          start_step=run.start_step)
+        raised = s.strategy.explain_failure(err, config=run.recipe.strategy,
+                                            tf_config=s.tf_config, start_step=run.start_step)
         if raised is err:
             raise
         raise raised from None
@@ -257,54 +283,51 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         with startup("starting: the tracker, the strategy (connecting to the cluster), the "
                      "input, the model"):
             if is_chief:  # first: a few seconds, no TensorFlow
-                from kerasdist import tracking
-
                 recipe = tracking.check(recipe)  # without it when unreachable and not required
-            tf_strategy, mends = _start_runtime(recipe, strategy, tf_config)
+            tf_strategy, mends = _start_runtime(recipe, strategy=strategy, tf_config=tf_config)
             mark("strategy")
             data = strategy.make_input(recipe, tf_strategy)
             mark("input")
-            model = _build_model(recipe, strategy, tf_strategy)
+            model = _build_model(recipe, strategy=strategy, tf_strategy=tf_strategy)
             mark("model")
             from_recipe = _recipe_callbacks(recipe, run_dir)  # bad config: nothing written
         if is_chief:
             resumable = run_dir.claim(stack, recipe, checkpoint_schema=schema,
                                       overwrite=overwrite)
-        return _run(recipe, run_dir, strategy, tf_strategy, model, data, mends, tf_config=tf_config,
-                    task=task, is_chief=is_chief, resumable=resumable, verbose=verbose,
-                    callbacks=callbacks, from_recipe=from_recipe, start=start)
+        session = _Session(recipe=recipe, run_dir=run_dir, strategy=strategy,
+                           tf_strategy=tf_strategy, model=model, data=data, mends=mends,
+                           tf_config=tf_config, task=task, is_chief=is_chief,
+                           recipe_callbacks=from_recipe, started=start)
+        return _run(session, resumable=resumable, verbose=verbose, callbacks=callbacks)
 
 
-def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, tf_config, task,
-         is_chief, resumable, verbose, callbacks, from_recipe, start) -> RunResult | None:
-    from kerasdist.keras.backup import check_finite_state
-    from kerasdist.keras.callbacks import weights_digest
-
-    schema = strategy.traits.checkpoint_schema
-    store = _make_store(recipe, strategy, tf_strategy, model, data, run_dir=run_dir, task=task,
-                        is_chief=is_chief)
+def _run(s: _Session, *, resumable: bool, verbose, callbacks: Sequence) -> RunResult | None:
+    """Restore, train and evaluate; the chief's outputs (:func:`_finish`)."""
+    store = _make_store(s)
     tracker = None
     try:
-        wanted = _hyperparameters(model.optimizer)
+        wanted = _hyperparameters(s.model.optimizer)
         start_step = store.restore() if (store is not None and resumable) else 0
         if start_step:
-            _apply_hyperparameters(model.optimizer, wanted, recipe, run_dir.previous, start_step,
-                                   log_it=is_chief)
-        strategy.after_restore(tf_strategy, start_step, task=task, run_dir=run_dir.path)
-        if is_chief:
-            run_dir.write_run_info(recipe, schema)
-            data.write_artifacts(run_dir.path)  # e.g. a csv source's vocabularies
-            tracker = _start_tracking(recipe, run_dir, strategy.num_replicas(tf_strategy))
+            _apply_hyperparameters(s.model.optimizer, wanted, recipe=s.recipe,
+                                   previous=s.run_dir.previous, step=start_step, log_it=s.is_chief)
+        s.strategy.after_restore(s.tf_strategy, start_step, task=s.task, run_dir=s.run_dir.path)
+        if s.is_chief:
+            s.run_dir.write_run_info(s.recipe, s.strategy.traits.checkpoint_schema)
+            s.data.write_artifacts(s.run_dir.path)  # e.g. a csv source's vocabularies
+            tracker = tracking.start(s.recipe, run_dir=s.run_dir.path,
+                                     num_replicas=s.strategy.num_replicas(s.tf_strategy))
             callbacks = [*callbacks, *([tracker] if tracker is not None else [])]
-        run = RunContext(recipe=recipe, model=model, tf_strategy=tf_strategy, data=data, store=store,
-                         start_step=start_step, callbacks=_callbacks(recipe, run_dir, is_chief, callbacks),
-                         verbose=keras_verbose(
-                             recipe.trainer.verbose if verbose is None else verbose, is_chief=is_chief),
-                         task=task, is_chief=is_chief, state_callbacks=from_recipe)
-        log.info(f"training {recipe.model.name} with strategy '{recipe.strategy.kind}' on "
-                 f"{strategy.describe(tf_strategy)}; global batch {recipe.data.batch_size}; "
-                 f"mends {mends or 'none'}; run dir {run_dir.path}")
-        history, evaluation = _train_and_evaluate(run, strategy.make_loop(), strategy, tf_config)
+        run = RunContext(recipe=s.recipe, model=s.model, tf_strategy=s.tf_strategy, data=s.data,
+                         store=store, start_step=start_step, callbacks=_callbacks(s, callbacks),
+                         verbose=keras_verbose(s.recipe.trainer.verbose if verbose is None
+                                               else verbose, is_chief=s.is_chief),
+                         task=s.task, is_chief=s.is_chief, state_callbacks=s.recipe_callbacks,
+                         logs=s.run_dir.logs)
+        log.info(f"training {s.recipe.model.name} with strategy '{s.recipe.strategy.kind}' on "
+                 f"{s.strategy.describe(s.tf_strategy)}; global batch {s.recipe.data.batch_size}; "
+                 f"mends {s.mends or 'none'}; run dir {s.run_dir.path}")
+        history, evaluation = _train_and_evaluate(run, s)
     except BaseException as err:
         if tracker is not None:
             tracker.fail("FAILED" if isinstance(err, Exception) else "KILLED")  # Ctrl-C, SIGTERM
@@ -312,9 +335,20 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
     finally:
         if store is not None:
             store.close()
+    return _finish(s, run, history=history, evaluation=evaluation, tracker=tracker)
+
+
+def _finish(s: _Session, run: RunContext, *, history: dict, evaluation: dict,
+            tracker) -> RunResult | None:
+    """The weights digest (logged by every task); on the chief the checked final state,
+    ``model.keras``, ``metrics.json`` and the tracker's end; None elsewhere."""
+    from kerasdist.keras.backup import check_finite_state
+    from kerasdist.keras.callbacks import weights_digest
+
+    recipe, run_dir, model, data = s.recipe, s.run_dir, s.model, s.data
     steps, digest = int(model.optimizer.iterations.numpy()), weights_digest(model)
     log.info(f"done at global step {steps}; weights sha256 {digest}")
-    if not is_chief:
+    if not s.is_chief:
         return None
     check_finite_state(model, f"the trained model at global step {steps}", keeps=(
         f"{run_dir.model.name} and the newest checkpoint on disk stay the last good ones"))
@@ -324,29 +358,23 @@ def _run(recipe, run_dir: RunDir, strategy, tf_strategy, model, data, mends, *, 
         if serving is not None:
             log.info(f"saved {serving.name}: the model behind the data's preprocessing (it "
                      "predicts raw rows)")
+    start_step, store = run.start_step, run.store
     stopped = stop_reason(steps=steps, start_step=start_step, epochs=recipe.trainer.epochs,
-                          steps_per_epoch=data.steps_per_epoch, callbacks=from_recipe)
+                          steps_per_epoch=data.steps_per_epoch, callbacks=s.recipe_callbacks)
     result = RunResult(
         history=history, evaluation=evaluation, throughput=run.callbacks[0].summary(),
-        wall_time_s=time.perf_counter() - start, run_dir=run_dir.path, model_path=model_path,
+        wall_time_s=time.perf_counter() - s.started, run_dir=run_dir.path, model_path=model_path,
         metrics_path=run_dir.metrics, initial_epoch=start_step // data.steps_per_epoch,
-        epochs=steps // data.steps_per_epoch, num_replicas=strategy.num_replicas(tf_strategy),
+        epochs=steps // data.steps_per_epoch, num_replicas=s.strategy.num_replicas(s.tf_strategy),
         strategy=recipe.strategy.kind, extra={
             "epochs_planned": recipe.trainer.epochs, "stopped": stopped,
             "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
             "steps_per_epoch": data.steps_per_epoch, "shard_policy": data.shard_policy,
-            "task": task, "mends": mends, "restored_state_sha256": getattr(store, "restored_digest", None),
+            "task": s.task, "mends": s.mends,
+            "restored_state_sha256": getattr(store, "restored_digest", None),
             "restore_verified": bool(getattr(store, "restore_verified", False)), **run.extra})
     write_metrics(result, recipe)
     if tracker is not None:
         tracker.finish(evaluation=evaluation, step=steps, artifacts=(
             [model_path, run_dir.metrics] if recipe.output.tracking.log_model else []))
     return result
-
-
-def _start_tracking(recipe: Recipe, run_dir: RunDir, num_replicas: int):
-    """The chief's (coordinator's) tracker of ``output.tracking`` (:mod:`kerasdist.tracking`),
-    or None."""
-    from kerasdist import tracking
-
-    return tracking.start(recipe, run_dir=run_dir.path, num_replicas=num_replicas)

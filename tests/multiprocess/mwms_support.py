@@ -94,9 +94,9 @@ def kill_tree(pid: int) -> None:
 
 def task_process(launcher_pid: int, name: str) -> psutil.Process | None:
     """The process of the launcher's tree that runs task ``name`` (``'worker:1'``) now, found by
-    the log its standard output goes to (:func:`kerasdist.launch.task_logs.local_task`: a
+    the log its standard output goes to (:func:`kerasdist._task_logs.local_task`: a
     started and a forked task alike); None if none does."""
-    from kerasdist.launch.task_logs import local_task
+    from kerasdist._task_logs import local_task
 
     try:
         children = psutil.Process(launcher_pid).children(recursive=True)

@@ -55,7 +55,7 @@ def toy_kind(monkeypatch):
     from kerasdist.config.strategy_configs import DefaultStrategyConfig
 
     monkeypatch.setattr(cluster_configs, "_CLUSTER_CONFIGS", dict(cluster_configs._CLUSTER_CONFIGS))
-    monkeypatch.setattr(clusters, "_OBJECTS", dict(clusters._OBJECTS))
+    monkeypatch.setattr(clusters._KINDS, "_objects", dict(clusters._KINDS._objects))
     register_cluster_config(ToyClusterConfig)  # the config class
     clusters.register("toy", ToyKind)  # the registry line
     # Each strategy lists the cluster kinds it runs on (StrategyTraits.cluster_kinds): a new kind

@@ -1,4 +1,4 @@
-"""The supervisor's hung-task rule (:mod:`kerasdist.launch.hang`), without processes: a server
+"""The supervisor's hung-task rule (:class:`kerasdist.cluster.watch.HangWatch`), without processes: a server
 task is lost once it has answered no probe for ``timeout_s``; only 'hung' counts (issue 33, 1)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 
 from kerasdist.cluster.spec import local_cluster
-from kerasdist.launch.hang import HangWatch
+from kerasdist.cluster.watch import HangWatch
 
 
 def _task(name: str):

@@ -1,21 +1,54 @@
-"""Issue 41: the package's import graph has no cycle, lazy imports included.
+"""The package's import graph: no cycle, and no import from a lower layer up to a higher one,
+lazy imports included.
 
 Every ``import`` and ``from ... import`` statement of every module under ``kerasdist/`` is an
 edge, wherever it stands (module level, or inside a function: a lazy import is still a
-dependency, and a circle through one is what issue 41 found in ``data/``); only the imports under
-``if TYPE_CHECKING:`` are left out (they never run). ``from a.b import c`` is an edge to the
-module ``a.b.c`` when that is a module, else to ``a.b``. Edges to a package's ``__init__`` are
-not added implicitly for its sub-modules (as import-linter counts them)."""
+dependency); only the imports under ``if TYPE_CHECKING:`` are left out (they never run).
+``from a.b import c`` is an edge to the module ``a.b.c`` when that is a module, else to ``a.b``.
+Edges to a package's ``__init__`` are not added implicitly for its sub-modules (as import-linter
+counts them). The layers are :data:`LAYERS`, written down here once."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import kerasdist
 
 ROOT = Path(kerasdist.__file__).parent
 PACKAGE = "kerasdist"
+
+LAYERS: list[set[str]] = [
+    # commands: the CLI and what only it calls
+    {"kerasdist.__main__", "kerasdist.cli", "kerasdist.cli_bench", "kerasdist.cli_ops",
+     "kerasdist.cli_export", "kerasdist.cli_init", "kerasdist.environment"},
+    # tools built on whole runs
+    {"kerasdist.bench", "kerasdist.conformance", "kerasdist.sweep", "kerasdist.testing"},
+    # the Python face: kerasdist.fit, enable
+    {"kerasdist"},
+    # where a run starts: cluster kinds, launchers, supervisor, forking
+    {"kerasdist.launch"},
+    # THE run lifecycle and the run directory
+    {"kerasdist.training"},
+    # one object per strategy kind, and its training loop
+    {"kerasdist.strategies"},
+    # what a run is made of: cluster specs and exports, input, experiment tracking
+    {"kerasdist.cluster", "kerasdist.data", "kerasdist.tracking"},
+    # Keras-level pieces usable without recipes
+    {"kerasdist.keras"},
+    # recipe configuration; the mends of Keras and TF internals
+    {"kerasdist.config", "kerasdist._compat"},
+    {"kerasdist.models"},
+    # the process's basics
+    {"kerasdist.errors", "kerasdist.importpath", "kerasdist._exit", "kerasdist._files",
+     "kerasdist._log", "kerasdist._native_log", "kerasdist._parent_death", "kerasdist._preload",
+     "kerasdist._registry", "kerasdist._scratch", "kerasdist._signals", "kerasdist._task_logs",
+     "kerasdist._timeline", "kerasdist._version"},
+]
+"""The package's layers, top to bottom, each a set of module prefixes (a prefix names a module
+and, but for the package itself, everything under it; the longest prefix places a module). A
+module imports only modules of its own layer or of the layers below it."""
 
 
 def _modules() -> dict[str, Path]:
@@ -39,6 +72,7 @@ def _type_checking_lines(tree) -> set[int]:
     return lines
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
     """``{module: modules it imports}`` within the package, lazy imports included."""
     modules = _modules()
@@ -124,6 +158,47 @@ def test_the_package_has_no_import_cycle():
     found = cycles(import_graph())
     assert not found, "import cycles (lazy imports included): " + "; ".join(
         " <-> ".join(c) for c in found)
+
+
+def _prefix(module: str) -> str | None:
+    """The longest prefix of :data:`LAYERS` that places ``module``."""
+    found = [prefix for layer in LAYERS for prefix in layer
+             if module == prefix or (prefix != PACKAGE and module.startswith(prefix + "."))]
+    return max(found, key=len) if found else None
+
+
+def _layer(module: str) -> int:
+    prefix = _prefix(module)
+    return next(i for i, layer in enumerate(LAYERS) if prefix in layer)
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """``'a -> b'`` for each import of a module ``b`` of a higher layer than ``a``'s."""
+    return [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a]) if _layer(b) < _layer(a)]
+
+
+def test_every_module_has_a_layer():
+    assert not [m for m in _modules() if _prefix(m) is None], "add them to LAYERS"
+    assert sum(len(layer) for layer in LAYERS) == len(set().union(*LAYERS)), "a prefix twice"
+
+
+def test_no_module_imports_a_module_of_a_higher_layer():
+    assert back_arrows({"kerasdist.keras.x": {"kerasdist.launch.y"}}) == [
+        "kerasdist.keras.x -> kerasdist.launch.y"]
+    found = back_arrows(import_graph())
+    assert not found, "imports from a lower layer up (lazy ones included):\n" + "\n".join(found)
+
+
+def test_no_two_parts_of_the_layers_import_each_other():
+    """Collapsed to the prefixes of :data:`LAYERS` (``kerasdist.data``, ``kerasdist.cluster``,
+    ...), the graph has no cycle either: no two folders of one layer import each other."""
+    graph: dict[str, set[str]] = {}
+    for a, targets in import_graph().items():
+        graph.setdefault(_prefix(a), set()).update(_prefix(b) for b in targets)
+    for prefix, targets in graph.items():
+        targets.discard(prefix)
+    found = cycles(graph)
+    assert not found, "; ".join(" <-> ".join(c) for c in found)
 
 
 def test_no_data_source_string_is_compared_outside_the_registry():

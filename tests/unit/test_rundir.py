@@ -155,7 +155,7 @@ def test_non_finite_loss_stops_with_exit_1_and_keeps_the_last_good_run(write_rec
 
 
 def test_metrics_json_is_strict_json_with_null_for_non_finite(tmp_path):
-    from kerasdist.training.outputs import write_json_atomic
+    from kerasdist._files import write_json_atomic
 
     path = write_json_atomic(tmp_path / "m.json", {"a": [1.0, float("nan")], "b": float("inf")})
     assert json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(c)) == {

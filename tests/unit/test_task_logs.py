@@ -1,5 +1,5 @@
 """Which task a process of a local cluster runs, from the log its standard output goes to
-(:mod:`kerasdist.launch.task_logs`): the same for a started and a forked task, whose
+(:mod:`kerasdist._task_logs`): the same for a started and a forked task, whose
 ``/proc/PID/environ`` is its launcher's (no ``TF_CONFIG`` there)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kerasdist.launch.task_logs import local_task, task_log_name
+from kerasdist._task_logs import local_task, task_log_name
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 

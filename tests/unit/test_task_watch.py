@@ -75,7 +75,7 @@ def test_the_chief_watches_ps_and_workers_a_worker_the_ps_a_ps_nothing(monkeypat
     assert watched_tasks(spec.for_task("worker", 1), 60.0) == {"ps:0": addresses["ps:0"]}
     assert watched_tasks(spec.for_task("ps", 0), 60.0) == {}
     assert watched_tasks(spec.for_task("chief", 0), None) == {}  # task_timeout_s: null
-    # under kerasdist's own launcher, which watches every task itself (kerasdist.launch.hang)
+    # under kerasdist's own launcher, which watches every task itself (kerasdist.cluster.watch.HangWatch)
     monkeypatch.setenv(STATUS_ENV, "/nonexistent/status.json")
     assert watched_tasks(spec.for_task("chief", 0), 60.0) == {}
 

@@ -11,7 +11,8 @@ directly, and compare no ``data.source`` string.
 
 Adding a source: one config class in :mod:`kerasdist.config.source_configs`, one module here with
 one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in ``_BUILTIN`` below
-(docs/own-model-and-data.md, "Adding a source").
+(docs/own-model-and-data.md, "Adding a source"). ``get(kind)`` gives a kind's object; an unknown
+kind is a ``DataError`` listing the ``available()`` ones.
 
 The readers of the in-memory formats are re-exported here under their former names
 (:mod:`kerasdist.data.readers`).
@@ -19,8 +20,7 @@ The readers of the in-memory formats are re-exported here under their former nam
 
 from __future__ import annotations
 
-import importlib
-
+from kerasdist._registry import LazyRegistry
 from kerasdist.data.readers import (  # noqa: F401 - the former names of kerasdist.data.sources
     LINEAR_B,
     LINEAR_W,
@@ -53,27 +53,11 @@ _BUILTIN: dict[str, str] = {
     "python": "kerasdist.data.sources.python:PythonKind",
     "tfds": "kerasdist.data.sources.tfds:TfdsKind",
 }
-_OBJECTS: dict = {}
+_KINDS = LazyRegistry(_BUILTIN, unknown=lambda kind: DataError(
+    f"data.source: unknown source '{kind}'; available: {', '.join(available())}. "
+    f"Received: source='{kind}'"))
 
-
-def available() -> list[str]:
-    """The registered source kinds, sorted."""
-    return sorted(set(_BUILTIN) | set(_OBJECTS))
-
-
-def get(kind: str):
-    """The :class:`~kerasdist.data.sources.base.SourceKind` object of ``kind``.
-
-    Raises:
-        DataError: unknown kind; the message lists the available ones.
-    """
-    if kind not in _OBJECTS:
-        if kind not in _BUILTIN:
-            raise DataError(f"data.source: unknown source '{kind}'; available: "
-                            f"{', '.join(available())}. Received: source='{kind}'")
-        module, _, name = _BUILTIN[kind].partition(":")
-        _OBJECTS[kind] = getattr(importlib.import_module(module), name)()
-    return _OBJECTS[kind]
+available, get = _KINDS.available, _KINDS.get
 
 
 def of(config):

@@ -5,13 +5,14 @@ traits are on its config class (:mod:`kerasdist.config.cluster_configs`); code o
 package and that module reads traits and compares no ``cluster.kind`` string.
 
 Adding a cluster kind: one config class, one module here, one line in ``_BUILTIN`` (or
-:func:`register`): docs/architecture.md, "Adding a cluster kind".
+``register(kind, obj)``, ``obj`` a ``ClusterKind`` or its class; else a ``ClusterError``):
+docs/architecture.md, "Adding a cluster kind". ``get(kind)`` gives a kind's object; an unknown
+kind is a ``ClusterError`` listing the ``available()`` ones.
 """
 
 from __future__ import annotations
 
-import importlib
-
+from kerasdist._registry import LazyRegistry
 from kerasdist.errors import ClusterError
 
 _BUILTIN: dict[str, str] = {
@@ -22,21 +23,10 @@ _BUILTIN: dict[str, str] = {
     "jobset": "kerasdist.launch.clusters.jobset:JobSetKind",
     "ray": "kerasdist.launch.clusters.ray:RayKind",
 }
-_OBJECTS: dict = {}
 
 
-def available() -> list[str]:
-    """The registered cluster kinds, sorted."""
-    return sorted(set(_BUILTIN) | set(_OBJECTS))
-
-
-def register(kind: str, obj) -> None:
-    """Run ``cluster.kind: <kind>`` with ``obj``, a
-    :class:`~kerasdist.launch.clusters.base.ClusterKind` or its class (replaces an earlier one).
-
-    Raises:
-        ClusterError: ``obj`` is not a ``ClusterKind``.
-    """
+def _adopt(kind: str, obj):
+    """``obj`` (a ``ClusterKind``, or its class instantiated) as the object of ``kind``."""
     from kerasdist.launch.clusters.base import ClusterKind
 
     obj = obj() if isinstance(obj, type) else obj
@@ -44,22 +34,14 @@ def register(kind: str, obj) -> None:
         raise ClusterError(f"register() takes a kerasdist.launch.clusters.base.ClusterKind. "
                            f"Received: {obj!r} for kind '{kind}'")
     obj.kind = kind
-    _OBJECTS[kind] = obj
+    return obj
 
 
-def get(kind: str):
-    """The :class:`~kerasdist.launch.clusters.base.ClusterKind` object of ``kind``.
+_KINDS = LazyRegistry(_BUILTIN, adopt=_adopt, unknown=lambda kind: ClusterError(
+    f"cluster.kind: unknown cluster kind '{kind}'; available: {', '.join(available())}. "
+    f"Received: kind='{kind}'"))
 
-    Raises:
-        ClusterError: unknown kind; the message lists the available ones.
-    """
-    if kind not in _OBJECTS:
-        if kind not in _BUILTIN:
-            raise ClusterError(f"cluster.kind: unknown cluster kind '{kind}'; available: "
-                               f"{', '.join(available())}. Received: kind='{kind}'")
-        module, _, name = _BUILTIN[kind].partition(":")
-        register(kind, getattr(importlib.import_module(module), name))
-    return _OBJECTS[kind]
+available, get, register = _KINDS.available, _KINDS.get, _KINDS.register
 
 
 def of(recipe):

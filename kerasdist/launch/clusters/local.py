@@ -60,7 +60,7 @@ class LocalKind(ClusterKind):
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             run_dir.claim(held, recipe, overwrite=overwrite,
                           checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
-            tracker = tracking.start_launch(recipe, run_dir=run_dir.path)  # the user's recipe
+            tracker = tracking.start(recipe, run_dir=run_dir.path, launcher=True)  # the user's
             try:
                 mark("launching")
                 with self._chief_echo(recipe, echo=echo):

@@ -17,13 +17,9 @@ from typing import Callable, NoReturn, Sequence
 
 def die_with(parent: int) -> None:
     """``PR_SET_PDEATHSIG``: SIGKILL when the launcher dies; exit now if it already has."""
-    import ctypes
+    from kerasdist._parent_death import signal_when_parent_dies
 
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
-    if os.getppid() != parent:
+    if not signal_when_parent_dies(signal.SIGKILL, parent):
         os._exit(1)
 
 
