@@ -76,6 +76,11 @@ BAD = [
     ({"set": {"optimizer.learning_rate": 0.1}}, ["both fixed (set) and searched (space)"]),
     ({"trials": 0}, ["trials"]),
     ({"sampler": {"name": "bayes"}}, ["sampler.name"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": 1, "high": 3, "step": 5}}},
+     ["space.data.batch_size: step must not exceed high - low", "low=1, high=3, step=5"]),
+    ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.02,
+                                            "step": 0.05}}},
+     ["space.optimizer.learning_rate: step must not exceed", "step=0.05"]),
 ]
 
 
