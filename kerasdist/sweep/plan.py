@@ -103,6 +103,8 @@ def _sweep_error(err: pydantic.ValidationError, *, source: str) -> str:
             message = message.removeprefix("Value error, ")
         elif kind == "extra_forbidden":
             message = f"unknown key (not part of the sweep schema). Received: {item['input']!r}"
+        elif kind == "bool_for_number":  # raised for the whole section: the field is in ctx
+            loc.append(str(item["ctx"]["field"]))
         else:
             message = f"{message}. Received: {item.get('input')!r}"
         lines.append(f"{source}: {'.'.join(loc) or '(sweep)'}: {message}")

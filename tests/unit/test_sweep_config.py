@@ -81,6 +81,10 @@ BAD = [
     ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.02,
                                             "step": 0.05}}},
      ["space.optimizer.learning_rate: step must not exceed", "step=0.05"]),
+    ({"trials": True}, ["sweep.yaml: trials: must be a number or text, not a boolean",
+                        "Received: trials=true"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": True, "high": 32}}},
+     ["sweep.yaml: space.data.batch_size.low: must be a number", "Received: low=true"]),
 ]
 
 
