@@ -160,14 +160,17 @@ def _dict_in(annotation: Any) -> type | None:
 
 
 def with_values(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of a recipe mapping with each ``dotted.path: value`` set (sections created)."""
+    """A deep copy of a recipe mapping with each ``dotted.path: value`` set (sections created;
+    a ``data.source`` given by its kind's name alone is first written ``{kind: <name>}``)."""
     result = copy.deepcopy(raw)
     for dotted, value in values.items():
         node = result
         parts = dotted.split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
+            if isinstance(child, str) and parts[:depth + 1] == ["data", "source"]:
+                child = node[part] = {"kind": child}
+            elif not isinstance(child, dict):
                 child = node[part] = {}
             node = child
         node[parts[-1]] = copy.deepcopy(value)

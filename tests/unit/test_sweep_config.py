@@ -186,3 +186,15 @@ def test_the_shipped_sweep_is_valid(monkeypatch):
     text = (repo / "docs" / "sweep.md").read_text()
     body = (repo / "recipes" / "sweeps" / "mnist_cnn.yaml").read_text()
     assert body.split("\nrecipe:", 1)[1] in text  # the docs show the file as it is
+
+
+def test_a_field_of_a_source_given_by_name_alone_can_be_searched(tmp_path):
+    from kerasdist.sweep.study import trial_recipe
+
+    path = write_sweep(tmp_path, space={
+        "data.source.noise_std": {"type": "float", "low": 0.1, "high": 0.5}})
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(
+        {**RECIPE, "data": {**RECIPE["data"], "source": "synthetic_linear"}}))
+    plan = load_sweep(path)
+    raw = trial_recipe(plan, 0, {"data.source.noise_std": 0.2})
+    assert raw["data"]["source"] == {"kind": "synthetic_linear", "noise_std": 0.2}
