@@ -312,7 +312,8 @@ def _last_gate_value(folder: Path) -> float | None:
 
 
 def _failure(run: Running, code: int) -> str:
-    """Why a trial failed: its exit and the last lines of its log that say ``error``/``failed``."""
+    """Why a trial failed: its exit and the last ``kerasdist: failed:`` (or ``kerasdist: error:``,
+    bad input) line of its log, the error the trial's command ended with."""
     from kerasdist.launch.processes import describe_exit
 
     what = f"past trial_timeout_s, stopped; {describe_exit(code)}" if run.timed_out else \
@@ -321,6 +322,6 @@ def _failure(run: Running, code: int) -> str:
         lines = (run.folder / "trial.log").read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         lines = []
-    said = [line.strip() for line in lines[-200:] if "kerasdist: " in line and
-            ("error" in line or "failed" in line)]
+    said = [line.strip() for line in lines[-200:]
+            if "kerasdist: failed: " in line or "kerasdist: error: " in line]
     return f"{what}; {said[-1]}" if said else what

@@ -43,7 +43,8 @@ class FakeTrial:
         if self.code is not None:
             return self.code
         if self.fail:
-            self.log.write_text("kerasdist: failed: InvalidArgumentError: label 11 out of range\n")
+            self.log.write_text(self.fail if isinstance(self.fail, str) else
+                                "kerasdist: failed: InvalidArgumentError: label 11 out of range\n")
             self.code = 1
             return self.code
         number = self.epoch + 1
@@ -71,7 +72,7 @@ class FakeTrial:
         return self.code
 
 
-def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), **sweep):
+def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), fail_log=True, **sweep):
     monkeypatch.setattr("kerasdist.sweep.driver.POLL_S", 0.0)
     monkeypatch.chdir(tmp_path)
     plan = load_sweep(write_sweep(tmp_path, **sweep))
@@ -79,7 +80,8 @@ def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), **sweep):
 
     def start(backend, *, recipe, log, cores):
         trial = FakeTrial(recipe, log, value=value, epochs=epochs,
-                          fail=len(started) in fails, wait=plan.config.pruner.name != "none")
+                          fail=len(started) in fails and fail_log,
+                          wait=plan.config.pruner.name != "none")
         started.append(trial)
         return trial
 
@@ -132,6 +134,31 @@ def test_failed_trials_are_recorded_with_their_log_and_bounded(tmp_path, monkeyp
     assert driver.run() == 0  # one failure, then two trials that finish
     states = [t.state.name for t in _study(tmp_path / "again").trials]
     assert states == ["FAIL", "COMPLETE", "COMPLETE"]
+
+
+def test_a_failed_trials_reason_is_the_failed_line_of_its_log(tmp_path, monkeypatch):
+    # the log as `kerasdist fit` ends it: the error, then the closing paragraph
+    import contextlib
+    import io
+
+    from kerasdist._log import LAUNCHED_ENV
+    from kerasdist.cli import _failed
+    from kerasdist.errors import TrainingError
+    from kerasdist.launch import explain
+
+    monkeypatch.delenv(LAUNCHED_ENV, raising=False)  # as a trial's own `kerasdist fit`
+    monkeypatch.setitem(explain.RUN, "run_dir", str(tmp_path / "run"))
+    text = io.StringIO()
+    with contextlib.redirect_stderr(text):
+        _failed(TrainingError("the loss is NaN at global step 3"), "fit")
+    assert "kerasdist: the run failed." in text.getvalue()
+    driver, _, lines = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, fails=(0,),
+                               fail_log=text.getvalue(), trials=1, max_failed_trials=0)
+    assert driver.run() == 1
+    why = "kerasdist: failed: the loss is NaN at global step 3"
+    assert why in _study(tmp_path).trials[0].user_attrs["failure"]
+    assert why in (tmp_path / "out" / "trials.csv").read_text()
+    assert any("trial 0 FAIL: " in line and why in line for line in lines), lines
 
 
 def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
