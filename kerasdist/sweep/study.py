@@ -55,13 +55,26 @@ def make_sampler(config: SweepConfig, *, trials_before: int = 0):
                "qmc": samplers.QMCSampler}
     try:
         if spec.name == "grid":
-            return samplers.GridSampler(grid_space(config), seed=spec.seed, **spec.options)
+            return _ask_and_tell_grid(samplers)(grid_space(config), seed=spec.seed,
+                                                **spec.options)
         seed = spec.seed + trials_before if spec.seed is not None and \
             spec.name in RESEEDED else spec.seed
         return classes[spec.name](seed=seed, **spec.options)
     except (TypeError, ValueError) as err:
         raise RecipeError(f"sampler.options: the {spec.name} sampler refuses them: {err}. "
                           f"Received: options={dict(spec.options)!r}") from None
+
+
+def _ask_and_tell_grid(samplers):
+    class AskAndTellGrid(samplers.GridSampler):
+        """Optuna's ``GridSampler`` without its ``study.stop()`` once every point was asked
+        (valid only inside ``Study.optimize``: under ask and tell, ``Study.tell`` of the last
+        point raised); the driver counts the trials itself, ``trials`` at most the grid's size."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return AskAndTellGrid
 
 
 def make_pruner(config: SweepConfig):

@@ -161,6 +161,19 @@ def test_a_failed_trials_reason_is_the_failed_line_of_its_log(tmp_path, monkeypa
     assert any("trial 0 FAIL: " in line and why in line for line in lines), lines
 
 
+def test_a_grid_sweep_of_every_point_ends_with_its_outputs(tmp_path, monkeypatch):
+    driver, _, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=2,
+                           sampler={"name": "grid"},
+                           space={"data.batch_size": {"type": "categorical", "choices": [8, 16]}})
+    assert driver.run() == 0
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert sorted(t.params["data.batch_size"] for t in trials) == [8, 16]
+    out = tmp_path / "out"
+    assert (out / "trials.csv").is_file() and (out / "best.yaml").is_file()
+    assert (out / "optimization_history.png").is_file()
+
+
 def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
     driver, started, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr / e, trials=2,
                                  sampler={"name": "random", "seed": 0},
