@@ -118,6 +118,28 @@ def fingerprint(config: SweepConfig) -> dict[str, Any]:
         "objective": config.objective.model_dump(mode="json")}, default=str))
 
 
+def check_folder(folder: Path, *, field: str, received: str) -> None:
+    """Refuse a folder that cannot be created or written; leaves nothing behind (a probe
+    folder is made and removed in its nearest existing parent).
+
+    Raises:
+        RecipeError: names ``field`` and ``received``, with the system's reason.
+    """
+    import os
+    import tempfile
+
+    parent = folder.absolute()
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        if not parent.is_dir():
+            raise NotADirectoryError(f"'{parent}' is a file")
+        os.rmdir(tempfile.mkdtemp(prefix=".kerasdist-probe-", dir=parent))
+    except OSError as err:
+        raise RecipeError(f"{field}: cannot create or write '{folder}' "
+                          f"({err.strerror or err}, in '{parent}'). Received: {received}") from None
+
+
 def probe_storage(plan: SweepPlan, *, create: bool = False) -> str:
     """Check the storage URL without writing: a SQLite file's folder exists (or is
     ``output.dir``, made when ``create``), another database answers a connection.

@@ -198,3 +198,13 @@ def test_a_field_of_a_source_given_by_name_alone_can_be_searched(tmp_path):
     plan = load_sweep(path)
     raw = trial_recipe(plan, 0, {"data.source.noise_std": 0.2})
     assert raw["data"]["source"] == {"kind": "synthetic_linear", "noise_std": 0.2}
+
+
+@pytest.mark.parametrize("where", ["/proc/kerasdist-sweep/out", "a-file/out"])
+def test_an_output_dir_that_cannot_be_created_exits_2(tmp_path, capsys, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    write_sweep(tmp_path, output={"dir": where})
+    for mode in (("--dry-run",), ()):
+        _refused(tmp_path, capsys, ["output.dir: cannot create or write", where], mode=mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "recipe.yaml", "sweep.yaml"]
