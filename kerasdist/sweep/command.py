@@ -53,19 +53,11 @@ def dry_run_text(plan) -> str:
     import optuna
 
     from kerasdist.sweep.plan import machine_cores
-    from kerasdist.sweep.study import (
-        check_folder,
-        make_pruner,
-        make_sampler,
-        probe_storage,
-        suggest,
-        trial_dir,
-    )
+    from kerasdist.sweep.study import check_start, make_pruner, make_sampler, suggest, trial_dir
 
     config = plan.config
     make_pruner(config)  # refuses bad options here too
-    check_folder(plan.out, field="output.dir", received=f"dir='{config.output.dir}'")
-    probe_storage(plan)  # without creating it
+    check_start(plan)  # writes nothing
     study = optuna.create_study(sampler=make_sampler(config), direction=config.objective.direction)
     first = min(config.trials, max(config.parallel, 3))
     lines = [f"# {plan.source}: valid sweep over recipe '{config.recipe}' (nothing started)",

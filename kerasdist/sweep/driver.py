@@ -26,7 +26,7 @@ from kerasdist.sweep import gate
 from kerasdist.sweep.plan import SweepPlan
 from kerasdist.sweep.study import (
     TrialBook,
-    check_folder,
+    check_start,
     require_optuna,
     run_dir,
     suggest,
@@ -127,8 +127,7 @@ class Driver:
         """
         from kerasdist._signals import terminate_on_sigterm
 
-        check_folder(self.plan.out, field="output.dir",
-                     received=f"dir='{self.config.output.dir}'")
+        check_start(self.plan)  # before the lock: nothing is written on bad input
         with contextlib.ExitStack() as stack:
             stack.enter_context(sweep_lock(self.plan.out))
             stack.enter_context(terminate_on_sigterm())

@@ -140,22 +140,21 @@ def check_folder(folder: Path, *, field: str, received: str) -> None:
                           f"({err.strerror or err}, in '{parent}'). Received: {received}") from None
 
 
-def probe_storage(plan: SweepPlan, *, create: bool = False) -> str:
-    """Check the storage URL without writing: a SQLite file's folder exists (or is
-    ``output.dir``, made when ``create``), another database answers a connection.
+def probe_storage(plan: SweepPlan) -> str:
+    """Check the storage URL without writing: a SQLite file's folder exists and can be written
+    (or is ``output.dir``), another database answers a connection.
 
     Raises:
         RecipeError: names ``output.storage`` and why.
     """
     url = plan.config.storage_url()
     if url.startswith("sqlite:///"):
-        folder = Path(url[len("sqlite:///"):]).parent
-        if folder.absolute() == plan.out:
-            if create:
-                plan.out.mkdir(parents=True, exist_ok=True)
-        elif not folder.is_dir():
-            raise RecipeError(f"output.storage: the folder '{folder}' of the SQLite file does not "
-                              f"exist. Received: storage={url!r}")
+        path = Path(url[len("sqlite:///"):])
+        if path.parent.absolute() != plan.out and not path.exists():
+            if not path.parent.is_dir():
+                raise RecipeError(f"output.storage: the folder '{path.parent}' of the SQLite file "
+                                  f"does not exist. Received: storage={url!r}")
+            check_folder(path.parent, field="output.storage", received=f"storage={url!r}")
         return url
     try:
         import sqlalchemy
@@ -163,27 +162,41 @@ def probe_storage(plan: SweepPlan, *, create: bool = False) -> str:
         with sqlalchemy.create_engine(url).connect():
             pass
     except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors, all bad input here
-        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
-                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
-                          f"Received: storage={url!r}") from None
+        raise _unopenable(url, err) from None
     return url
 
 
-def check_storage(plan: SweepPlan):
-    """Open (and create) the sweep's storage (:func:`probe_storage` first).
+def _unopenable(url: str, err: Exception) -> RecipeError:
+    return RecipeError(f"output.storage: Optuna cannot open {url!r}: {type(err).__name__}: "
+                       f"{str(err).splitlines()[0][:300]}. Received: storage={url!r}")
+
+
+def check_start(plan: SweepPlan) -> None:
+    """What a run of the sweep checks before it writes anything (``--dry-run`` too):
+    ``output.dir`` can be created, the storage can be opened.
 
     Raises:
-        RecipeError: a SQLite file in a folder that does not exist (other than ``output.dir``,
-            created here), or a URL that Optuna cannot open; names ``output.storage``.
+        RecipeError: names ``output.dir`` or ``output.storage`` and why.
+    """
+    check_folder(plan.out, field="output.dir", received=f"dir='{plan.config.output.dir}'")
+    probe_storage(plan)
+
+
+def check_storage(plan: SweepPlan):
+    """Open (and create) the sweep's storage (:func:`probe_storage` first; ``output.dir`` is
+    made, where the default SQLite file lives).
+
+    Raises:
+        RecipeError: a SQLite file in a folder that does not exist, or a URL that Optuna cannot
+            open; names ``output.storage``.
     """
     optuna = require_optuna()
-    url = probe_storage(plan, create=True)
+    url = probe_storage(plan)
+    plan.out.mkdir(parents=True, exist_ok=True)
     try:
         return optuna.storages.RDBStorage(url)
     except Exception as err:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors, all bad input here
-        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
-                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
-                          f"Received: storage={url!r}") from None
+        raise _unopenable(url, err) from None
 
 
 def open_study(plan: SweepPlan, *, storage=None):

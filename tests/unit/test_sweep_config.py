@@ -131,6 +131,7 @@ def test_one_trial_of_more_tasks_than_cores_runs_alone_but_not_two(tmp_path, cap
 def test_a_storage_that_cannot_be_opened_exits_2(tmp_path, capsys, storage, needle):
     write_sweep(tmp_path, output={"dir": str(tmp_path / "out"), "storage": storage})
     _refused(tmp_path, capsys, ["output.storage", needle, storage])
+    assert not (tmp_path / "out").exists()  # not even the lock of output.dir
     _refused(tmp_path, capsys, ["output.storage", needle, storage], mode=("--dry-run",))
 
 
