@@ -92,23 +92,12 @@ def status_text(plan) -> str:
     Raises:
         RecipeError: no study of that name in the storage yet (exit code 2).
     """
-    import optuna
-
     from kerasdist.sweep.outputs import status_table
+    from kerasdist.sweep.study import stored_study
 
-    url = plan.config.storage_url()
-    if url.startswith("sqlite:///") and not _exists(url[len("sqlite:///"):]):
-        raise RecipeError(f"output.storage: no sweep has run yet (no file). Received: "
-                          f"storage={url!r}")
-    try:
-        study = optuna.load_study(study_name=plan.config.output.study, storage=url)
-    except KeyError:
-        raise RecipeError(f"output.study: no study '{plan.config.output.study}' in the storage "
-                          f"yet. Received: storage={url!r}") from None
+    study = stored_study(plan)
+    if study is None:
+        raise RecipeError(f"output.study: no sweep has run yet (no study "
+                          f"'{plan.config.output.study}' in the storage). Received: "
+                          f"storage={plan.config.storage_url()!r}")
     return status_table(plan, study)
-
-
-def _exists(path: str) -> bool:
-    from pathlib import Path
-
-    return Path(path).is_file()

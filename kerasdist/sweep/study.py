@@ -171,15 +171,64 @@ def _unopenable(url: str, err: Exception) -> RecipeError:
                        f"{str(err).splitlines()[0][:300]}. Received: storage={url!r}")
 
 
+def stored_study(plan: SweepPlan):
+    """The sweep's study as the storage holds it now, or None when it holds none yet; reads the
+    storage without creating or writing anything (no file, table or study is made).
+
+    Raises:
+        RecipeError: the storage cannot be opened or read (a file that is not an Optuna
+            database...), naming ``output.storage``.
+    """
+    optuna = require_optuna()
+    url = probe_storage(plan)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        return None
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        try:
+            if not sqlalchemy.inspect(engine).has_table("studies"):
+                return None
+        finally:
+            engine.dispose()
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+        return optuna.load_study(study_name=plan.config.output.study, storage=storage)
+    except KeyError:  # no study of that name
+        return None
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors, all bad input here
+        raise _unopenable(url, err) from None
+
+
 def check_start(plan: SweepPlan) -> None:
-    """What a run of the sweep checks before it writes anything (``--dry-run`` too):
-    ``output.dir`` can be created, the storage can be opened.
+    """What a run of the sweep checks before it writes anything (``--dry-run`` too, which
+    writes nothing): ``output.dir`` can be created, the storage can be opened, and a study it
+    holds already was made by this sweep (:func:`check_definition`).
 
     Raises:
         RecipeError: names ``output.dir`` or ``output.storage`` and why.
     """
     check_folder(plan.out, field="output.dir", received=f"dir='{plan.config.output.dir}'")
-    probe_storage(plan)
+    study = stored_study(plan)
+    if study is not None:
+        check_definition(plan, study)
+
+
+def check_definition(plan: SweepPlan, study) -> None:
+    """Refuse a study made by another sweep (another recipe, set, space or objective); a study
+    without the sweep's definition yet passes.
+
+    Raises:
+        RecipeError: names ``output.storage`` and what differs.
+    """
+    wanted = fingerprint(plan.config)
+    found = study.user_attrs.get(FINGERPRINT_ATTR)
+    if found is None or found == wanted:
+        return
+    differs = [key for key in wanted if wanted[key] != found.get(key)]
+    raise RecipeError(f"output.storage: study '{plan.config.output.study}' was made by another "
+                      f"sweep ({', '.join(differs)} differ); use a new output.dir or "
+                      f"output.study. Received: {', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
 
 
 def check_storage(plan: SweepPlan):
@@ -219,15 +268,9 @@ def open_study(plan: SweepPlan, *, storage=None):
     before = len(study.get_trials(deepcopy=False))
     if before:  # a re-run: the sampler goes on from where the seed would repeat itself
         study.sampler = make_sampler(config, trials_before=before)
-    wanted = fingerprint(config)
-    found = study.user_attrs.get(FINGERPRINT_ATTR)
-    if found is None:
-        study.set_user_attr(FINGERPRINT_ATTR, wanted)
-    elif found != wanted:
-        differs = [key for key in wanted if wanted[key] != found.get(key)]
-        raise RecipeError(f"output.storage: study '{config.output.study}' was made by another "
-                          f"sweep ({', '.join(differs)} differ); use a new output.dir or "
-                          f"output.study. Received: {', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
+    check_definition(plan, study)
+    if FINGERPRINT_ATTR not in study.user_attrs:
+        study.set_user_attr(FINGERPRINT_ATTR, fingerprint(config))
     return study
 
 

@@ -209,3 +209,31 @@ def test_an_output_dir_that_cannot_be_created_exits_2(tmp_path, capsys, monkeypa
     for mode in (("--dry-run",), ()):
         _refused(tmp_path, capsys, ["output.dir: cannot create or write", where], mode=mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "recipe.yaml", "sweep.yaml"]
+
+
+def _made_by(path: Path) -> Path:
+    """A study made by the sweep at ``path`` (as its first run makes it); its storage file."""
+    from kerasdist.sweep.study import open_study
+
+    open_study(load_sweep(path))
+    return path.parent / "out" / "study.db"
+
+
+def test_dry_run_refuses_what_the_run_refuses_and_writes_nothing(tmp_path, capsys):
+    # a changed space on an existing study
+    db = _made_by(write_sweep(tmp_path))
+    before = db.read_bytes(), db.stat().st_mtime_ns
+    write_sweep(tmp_path, space={"optimizer.learning_rate": {"type": "float", "low": 0.002,
+                                                             "high": 0.1, "log": True}})
+    needles = ["output.storage: study 'kerasdist-sweep' was made by another sweep", "space"]
+    _refused(tmp_path, capsys, needles, mode=("--dry-run",))
+    assert (db.read_bytes(), db.stat().st_mtime_ns) == before
+    _refused(tmp_path, capsys, needles)
+    # a storage file that is not an Optuna database
+    other = tmp_path / "not-a-db.db"
+    other.write_text("not a database")
+    write_sweep(tmp_path, output={"dir": str(tmp_path / "new"), "storage": f"sqlite:///{other}"})
+    for mode in (("--dry-run",), ()):
+        assert main(["sweep", str(tmp_path / "sweep.yaml"), *mode]) == EXIT_BAD_INPUT
+        assert "output.storage: Optuna cannot open" in capsys.readouterr().err
+    assert other.read_text() == "not a database" and not (tmp_path / "new").exists()
