@@ -5,6 +5,7 @@ are chosen here, never by one of its tasks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -110,10 +111,15 @@ def make_pruner(config: SweepConfig):
                           f"Received: options={dict(spec.options)!r}") from None
 
 
-def fingerprint(config: SweepConfig) -> dict[str, Any]:
-    """What a study must have been made by to be continued: recipe, set, space, objective."""
+def fingerprint(plan: SweepPlan) -> dict[str, Any]:
+    """What a study must have been made by to be continued: the recipe's path and
+    ``recipe_sha256`` (the SHA-256 of the base recipe with ``set`` applied, as canonical JSON:
+    an edited value shows, an edited comment or layout does not), set, space, objective."""
+    config = plan.config
+    base = json.dumps(plan.base_raw, sort_keys=True, default=str).encode()
     return json.loads(json.dumps({
-        "recipe": str(config.recipe), "set": config.set,
+        "recipe": str(config.recipe), "recipe_sha256": hashlib.sha256(base).hexdigest(),
+        "set": config.set,
         "space": {k: v.model_dump(mode="json") for k, v in config.space.items()},
         "objective": config.objective.model_dump(mode="json")}, default=str))
 
@@ -215,20 +221,23 @@ def check_start(plan: SweepPlan) -> None:
 
 
 def check_definition(plan: SweepPlan, study) -> None:
-    """Refuse a study made by another sweep (another recipe, set, space or objective); a study
-    without the sweep's definition yet passes.
+    """Refuse a study made by another sweep (:func:`fingerprint`: another recipe or an edited
+    one, set, space or objective); a study without the sweep's definition yet passes.
 
     Raises:
         RecipeError: names ``output.storage`` and what differs.
     """
-    wanted = fingerprint(plan.config)
+    wanted = fingerprint(plan)
     found = study.user_attrs.get(FINGERPRINT_ATTR)
     if found is None or found == wanted:
         return
     differs = [key for key in wanted if wanted[key] != found.get(key)]
+    edited = f": the base recipe '{plan.config.recipe}' was edited" \
+        if "recipe_sha256" in differs else ""
     raise RecipeError(f"output.storage: study '{plan.config.output.study}' was made by another "
-                      f"sweep ({', '.join(differs)} differ); use a new output.dir or "
-                      f"output.study. Received: {', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
+                      f"sweep ({', '.join(differs)} differ{edited}); use a new output.dir or "
+                      f"output.study, or undo the change. Received: "
+                      f"{', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
 
 
 def check_storage(plan: SweepPlan):
@@ -270,7 +279,7 @@ def open_study(plan: SweepPlan, *, storage=None):
         study.sampler = make_sampler(config, trials_before=before)
     check_definition(plan, study)
     if FINGERPRINT_ATTR not in study.user_attrs:
-        study.set_user_attr(FINGERPRINT_ATTR, fingerprint(config))
+        study.set_user_attr(FINGERPRINT_ATTR, fingerprint(plan))
     return study
 
 

@@ -237,3 +237,15 @@ def test_dry_run_refuses_what_the_run_refuses_and_writes_nothing(tmp_path, capsy
         assert main(["sweep", str(tmp_path / "sweep.yaml"), *mode]) == EXIT_BAD_INPUT
         assert "output.storage: Optuna cannot open" in capsys.readouterr().err
     assert other.read_text() == "not a database" and not (tmp_path / "new").exists()
+
+
+def test_an_edited_base_recipe_is_refused_on_a_re_run(tmp_path, capsys):
+    path = write_sweep(tmp_path)
+    _made_by(path)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({**RECIPE, "trainer": {"epochs": 2, "steps_per_epoch": 3}}))
+    needles = ["output.storage", "recipe_sha256 differ", f"the base recipe '{recipe}' was edited"]
+    _refused(tmp_path, capsys, needles, mode=("--dry-run",))
+    _refused(tmp_path, capsys, needles)
+    recipe.write_text("# a comment, another layout\n" + yaml.safe_dump(RECIPE, indent=4))
+    assert main(["sweep", str(path), "--dry-run"]) == 0  # the same values
