@@ -3,9 +3,10 @@
 It keeps up to ``parallel`` trials running, each a whole ``kerasdist fit`` (:mod:`.backends`),
 answers their epoch-end gates (:mod:`.gate`: report the value, ask the pruner, write the
 decision), and records each trial's end in the study: COMPLETE with the objective, PRUNED, or
-FAIL with the tail of its log. It holds ``<output.dir>/.sweep.lock`` while it runs, so a trial
-left RUNNING in the storage when it starts was interrupted (its driver is gone) and is resumed:
-same number, same folder, same parameters, from its own checkpoint.
+FAIL with the tail of its log. It holds ``<output.dir>/.sweep.lock`` while it runs and marks the
+study as its own (:func:`kerasdist.sweep.study.mark_driver`, refused while another live driver's
+mark is there), so a trial left RUNNING in the storage when it starts was interrupted (its driver
+is gone) and is resumed: same number, same folder, same parameters, from its own checkpoint.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from kerasdist.errors import EXIT_FAILED, EXIT_OK, RunDirError
 from kerasdist.sweep import gate
 from kerasdist.sweep.plan import SweepPlan
 from kerasdist.sweep.study import (
+    HEARTBEAT_S,
     TrialBook,
     check_start,
+    mark_driver,
     require_optuna,
     run_dir,
     suggest,
@@ -133,6 +136,8 @@ class Driver:
             stack.enter_context(terminate_on_sigterm())
             self.book = TrialBook.open(self.plan)
             self.study = self.book.study
+            mark_driver(self.plan, self.study)
+            stack.callback(mark_driver, self.plan, self.study, ended=True)
             if self.config.backend == "ray":
                 from kerasdist.sweep import ray_backend
 
@@ -163,7 +168,11 @@ class Driver:
 
     def _loop(self, interrupted: list) -> int:
         pending = list(interrupted)
+        beat = time.monotonic()
         while True:
+            if time.monotonic() - beat >= HEARTBEAT_S:
+                mark_driver(self.plan, self.study)
+                beat = time.monotonic()
             for run in list(self.running.values()):
                 self._answer_gate(run)
                 self._check_timeout(run)

@@ -125,15 +125,9 @@ class SweepPruneGate(keras.callbacks.Callback):
                             f"{self.wait_s:g} s (is the sweep driver still running?)")
 
     def _driver_alive(self) -> bool:
-        if self.driver_pid <= 0:
-            return True
-        try:
-            os.kill(self.driver_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        from kerasdist.sweep.processes import pid_alive
+
+        return self.driver_pid <= 0 or pid_alive(self.driver_pid)
 
 
 def _read(path: Path) -> str:

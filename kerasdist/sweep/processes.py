@@ -1,6 +1,6 @@
-"""The trials' processes: how long a stopped trial has, the wait for a trial's end, and the
-``preexec_fn`` that ties a trial to the driver (a leaf module: :mod:`kerasdist.sweep.backends` and
-:mod:`kerasdist.sweep.ray_backend` both use it)."""
+"""The trials' processes: how long a stopped trial has, the wait for a trial's end, whether a
+process lives, and the ``preexec_fn`` that ties a trial to the driver (a leaf module:
+:mod:`kerasdist.sweep.backends` and :mod:`kerasdist.sweep.ray_backend` both use it)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,17 @@ def poll_until_exit(poll: Callable[[], int | None], timeout_s: float,
         if code is not None or time.monotonic() >= deadline:
             return code
         time.sleep(interval_s)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _with_driver(parent: int):

@@ -18,6 +18,13 @@ from kerasdist.sweep.plan import SweepPlan, grid_space, machine_cores, with_valu
 FINGERPRINT_ATTR = "kerasdist.sweep"
 """The study's user attribute holding what the sweep searches (a re-run must search the same)."""
 GATE_CALLBACK = "kerasdist.sweep.gate:SweepPruneGate"
+DRIVER_ATTR = "kerasdist.sweep.driver"
+"""The study's user attribute naming the driver running it: ``pid``, ``host``, ``dir``
+(``output.dir``), ``heartbeat`` (Unix time, renewed every :data:`HEARTBEAT_S`); null once it ended."""
+HEARTBEAT_S = 10.0
+STALE_S = 120.0
+"""A driver mark whose heartbeat is older than this is of a driver gone (on another host, where
+its pid cannot be looked at)."""
 
 
 def require_optuna():
@@ -209,7 +216,8 @@ def stored_study(plan: SweepPlan):
 def check_start(plan: SweepPlan) -> None:
     """What a run of the sweep checks before it writes anything (``--dry-run`` too, which
     writes nothing): ``output.dir`` can be created, the storage can be opened, and a study it
-    holds already was made by this sweep (:func:`check_definition`).
+    holds already was made by this sweep (:func:`check_definition`) and has no other live
+    driver (:func:`check_no_other_driver`).
 
     Raises:
         RecipeError: names ``output.dir`` or ``output.storage`` and why.
@@ -218,6 +226,44 @@ def check_start(plan: SweepPlan) -> None:
     study = stored_study(plan)
     if study is not None:
         check_definition(plan, study)
+        check_no_other_driver(plan, study)
+
+
+def mark_driver(plan: SweepPlan, study, *, ended: bool = False) -> None:
+    """Write this process's :data:`DRIVER_ATTR` mark in ``study`` with a new heartbeat (or null
+    when ``ended``)."""
+    import os
+    import socket
+    import time
+
+    study.set_user_attr(DRIVER_ATTR, None if ended else {
+        "pid": os.getpid(), "host": socket.gethostname(), "dir": str(plan.out),
+        "heartbeat": time.time()})
+
+
+def check_no_other_driver(plan: SweepPlan, study) -> None:
+    """Refuse a study another live driver runs: its mark's heartbeat is younger than
+    :data:`STALE_S` and, on this host, its pid lives.
+
+    Raises:
+        RecipeError: names ``output.storage``, the other driver and its ``output.dir``.
+    """
+    import socket
+    import time
+
+    from kerasdist.sweep.processes import pid_alive
+
+    mark = study.user_attrs.get(DRIVER_ATTR) or {}
+    age = time.time() - float(mark.get("heartbeat", 0))
+    if not mark or age > STALE_S or (mark.get("host") == socket.gethostname()
+                                     and not pid_alive(int(mark.get("pid", 0)))):
+        return
+    raise RecipeError(
+        f"output.storage: another kerasdist sweep runs study '{plan.config.output.study}' (pid "
+        f"{mark.get('pid')} on {mark.get('host')}, output.dir '{mark.get('dir')}', heartbeat "
+        f"{age:.0f} s ago); one driver per study: wait for it to end (a driver gone without "
+        f"ending counts as gone {STALE_S:g} s after its last heartbeat), or use another "
+        f"output.study. Received: storage={plan.config.storage_url()!r}")
 
 
 def check_definition(plan: SweepPlan, study) -> None:

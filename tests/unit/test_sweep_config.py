@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from kerasdist.cli import EXIT_BAD_INPUT, main
+from kerasdist.errors import RecipeError
 from kerasdist.sweep.plan import load_sweep, machine_cores, schema_problem
 
 pytest.importorskip("optuna")
@@ -249,3 +250,32 @@ def test_an_edited_base_recipe_is_refused_on_a_re_run(tmp_path, capsys):
     _refused(tmp_path, capsys, needles)
     recipe.write_text("# a comment, another layout\n" + yaml.safe_dump(RECIPE, indent=4))
     assert main(["sweep", str(path), "--dry-run"]) == 0  # the same values
+
+
+def test_a_driver_mark_counts_while_its_pid_lives_here_or_its_heartbeat_is_fresh(tmp_path):
+    import socket
+    import subprocess
+    import time
+
+    from kerasdist.sweep.study import DRIVER_ATTR, check_no_other_driver, open_study
+
+    plan = load_sweep(write_sweep(tmp_path))
+    study = open_study(plan)
+    alive = subprocess.Popen(["sleep", "60"])
+    marks = [(alive.pid, socket.gethostname(), 0, True), (1, "elsewhere", 0, True),
+             (1, "elsewhere", 600, False)]  # silent for 10 minutes: gone
+    try:
+        for pid, host, age, refused in marks:
+            study.set_user_attr(DRIVER_ATTR, {"pid": pid, "host": host, "dir": "d",
+                                              "heartbeat": time.time() - age})
+            if refused:
+                with pytest.raises(RecipeError, match=f"pid {pid} on {host}"):
+                    check_no_other_driver(plan, study)
+            else:
+                check_no_other_driver(plan, study)
+    finally:
+        alive.kill()
+        alive.wait()
+    study.set_user_attr(DRIVER_ATTR, {"pid": alive.pid, "host": socket.gethostname(),
+                                      "dir": "d", "heartbeat": time.time()})
+    check_no_other_driver(plan, study)  # its pid is gone

@@ -174,6 +174,47 @@ def test_a_grid_sweep_of_every_point_ends_with_its_outputs(tmp_path, monkeypatch
     assert (out / "optimization_history.png").is_file()
 
 
+def test_a_second_sweep_on_the_storage_of_a_running_one_is_refused(tmp_path, monkeypatch,
+                                                                    capsys):
+    # two sweeps, two output.dirs, one storage: the second must not take the first's trials
+    import threading
+
+    from kerasdist.cli import EXIT_BAD_INPUT, main
+
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    (tmp_path / "a").mkdir()
+    release = threading.Event()
+    driver, started, _ = _driver(  # its trial blocks the first driver until released
+        tmp_path / "a", monkeypatch, value=lambda lr, e: release.wait(60) and lr, trials=1,
+        output={"dir": str(tmp_path / "a" / "out"), "storage": shared})
+    codes: list[int] = []
+    first = threading.Thread(target=lambda: codes.append(driver.run()))
+    first.start()
+    try:
+        for _ in range(600):
+            if started:
+                break
+            first.join(0.1)
+        second = tmp_path / "b.yaml"  # the same sweep, another output.dir
+        raw = yaml.safe_load((tmp_path / "a" / "sweep.yaml").read_text())
+        second.write_text(yaml.safe_dump({**raw, "output": {"dir": str(tmp_path / "b" / "out"),
+                                                            "storage": shared}}))
+        for mode in (("--dry-run",), ()):
+            assert main(["sweep", str(second), *mode]) == EXIT_BAD_INPUT
+            err = capsys.readouterr().err
+            assert "output.storage: another kerasdist sweep runs study" in err, err
+            assert f"output.dir '{tmp_path / 'a' / 'out'}'" in err and shared in err
+        assert not (tmp_path / "b" / "out").exists()
+    finally:
+        release.set()
+        first.join(60)
+    assert codes == [0]
+    from kerasdist.sweep.study import DRIVER_ATTR
+
+    assert optuna.load_study(study_name="kerasdist-sweep", storage=shared).user_attrs[
+        DRIVER_ATTR] is None  # the first driver ended: its mark is cleared
+
+
 def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
     driver, started, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr / e, trials=2,
                                  sampler={"name": "random", "seed": 0},
