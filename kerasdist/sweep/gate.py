@@ -13,6 +13,10 @@ Protocol (files in ``<trial dir>/gate/``, each written whole with ``os.replace``
    ``model.stop_training``: all of them stop after the same epoch, whose checkpoint the loop then
    saves as at any epoch end.
 
+An epoch cut short by a stop (fewer steps than the epoch has, with
+``model.stop_training`` set: SIGTERM, Ctrl-C) is not a finished epoch: no value is written and
+nobody waits; the resumed run finishes that epoch and reports its whole value.
+
 The callback is a recipe callback (``callbacks`` in the trial's recipe, an import path), so it
 runs on every task, before the loop's checkpoint save. With ``wait: false`` (pruner ``none``) the
 chief only writes the values and nobody waits.
@@ -81,15 +85,25 @@ class SweepPruneGate(keras.callbacks.Callback):
         self.driver_pid = int(driver_pid)
         self.wait, self.wait_s, self.poll_s = bool(wait), float(wait_s), float(poll_s)
         self.stopped_epoch = 0  # Keras's EarlyStopping attribute: names this callback as the stopper
+        self._last_batch = -1
 
     def _is_chief(self) -> bool:
         from kerasdist._compat.keras_chief_callbacks import role
 
         return role(self.model) != "other"  # 'single' (one process, a PS coordinator) or 'chief'
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last_batch = -1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last_batch = batch
+
     def on_epoch_end(self, epoch, logs=None):
         from kerasdist.errors import TrainingError
 
+        steps = self.params.get("steps")
+        if self.model.stop_training and steps and self._last_batch + 1 < steps:
+            return  # cut short by a stop (module docs): not a finished epoch
         number = epoch + 1
         logs = logs or {}
         if self.metric not in logs:
