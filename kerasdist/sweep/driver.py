@@ -35,6 +35,7 @@ from kerasdist.sweep.study import (
     suggest,
     trial_dir,
     trial_recipe,
+    unmark_driver,
 )
 
 log = get_logger("sweep")
@@ -137,7 +138,7 @@ class Driver:
             self.book = TrialBook.open(self.plan)
             self.study = self.book.study
             mark_driver(self.plan, self.study)
-            stack.callback(mark_driver, self.plan, self.study, ended=True)
+            stack.callback(unmark_driver, self.plan)
             if self.config.backend == "ray":
                 from kerasdist.sweep import ray_backend
 

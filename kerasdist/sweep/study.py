@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from kerasdist._log import get_logger
 from kerasdist.errors import RecipeError
 from kerasdist.sweep.config import CategoricalParam, SweepConfig
 from kerasdist.sweep.plan import SweepPlan, grid_space, machine_cores, with_values
@@ -18,6 +19,7 @@ from kerasdist.sweep.plan import SweepPlan, grid_space, machine_cores, with_valu
 FINGERPRINT_ATTR = "kerasdist.sweep"
 """The study's user attribute holding what the sweep searches (a re-run must search the same)."""
 GATE_CALLBACK = "kerasdist.sweep.gate:SweepPruneGate"
+log = get_logger("sweep")
 DRIVER_ATTR = "kerasdist.sweep.driver"
 """The study's user attribute naming the driver running it: ``pid``, ``host``, ``dir``
 (``output.dir``), ``heartbeat`` (Unix time, renewed every :data:`HEARTBEAT_S`); null once it ended."""
@@ -229,16 +231,28 @@ def check_start(plan: SweepPlan) -> None:
         check_no_other_driver(plan, study)
 
 
-def mark_driver(plan: SweepPlan, study, *, ended: bool = False) -> None:
-    """Write this process's :data:`DRIVER_ATTR` mark in ``study`` with a new heartbeat (or null
-    when ``ended``)."""
+def mark_driver(plan: SweepPlan, study) -> None:
+    """Write this process's :data:`DRIVER_ATTR` mark in ``study`` with a new heartbeat."""
     import os
     import socket
     import time
 
-    study.set_user_attr(DRIVER_ATTR, None if ended else {
-        "pid": os.getpid(), "host": socket.gethostname(), "dir": str(plan.out),
-        "heartbeat": time.time()})
+    study.set_user_attr(DRIVER_ATTR, {"pid": os.getpid(), "host": socket.gethostname(),
+                                      "dir": str(plan.out), "heartbeat": time.time()})
+
+
+def unmark_driver(plan: SweepPlan) -> None:
+    """Clear this process's mark, through a new connection (the driver's own may be broken by
+    the Ctrl-C that ends it); a mark left behind is of a process gone, which does not count."""
+    import os
+
+    try:
+        study = stored_study(plan)
+        if study is not None and (study.user_attrs.get(DRIVER_ATTR) or {}).get("pid") == \
+                os.getpid():
+            study.set_user_attr(DRIVER_ATTR, None)
+    except Exception as err:  # noqa: BLE001 - never hides how the driver ended
+        log.warning(f"the study keeps this driver's mark ({type(err).__name__}: {err})")
 
 
 def check_no_other_driver(plan: SweepPlan, study) -> None:
