@@ -214,6 +214,7 @@ class Driver:
             temp.write_text(header + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
             temp.replace(recipe)
         self.book.set_user_attr(number, "dir", str(folder))
+        gate.stopped_path(folder / "gate").unlink(missing_ok=True)  # left by a stopped driver
         proc = self.start_trial(self.config.backend, recipe=recipe, log=folder / "trial.log",
                                 cores=self.plan.cores_per_trial)
         run = Running(number=number, folder=folder, proc=proc,
@@ -302,6 +303,7 @@ class Driver:
     def _stop_all(self) -> None:
         for run in self.running.values():
             run.proc.stop()
+            gate.write_atomic(gate.stopped_path(run.folder / "gate"), "")  # nobody waits
         for run in self.running.values():
             run.proc.wait()
         if self.running:

@@ -13,7 +13,10 @@ Protocol (files in ``<trial dir>/gate/``, each written whole with ``os.replace``
    ``model.stop_training``: all of them stop after the same epoch, whose checkpoint the loop then
    saves as at any epoch end.
 
-An epoch cut short by a stop (fewer steps than the epoch has, with
+A trial being stopped does not wait: once the driver is gone, or has written
+``driver-stopped`` (it stops its trials: Ctrl-C, SIGTERM), the tasks go on (``continue``; a
+decision written before is read first, so every task decides the same) and stop at the loop's
+next agreed step. An epoch cut short by a stop (fewer steps than the epoch has, with
 ``model.stop_training`` set: SIGTERM, Ctrl-C) is not a finished epoch: no value is written and
 nobody waits; the resumed run finishes that epoch and reports its whole value.
 
@@ -47,6 +50,11 @@ def decision_path(gate_dir: Path, epoch: int) -> Path:
     return Path(gate_dir) / f"epoch-{epoch:04d}.decision"
 
 
+def stopped_path(gate_dir: Path) -> Path:
+    """The file the driver writes when it stops the trial (no task waits once it is there)."""
+    return Path(gate_dir) / "driver-stopped"
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole: a reader sees the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,10 +74,7 @@ class SweepPruneGate(keras.callbacks.Callback):
         poll_s: seconds between looks at the decision file.
         driver_pid: the sweep driver's process id on this machine; default: the environment
             variable ``KERASDIST_SWEEP_DRIVER`` the driver gives its trials (unset: 0, not
-            watched). When it is gone
-            the tasks stop waiting and go on (``continue``): the trial has been asked to stop
-            (SIGTERM) and saves its checkpoint at the next agreed step; every task decides the
-            same, since a decision written before the driver ended is read first.
+            watched). When it is gone the tasks stop waiting (module docs).
 
     Raises:
         kerasdist.errors.TrainingError: from ``on_epoch_end``: the epoch's logs lack ``metric``
@@ -132,7 +137,7 @@ class SweepPruneGate(keras.callbacks.Callback):
             text = _read(path)
             if text in (CONTINUE, PRUNE):
                 return text
-            if gone:
+            if gone or stopped_path(self.gate_dir).exists():
                 return CONTINUE
             time.sleep(self.poll_s)
         raise TrainingError(f"no prune decision for epoch {number} in {path} after "

@@ -1,5 +1,6 @@
 """The prune gate inside a trial (:mod:`kerasdist.sweep.gate`) on a real Keras ``fit``: an epoch cut
-short by a stop reports no value and waits for nothing."""
+short by a stop reports no value and waits for nothing; a trial the driver stopped does not wait
+for a decision, and a decision written before stands."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def test_an_epoch_cut_short_by_a_stop_reports_nothing_and_waits_for_nothing(tmp_
     first = json.loads(gate.value_path(tmp_path, 1).read_text())
     assert first["epoch"] == 1 and first["step"] == 4
     assert not gate.value_path(tmp_path, 2).exists()  # the half epoch is not an epoch
+
+
+def test_a_trial_the_driver_stopped_does_not_wait_and_an_earlier_decision_stands(tmp_path):
+    callback = gate.SweepPruneGate(str(tmp_path), "val_loss", wait=True, wait_s=20, poll_s=0.05,
+                                   driver_pid=0)
+    gate.write_atomic(gate.stopped_path(tmp_path), "")
+    started = time.monotonic()
+    assert callback._await(3) == gate.CONTINUE
+    assert time.monotonic() - started < 5
+    gate.write_atomic(gate.decision_path(tmp_path, 3), gate.PRUNE)
+    assert callback._await(3) == gate.PRUNE
 
 
 @pytest.mark.parametrize("wait", [True, False])
