@@ -53,7 +53,8 @@ def dry_run_text(plan) -> str:
     import optuna
 
     from kerasdist.sweep.plan import machine_cores
-    from kerasdist.sweep.study import check_start, make_pruner, make_sampler, suggest, trial_dir
+    from kerasdist.sweep.storage import check_start
+    from kerasdist.sweep.study import make_pruner, make_sampler, suggest, trial_dir
 
     config = plan.config
     make_pruner(config)  # refuses bad options here too
@@ -93,7 +94,7 @@ def status_text(plan) -> str:
         RecipeError: no study of that name in the storage yet (exit code 2).
     """
     from kerasdist.sweep.outputs import status_table
-    from kerasdist.sweep.study import stored_study
+    from kerasdist.sweep.storage import stored_study
 
     study = stored_study(plan)
     if study is None:

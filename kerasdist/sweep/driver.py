@@ -4,7 +4,7 @@ It keeps up to ``parallel`` trials running, each a whole ``kerasdist fit`` (:mod
 answers their epoch-end gates (:mod:`.gate`: report the value, ask the pruner, write the
 decision), and records each trial's end in the study: COMPLETE with the objective, PRUNED, or
 FAIL with the tail of its log. It holds ``<output.dir>/.sweep.lock`` while it runs and marks the
-study as its own (:func:`kerasdist.sweep.study.mark_driver`, refused while another live driver's
+study as its own (:func:`kerasdist.sweep.storage.mark_driver`, refused while another live driver's
 mark is there), so a trial left RUNNING in the storage when it starts was interrupted (its driver
 is gone) and is resumed: same number, same folder, same parameters, from its own checkpoint.
 """
@@ -25,18 +25,8 @@ from kerasdist._log import get_logger
 from kerasdist.errors import EXIT_FAILED, EXIT_OK, RunDirError
 from kerasdist.sweep import gate
 from kerasdist.sweep.plan import SweepPlan
-from kerasdist.sweep.study import (
-    HEARTBEAT_S,
-    TrialBook,
-    check_start,
-    mark_driver,
-    require_optuna,
-    run_dir,
-    suggest,
-    trial_dir,
-    trial_recipe,
-    unmark_driver,
-)
+from kerasdist.sweep.storage import HEARTBEAT_S, TrialBook, check_start, mark_driver, unmark_driver
+from kerasdist.sweep.study import require_optuna, run_dir, suggest, trial_dir, trial_recipe
 
 log = get_logger("sweep")
 POLL_S = 0.5

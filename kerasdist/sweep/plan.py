@@ -5,7 +5,8 @@ Checked here: the sweep's own schema (ranges with ``low < high``...), that every
 ``set`` and ``space`` exists in the base recipe's schema, that the recipe is valid with ``set``
 and with each end of every range (and each choice) applied, that the objective metric is one the
 runs report (where the model's metrics are plain Keras names), and that ``parallel`` trials fit
-this machine's cores. The storage is checked by :func:`kerasdist.sweep.study.open_study`.
+this machine's cores. The storage and ``output.dir`` are checked by
+:func:`kerasdist.sweep.storage.check_start`.
 """
 
 from __future__ import annotations

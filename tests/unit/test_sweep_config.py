@@ -214,7 +214,7 @@ def test_an_output_dir_that_cannot_be_created_exits_2(tmp_path, capsys, monkeypa
 
 def _made_by(path: Path) -> Path:
     """A study made by the sweep at ``path`` (as its first run makes it); its storage file."""
-    from kerasdist.sweep.study import open_study
+    from kerasdist.sweep.storage import open_study
 
     open_study(load_sweep(path))
     return path.parent / "out" / "study.db"
@@ -257,7 +257,7 @@ def test_a_driver_mark_counts_while_its_pid_lives_here_or_its_heartbeat_is_fresh
     import subprocess
     import time
 
-    from kerasdist.sweep.study import DRIVER_ATTR, check_no_other_driver, open_study
+    from kerasdist.sweep.storage import DRIVER_ATTR, check_no_other_driver, open_study
 
     plan = load_sweep(write_sweep(tmp_path))
     study = open_study(plan)

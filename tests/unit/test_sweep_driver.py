@@ -209,7 +209,7 @@ def test_a_second_sweep_on_the_storage_of_a_running_one_is_refused(tmp_path, mon
         release.set()
         first.join(60)
     assert codes == [0]
-    from kerasdist.sweep.study import DRIVER_ATTR
+    from kerasdist.sweep.storage import DRIVER_ATTR
 
     assert optuna.load_study(study_name="kerasdist-sweep", storage=shared).user_attrs[
         DRIVER_ATTR] is None  # the first driver ended: its mark is cleared
@@ -220,7 +220,8 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
                                  sampler={"name": "random", "seed": 0},
                                  pruner={"name": "median", "options": {"n_startup_trials": 5}})
     # a driver that was killed: trial 0 RUNNING in the storage, its epoch 1 answered
-    from kerasdist.sweep.study import open_study, suggest, trial_dir, trial_recipe
+    from kerasdist.sweep.storage import open_study
+    from kerasdist.sweep.study import suggest, trial_dir, trial_recipe
 
     study = open_study(driver.plan)  # an earlier driver asked trial 0
     trial = study.ask()
@@ -243,7 +244,7 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
 
 def test_trials_are_written_by_number_through_optunas_public_interfaces(tmp_path, monkeypatch):
     # another study first in the same storage: storage ids and trial numbers differ
-    from kerasdist.sweep.study import TrialBook
+    from kerasdist.sweep.storage import TrialBook
 
     driver, _, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=2,
                            pruner={"name": "threshold", "options": {"upper": 0.5}})
