@@ -63,28 +63,20 @@ def check_folder(folder: Path, *, field: str, received: str) -> None:
 
 
 def probe_storage(plan: SweepPlan) -> str:
-    """Check the storage URL without writing: a SQLite file's folder exists and can be written
-    (or is ``output.dir``), another database answers a connection.
+    """The storage URL, its SQLite file's folder checked without writing: it exists and can be
+    written (or is ``output.dir``, checked as such). Another database is checked by opening it
+    (:func:`stored_study`, :func:`check_storage`).
 
     Raises:
         RecipeError: names ``output.storage`` and why.
     """
     url = plan.config.storage_url()
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if path.parent.absolute() != plan.out and not path.exists():
-            if not path.parent.is_dir():
-                raise RecipeError(f"output.storage: the folder '{path.parent}' of the SQLite file "
-                                  f"does not exist. Received: storage={url!r}")
-            check_folder(path.parent, field="output.storage", received=f"storage={url!r}")
-        return url
-    try:
-        import sqlalchemy
-
-        with sqlalchemy.create_engine(url).connect():
-            pass
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors, all bad input here
-        raise _unopenable(url, err) from None
+    path = Path(url[len("sqlite:///"):])
+    if url.startswith("sqlite:///") and path.parent.absolute() != plan.out and not path.exists():
+        if not path.parent.is_dir():
+            raise RecipeError(f"output.storage: the folder '{path.parent}' of the SQLite file "
+                              f"does not exist. Received: storage={url!r}")
+        check_folder(path.parent, field="output.storage", received=f"storage={url!r}")
     return url
 
 
