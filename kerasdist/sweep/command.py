@@ -53,11 +53,12 @@ def dry_run_text(plan) -> str:
     import optuna
 
     from kerasdist.sweep.plan import machine_cores
-    from kerasdist.sweep.study import make_pruner, make_sampler, probe_storage, suggest, trial_dir
+    from kerasdist.sweep.storage import check_start
+    from kerasdist.sweep.study import make_pruner, make_sampler, suggest, trial_dir
 
     config = plan.config
     make_pruner(config)  # refuses bad options here too
-    probe_storage(plan)  # without creating it
+    check_start(plan)  # writes nothing
     study = optuna.create_study(sampler=make_sampler(config), direction=config.objective.direction)
     first = min(config.trials, max(config.parallel, 3))
     lines = [f"# {plan.source}: valid sweep over recipe '{config.recipe}' (nothing started)",
@@ -92,23 +93,12 @@ def status_text(plan) -> str:
     Raises:
         RecipeError: no study of that name in the storage yet (exit code 2).
     """
-    import optuna
-
     from kerasdist.sweep.outputs import status_table
+    from kerasdist.sweep.storage import stored_study
 
-    url = plan.config.storage_url()
-    if url.startswith("sqlite:///") and not _exists(url[len("sqlite:///"):]):
-        raise RecipeError(f"output.storage: no sweep has run yet (no file). Received: "
-                          f"storage={url!r}")
-    try:
-        study = optuna.load_study(study_name=plan.config.output.study, storage=url)
-    except KeyError:
-        raise RecipeError(f"output.study: no study '{plan.config.output.study}' in the storage "
-                          f"yet. Received: storage={url!r}") from None
+    study = stored_study(plan)
+    if study is None:
+        raise RecipeError(f"output.study: no sweep has run yet (no study "
+                          f"'{plan.config.output.study}' in the storage). Received: "
+                          f"storage={plan.config.storage_url()!r}")
     return status_table(plan, study)
-
-
-def _exists(path: str) -> bool:
-    from pathlib import Path
-
-    return Path(path).is_file()

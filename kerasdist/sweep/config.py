@@ -29,7 +29,7 @@ class FloatParam(Frozen):
 
     @model_validator(mode="after")
     def _range(self) -> FloatParam:
-        _check_range(self.low, self.high, self.log)
+        _check_range(self.low, self.high, self.log, self.step)
         if self.log and self.step is not None:
             raise ValueError("a log-scale range takes no step (Optuna samples it continuously). "
                              f"Received: log=true, step={self.step}")
@@ -48,7 +48,7 @@ class IntParam(Frozen):
 
     @model_validator(mode="after")
     def _range(self) -> IntParam:
-        _check_range(self.low, self.high, self.log)
+        _check_range(self.low, self.high, self.log, self.step)
         if self.log and self.step != 1:
             raise ValueError(f"a log-scale int range takes step 1. Received: step={self.step}")
         return self
@@ -62,9 +62,12 @@ class CategoricalParam(Frozen):
     choices: list[int | float | str | bool | None] = Field(min_length=1)
 
 
-def _check_range(low: float, high: float, log: bool) -> None:
+def _check_range(low: float, high: float, log: bool, step: float | None) -> None:
     if low >= high:
         raise ValueError(f"low must be below high. Received: low={low}, high={high}")
+    if step is not None and step > high - low:
+        raise ValueError(f"step must not exceed high - low ({high - low:g}: the range would hold "
+                         f"low alone). Received: low={low}, high={high}, step={step}")
     if log and low <= 0:
         raise ValueError(f"a log-scale range must have low > 0. Received: low={low}")
 

@@ -3,9 +3,10 @@
 It keeps up to ``parallel`` trials running, each a whole ``kerasdist fit`` (:mod:`.backends`),
 answers their epoch-end gates (:mod:`.gate`: report the value, ask the pruner, write the
 decision), and records each trial's end in the study: COMPLETE with the objective, PRUNED, or
-FAIL with the tail of its log. It holds ``<output.dir>/.sweep.lock`` while it runs, so a trial
-left RUNNING in the storage when it starts was interrupted (its driver is gone) and is resumed:
-same number, same folder, same parameters, from its own checkpoint.
+FAIL with the tail of its log. It holds ``<output.dir>/.sweep.lock`` while it runs and marks the
+study as its own (:func:`kerasdist.sweep.storage.mark_driver`, refused while another live driver's
+mark is there), so a trial left RUNNING in the storage when it starts was interrupted (its driver
+is gone) and is resumed: same number, same folder, same parameters, from its own checkpoint.
 """
 
 from __future__ import annotations
@@ -24,14 +25,8 @@ from kerasdist._log import get_logger
 from kerasdist.errors import EXIT_FAILED, EXIT_OK, RunDirError
 from kerasdist.sweep import gate
 from kerasdist.sweep.plan import SweepPlan
-from kerasdist.sweep.study import (
-    TrialBook,
-    require_optuna,
-    run_dir,
-    suggest,
-    trial_dir,
-    trial_recipe,
-)
+from kerasdist.sweep.storage import HEARTBEAT_S, TrialBook, check_start, mark_driver, unmark_driver
+from kerasdist.sweep.study import require_optuna, run_dir, suggest, trial_dir, trial_recipe
 
 log = get_logger("sweep")
 POLL_S = 0.5
@@ -126,11 +121,14 @@ class Driver:
         """
         from kerasdist._signals import terminate_on_sigterm
 
+        check_start(self.plan)  # before the lock: nothing is written on bad input
         with contextlib.ExitStack() as stack:
             stack.enter_context(sweep_lock(self.plan.out))
             stack.enter_context(terminate_on_sigterm())
             self.book = TrialBook.open(self.plan)
             self.study = self.book.study
+            mark_driver(self.plan, self.study)
+            stack.callback(unmark_driver, self.plan)
             if self.config.backend == "ray":
                 from kerasdist.sweep import ray_backend
 
@@ -161,7 +159,11 @@ class Driver:
 
     def _loop(self, interrupted: list) -> int:
         pending = list(interrupted)
+        beat = time.monotonic()
         while True:
+            if time.monotonic() - beat >= HEARTBEAT_S:
+                mark_driver(self.plan, self.study)
+                beat = time.monotonic()
             for run in list(self.running.values()):
                 self._answer_gate(run)
                 self._check_timeout(run)
@@ -202,6 +204,7 @@ class Driver:
             temp.write_text(header + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
             temp.replace(recipe)
         self.book.set_user_attr(number, "dir", str(folder))
+        gate.stopped_path(folder / "gate").unlink(missing_ok=True)  # left by a stopped driver
         proc = self.start_trial(self.config.backend, recipe=recipe, log=folder / "trial.log",
                                 cores=self.plan.cores_per_trial)
         run = Running(number=number, folder=folder, proc=proc,
@@ -290,6 +293,7 @@ class Driver:
     def _stop_all(self) -> None:
         for run in self.running.values():
             run.proc.stop()
+            gate.write_atomic(gate.stopped_path(run.folder / "gate"), "")  # nobody waits
         for run in self.running.values():
             run.proc.wait()
         if self.running:
@@ -312,7 +316,8 @@ def _last_gate_value(folder: Path) -> float | None:
 
 
 def _failure(run: Running, code: int) -> str:
-    """Why a trial failed: its exit and the last lines of its log that say ``error``/``failed``."""
+    """Why a trial failed: its exit and the last ``kerasdist: failed:`` (or ``kerasdist: error:``,
+    bad input) line of its log, the error the trial's command ended with."""
     from kerasdist.launch.processes import describe_exit
 
     what = f"past trial_timeout_s, stopped; {describe_exit(code)}" if run.timed_out else \
@@ -321,6 +326,6 @@ def _failure(run: Running, code: int) -> str:
         lines = (run.folder / "trial.log").read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         lines = []
-    said = [line.strip() for line in lines[-200:] if "kerasdist: " in line and
-            ("error" in line or "failed" in line)]
+    said = [line.strip() for line in lines[-200:]
+            if "kerasdist: failed: " in line or "kerasdist: error: " in line]
     return f"{what}; {said[-1]}" if said else what

@@ -13,6 +13,13 @@ Protocol (files in ``<trial dir>/gate/``, each written whole with ``os.replace``
    ``model.stop_training``: all of them stop after the same epoch, whose checkpoint the loop then
    saves as at any epoch end.
 
+A trial being stopped does not wait: once the driver is gone, or has written
+``driver-stopped`` (it stops its trials: Ctrl-C, SIGTERM), the tasks go on (``continue``; a
+decision written before is read first, so every task decides the same) and stop at the loop's
+next agreed step. An epoch cut short by a stop (fewer steps than the epoch has, with
+``model.stop_training`` set: SIGTERM, Ctrl-C) is not a finished epoch: no value is written and
+nobody waits; the resumed run finishes that epoch and reports its whole value.
+
 The callback is a recipe callback (``callbacks`` in the trial's recipe, an import path), so it
 runs on every task, before the loop's checkpoint save. With ``wait: false`` (pruner ``none``) the
 chief only writes the values and nobody waits.
@@ -45,6 +52,11 @@ def decision_path(gate_dir: Path, epoch: int) -> Path:
     return Path(gate_dir) / f"epoch-{epoch:04d}.decision"
 
 
+def stopped_path(gate_dir: Path) -> Path:
+    """The file the driver writes when it stops the trial (no task waits once it is there)."""
+    return Path(gate_dir) / "driver-stopped"
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole: a reader sees the old file or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,10 +74,7 @@ class SweepPruneGate(keras.callbacks.Callback):
         poll_s: seconds between looks at the decision file.
         driver_pid: the sweep driver's process id on this machine; default: the environment
             variable ``KERASDIST_SWEEP_DRIVER`` the driver gives its trials (unset: 0, not
-            watched). When it is gone
-            the tasks stop waiting and go on (``continue``): the trial has been asked to stop
-            (SIGTERM) and saves its checkpoint at the next agreed step; every task decides the
-            same, since a decision written before the driver ended is read first.
+            watched). When it is gone the tasks stop waiting (module docs).
 
     Raises:
         kerasdist.errors.TrainingError: from ``on_epoch_end``: the epoch's logs lack ``metric``
@@ -81,15 +90,25 @@ class SweepPruneGate(keras.callbacks.Callback):
         self.driver_pid = int(driver_pid)
         self.wait, self.wait_s, self.poll_s = bool(wait), float(wait_s), float(poll_s)
         self.stopped_epoch = 0  # Keras's EarlyStopping attribute: names this callback as the stopper
+        self._last_batch = -1
 
     def _is_chief(self) -> bool:
         from kerasdist._compat.keras_chief_callbacks import role
 
         return role(self.model) != "other"  # 'single' (one process, a PS coordinator) or 'chief'
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last_batch = -1
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._last_batch = batch
+
     def on_epoch_end(self, epoch, logs=None):
         from kerasdist.errors import TrainingError
 
+        steps = self.params.get("steps")
+        if self.model.stop_training and steps and self._last_batch + 1 < steps:
+            return  # cut short by a stop (module docs): not a finished epoch
         number = epoch + 1
         logs = logs or {}
         if self.metric not in logs:
@@ -118,22 +137,16 @@ class SweepPruneGate(keras.callbacks.Callback):
             text = _read(path)
             if text in (CONTINUE, PRUNE):
                 return text
-            if gone:
+            if gone or stopped_path(self.gate_dir).exists():
                 return CONTINUE
             time.sleep(self.poll_s)
         raise TrainingError(f"no prune decision for epoch {number} in {path} after "
                             f"{self.wait_s:g} s (is the sweep driver still running?)")
 
     def _driver_alive(self) -> bool:
-        if self.driver_pid <= 0:
-            return True
-        try:
-            os.kill(self.driver_pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        from kerasdist.sweep.processes import pid_alive
+
+        return self.driver_pid <= 0 or pid_alive(self.driver_pid)
 
 
 def _read(path: Path) -> str:

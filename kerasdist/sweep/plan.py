@@ -5,7 +5,8 @@ Checked here: the sweep's own schema (ranges with ``low < high``...), that every
 ``set`` and ``space`` exists in the base recipe's schema, that the recipe is valid with ``set``
 and with each end of every range (and each choice) applied, that the objective metric is one the
 runs report (where the model's metrics are plain Keras names), and that ``parallel`` trials fit
-this machine's cores. The storage is checked by :func:`kerasdist.sweep.study.open_study`.
+this machine's cores. The storage and ``output.dir`` are checked by
+:func:`kerasdist.sweep.storage.check_start`.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def _sweep_error(err: pydantic.ValidationError, *, source: str) -> str:
             message = message.removeprefix("Value error, ")
         elif kind == "extra_forbidden":
             message = f"unknown key (not part of the sweep schema). Received: {item['input']!r}"
+        elif kind == "bool_for_number":  # raised for the whole section: the field is in ctx
+            loc.append(str(item["ctx"]["field"]))
         else:
             message = f"{message}. Received: {item.get('input')!r}"
         lines.append(f"{source}: {'.'.join(loc) or '(sweep)'}: {message}")
@@ -158,14 +161,17 @@ def _dict_in(annotation: Any) -> type | None:
 
 
 def with_values(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy of a recipe mapping with each ``dotted.path: value`` set (sections created)."""
+    """A deep copy of a recipe mapping with each ``dotted.path: value`` set (sections created;
+    a ``data.source`` given by its kind's name alone is first written ``{kind: <name>}``)."""
     result = copy.deepcopy(raw)
     for dotted, value in values.items():
         node = result
         parts = dotted.split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             child = node.get(part)
-            if not isinstance(child, dict):
+            if isinstance(child, str) and parts[:depth + 1] == ["data", "source"]:
+                child = node[part] = {"kind": child}
+            elif not isinstance(child, dict):
                 child = node[part] = {}
             node = child
         node[parts[-1]] = copy.deepcopy(value)

@@ -1,9 +1,10 @@
-"""The trials' processes: how long a stopped trial has and the wait for a trial's end (a leaf
-module: :mod:`kerasdist.sweep.backends` and :mod:`kerasdist.sweep.ray_backend` both use it; a
-trial is tied to the driver by :func:`kerasdist._parent_death.session_ending_with`)."""
+"""The trials' processes: how long a stopped trial has, the wait for a trial's end and whether a
+process lives (a leaf module: :mod:`kerasdist.sweep.backends` and :mod:`kerasdist.sweep.ray_backend`
+both use it; a trial is tied to the driver by :func:`kerasdist._parent_death.session_ending_with`)."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
@@ -23,3 +24,13 @@ def poll_until_exit(poll: Callable[[], int | None], timeout_s: float,
             return code
         time.sleep(interval_s)
 
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

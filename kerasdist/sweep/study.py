@@ -1,11 +1,10 @@
-"""The Optuna side of a sweep: the storage, the study, the sampler and pruner from the sweep's
-config, and the trials' recipes. Only the driver imports this module: the parameters of a trial
-are chosen here, never by one of its tasks.
+"""The Optuna side of a sweep: the sampler and pruner from the sweep's config, the trials'
+parameters and recipes (the study in its storage: :mod:`.storage`). A trial's tasks never import
+it: the parameters of a trial are chosen here, by the driver.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,6 @@ from kerasdist.errors import RecipeError
 from kerasdist.sweep.config import CategoricalParam, SweepConfig
 from kerasdist.sweep.plan import SweepPlan, grid_space, machine_cores, with_values
 
-FINGERPRINT_ATTR = "kerasdist.sweep"
-"""The study's user attribute holding what the sweep searches (a re-run must search the same)."""
 GATE_CALLBACK = "kerasdist.sweep.gate:SweepPruneGate"
 
 
@@ -55,13 +52,26 @@ def make_sampler(config: SweepConfig, *, trials_before: int = 0):
                "qmc": samplers.QMCSampler}
     try:
         if spec.name == "grid":
-            return samplers.GridSampler(grid_space(config), seed=spec.seed, **spec.options)
+            return _ask_and_tell_grid(samplers)(grid_space(config), seed=spec.seed,
+                                                **spec.options)
         seed = spec.seed + trials_before if spec.seed is not None and \
             spec.name in RESEEDED else spec.seed
         return classes[spec.name](seed=seed, **spec.options)
     except (TypeError, ValueError) as err:
         raise RecipeError(f"sampler.options: the {spec.name} sampler refuses them: {err}. "
                           f"Received: options={dict(spec.options)!r}") from None
+
+
+def _ask_and_tell_grid(samplers):
+    class AskAndTellGrid(samplers.GridSampler):
+        """Optuna's ``GridSampler`` without its ``study.stop()`` once every point was asked
+        (valid only inside ``Study.optimize``: under ask and tell, ``Study.tell`` of the last
+        point raised); the driver counts the trials itself, ``trials`` at most the grid's size."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return AskAndTellGrid
 
 
 def make_pruner(config: SweepConfig):
@@ -95,157 +105,6 @@ def make_pruner(config: SweepConfig):
     except (TypeError, ValueError) as err:
         raise RecipeError(f"pruner.options: the {spec.name} pruner refuses them: {err}. "
                           f"Received: options={dict(spec.options)!r}") from None
-
-
-def fingerprint(config: SweepConfig) -> dict[str, Any]:
-    """What a study must have been made by to be continued: recipe, set, space, objective."""
-    return json.loads(json.dumps({
-        "recipe": str(config.recipe), "set": config.set,
-        "space": {k: v.model_dump(mode="json") for k, v in config.space.items()},
-        "objective": config.objective.model_dump(mode="json")}, default=str))
-
-
-def probe_storage(plan: SweepPlan, *, create: bool = False) -> str:
-    """Check the storage URL without writing: a SQLite file's folder exists (or is
-    ``output.dir``, made when ``create``), another database answers a connection.
-
-    Raises:
-        RecipeError: names ``output.storage`` and why.
-    """
-    url = plan.config.storage_url()
-    if url.startswith("sqlite:///"):
-        folder = Path(url[len("sqlite:///"):]).parent
-        if folder.absolute() == plan.out:
-            if create:
-                plan.out.mkdir(parents=True, exist_ok=True)
-        elif not folder.is_dir():
-            raise RecipeError(f"output.storage: the folder '{folder}' of the SQLite file does not "
-                              f"exist. Received: storage={url!r}")
-        return url
-    try:
-        import sqlalchemy
-
-        with sqlalchemy.create_engine(url).connect():
-            pass
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's errors, all bad input here
-        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
-                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
-                          f"Received: storage={url!r}") from None
-    return url
-
-
-def check_storage(plan: SweepPlan):
-    """Open (and create) the sweep's storage (:func:`probe_storage` first).
-
-    Raises:
-        RecipeError: a SQLite file in a folder that does not exist (other than ``output.dir``,
-            created here), or a URL that Optuna cannot open; names ``output.storage``.
-    """
-    optuna = require_optuna()
-    url = probe_storage(plan, create=True)
-    try:
-        return optuna.storages.RDBStorage(url)
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's and Optuna's errors, all bad input here
-        raise RecipeError(f"output.storage: Optuna cannot open {url!r}: "
-                          f"{type(err).__name__}: {str(err).splitlines()[0][:300]}. "
-                          f"Received: storage={url!r}") from None
-
-
-def open_study(plan: SweepPlan, *, storage=None):
-    """The sweep's study: created, or loaded from the storage (a re-run continues it).
-
-    Args:
-        plan: the checked sweep.
-        storage: an Optuna storage already opened by :func:`check_storage` (default: opened here).
-
-    Raises:
-        RecipeError: the storage cannot be opened; the study in it was made by another sweep
-            (another recipe, set, space or objective): names what differs.
-    """
-    optuna = require_optuna()
-    config = plan.config
-    storage = storage if storage is not None else check_storage(plan)
-    study = optuna.create_study(storage=storage, study_name=config.output.study,
-                                sampler=make_sampler(config), pruner=make_pruner(config),
-                                direction=config.objective.direction, load_if_exists=True)
-    before = len(study.get_trials(deepcopy=False))
-    if before:  # a re-run: the sampler goes on from where the seed would repeat itself
-        study.sampler = make_sampler(config, trials_before=before)
-    wanted = fingerprint(config)
-    found = study.user_attrs.get(FINGERPRINT_ATTR)
-    if found is None:
-        study.set_user_attr(FINGERPRINT_ATTR, wanted)
-    elif found != wanted:
-        differs = [key for key in wanted if wanted[key] != found.get(key)]
-        raise RecipeError(f"output.storage: study '{config.output.study}' was made by another "
-                          f"sweep ({', '.join(differs)} differ); use a new output.dir or "
-                          f"output.study. Received: {', '.join(f'{k}={wanted[k]!r}' for k in differs)}")
-    return study
-
-
-class TrialBook:
-    """The sweep's study and its storage, with trials addressed by their number.
-
-    Optuna's ask-and-tell interface ends a trial by its number (``Study.tell(number, ...)``),
-    but reports an intermediate value or sets an attribute through a ``Trial``, which only
-    ``Study.ask`` hands out: a trial asked by an earlier driver (interrupted, resumed by this
-    one) has none. So every trial is written here by number: its storage id from the storage's
-    ``get_trial_id_from_study_id_trial_number`` (the study found by name), its values and
-    attributes with the storage's ``set_trial_intermediate_value`` / ``set_trial_user_attr``,
-    and the prune decision from the study's pruner (``study.pruner.prune(study, trial)``, what
-    ``Trial.should_prune`` asks). The storage is the one the study was created on, so the study
-    reads what is written here (Optuna re-reads unfinished trials from the database).
-
-    Args:
-        study: the sweep's Optuna study.
-        storage: the Optuna storage it was created on.
-    """
-
-    def __init__(self, study, storage):
-        self.study, self.storage = study, storage
-        self._ids: dict[int, int] = {}
-
-    @classmethod
-    def open(cls, plan: SweepPlan) -> "TrialBook":
-        """Open the storage and the study (:func:`check_storage`, :func:`open_study`).
-
-        Raises:
-            RecipeError: as :func:`open_study`.
-        """
-        storage = check_storage(plan)
-        return cls(open_study(plan, storage=storage), storage)
-
-    def _id(self, number: int) -> int:
-        if number not in self._ids:
-            study_id = self.storage.get_study_id_from_name(self.study.study_name)
-            self._ids[number] = self.storage.get_trial_id_from_study_id_trial_number(
-                study_id, number)
-        return self._ids[number]
-
-    def trial(self, number: int):
-        """The ``FrozenTrial`` numbered ``number``, as stored now.
-
-        Raises:
-            KeyError: the study has no trial ``number``.
-        """
-        return self.storage.get_trial(self._id(number))
-
-    def report(self, number: int, step: int, value: float) -> bool:
-        """Record ``value`` as trial ``number``'s intermediate value at ``step`` (the 1-based
-        epoch), unless that step has one already (reported before the driver was interrupted:
-        it stands). Returns whether it was recorded."""
-        if step in self.trial(number).intermediate_values:
-            return False
-        self.storage.set_trial_intermediate_value(self._id(number), step, float(value))
-        return True
-
-    def should_prune(self, number: int) -> bool:
-        """The study's pruner's decision on trial ``number`` with the values it has now."""
-        return bool(self.study.pruner.prune(self.study, self.trial(number)))
-
-    def set_user_attr(self, number: int, key: str, value: Any) -> None:
-        """Set a user attribute (JSON-serializable ``value``) of the running trial ``number``."""
-        self.storage.set_trial_user_attr(self._id(number), key, value)
 
 
 def suggest(trial, config: SweepConfig) -> dict[str, Any]:

@@ -162,6 +162,52 @@ def test_a_killed_driver_leaves_no_process_and_the_rerun_resumes_the_trial_at_it
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_stopped_sweep_with_a_pruner_ends_in_seconds_and_resumes_by_whole_epochs(tmp_path):
+    # Ctrl-C lands in epoch 2: the trial saves, reports no half epoch and waits for no decision
+    # (it waited for one until its SIGKILL 30 s later); the re-run reports epoch 2 whole
+    steps = 3000  # about 4 s an epoch here: the signal lands inside epoch 2
+    recipe = {**LINEAR, "trainer": {"epochs": 3, "steps_per_epoch": steps, "seed": 1}}
+    _files(tmp_path, recipe, trials=1, parallel=1, sampler={"name": "random", "seed": 0},
+           pruner={"name": "median", "options": {"n_startup_trials": 10}},  # waits, never prunes
+           space={"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.05}})
+    log = open(tmp_path / "driver.log", "w")  # noqa: SIM115 - closed below
+    driver = subprocess.Popen([sys.executable, "-m", "kerasdist", "sweep", "sweep.yaml"],
+                              cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, **QUIET}, start_new_session=True)
+    gate = tmp_path / "out" / "trial-0000" / "gate"
+    try:
+        _wait_for(lambda: (gate / "epoch-0001.decision").exists(), 600, "trial 0's first epoch")
+        time.sleep(1.0)  # into epoch 2
+        os.kill(driver.pid, signal.SIGINT)
+        started = time.monotonic()
+        code = driver.wait(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        log.close()
+    first = (tmp_path / "out" / "trial-0000" / "trial.log").read_text()
+    print(f"stopped in {took:.1f} s")
+    assert code == 130, (tmp_path / "driver.log").read_text()[-3000:]
+    from kerasdist.sweep.processes import STOP_GRACE_S
+
+    # 4-8 s here; a trial still waiting at the gate is SIGKILLed STOP_GRACE_S (30 s) after
+    assert took < STOP_GRACE_S - 5, f"{took:.1f} s: the trial waited at the gate ({first[-2000:]})"
+    saved = re.search(r"preempted: checkpoint at global step (\d+) saved", first)
+    assert saved and steps < int(saved.group(1)) < 2 * steps, first[-3000:]  # mid-epoch 2
+    assert not (gate / "epoch-0002.value.json").exists()  # the half epoch is not reported
+
+    again = _kerasdist(tmp_path, "sweep", "sweep.yaml", timeout_s=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    (trial,) = _study(tmp_path).trials
+    assert trial.state.name == "COMPLETE" and sorted(trial.intermediate_values) == [1, 2, 3]
+    second = json.loads((gate / "epoch-0002.value.json").read_text())
+    assert second["step"] == 2 * steps  # written at the whole epoch's end, after the resume
+    assert trial.intermediate_values[2] == pytest.approx(second["value"])
+
+
+@pytest.mark.slow
 @pytest.mark.extended  # two 2-worker clusters: about 3 min here
 @pytest.mark.timeout(900)
 def test_multi_worker_trials_are_pruned_at_one_epoch_boundary_on_every_task(tmp_path):

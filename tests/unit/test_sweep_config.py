@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from kerasdist.cli import EXIT_BAD_INPUT, main
+from kerasdist.errors import RecipeError
 from kerasdist.sweep.plan import load_sweep, machine_cores, schema_problem
 
 pytest.importorskip("optuna")
@@ -76,6 +77,15 @@ BAD = [
     ({"set": {"optimizer.learning_rate": 0.1}}, ["both fixed (set) and searched (space)"]),
     ({"trials": 0}, ["trials"]),
     ({"sampler": {"name": "bayes"}}, ["sampler.name"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": 1, "high": 3, "step": 5}}},
+     ["space.data.batch_size: step must not exceed high - low", "low=1, high=3, step=5"]),
+    ({"space": {"optimizer.learning_rate": {"type": "float", "low": 0.01, "high": 0.02,
+                                            "step": 0.05}}},
+     ["space.optimizer.learning_rate: step must not exceed", "step=0.05"]),
+    ({"trials": True}, ["sweep.yaml: trials: must be a number or text, not a boolean",
+                        "Received: trials=true"]),
+    ({"space": {"data.batch_size": {"type": "int", "low": True, "high": 32}}},
+     ["sweep.yaml: space.data.batch_size.low: must be a number", "Received: low=true"]),
 ]
 
 
@@ -122,6 +132,7 @@ def test_one_trial_of_more_tasks_than_cores_runs_alone_but_not_two(tmp_path, cap
 def test_a_storage_that_cannot_be_opened_exits_2(tmp_path, capsys, storage, needle):
     write_sweep(tmp_path, output={"dir": str(tmp_path / "out"), "storage": storage})
     _refused(tmp_path, capsys, ["output.storage", needle, storage])
+    assert not (tmp_path / "out").exists()  # not even the lock of output.dir
     _refused(tmp_path, capsys, ["output.storage", needle, storage], mode=("--dry-run",))
 
 
@@ -177,3 +188,94 @@ def test_the_shipped_sweep_is_valid(monkeypatch):
     text = (repo / "docs" / "sweep.md").read_text()
     body = (repo / "recipes" / "sweeps" / "mnist_cnn.yaml").read_text()
     assert body.split("\nrecipe:", 1)[1] in text  # the docs show the file as it is
+
+
+def test_a_field_of_a_source_given_by_name_alone_can_be_searched(tmp_path):
+    from kerasdist.sweep.study import trial_recipe
+
+    path = write_sweep(tmp_path, space={
+        "data.source.noise_std": {"type": "float", "low": 0.1, "high": 0.5}})
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(
+        {**RECIPE, "data": {**RECIPE["data"], "source": "synthetic_linear"}}))
+    plan = load_sweep(path)
+    raw = trial_recipe(plan, 0, {"data.source.noise_std": 0.2})
+    assert raw["data"]["source"] == {"kind": "synthetic_linear", "noise_std": 0.2}
+
+
+@pytest.mark.parametrize("where", ["/proc/kerasdist-sweep/out", "a-file/out"])
+def test_an_output_dir_that_cannot_be_created_exits_2(tmp_path, capsys, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    write_sweep(tmp_path, output={"dir": where})
+    for mode in (("--dry-run",), ()):
+        _refused(tmp_path, capsys, ["output.dir: cannot create or write", where], mode=mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "recipe.yaml", "sweep.yaml"]
+
+
+def _made_by(path: Path) -> Path:
+    """A study made by the sweep at ``path`` (as its first run makes it); its storage file."""
+    from kerasdist.sweep.storage import open_study
+
+    open_study(load_sweep(path))
+    return path.parent / "out" / "study.db"
+
+
+def test_dry_run_refuses_what_the_run_refuses_and_writes_nothing(tmp_path, capsys):
+    # a changed space on an existing study
+    db = _made_by(write_sweep(tmp_path))
+    before = db.read_bytes(), db.stat().st_mtime_ns
+    write_sweep(tmp_path, space={"optimizer.learning_rate": {"type": "float", "low": 0.002,
+                                                             "high": 0.1, "log": True}})
+    needles = ["output.storage: study 'kerasdist-sweep' was made by another sweep", "space"]
+    _refused(tmp_path, capsys, needles, mode=("--dry-run",))
+    assert (db.read_bytes(), db.stat().st_mtime_ns) == before
+    _refused(tmp_path, capsys, needles)
+    # a storage file that is not an Optuna database
+    other = tmp_path / "not-a-db.db"
+    other.write_text("not a database")
+    write_sweep(tmp_path, output={"dir": str(tmp_path / "new"), "storage": f"sqlite:///{other}"})
+    for mode in (("--dry-run",), ()):
+        assert main(["sweep", str(tmp_path / "sweep.yaml"), *mode]) == EXIT_BAD_INPUT
+        assert "output.storage: Optuna cannot open" in capsys.readouterr().err
+    assert other.read_text() == "not a database" and not (tmp_path / "new").exists()
+
+
+def test_an_edited_base_recipe_is_refused_on_a_re_run(tmp_path, capsys):
+    path = write_sweep(tmp_path)
+    _made_by(path)
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({**RECIPE, "trainer": {"epochs": 2, "steps_per_epoch": 3}}))
+    needles = ["output.storage", "recipe_sha256 differ", f"the base recipe '{recipe}' was edited"]
+    _refused(tmp_path, capsys, needles, mode=("--dry-run",))
+    _refused(tmp_path, capsys, needles)
+    recipe.write_text("# a comment, another layout\n" + yaml.safe_dump(RECIPE, indent=4))
+    assert main(["sweep", str(path), "--dry-run"]) == 0  # the same values
+
+
+def test_a_driver_mark_counts_while_its_pid_lives_here_or_its_heartbeat_is_fresh(tmp_path):
+    import socket
+    import subprocess
+    import time
+
+    from kerasdist.sweep.storage import DRIVER_ATTR, check_no_other_driver, open_study
+
+    plan = load_sweep(write_sweep(tmp_path))
+    study = open_study(plan)
+    alive = subprocess.Popen(["sleep", "60"])
+    marks = [(alive.pid, socket.gethostname(), 0, True), (1, "elsewhere", 0, True),
+             (1, "elsewhere", 600, False)]  # silent for 10 minutes: gone
+    try:
+        for pid, host, age, refused in marks:
+            study.set_user_attr(DRIVER_ATTR, {"pid": pid, "host": host, "dir": "d",
+                                              "heartbeat": time.time() - age})
+            if refused:
+                with pytest.raises(RecipeError, match=f"pid {pid} on {host}"):
+                    check_no_other_driver(plan, study)
+            else:
+                check_no_other_driver(plan, study)
+    finally:
+        alive.kill()
+        alive.wait()
+    study.set_user_attr(DRIVER_ATTR, {"pid": alive.pid, "host": socket.gethostname(),
+                                      "dir": "d", "heartbeat": time.time()})
+    check_no_other_driver(plan, study)  # its pid is gone

@@ -43,7 +43,8 @@ class FakeTrial:
         if self.code is not None:
             return self.code
         if self.fail:
-            self.log.write_text("kerasdist: failed: InvalidArgumentError: label 11 out of range\n")
+            self.log.write_text(self.fail if isinstance(self.fail, str) else
+                                "kerasdist: failed: InvalidArgumentError: label 11 out of range\n")
             self.code = 1
             return self.code
         number = self.epoch + 1
@@ -71,7 +72,7 @@ class FakeTrial:
         return self.code
 
 
-def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), **sweep):
+def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), fail_log=True, **sweep):
     monkeypatch.setattr("kerasdist.sweep.driver.POLL_S", 0.0)
     monkeypatch.chdir(tmp_path)
     plan = load_sweep(write_sweep(tmp_path, **sweep))
@@ -79,7 +80,8 @@ def _driver(tmp_path, monkeypatch, *, value, epochs=3, fails=(), **sweep):
 
     def start(backend, *, recipe, log, cores):
         trial = FakeTrial(recipe, log, value=value, epochs=epochs,
-                          fail=len(started) in fails, wait=plan.config.pruner.name != "none")
+                          fail=len(started) in fails and fail_log,
+                          wait=plan.config.pruner.name != "none")
         started.append(trial)
         return trial
 
@@ -134,12 +136,92 @@ def test_failed_trials_are_recorded_with_their_log_and_bounded(tmp_path, monkeyp
     assert states == ["FAIL", "COMPLETE", "COMPLETE"]
 
 
+def test_a_failed_trials_reason_is_the_failed_line_of_its_log(tmp_path, monkeypatch):
+    # the log as `kerasdist fit` ends it: the error, then the closing paragraph
+    import contextlib
+    import io
+
+    from kerasdist._log import LAUNCHED_ENV
+    from kerasdist.cli import _failed
+    from kerasdist.errors import TrainingError
+    from kerasdist.launch import explain
+
+    monkeypatch.delenv(LAUNCHED_ENV, raising=False)  # as a trial's own `kerasdist fit`
+    monkeypatch.setitem(explain.RUN, "run_dir", str(tmp_path / "run"))
+    text = io.StringIO()
+    with contextlib.redirect_stderr(text):
+        _failed(TrainingError("the loss is NaN at global step 3"), "fit")
+    assert "kerasdist: the run failed." in text.getvalue()
+    driver, _, lines = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, fails=(0,),
+                               fail_log=text.getvalue(), trials=1, max_failed_trials=0)
+    assert driver.run() == 1
+    why = "kerasdist: failed: the loss is NaN at global step 3"
+    assert why in _study(tmp_path).trials[0].user_attrs["failure"]
+    assert why in (tmp_path / "out" / "trials.csv").read_text()
+    assert any("trial 0 FAIL: " in line and why in line for line in lines), lines
+
+
+def test_a_grid_sweep_of_every_point_ends_with_its_outputs(tmp_path, monkeypatch):
+    driver, _, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=2,
+                           sampler={"name": "grid"},
+                           space={"data.batch_size": {"type": "categorical", "choices": [8, 16]}})
+    assert driver.run() == 0
+    trials = _study(tmp_path).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "COMPLETE"]
+    assert sorted(t.params["data.batch_size"] for t in trials) == [8, 16]
+    out = tmp_path / "out"
+    assert (out / "trials.csv").is_file() and (out / "best.yaml").is_file()
+    assert (out / "optimization_history.png").is_file()
+
+
+def test_a_second_sweep_on_the_storage_of_a_running_one_is_refused(tmp_path, monkeypatch,
+                                                                    capsys):
+    # two sweeps, two output.dirs, one storage: the second must not take the first's trials
+    import threading
+
+    from kerasdist.cli import EXIT_BAD_INPUT, main
+
+    shared = f"sqlite:///{tmp_path / 'shared.db'}"
+    (tmp_path / "a").mkdir()
+    release = threading.Event()
+    driver, started, _ = _driver(  # its trial blocks the first driver until released
+        tmp_path / "a", monkeypatch, value=lambda lr, e: release.wait(60) and lr, trials=1,
+        output={"dir": str(tmp_path / "a" / "out"), "storage": shared})
+    codes: list[int] = []
+    first = threading.Thread(target=lambda: codes.append(driver.run()))
+    first.start()
+    try:
+        for _ in range(600):
+            if started:
+                break
+            first.join(0.1)
+        second = tmp_path / "b.yaml"  # the same sweep, another output.dir
+        raw = yaml.safe_load((tmp_path / "a" / "sweep.yaml").read_text())
+        second.write_text(yaml.safe_dump({**raw, "output": {"dir": str(tmp_path / "b" / "out"),
+                                                            "storage": shared}}))
+        for mode in (("--dry-run",), ()):
+            assert main(["sweep", str(second), *mode]) == EXIT_BAD_INPUT
+            err = capsys.readouterr().err
+            assert "output.storage: another kerasdist sweep runs study" in err, err
+            assert f"output.dir '{tmp_path / 'a' / 'out'}'" in err and shared in err
+        assert not (tmp_path / "b" / "out").exists()
+    finally:
+        release.set()
+        first.join(60)
+    assert codes == [0]
+    from kerasdist.sweep.storage import DRIVER_ATTR
+
+    assert optuna.load_study(study_name="kerasdist-sweep", storage=shared).user_attrs[
+        DRIVER_ATTR] is None  # the first driver ended: its mark is cleared
+
+
 def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path, monkeypatch):
     driver, started, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr / e, trials=2,
                                  sampler={"name": "random", "seed": 0},
                                  pruner={"name": "median", "options": {"n_startup_trials": 5}})
     # a driver that was killed: trial 0 RUNNING in the storage, its epoch 1 answered
-    from kerasdist.sweep.study import open_study, suggest, trial_dir, trial_recipe
+    from kerasdist.sweep.storage import open_study
+    from kerasdist.sweep.study import suggest, trial_dir, trial_recipe
 
     study = open_study(driver.plan)  # an earlier driver asked trial 0
     trial = study.ask()
@@ -162,7 +244,7 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
 
 def test_trials_are_written_by_number_through_optunas_public_interfaces(tmp_path, monkeypatch):
     # another study first in the same storage: storage ids and trial numbers differ
-    from kerasdist.sweep.study import TrialBook
+    from kerasdist.sweep.storage import TrialBook
 
     driver, _, _ = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=2,
                            pruner={"name": "threshold", "options": {"upper": 0.5}})

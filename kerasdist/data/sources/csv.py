@@ -23,7 +23,6 @@ from kerasdist.data.sources.files import FileKind, FileSource, split_files
 from kerasdist.errors import DataError
 
 CSV_SCHEMA_FILE = "data/csv-schema.json"
-FLOAT32_MAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
 """Where a csv run keeps its vocabularies and column statistics (relative to output.run_dir)."""
 UNIT_SEP = "\x00"
 """Separates a csv unit's file from its column permutation (see module docs)."""
