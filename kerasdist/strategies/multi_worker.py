@@ -202,9 +202,8 @@ def boundary_barrier(tf_strategy, timeout_s: float, watchdog=None):
     alone writes its checkpoint, its logs; a resumed run also ends a ``fit`` call there (its
     half-done first epoch). A worker that spends longer there than its peer (a loaded host, a
     pause of the process) makes the peer's next step -- bounded by ``strategy.timeout_s``, set
-    for one step -- time out: measured on a loaded 2-core machine (issue 33, item 8), 10.4 s
-    between a worker's last training step and its validation, with ``timeout_s: 10``. The
-    barrier gives those stretches their own, longer bound (a peer hung right there is found after
+    for one step -- time out (docs/guarantees.md). The barrier gives those stretches their own,
+    longer bound (a peer hung right there is found after
     ``timeout_s`` seconds of this barrier instead of ``strategy.timeout_s``).
 
     Args:
