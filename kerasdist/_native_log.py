@@ -1,4 +1,4 @@
-"""Keep TensorFlow's start-up noise off the user's first screen.
+"""Keep TensorFlow's native noise (start-up, teardown) off the console.
 
 Importing TensorFlow 2.21 on a machine without a GPU writes, from C++, before its logging is
 configured (so ``TF_CPP_MIN_LOG_LEVEL`` cannot silence it)::
@@ -15,11 +15,24 @@ so real errors still show; and the flood of "Failed to remove function remotely"
 parameter-server coordinator writes when it releases its functions after its tasks stopped
 (:class:`NoiseDropper`). ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
 stderr alone.
+
+The filter lasts until the true end of the process. TensorFlow writes its teardown messages from
+destructors that run after the ``atexit`` hooks, while the interpreter finalizes; by then the
+filter's thread can no longer run Python (a daemon thread stops at finalization), so a pipe kept
+as file descriptor 2 would fill and block the writer for good. So the command's process
+(:func:`end_with`, from ``kerasdist``'s entry point) ends in the filter's own ``atexit`` hook,
+registered when the command starts and so run after the others: once Python has joined its
+threads and run every other hook, the streams are flushed, the filter passes on what it holds
+and the process ends with ``os._exit(code)``. TensorFlow's destructors never run, so they write
+nothing (a forked task and :func:`kerasdist._exit.abandon` end the same way). Outputs are
+written and closed before that (checkpoints, ``model.keras``, ``metrics.json``, TensorBoard's
+writers at the end of ``fit``).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import re
 import sys
@@ -109,6 +122,7 @@ class _Filter:
         os.dup2(write_end, 2)
         os.close(write_end)
         self.reader = os.fdopen(read_end, "rb")
+        self.exit_code: int | None = None  # set by end_with: the process ends in at_exit
         self.thread = threading.Thread(target=self._pump, name="kerasdist-stderr", daemon=True)
         self.thread.start()
 
@@ -123,6 +137,20 @@ class _Filter:
         os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees EOF
         self.thread.join(timeout=2.0)
         os.close(self.saved)
+
+    def at_exit(self) -> None:
+        """The last ``atexit`` hook: give fd 2 back; with an exit code set, end here."""
+        if self.exit_code is None:
+            self.close()
+            return
+        logging.shutdown()  # its own hook, registered before this one, would run after it
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed stream or a reader gone: nothing to keep
+                pass
+        self.close()
+        os._exit(self.exit_code)
 
 
 _ACTIVE: _Filter | None = None
@@ -158,8 +186,17 @@ def filter_native_stderr(verbose) -> bool:
         _ACTIVE = _Filter()
     except OSError:  # no fd 2, or no pipes: leave stderr as it is
         return False
-    atexit.register(_ACTIVE.close)
+    atexit.register(_ACTIVE.at_exit)
     return True
+
+
+def end_with(code: int) -> None:
+    """With the filter on, end this process with exit status ``code`` at its exit, in the
+    filter's ``atexit`` hook (after every other hook), without TensorFlow's destructors (module
+    docs). For the process's entry point only: a later ``sys.exit`` keeps ``code``. Nothing
+    changes with the filter off (``--verbose 2``, ``KERASDIST_RAW_STDERR``)."""
+    if _ACTIVE is not None:
+        _ACTIVE.exit_code = code
 
 
 def drain() -> None:
@@ -170,5 +207,5 @@ def drain() -> None:
     global _ACTIVE
     active, _ACTIVE = _ACTIVE, None
     if active is not None:
-        atexit.unregister(active.close)
+        atexit.unregister(active.at_exit)
         active.close()
