@@ -16,22 +16,19 @@ parameter-server coordinator writes when it releases its functions after its tas
 (:class:`NoiseDropper`). ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
 stderr alone.
 
-The filter lasts until the true end of the process. TensorFlow writes its teardown messages from
-destructors that run after the ``atexit`` hooks, while the interpreter finalizes; by then the
-filter's thread can no longer run Python (a daemon thread stops at finalization), so a pipe kept
-as file descriptor 2 would fill and block the writer for good. So the command's process
-(:func:`end_with`, from ``kerasdist``'s entry point) ends in the filter's own ``atexit`` hook,
-registered when the command starts and so run after the others: once Python has joined its
-threads and run every other hook, the streams are flushed, the filter passes on what it holds
-and the process ends with ``os._exit(code)``. TensorFlow's destructors never run, so they write
-nothing (a forked task and :func:`kerasdist._exit.abandon` end the same way). Outputs are
-written and closed before that (checkpoints, ``model.keras``, ``metrics.json``, TensorBoard's
-writers at the end of ``fit``).
+The filter lasts until the process ends. TensorFlow's destructors write while the interpreter
+finalizes, after the ``atexit`` hooks, when the filter's thread can no longer run (a pipe would
+fill and block them). So ``kerasdist``'s process (:func:`end_with`) ends in the filter's hook,
+registered as the command starts, so run after the others: streams flushed, the filter drained,
+``os._exit(code)``; the
+destructors never run (a forked task and :func:`kerasdist._exit.abandon` end so too). Outputs
+are written and closed before (checkpoints, ``model.keras``, ``metrics.json``, TensorBoard's).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -122,7 +119,7 @@ class _Filter:
         os.dup2(write_end, 2)
         os.close(write_end)
         self.reader = os.fdopen(read_end, "rb")
-        self.exit_code: int | None = None  # set by end_with: the process ends in at_exit
+        self.exit_code: int | None = None  # end_with: the process ends in close
         self.thread = threading.Thread(target=self._pump, name="kerasdist-stderr", daemon=True)
         self.thread.start()
 
@@ -133,24 +130,18 @@ class _Filter:
                 os.write(self.saved, raw)
 
     def close(self) -> None:
+        """Give fd 2 back once the filter passed on what it holds; with ``exit_code`` set
+        (:func:`end_with`), end the process here."""
+        if self.exit_code is not None:
+            logging.shutdown()  # its own hook, registered before this one, would run after it
+            with contextlib.suppress(OSError, ValueError):  # a reader gone: nothing to keep
+                sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees EOF
         self.thread.join(timeout=2.0)
         os.close(self.saved)
-
-    def at_exit(self) -> None:
-        """The last ``atexit`` hook: give fd 2 back; with an exit code set, end here."""
-        if self.exit_code is None:
-            self.close()
-            return
-        logging.shutdown()  # its own hook, registered before this one, would run after it
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed stream or a reader gone: nothing to keep
-                pass
-        self.close()
-        os._exit(self.exit_code)
+        if self.exit_code is not None:
+            os._exit(self.exit_code)
 
 
 _ACTIVE: _Filter | None = None
@@ -186,15 +177,14 @@ def filter_native_stderr(verbose) -> bool:
         _ACTIVE = _Filter()
     except OSError:  # no fd 2, or no pipes: leave stderr as it is
         return False
-    atexit.register(_ACTIVE.at_exit)
+    atexit.register(_ACTIVE.close)
     return True
 
 
 def end_with(code: int) -> None:
-    """With the filter on, end this process with exit status ``code`` at its exit, in the
-    filter's ``atexit`` hook (after every other hook), without TensorFlow's destructors (module
-    docs). For the process's entry point only: a later ``sys.exit`` keeps ``code``. Nothing
-    changes with the filter off (``--verbose 2``, ``KERASDIST_RAW_STDERR``)."""
+    """With the filter on, end this process with exit status ``code`` in the filter's ``atexit``
+    hook, after every other hook, without TensorFlow's destructors (module docs). For the
+    process's entry point only (a later ``sys.exit`` keeps ``code``)."""
     if _ACTIVE is not None:
         _ACTIVE.exit_code = code
 
@@ -207,5 +197,5 @@ def drain() -> None:
     global _ACTIVE
     active, _ACTIVE = _ACTIVE, None
     if active is not None:
-        atexit.unregister(active.at_exit)
+        atexit.unregister(active.close)
         active.close()

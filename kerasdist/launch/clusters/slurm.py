@@ -41,8 +41,9 @@ after the chief (the coordinator) has finished. So under ``cluster.kind: slurm``
 default USR1) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
 Either stops training at one agreed step with a checkpoint (exit 130). Then task 0 (the chief)
 asks Slurm to requeue the job (:func:`after_preemption`: ``scontrol requeue $SLURM_JOB_ID``) when
-the job allows it (``sbatch --requeue``) and ``SLURM_RESTART_COUNT`` is below
-``cluster.max_restarts``; the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
+the job allows it (``sbatch --requeue``), ``SLURM_RESTART_COUNT`` is below
+``cluster.max_restarts`` and neither Slurm's own requeue nor a cancel is ending the job (one line
+says which: :func:`requeue_decision`); the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
 requeue to end them (so that their own exit cannot end the step before task 0 has asked). The
 requeued job runs the same command and resumes at the checkpoint's exact step. ps and worker
 servers ignore the signal (the chief needs them to save).
@@ -208,19 +209,15 @@ def _job_fields(job: str) -> dict[str, str]:
 
 
 def requeue_decision(fields: dict[str, str], *, count: int, max_restarts: int) -> tuple[bool, str]:
-    """Whether task 0 asks Slurm to requeue its job after a preemption stop, and the line that
-    says what happens to the job.
-
-    Slurm's own requeue (``scontrol requeue`` by someone, a preemption with ``PreemptMode=
-    REQUEUE``) and a cancel (``scancel``) both end the job (``JobState`` no longer ``RUNNING``);
-    Slurm's requeue counts the restart at once (``Restarts`` above ``SLURM_RESTART_COUNT``).
-    A signal that leaves the job running (``--signal=<SIG>@N`` before the time limit, ``scancel
-    --signal``) and the time limit itself (``Reason=TimeLimit``) leave the requeue to kerasdist,
-    within ``cluster.max_restarts`` and for a job submitted with ``--requeue``.
+    """Whether task 0 asks Slurm to requeue its job after a preemption stop, and the line saying
+    what happens to the job. Slurm's own requeue (``scontrol requeue``, ``PreemptMode=REQUEUE``)
+    and a cancel both end the job (``JobState`` not ``RUNNING``); the requeue has counted the
+    restart already (``Restarts`` > ``SLURM_RESTART_COUNT``). A signal that leaves the job
+    running (``--signal=<SIG>@N``, ``scancel --signal``) or the time limit (``Reason=TimeLimit``)
+    leaves the requeue to kerasdist: within ``cluster.max_restarts``, for a ``--requeue`` job.
 
     Args:
-        fields: the job's ``scontrol show job -o`` fields (:func:`_job_fields`; empty: unknown,
-            taken as running).
+        fields: the job's ``scontrol show job -o`` fields (empty: unknown, taken as running).
         count: ``SLURM_RESTART_COUNT`` of this run.
         max_restarts: ``cluster.max_restarts``.
 
