@@ -134,8 +134,9 @@ class _Filter:
         (:func:`end_with`), end the process here."""
         if self.exit_code is not None:
             logging.shutdown()  # its own hook, registered before this one, would run after it
-            with contextlib.suppress(OSError, ValueError):  # a reader gone: nothing to keep
-                sys.stdout.flush()
+            for stream in (sys.stdout, sys.__stdout__, sys.__stderr__):  # a script's own too
+                with contextlib.suppress(Exception):  # closed, or its reader gone: nothing kept
+                    stream.flush()
         sys.stderr.flush()
         os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees EOF
         self.thread.join(timeout=2.0)
