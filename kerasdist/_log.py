@@ -13,13 +13,17 @@ verbose      chief / one process   other tasks
 ===========  ====================  ======================
 0            WARNING               WARNING
 1, auto      INFO                  WARNING
-2            INFO                  INFO
+2            RECORD                RECORD
 ===========  ====================  ======================
+
+:data:`RECORD` (below ``INFO``): verification records (weights digests), shown at ``--verbose 2``
+only, as a local cluster's task logs are written; the chief's are in ``metrics.json`` too.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 LOGGER_NAME = "kerasdist"
@@ -44,6 +48,18 @@ class _StdoutHandler(logging.StreamHandler):
         pass
 
 
+RECORD = 15
+"""The level of verification records (see the module docs)."""
+logging.addLevelName(RECORD, "RECORD")
+_RECORD_LINE = re.compile(r"^kerasdist(\[[\w:]+\])?: .*\bweights sha256 [0-9a-f]{64}$")
+
+
+def is_record(line: str) -> bool:
+    """Whether ``line`` (without its newline) is one of kerasdist's verification records: a
+    line of its logger carrying a weights digest (:data:`RECORD`)."""
+    return bool(_RECORD_LINE.match(line))
+
+
 def get_logger(name: str | None = None) -> logging.Logger:
     """The ``kerasdist`` logger, or its child ``kerasdist.<name>``."""
     return logging.getLogger(LOGGER_NAME if not name else f"{LOGGER_NAME}.{name}")
@@ -53,9 +69,9 @@ def level_for(verbose, *, is_chief: bool = True) -> int:
     """The logging level for a ``--verbose`` value (0, 1, 2, ``'auto'`` or None; see module docs)."""
     if verbose == 0:
         return logging.WARNING
-    if verbose == 2 or is_chief:
-        return logging.INFO
-    return logging.WARNING
+    if verbose == 2:
+        return RECORD
+    return logging.INFO if is_chief else logging.WARNING
 
 
 def one_line_deprecations() -> None:

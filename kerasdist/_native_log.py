@@ -1,4 +1,4 @@
-"""Keep TensorFlow's start-up noise off the user's first screen.
+"""Keep TensorFlow's native noise (start-up, teardown) off the console.
 
 Importing TensorFlow 2.21 on a machine without a GPU writes, from C++, before its logging is
 configured (so ``TF_CPP_MIN_LOG_LEVEL`` cannot silence it)::
@@ -15,11 +15,21 @@ so real errors still show; and the flood of "Failed to remove function remotely"
 parameter-server coordinator writes when it releases its functions after its tasks stopped
 (:class:`NoiseDropper`). ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
 stderr alone.
+
+The filter lasts until the process ends. TensorFlow's destructors write while the interpreter
+finalizes, after the ``atexit`` hooks, when the filter's thread can no longer run (a pipe would
+fill and block them). So ``kerasdist``'s process (:func:`end_with`) ends in the filter's hook,
+registered as the command starts, so run after the others: streams flushed, the filter drained,
+``os._exit(code)``; the
+destructors never run (a forked task and :func:`kerasdist._exit.abandon` end so too). Outputs
+are written and closed before (checkpoints, ``model.keras``, ``metrics.json``, TensorBoard's).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import logging
 import os
 import re
 import sys
@@ -109,6 +119,7 @@ class _Filter:
         os.dup2(write_end, 2)
         os.close(write_end)
         self.reader = os.fdopen(read_end, "rb")
+        self.exit_code: int | None = None  # end_with: the process ends in close
         self.thread = threading.Thread(target=self._pump, name="kerasdist-stderr", daemon=True)
         self.thread.start()
 
@@ -119,10 +130,19 @@ class _Filter:
                 os.write(self.saved, raw)
 
     def close(self) -> None:
+        """Give fd 2 back once the filter passed on what it holds; with ``exit_code`` set
+        (:func:`end_with`), end the process here."""
+        if self.exit_code is not None:
+            logging.shutdown()  # its own hook, registered before this one, would run after it
+            for stream in (sys.stdout, sys.__stdout__, sys.__stderr__):  # a script's own too
+                with contextlib.suppress(Exception):  # closed, or its reader gone: nothing kept
+                    stream.flush()
         sys.stderr.flush()
         os.dup2(self.saved, 2)  # closes the pipe's last write end: the reader sees EOF
         self.thread.join(timeout=2.0)
         os.close(self.saved)
+        if self.exit_code is not None:
+            os._exit(self.exit_code)
 
 
 _ACTIVE: _Filter | None = None
@@ -160,6 +180,14 @@ def filter_native_stderr(verbose) -> bool:
         return False
     atexit.register(_ACTIVE.close)
     return True
+
+
+def end_with(code: int) -> None:
+    """With the filter on, end this process with exit status ``code`` in the filter's ``atexit``
+    hook, after every other hook, without TensorFlow's destructors (module docs). For the
+    process's entry point only (a later ``sys.exit`` keeps ``code``)."""
+    if _ACTIVE is not None:
+        _ACTIVE.exit_code = code
 
 
 def drain() -> None:

@@ -291,7 +291,9 @@ COMMANDS = {"fit": _cmd_fit, "validate": _cmd_validate, "schema": _cmd_schema,
 
 def console(argv: Sequence[str] | None = None) -> int:
     """The console-script and ``python -m kerasdist`` entry: :func:`main` with TensorFlow's
-    start-up noise filtered from stderr (:mod:`kerasdist._native_log`) unless ``--verbose 2``."""
+    native noise filtered from stderr until the process ends (:mod:`kerasdist._native_log`)
+    unless ``--verbose 2``; with the filter on, the process then ends with the returned code
+    without running TensorFlow's destructors (:func:`kerasdist._native_log.end_with`)."""
     from kerasdist import _native_log
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -299,7 +301,9 @@ def console(argv: Sequence[str] | None = None) -> int:
     verbose = next((a.split("=", 1)[1] for a in argv if a.startswith("--verbose=")), verbose)
     _native_log.filter_native_stderr(2 if verbose == "2" else None)
     _native_log.enable_crash_traces()
-    return main(argv)
+    code = main(argv)
+    _native_log.end_with(code)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """Keras callbacks kerasdist adds to every training loop: throughput timing, and the digest of the
-weights every worker logs at each epoch end (:class:`WeightDigest`)."""
+weights every worker records at each epoch end (:class:`WeightDigest`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import hashlib
 import keras
 import numpy as np
 
-from kerasdist._log import get_logger
+from kerasdist._log import RECORD, get_logger
 from kerasdist._timeline import mark
 from kerasdist.keras.timing import StepClock
 
@@ -159,20 +159,22 @@ def weights_digest(model) -> str:
 
 
 class WeightDigest(keras.callbacks.Callback):
-    """Log ``kerasdist: epoch E step S weights sha256 HEX`` after every epoch, on every worker.
-
-    Comparing these lines across the workers' logs shows that they hold identical weights.
+    """Record ``epoch E step S weights sha256 HEX`` after every epoch, on every worker: logged at
+    :data:`kerasdist._log.RECORD` level (task logs, not a console at the default verbosity) and
+    appended to ``records``. Comparing them across the workers shows identical weights.
 
     Args:
         step_source: an object with a ``step`` attribute (the :class:`StepBackup`).
+        records: receives ``{"epoch": E, "step": S, "sha256": HEX}`` per epoch (E from 1).
     """
 
-    def __init__(self, step_source):
+    def __init__(self, step_source, records: list):
         super().__init__()
-        self.step_source = step_source
+        self.step_source, self.records = step_source, records
 
     def on_epoch_end(self, epoch, logs=None):
         if getattr(self.step_source, "preempted", False):
             return  # a cut-short epoch: its weights are in the checkpoint, not an epoch's end
-        log.info(f"epoch {epoch + 1} step {self.step_source.step} weights sha256 "
-            f"{weights_digest(self.model)}")
+        step, digest = self.step_source.step, weights_digest(self.model)
+        log.log(RECORD, f"epoch {epoch + 1} step {step} weights sha256 {digest}")
+        self.records.append({"epoch": epoch + 1, "step": step, "sha256": digest})

@@ -1,6 +1,7 @@
 """Echo the log files of a local cluster's tasks to the console, each line prefixed with its task
 (``[worker:1] Epoch 1/4 ...``), as ``kerasdist launch`` shows them; or one task's file without a
-prefix (:meth:`Echo.follow`: the chief's progress under ``kerasdist fit``)."""
+prefix (:meth:`Echo.follow`: the chief's progress under ``kerasdist fit``). TensorFlow's start-up
+noise and kerasdist's verification records (:func:`kerasdist._log.is_record`) stay in the logs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import threading
 from pathlib import Path
 
+from kerasdist._log import is_record
 from kerasdist._native_log import is_noise
 from kerasdist.launch.processes import Task
 
@@ -18,7 +20,7 @@ class Echo:
     """Echo new lines of the tasks' log files to stdout, prefixed with the task name."""
 
     def __init__(self, verbose: bool = False):
-        self.verbose = verbose  # keep TensorFlow's start-up noise (kerasdist._native_log)
+        self.verbose = verbose  # keep TensorFlow's start-up noise and kerasdist's records
         self._offsets: dict[Path, int] = {}
         self._names: dict[Path, str | None] = {}
         self._stop = threading.Event()
@@ -68,7 +70,7 @@ class Echo:
                 prefix = f"[{name}] " if name is not None else ""
                 text = data[:complete].decode("utf-8", "replace")
                 sys.stdout.write("".join(prefix + line + "\n" for line in text.splitlines()
-                                         if self.verbose or not is_noise(line)))
+                                         if self.verbose or not (is_noise(line) or is_record(line))))
                 sys.stdout.flush()
 
 

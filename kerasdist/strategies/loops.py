@@ -83,9 +83,9 @@ class KerasFitLoop:
                                 every_steps=recipe.trainer.checkpoint.every_steps,
                                 **({"check_every": 1} if watch.single_process else {}))
             eval_ds = data.eval_dataset(run.tf_strategy) if recipe.trainer.validation else None
-            # workers of a cluster log their weights' digest per epoch (compared across logs)
-            digest = [WeightDigest(backup)] if getattr(run.tf_strategy, "cluster_resolver", None) \
-                else []
+            # workers of a cluster record their weights' digest per epoch (compared across logs)
+            digest = [WeightDigest(backup, run.extra.setdefault("epoch_weights_sha256", []))] \
+                if getattr(run.tf_strategy, "cluster_resolver", None) else []
             callbacks = [StopOnNonFiniteLoss(), *run.state_callbacks, backup, *digest,
                          *run.callbacks,
                          *self._boundary_callbacks(run)]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from kerasdist import tracking
-from kerasdist._log import ensure_configured, get_logger, keras_verbose
+from kerasdist._log import RECORD, ensure_configured, get_logger, keras_verbose
 from kerasdist._signals import startup, terminate_on_sigterm
 from kerasdist._timeline import mark, set_task
 from kerasdist.strategies import RunContext, registry
@@ -347,7 +347,7 @@ def _finish(s: _Session, run: RunContext, *, history: dict, evaluation: dict,
 
     recipe, run_dir, model, data = s.recipe, s.run_dir, s.model, s.data
     steps, digest = int(model.optimizer.iterations.numpy()), weights_digest(model)
-    log.info(f"done at global step {steps}; weights sha256 {digest}")
+    log.log(RECORD, f"done at global step {steps}; weights sha256 {digest}")
     if not s.is_chief:
         return None
     check_finite_state(model, f"the trained model at global step {steps}", keeps=(

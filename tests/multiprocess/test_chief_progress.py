@@ -1,7 +1,8 @@
 """Issue 42 item 2 on a local 2-worker multi_worker cluster: the console shows the chief's
 progress while it trains (Keras's one line an epoch, kerasdist's notices; Keras writes no
-"Epoch 1/1" header for one epoch) without TensorFlow's start-up noise, and the summary once;
-``fit --quiet`` keeps the progress in the logs only."""
+"Epoch 1/1" header for one epoch) without TensorFlow's start-up noise or kerasdist's
+verification records (issue 51 item 3), and the summary once; ``fit --quiet`` keeps the progress
+in the logs only."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 
 def test_the_chiefs_progress_reaches_the_console_and_quiet_keeps_it_in_the_logs(tmp_path):
+    """The weights digests (per epoch, and at the end) are records: in every worker's log and,
+    the chief's, in metrics.json; not on the console (before, the chief's log echoed them)."""
     recipe = mw.linear_recipe(tmp_path, "run", trainer={"epochs": 1})
     out = mw.finish(mw.launch(recipe), timeout_s=280)
     assert "64/64 - " in out and " - loss: " in out, out[-4000:]  # Keras's epoch line
@@ -23,6 +26,13 @@ def test_the_chiefs_progress_reaches_the_console_and_quiet_keeps_it_in_the_logs(
     assert out.count("kerasdist run summary") == 1, out[-4000:]
     assert "oneDNN" not in out and "cudart_stub" not in out, out[-4000:]
     assert "[worker:1]" not in out and "kerasdist[worker:1]" not in out  # one task speaks
+    assert "weights sha256" not in out, out[-4000:]
+    logs = tmp_path / "run" / "logs"
+    digests = [mw.epoch_digests(logs / f"worker-{i}.log") for i in range(2)]
+    assert list(digests[0]) == [1] and digests[0] == digests[1], digests
+    assert mw.metrics(tmp_path / "run")["epoch_weights_sha256"] == [
+        {"epoch": 1, "step": 64, "sha256": digests[0][1]}]
+    assert "done at global step 64; weights sha256" in (logs / "worker-1.log").read_text()
     quiet = mw.finish(mw.launch(recipe, "--quiet", "--set", "trainer.epochs=2"), timeout_s=280)
     assert "Epoch 2/2" not in quiet and "kerasdist run summary" in quiet, quiet[-4000:]
     assert "Epoch 2/2" in (tmp_path / "run" / "logs" / "worker-0.log").read_text()
@@ -60,3 +70,5 @@ def test_on_a_console_the_tasks_share_only_the_chief_shows_its_progress(tmp_path
     assert chief.count("64/64 - ") == 2 and "\x08" not in chief and "\x1b[" not in chief, chief[-3000:]
     assert "kerasdist run summary" in chief, chief[-3000:]
     assert "64/64" not in other and "Epoch" not in other and "\x08" not in other, other[-3000:]
+    assert "weights sha256" not in chief + other, chief[-3000:]  # records: metrics.json
+    assert [r["epoch"] for r in mw.metrics(tmp_path / "run")["epoch_weights_sha256"]] == [1, 2]

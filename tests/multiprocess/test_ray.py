@@ -36,9 +36,10 @@ def _ray_processes() -> set[int]:
     return found
 
 
-def _fit(run_dir: Path, *sets: str, env=None) -> subprocess.Popen:
+def _fit(run_dir: Path, *sets: str, env=None, verbose: int | None = None) -> subprocess.Popen:
     args = [sys.executable, "-m", "kerasdist", "fit", str(RECIPE), "--set",
-            f"output.run_dir={run_dir}", *[a for s in sets for a in ("--set", s)]]
+            f"output.run_dir={run_dir}", *[a for s in sets for a in ("--set", s)],
+            *(["--verbose", str(verbose)] if verbose is not None else [])]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
 
@@ -64,7 +65,8 @@ def test_killed_ray_worker_is_restarted_and_the_run_ends_at_the_exact_step(tmp_p
     before = _ray_processes()
     run_dir = tmp_path / "run"
     proc = _fit(run_dir, "trainer.epochs=2", "trainer.steps_per_epoch=63",
-                "trainer.checkpoint.every_steps=5", "cluster.max_restarts=1")
+                "trainer.checkpoint.every_steps=5", "cluster.max_restarts=1",
+                verbose=2)  # the workers' weight digests (records) on the console
     record, pointer = run_dir / "logs" / "ray-worker-1.json", run_dir / "checkpoints" / "checkpoint"
     deadline, victim = time.monotonic() + 400, None
     while time.monotonic() < deadline and proc.poll() is None:

@@ -114,11 +114,10 @@ def test_task_0_requeues_a_preempted_job_until_the_cap(tmp_path, monkeypatch):
     calls = _fake_commands(tmp_path, monkeypatch)
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    assert slurm.after_preemption(2) == "requeued"
+    assert slurm.after_preemption(2) == "requeued by kerasdist (restart 2 of at most 2)"
     assert "scontrol requeue 7" in calls.read_text()
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    assert slurm.after_preemption(2).startswith(
-        "not requeued: SLURM_RESTART_COUNT=2 reached cluster.max_restarts=2")
+    assert slurm.after_preemption(2) == "not requeued: max_restarts reached (2)"
 
 
 def test_a_job_without_requeue_is_not_requeued(tmp_path, monkeypatch):

@@ -109,3 +109,42 @@ def test_a_crash_prints_the_python_stack_through_the_filter(verbose):
     assert done.returncode == -11, done
     assert "Fatal Python error: Segmentation fault" in done.stderr, done.stderr
     assert "in crashing_call" in done.stderr, done.stderr
+
+
+TEARDOWN_AT_EXIT = """
+import atexit, os, sys
+from kerasdist.cli import console
+
+FLOOD = ("E0000 00:00:1795917422.087682   11779 context.cc:911] Failed to remove function remotely "
+         "due to failed to connect to all addresses\\n"
+         "This could happen if the remote target has been disconnected from the client.\\n")
+
+
+class Coordinator:  # as TensorFlow's functions: released while the interpreter finalizes
+    def __del__(self):
+        os.write(2, FLOOD.encode() * 1000)  # 180 kB: more than a pipe holds
+
+
+coordinator = Coordinator()
+code = console(sys.argv[1:])
+atexit.register(lambda: print("a hook of the run ran", flush=True))
+sys.exit(code)
+"""
+
+
+@pytest.mark.parametrize("argv, code", [(["--version"], 0), (["validate", "/no/such.yaml"], 2)])
+def test_what_tensorflow_writes_while_the_interpreter_ends_stays_off_the_console(argv, code):
+    """The filter lasts until the process ends (kerasdist._native_log.end_with): objects released
+    while the interpreter finalizes (a parameter-server coordinator's functions, after its servers
+    left) write nothing to the console, after a success or a failure; the command's own lines,
+    its exit code and the atexit hooks of the run are kept. With --verbose 2 everything shows."""
+    env = {k: v for k, v in os.environ.items() if k != "KERASDIST_RAW_STDERR"}
+    done = subprocess.run([sys.executable, "-c", TEARDOWN_AT_EXIT, *argv], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "context.cc" not in done.stderr and "remote target" not in done.stderr, done.stderr[-500:]
+    assert "a hook of the run ran" in done.stdout
+    assert ("kerasdist " in done.stdout) if code == 0 else ("/no/such.yaml" in done.stderr), done
+    raw = subprocess.run([sys.executable, "-c", TEARDOWN_AT_EXIT, *argv, "--verbose", "2"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert raw.stderr.count("context.cc:911] Failed to remove function remotely") == 1000

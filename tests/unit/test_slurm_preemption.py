@@ -9,6 +9,7 @@ import signal
 import pytest
 import yaml
 
+from kerasdist import errors
 from kerasdist.cli import main
 from kerasdist.cluster.export_slurm import sbatch_script
 from kerasdist.config import validate_recipe
@@ -173,3 +174,42 @@ def test_launch_refuses_an_unknown_preemption_signal(tmp_path, monkeypatch, caps
     script, _, started = _this_task_step(tmp_path, monkeypatch)
     assert main(["launch", "--this-task", "--preemption-signal", "BOGUS", str(script)]) == 2
     assert "--preemption-signal" in capsys.readouterr().err and not started.exists()
+
+
+# `scontrol show job -o` of a job seen by its task 0 after the signal, on Slurm 22.05 (the test
+# suite's slurm-wlm): the fields the decision reads, as Slurm wrote them in each case
+RUNNING = {"JobState": "RUNNING", "Reason": "None", "Requeue": "1", "Restarts": "0"}
+SLURM_REQUEUES = {"JobState": "COMPLETING", "Reason": "None", "Requeue": "1", "Restarts": "1"}
+CANCELLED = {"JobState": "COMPLETING", "Reason": "None", "Requeue": "1", "Restarts": "0"}
+TIME_LIMIT = {"JobState": "COMPLETING", "Reason": "TimeLimit", "Requeue": "1", "Restarts": "0"}
+
+
+@pytest.mark.parametrize("fields, count, expected", [
+    (RUNNING, 0, (True, "requeued by kerasdist (restart 1 of at most 2)")),  # our signal
+    (TIME_LIMIT, 0, (True, "requeued by kerasdist (restart 1 of at most 2)")),
+    (RUNNING, 2, (False, "not requeued: max_restarts reached (2)")),
+    ({**RUNNING, "Requeue": "0"}, 0,
+     (False, "not requeued: the job does not allow requeue (submit it with sbatch --requeue)")),
+    (SLURM_REQUEUES, 0, (False, "Slurm is requeueing the job (restart 1 of at most 2)")),
+    ({**SLURM_REQUEUES, "Restarts": "3"}, 2,
+     (False, "Slurm is requeueing the job (restart 3; past cluster.max_restarts=2, the requeued "
+             "run will refuse to start)")),
+    (CANCELLED, 0, (False, "not requeued: the job was cancelled (JobState=COMPLETING)")),
+    (CANCELLED, 2, (False, "not requeued: the job was cancelled (JobState=COMPLETING)")),
+    ({}, 0, (True, "requeued by kerasdist (restart 1 of at most 2)")),  # scontrol failed
+])
+def test_the_requeue_line_says_what_happens_to_the_job(fields, count, expected):
+    """One truthful line per case: before, a job Slurm was requeueing itself (scontrol requeue,
+    its preemption) got "scontrol requeue N did not requeue it: Job is pending execution", and a
+    cancelled job (scancel) was requeued by kerasdist."""
+    assert slurm.requeue_decision(fields, count=count, max_restarts=2) == expected
+
+
+@pytest.mark.parametrize("value", ["-1", "abc"])
+def test_a_restart_count_that_is_not_a_whole_number_is_refused(monkeypatch, value):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", value)
+    with pytest.raises(ClusterError, match=rf"SLURM_RESTART_COUNT must be a whole number >= 0\. "
+                                           rf"Received: '{value}'") as refused:
+        slurm.log_start(_Role(), 2)
+    assert errors.exit_code(errors.classify(refused.value)) == 2  # bad input

@@ -63,7 +63,7 @@ class LocalKind(ClusterKind):
             tracker = tracking.start(recipe, run_dir=run_dir.path, launcher=True)  # the user's
             try:
                 mark("launching")
-                with self._chief_echo(recipe, echo=echo):
+                with self._chief_echo(recipe, echo=echo, verbose=verbose):
                     if isolated or self._coordinator_in_a_child(recipe, callbacks):
                         return self._run_child(recipe, overwrite=overwrite, verbose=verbose,
                                                isolate=isolated)
@@ -89,17 +89,18 @@ class LocalKind(ClusterKind):
         return None
 
     @contextlib.contextmanager
-    def _chief_echo(self, recipe, *, echo: bool):
+    def _chief_echo(self, recipe, *, echo: bool, verbose=None):
         """While the cluster runs, its chief's new log lines on the console (Keras's progress,
-        kerasdist's notices; TensorFlow's start-up noise left out), without a prefix: one task
-        speaks. Nothing with ``echo`` False (``fit --quiet``)."""
+        kerasdist's notices; TensorFlow's start-up noise and kerasdist's verification records
+        left out unless ``verbose == 2``), without a prefix: one task speaks. Nothing with
+        ``echo`` False (``fit --quiet``)."""
         from kerasdist.launch.echo import Echo
 
         path = self.chief_log(recipe) if echo else None
         if path is None:
             yield
             return
-        with Echo() as shown:
+        with Echo(verbose=verbose == 2) as shown:
             shown.follow(path)
             yield
 

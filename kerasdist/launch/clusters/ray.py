@@ -311,7 +311,7 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
 
     run_dir = rundir.RunDir(Path(recipe.output.run_dir).resolve())
     placement = RayPlacement.of(recipe)
-    config = {"recipe": worker_recipe(recipe), "verbose": 2 if verbose is None else verbose,
+    config = {"recipe": worker_recipe(recipe), "verbose": verbose,
               "lock_token": rundir_lock.lock_token(run_dir.path),
               "threads": recipe.intra_op_threads()}
     with ray_session(placement) as ray:

@@ -41,8 +41,9 @@ after the chief (the coordinator) has finished. So under ``cluster.kind: slurm``
 default USR1) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
 Either stops training at one agreed step with a checkpoint (exit 130). Then task 0 (the chief)
 asks Slurm to requeue the job (:func:`after_preemption`: ``scontrol requeue $SLURM_JOB_ID``) when
-the job allows it (``sbatch --requeue``) and ``SLURM_RESTART_COUNT`` is below
-``cluster.max_restarts``; the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
+the job allows it (``sbatch --requeue``), ``SLURM_RESTART_COUNT`` is below
+``cluster.max_restarts`` and neither Slurm's own requeue nor a cancel is ending the job (one line
+says which: :func:`requeue_decision`); the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
 requeue to end them (so that their own exit cannot end the step before task 0 has asked). The
 requeued job runs the same command and resumes at the checkpoint's exact step. ps and worker
 servers ignore the signal (the chief needs them to save).
@@ -153,12 +154,19 @@ REQUEUE_WAIT_S = 60.0
 
 
 def restart_count() -> int:
-    """``SLURM_RESTART_COUNT`` (0 when unset: the job's first run)."""
+    """``SLURM_RESTART_COUNT`` (0 when unset: the job's first run).
+
+    Raises:
+        ClusterError: (exit 2) not a whole number >= 0.
+    """
     value = os.environ.get("SLURM_RESTART_COUNT", "0") or "0"
     try:
-        return int(value)
+        count = int(value)
     except ValueError:
-        raise ClusterError(f"SLURM_RESTART_COUNT must be an integer. Received: {value!r}") from None
+        count = -1
+    if count < 0:
+        raise ClusterError(f"SLURM_RESTART_COUNT must be a whole number >= 0. Received: {value!r}")
+    return count
 
 
 def log_start(tf_config, max_restarts: int) -> None:
@@ -174,7 +182,7 @@ def log_start(tf_config, max_restarts: int) -> None:
 
     Raises:
         ClusterError: (exit 2) ``SLURM_RESTART_COUNT`` above ``max_restarts`` (both named), or
-            not an integer.
+            not a whole number >= 0.
     """
     job = os.environ.get("SLURM_JOB_ID", "?")
     count = restart_count()
@@ -190,41 +198,69 @@ def log_start(tf_config, max_restarts: int) -> None:
              f"{max_restarts}){last}")
 
 
-def _requeue_allowed(job: str) -> bool:
+def _job_fields(job: str) -> dict[str, str]:
+    """``scontrol show job -o JOB`` as a dict (``JobState``, ``Reason``, ``Restarts``,
+    ``Requeue``...); empty when it fails."""
     done = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
                           timeout=60)
-    return done.returncode == 0 and " Requeue=1 " in f" {done.stdout} "
+    if done.returncode != 0:
+        return {}
+    return dict(item.partition("=")[::2] for item in done.stdout.split() if "=" in item)
+
+
+def requeue_decision(fields: dict[str, str], *, count: int, max_restarts: int) -> tuple[bool, str]:
+    """Whether task 0 asks Slurm to requeue its job after a preemption stop, and the line saying
+    what happens to the job. Slurm's own requeue (``scontrol requeue``, ``PreemptMode=REQUEUE``)
+    and a cancel both end the job (``JobState`` not ``RUNNING``); the requeue has counted the
+    restart already (``Restarts`` > ``SLURM_RESTART_COUNT``). A signal that leaves the job
+    running (``--signal=<SIG>@N``, ``scancel --signal``) or the time limit (``Reason=TimeLimit``)
+    leaves the requeue to kerasdist: within ``cluster.max_restarts``, for a ``--requeue`` job.
+
+    Args:
+        fields: the job's ``scontrol show job -o`` fields (empty: unknown, taken as running).
+        count: ``SLURM_RESTART_COUNT`` of this run.
+        max_restarts: ``cluster.max_restarts``.
+
+    Returns:
+        (requeue, line): whether to run ``scontrol requeue``; one line for the log.
+    """
+    state, restarts = fields.get("JobState", "RUNNING"), int(fields.get("Restarts") or count)
+    if state != "RUNNING" and restarts > count:
+        past = f"; past cluster.max_restarts={max_restarts}, the requeued run will refuse to " \
+            "start" if restarts > max_restarts else f" of at most {max_restarts}"
+        return False, f"Slurm is requeueing the job (restart {restarts}{past})"
+    if state != "RUNNING" and fields.get("Reason") != "TimeLimit":
+        return False, f"not requeued: the job was cancelled (JobState={state})"
+    if count >= max_restarts:
+        return False, f"not requeued: max_restarts reached ({max_restarts})"
+    if fields.get("Requeue") == "0":
+        return False, "not requeued: the job does not allow requeue (submit it with sbatch --requeue)"
+    return True, f"requeued by kerasdist (restart {count + 1} of at most {max_restarts})"
 
 
 def after_preemption(max_restarts: int) -> str:
-    """What a task does after a preemption stop under Slurm (see module docs); returns what it
-    did: ``'requeued'``, ``'not requeued: <why>'`` (task 0) or ``'waited'`` (other tasks, if the
-    requeue did not end them in :data:`REQUEUE_WAIT_S` seconds)."""
+    """What a task does after a preemption stop under Slurm (see module docs): task 0 logs one
+    line saying what happens to the job (:func:`requeue_decision`) and requeues it when that is
+    kerasdist's to do; returns the line. Other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for
+    the requeue to end them and return ``'waited'``."""
     job = os.environ.get("SLURM_JOB_ID", "")
     if os.environ.get("SLURM_PROCID", "0") != "0":
         time.sleep(REQUEUE_WAIT_S)
         return "waited"
     count = restart_count()
-    why = None
-    if count >= max_restarts:
-        why = f"SLURM_RESTART_COUNT={count} reached cluster.max_restarts={max_restarts}"
-    elif not job:
-        why = "SLURM_JOB_ID is not set"
+    if not job:
+        requeue, line = False, "not requeued: SLURM_JOB_ID is not set"
     else:
         check_commands("scontrol")
-        if not _requeue_allowed(job):
-            why = f"job {job} does not allow requeue (submit it with sbatch --requeue)"
-    if why:
-        log.warning(f"preempted; not requeued: {why}")
-        return f"not requeued: {why}"
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        log.warning(f"scontrol requeue {job} did not requeue it: {done.stderr.strip()} (after a "
-                    "SIGTERM Slurm may be requeueing or ending the job itself)")
-        return f"not requeued: scontrol exited {done.returncode}"
-    log.warning(f"preempted; requeued job {job} (restart {count + 1} of at most {max_restarts}): "
-                "it resumes from its last checkpoint")
-    return "requeued"
+        requeue, line = requeue_decision(_job_fields(job), count=count, max_restarts=max_restarts)
+    if requeue:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
+                              timeout=60)
+        if done.returncode != 0:  # Slurm's own requeue may have begun since it was looked at
+            line = "Slurm is requeueing the job" if "pending execution" in done.stderr else \
+                f"not requeued: scontrol requeue {job} failed: {done.stderr.strip()}"
+    log.warning(f"Slurm job {job or '?'}: {line}")
+    return line
 
 
 class ScriptPreempted(KeyboardInterrupt):
@@ -453,5 +489,6 @@ class SlurmKind(ScheduledKind):
 
 __all__ = ["GONE_AFTER_S", "PERIOD_S", "RELEASE_SIGNAL", "RELEASE_WAIT_S", "REQUEUE_WAIT_S",
            "SLURM_VARIABLES", "START_TIMEOUT_S", "ScriptPreempted", "SlurmKind",
-           "after_preemption", "check_commands", "log_start", "release_servers", "restart_count",
+           "after_preemption", "check_commands", "log_start", "release_servers", "requeue_decision",
+           "restart_count",
            "serve_until_chief_ends", "signal_ends_script", "slurm_jobs", "tf_config_from_slurm"]
