@@ -95,22 +95,61 @@ class ParameterServerStrategy(Strategy):
     def build(self, config, *, cluster_resolver=None):
         return build(config, cluster_resolver=cluster_resolver)
 
+    def replicas_before_start(self, recipe) -> int | None:
+        """Synchronous mode on a local cluster: the workers (the global batch splits over them)."""
+        sync = recipe.strategy.sync is not None and recipe.cluster.traits.supervised
+        return recipe.cluster.workers if sync else None
+
+    def preflight(self, recipe) -> None:
+        """Also refuse ``trainer.gradient_accumulation_steps > 1``, and a
+        ``strategy.sync.replicas_to_aggregate`` above the workers of a local cluster.
+
+        Raises:
+            RecipeError: naming the field and the received value.
+        """
+        from kerasdist.keras.accumulation import refuse
+        from kerasdist.keras.ps_sync import check_replicas
+
+        super().preflight(recipe)
+        refuse(recipe, self.kind)
+        workers = self.replicas_before_start(recipe)
+        if workers:
+            check_replicas(recipe.strategy.sync.replicas_to_aggregate, workers)
+
     def num_input_pipelines(self, tf_strategy) -> int:
         """One input pipeline per worker task."""
         return self.num_replicas(tf_strategy)
 
     def make_input(self, recipe, tf_strategy):
         """The resumable streams every strategy uses (:func:`kerasdist.data.inputs.build_data`),
-        one per worker, each step one worker's whole batch (``asynchronous=True``)."""
+        one per worker: asynchronous, each step one worker's whole batch; synchronous
+        (``strategy.sync``), each step one per-replica batch of every pipeline, read by the
+        coordinator.
+
+        Raises:
+            RecipeError: ``gradient_accumulation_steps > 1``; ``replicas_to_aggregate`` above the
+                workers, or a global batch that does not split over them (synchronous).
+        """
         from kerasdist.data.inputs import build_data
         from kerasdist.keras.accumulation import refuse
+        from kerasdist.keras.ps_sync import check_replicas
 
         refuse(recipe, self.kind)  # trainer.gradient_accumulation_steps > 1
-        return build_data(recipe, replicas=1, pipelines=self.num_input_pipelines(tf_strategy),
-                          asynchronous=True)
+        workers = self.num_input_pipelines(tf_strategy)
+        if recipe.strategy.sync is None:
+            return build_data(recipe, replicas=1, pipelines=workers, asynchronous=True)
+        check_replicas(recipe.strategy.sync.replicas_to_aggregate, workers)
+        return build_data(recipe, replicas=workers, pipelines=workers)
 
     def compile_kwargs(self, config) -> dict:
         return {"steps_per_execution": config.steps_per_execution}
+
+    def prepare_model(self, model, config) -> None:
+        """Synchronous mode: :func:`kerasdist.keras.ps_sync.sync_replicas`."""
+        if config.sync is not None:
+            from kerasdist.keras.ps_sync import sync_replicas
+
+            sync_replicas(model, config.sync.replicas_to_aggregate)
 
     def make_loop(self):
         from kerasdist.strategies.loops import CoordinatorLoop
