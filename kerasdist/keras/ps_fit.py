@@ -270,23 +270,12 @@ def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validatio
 
 def _train_input(run, x, y, *, sample_weight, batch_size, shuffle, class_weight, steps_per_epoch):
     """``(steps per epoch, training input)``: per-worker datasets, or in synchronous mode the
-    coordinator's slices (:func:`kerasdist.keras.ps_sync.train_input`).
-
-    Raises:
-        UnsupportedFeatureError: ``class_weight`` in synchronous mode.
-    """
-    from kerasdist.errors import UnsupportedFeatureError
-
-    sync = ps_sync.replicas_to_aggregate(run.model) is not None
-    if sync and class_weight:
-        raise UnsupportedFeatureError("`class_weight` is not supported by synchronous "
-                                      "parameter-server training (strategy.sync); pass per-example "
-                                      f"`sample_weight`. Received: class_weight={class_weight!r}")
-    if sync:
-        train_in, train_ds = ps_sync.train_input(x, y, sample_weight=sample_weight,
-                                                 batch_size=batch_size, shuffle=shuffle,
-                                                 num_workers=run.num_workers)
-    elif class_weight:
+    coordinator's slices (:func:`kerasdist.keras.ps_sync.train_input`)."""
+    if ps_sync.replicas_to_aggregate(run.model) is not None:
+        return ps_sync.train_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                   shuffle=shuffle, class_weight=class_weight,
+                                   steps_per_epoch=steps_per_epoch, num_workers=run.num_workers)
+    if class_weight:
         train_in = class_weighted(x, y, sample_weight=sample_weight, class_weight=class_weight,
                                   batch_size=batch_size, shuffle=shuffle,
                                   num_workers=run.num_workers)
@@ -295,10 +284,8 @@ def _train_input(run, x, y, *, sample_weight, batch_size, shuffle, class_weight,
                                        shuffle=shuffle, num_workers=run.num_workers)
     steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
                                   training=True)
-    if not sync:
-        train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,
-                                                   num_workers=run.num_workers, repeat=True)
-    return steps, train_ds
+    return steps, ps_data.make_per_worker_dataset(run.coordinator, train_in,
+                                                  num_workers=run.num_workers, repeat=True)
 
 
 def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="auto",
@@ -342,8 +329,7 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
                 model, run.strategy, counters=run.counters,
                 steps_per_execution=int(model.steps_per_execution or 1))
         else:
-            run.sync = ps_sync.start(run)
-            run.sync.set_step(ps_loop.global_step(model))
+            run.sync = ps_sync.start(run, ps_loop.global_step(model))
         run.test_function = ps_steps.make_test_function(model, run.strategy)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = list(callbacks or [])

@@ -3,42 +3,34 @@ the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync
 
 Global step ``s`` of ``model.fit`` under ``ParameterServerStrategy`` with N workers:
 
-1. **Slices, cut on the coordinator.** The coordinator reads global batch ``s`` and cuts it into N
-   slices: a dataset function gives its N pipelines (``InputContext`` ``i`` of N, per-replica
-   batches of ``global / N``), one slice each; a dataset or arrays give global batches, split along
-   axis 0 into N parts differing by at most one example. Slice ``i`` travels with call ``i``,
-   whichever worker runs it, so a step's global batch never depends on the workers' speeds. In this
-   mode the coordinator reads the data and sends it with the calls.
-2. **N gradient calls** (``ClusterCoordinator.schedule``) run the model's own ``train_step`` on
-   their slices, from the same variable values. While the step is traced, the optimizer's
-   ``apply`` pushes the gradients instead of applying them: each, weighted by its slice's share
-   ``n_i * N' / B`` (1.0 for equal slices; ``N'`` non-empty slices, ``B`` examples), into a
-   ``ResourceConditionalAccumulator`` on its variable's ps (one per shard of a sharded variable),
-   tagged ``local_step = s``. A call that starts after step ``s`` was applied computes nothing.
-3. **One update.** Once K calls have completed, the coordinator runs one function that takes
-   the mean of each accumulator (``ResourceAccumulatorTakeGradient(num_required=K)``, on its ps)
-   and applies it with the Keras optimizer (each variable's update runs on its ps;
-   ``optimizer.iterations``, the global step, grows by 1). Taking advances the accumulator's
-   global step, so a gradient of step ``s`` that comes later is dropped by the accumulator,
+1. The coordinator reads global batch ``s`` and cuts it into N slices (:class:`SyncInput`); slice
+   ``i`` travels with call ``i`` whichever worker runs it, so the workers' speeds never change a
+   step's batch. In this mode the coordinator reads the data.
+2. N calls (``ClusterCoordinator.schedule``) run the model's own ``train_step`` on their slices
+   from the same weights; its optimizer ``apply`` pushes each gradient, weighted by the slice's
+   share ``n_i * N' / B`` (1.0 for equal slices), into a ``ResourceConditionalAccumulator`` on its
+   variable's ps (one per shard), tagged ``local_step = s``. A call that starts after step ``s``
+   was applied computes nothing.
+3. Once K calls completed, one coordinator function takes each accumulator's mean
+   (``ResourceAccumulatorTakeGradient(num_required=K)``, on its ps) and applies it with the Keras
+   optimizer (each update on its variable's ps; ``optimizer.iterations``, the global step, +1).
+   Taking advances the accumulator's step: a gradient of step ``s`` that comes later is dropped,
    atomically.
 
-With K = N every update is the gradient of the whole global batch: the weights equal a
-strategy-free run on the same global batches (up to float summation order), even when a lost
-worker's call is run again elsewhere. With K < N the slowest N - K calls of each step are dropped
-(backup workers: Chen, Pan, Monga, Bengio, Jozefowicz, "Revisiting Distributed Synchronous SGD",
-2016, arXiv:1604.00981); ``dropped = calls scheduled - gradients aggregated``, where each call
-also pushes a one-hot of its slot into one more accumulator, whose mean tells how many a step
-aggregated. Every call counts itself in the per-worker counters (``steps``: gradients computed).
+K = N: every update is the gradient of the whole global batch, the weights of a strategy-free run
+on the same global batches (up to float summation order), also when a lost worker's call runs
+again elsewhere. K < N: the slowest N - K calls of each step are dropped (backup workers: Chen et
+al., "Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981); ``dropped = calls -
+aggregated``, counted by a one-hot of each call's slot pushed into one more accumulator.
 
-Limits: each accumulator takes the first K gradients *it* receives, so with K < N two variables
-of one step may average different calls (as ``tf.compat.v1.train.SyncReplicasOptimizer`` does);
-``IndexedSlices`` gradients (``Embedding``) are made dense before the push (the resource
-accumulator is dense: a call sends a table-sized gradient); state a step writes besides the
-gradients (metrics, BatchNormalization's moving statistics) is written by every call that
-computes; a ``train_step`` must apply the optimizer exactly once.
+Limits (docs/parameter-server-sync.md): with K < N each accumulator takes the first K gradients it
+receives, so two variables may average different calls (as ``SyncReplicasOptimizer`` did);
+``IndexedSlices`` gradients are made dense (a call sends a table-sized gradient; Keras's Adam
+then sees a repeated id's summed gradient); what a step writes besides gradients (metrics,
+BatchNormalization's moving statistics) is written by every call that computes.
 
-Source: ``tf.raw_ops.ResourceConditionalAccumulator`` and its ``ResourceAccumulator*`` ops (TF API
-docs), the kernels behind ``tf.compat.v1.train.SyncReplicasOptimizer``.
+Source: ``tf.raw_ops.ResourceConditionalAccumulator`` and its ops (TF API docs), the kernels of
+``tf.compat.v1.train.SyncReplicasOptimizer``.
 """
 
 from __future__ import annotations
@@ -51,20 +43,20 @@ from typing import Any
 from kerasdist.errors import RecipeError, UnsupportedFeatureError
 
 _ATTR = "_kerasdist_replicas_to_aggregate"
-FIELD = "strategy.sync.replicas_to_aggregate"
 POLL_S = 0.002  # how often the coordinator looks for the K-th completed call
 
 
 def check_replicas(replicas_to_aggregate, workers: int) -> int:
-    """``replicas_to_aggregate`` checked against ``workers`` (None: all of them).
+    """K: ``replicas_to_aggregate`` checked against ``workers`` (None: all of them).
 
     Raises:
         RecipeError: not an int in ``[1, workers]``.
     """
     k = workers if replicas_to_aggregate is None else replicas_to_aggregate
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= workers:
-        raise RecipeError(f"{FIELD} must be between 1 and the number of workers ({workers}). "
-                          f"Received: replicas_to_aggregate={replicas_to_aggregate!r}")
+        raise RecipeError("strategy.sync.replicas_to_aggregate must be between 1 and the number of "
+                          f"workers ({workers}). Received: replicas_to_aggregate="
+                          f"{replicas_to_aggregate!r}")
     return k
 
 
@@ -73,21 +65,23 @@ def sync_replicas(model, replicas_to_aggregate: int | None = None):
 
     Args:
         model: built under ``ParameterServerStrategy.scope()``.
-        replicas_to_aggregate: K, gradients averaged per step, ``1 <= K <= workers``; None: all
-            workers (no backup workers).
+        replicas_to_aggregate: K, gradients averaged per step (``1 <= K <=`` workers); None: all.
 
     Returns:
-        ``model``, whose ``fit`` (after ``kerasdist.enable()``) now trains synchronously.
+        ``model``; its ``fit`` (after ``kerasdist.enable()``) trains synchronously.
 
     Raises:
-        ValueError: not a parameter-server model; RecipeError: a bad ``replicas_to_aggregate``.
+        ValueError: not a parameter-server model. RecipeError: a bad ``replicas_to_aggregate``.
     """
-    from kerasdist.keras.ps_fit import cluster_spec, is_parameter_server
+    import tensorflow as tf
 
-    if not is_parameter_server(model.distribute_strategy):
+    from kerasdist._compat import internals
+
+    strategy = model.distribute_strategy
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
         raise ValueError("sync_replicas needs a model built inside ParameterServerStrategy.scope()."
-                         f" Received: distribute_strategy={type(model.distribute_strategy).__name__}")
-    workers = cluster_spec(model.distribute_strategy).num_tasks("worker")
+                         f" Received: distribute_strategy={type(strategy).__name__}")
+    workers = internals.cluster_resolver(strategy).cluster_spec().num_tasks("worker")
     setattr(model, _ATTR, check_replicas(replicas_to_aggregate, workers))
     return model
 
@@ -97,56 +91,45 @@ def replicas_to_aggregate(model) -> int | None:
     return getattr(model, _ATTR, None)
 
 
-# ------------------------------------------------------------------------------ input (coordinator)
-def _split(batch, parts: int) -> list:
-    """``batch`` (a nest of tensors) cut along axis 0 into ``parts`` slices differing by at most
-    one example; empty slices left out."""
-    import tensorflow as tf
-
-    rows = int(tf.shape(tf.nest.flatten(batch)[0])[0])
-    sizes = [rows // parts + (i < rows % parts) for i in range(parts)]
-    starts = [sum(sizes[:i]) for i in range(parts)]
-    return [tf.nest.map_structure(lambda t, a=a, n=n: t[a:a + n], batch)
-            for a, n in zip(starts, sizes, strict=True) if n]
-
-
-@dataclass
 class SyncInput:
-    """An endless ``tf.data`` input read on the coordinator; iterating yields each step's list
-    of ``(slice, scale)`` (see module docs). ``element_spec`` is one slice's."""
+    """An endless ``tf.data`` input read on the coordinator; each element gives one step's
+    ``[(slice, scale)]``: the N elements of a zipped dataset function's pipelines, or a global
+    batch cut along axis 0 into N slices differing by at most one example (empty ones left out).
+    ``element_spec`` is one slice's."""
 
-    dataset: Any
-    zipped: bool  # elements are tuples of N slices (a dataset function's N pipelines)
-    parts: int
-    element_spec: Any = None
-
-    def __post_init__(self):
-        spec = self.dataset.element_spec
-        self.element_spec = spec[0] if self.zipped else spec
+    def __init__(self, dataset, *, parts: int, zipped: bool):
+        self.dataset, self.parts, self.zipped = dataset, parts, zipped
+        self.element_spec = dataset.element_spec[0] if zipped else dataset.element_spec
 
     def __iter__(self):
         import tensorflow as tf
 
+        rows = lambda nest: int(tf.shape(tf.nest.flatten(nest)[0])[0])  # noqa: E731
         for element in self.dataset:
-            slices = list(element) if self.zipped else _split(element, self.parts)
-            sizes = [int(tf.shape(tf.nest.flatten(s)[0])[0]) for s in slices]
-            total = sum(sizes)
-            yield [(s, n * len(slices) / total) for s, n in zip(slices, sizes, strict=True) if n]
+            if self.zipped:
+                slices = list(element)
+            else:
+                n = rows(element)
+                sizes = [n // self.parts + (i < n % self.parts) for i in range(self.parts)]
+                pieces = [tf.split(t, sizes) for t in tf.nest.flatten(element)]
+                slices = [tf.nest.pack_sequence_as(element, [p[i] for p in pieces])
+                          for i, size in enumerate(sizes) if size]
+            sizes = [rows(s) for s in slices]
+            yield [(s, n * len(slices) / sum(sizes)) for s, n in zip(slices, sizes, strict=True)]
 
 
 def train_input(x, y=None, *, sample_weight=None, batch_size=None, shuffle: bool = False,
-                num_workers: int):
-    """``(PSInput, SyncInput)`` of ``fit``'s training input: the first for the checks and the
-    steps of one pass (:func:`kerasdist.keras.ps_input.resolve_steps`), the second to train on.
+                class_weight=None, steps_per_epoch=None, num_workers: int):
+    """``(steps per epoch, SyncInput)`` of ``fit``'s training input (arguments as Keras's).
 
-    Args:
-        x: a dataset function (called here with ``InputContext`` ``i`` of ``num_workers``,
-            ``num_replicas_in_sync=num_workers``), a ``tf.data.Dataset`` of global batches or arrays
-            (with ``y``, ``sample_weight``, batched by ``batch_size``, default 32, shuffled every
-            pass when ``shuffle``).
+    A dataset function is called here once per slice, with ``InputContext`` ``i`` of
+    ``num_workers`` and ``num_replicas_in_sync=num_workers`` (per-replica batches); a
+    ``tf.data.Dataset`` gives global batches; arrays are batched by ``batch_size`` (default 32),
+    shuffled every pass when ``shuffle``. Every input is repeated.
 
     Raises:
-        ValueError, UnsupportedFeatureError: as :func:`kerasdist.keras.ps_input.to_ps_input`.
+        UnsupportedFeatureError: ``class_weight`` (pass ``sample_weight``).
+        ValueError: as :func:`kerasdist.keras.ps_input.to_ps_input` and ``resolve_steps``.
     """
     import dataclasses
     import math
@@ -155,69 +138,62 @@ def train_input(x, y=None, *, sample_weight=None, batch_size=None, shuffle: bool
 
     from kerasdist.keras import ps_input
 
+    if class_weight:
+        raise UnsupportedFeatureError("`class_weight` is not supported by synchronous "
+                                      "parameter-server training (strategy.sync); pass per-example "
+                                      f"`sample_weight`. Received: class_weight={class_weight!r}")
     checked = ps_input.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
                                    num_workers=num_workers)
     if checked.kind == "dataset_fn":
-        contexts = [tf.distribute.InputContext(num_workers, i, num_workers)
-                    for i in range(num_workers)]
-        zipped = tf.data.Dataset.zip(tuple(x(context) for context in contexts))
-        return checked, SyncInput(zipped.repeat(), zipped=True, parts=num_workers)
-    if checked.kind == "dataset":
+        dataset = tf.data.Dataset.zip(tuple(x(tf.distribute.InputContext(num_workers, i,
+                                                                         num_workers))
+                                            for i in range(num_workers)))
+    elif checked.kind == "dataset":
         dataset = x
+        checked = dataclasses.replace(checked, batches=int(x.cardinality().numpy()))
     else:
         data = ps_input.pack_arrays(x, y, sample_weight)
-        dataset = tf.data.Dataset.from_tensor_slices(data)
         count = len(tf.nest.flatten(data)[0])
-        if shuffle:
-            dataset = dataset.shuffle(count, reshuffle_each_iteration=True)
+        dataset = tf.data.Dataset.from_tensor_slices(data)
+        dataset = dataset.shuffle(count, reshuffle_each_iteration=True) if shuffle else dataset
         dataset = dataset.batch(batch_size or 32)
         checked = dataclasses.replace(checked, batches=math.ceil(count / (batch_size or 32)))
-    if checked.kind == "dataset":
-        checked = dataclasses.replace(checked, batches=int(dataset.cardinality().numpy()))
-    return checked, SyncInput(dataset.repeat(), zipped=False, parts=num_workers)
+    steps = ps_input.resolve_steps(steps_per_epoch, checked, argument="steps_per_epoch",
+                                   training=True)
+    return steps, SyncInput(dataset.repeat(), parts=num_workers,
+                            zipped=checked.kind == "dataset_fn")
 
 
-# ---------------------------------------------------------------------------- the accumulators
 @dataclass
 class SyncStep:
-    """One synchronous ``fit``: the accumulators, the traced functions and the step counts.
-
-    Attributes:
-        k: gradients averaged per step (K); ``parts``: slices per step (N, the workers).
-        variables: the model's trainable variables; ``accumulators[i]``: ``(handle, rows)`` of
-            each shard of ``variables[i]``; ``mask``: the ``[N]`` slot accumulator.
-        used: indices of the variables ``train_step`` gives a gradient (known once traced).
-        step: the global step of the next update (``optimizer.iterations``).
-        scheduled / aggregated: calls scheduled and gradients averaged into updates, this fit.
-    """
+    """One synchronous ``fit``: K, N, the accumulators (``accumulators[i]``: ``(handle, rows)``
+    per shard of ``variables[i]``; ``mask``: the ``[N]`` slot accumulator), the variables with a
+    gradient (``used``, known once traced), the next global ``step``, the traced functions, and
+    the calls scheduled and gradients aggregated in this fit."""
 
     k: int
     parts: int
     variables: list
     accumulators: list
     mask: Any
-    step: int
+    step: int = 0
     used: list = field(default_factory=list)
     pushes: int = 0
-    refusal: str | None = None
+    refusal: str | None = None  # found while a call was traced (autograph would wrap an error)
     scheduled: int = 0
     aggregated: int = 0
     train_function: Any = None
     apply_function: Any = None
 
     def push(self, grads, variables, *, step, slot, scale):
-        """Push ``grads`` (one per variable, None skipped) into the accumulators, tagged
-        ``step``; then the one-hot of ``slot`` into :attr:`mask`. Traced on the coordinator.
-
-        A gradient for a variable that is not one of the model's trainable ones sets
-        :attr:`refusal` (raised by :func:`train_epoch`: autograph would wrap it here).
-        """
+        """Push ``grads`` (None skipped) into the accumulators tagged ``step``, then the one-hot
+        of ``slot`` into ``mask``. Traced on the coordinator."""
         import tensorflow as tf
 
         index = {id(v): i for i, v in enumerate(self.variables)}
-        variables = self.variables if variables is None else list(variables)
         pushed, self.used = [], []
-        for grad, variable in zip(grads, variables, strict=True):
+        for grad, variable in zip(grads, self.variables if variables is None else variables,
+                                  strict=True):
             if grad is None:
                 continue
             if id(variable) not in index:
@@ -227,7 +203,7 @@ class SyncStep:
                 continue
             i = index[id(variable)]
             grad = tf.convert_to_tensor(grad)  # IndexedSlices made dense
-            grad = grad * tf.cast(scale, grad.dtype)
+            grad *= tf.cast(scale, grad.dtype)
             shards = self.accumulators[i]
             pieces = tf.split(grad, [rows for _, rows in shards]) if len(shards) > 1 else [grad]
             pushed += [tf.raw_ops.ResourceAccumulatorApplyGradient(
@@ -255,7 +231,7 @@ class SyncStep:
         return grads, tf.math.count_nonzero(mask)
 
     def set_step(self, step: int) -> None:
-        """Drop gradients tagged before ``step`` from now on (every accumulator)."""
+        """From now on, drop gradients tagged before ``step`` (every accumulator)."""
         import tensorflow as tf
 
         self.step = step
@@ -264,16 +240,9 @@ class SyncStep:
                                                         new_global_step=tf.constant(step, tf.int64))
 
 
-def _accumulator(variable, name: str):
-    import tensorflow as tf
-
-    with tf.device(variable.device):
-        return tf.raw_ops.ResourceConditionalAccumulator(
-            dtype=variable.dtype, shape=variable.shape, shared_name=name, reduction_type="MEAN")
-
-
-def start(run) -> SyncStep:
-    """Create the accumulators of ``run.model`` (on their variables' ps) and trace nothing yet.
+def start(run, step: int) -> SyncStep:
+    """The accumulators of ``run.model`` (each on its variable's or shard's ps) at global
+    ``step``, and the functions (traced when first called).
 
     Raises:
         UnsupportedFeatureError: ``steps_per_execution > 1`` (a step is one round of N calls).
@@ -282,44 +251,42 @@ def start(run) -> SyncStep:
 
     from kerasdist._compat import internals
 
-    model = run.model
+    model, tag = run.model, f"kerasdist_sync_{uuid.uuid4().hex[:12]}"
     if int(getattr(model, "steps_per_execution", 1) or 1) > 1:
         raise UnsupportedFeatureError(
             "steps_per_execution > 1 is not supported by synchronous parameter-server training "
             "(strategy.sync): each step is one round of calls and one update on the ps. "
             f"Received: steps_per_execution={model.steps_per_execution}")
-    tag = f"kerasdist_sync_{uuid.uuid4().hex[:12]}"
+
+    def accumulator(name, dtype, shape, device):
+        with tf.device(device):
+            return tf.raw_ops.ResourceConditionalAccumulator(
+                dtype=dtype, shape=shape, shared_name=f"{tag}_{name}", reduction_type="MEAN")
+
     accumulators = []
     for i, variable in enumerate(model.trainable_variables):
         backing = internals.backing_variable(variable)
-        shards = list(getattr(backing, "variables", None) or [backing])
-        accumulators.append([(_accumulator(s, f"{tag}_{i}_{j}"), int(s.shape[0]) if s.shape.rank
-                              else 0) for j, s in enumerate(shards)])
-    iterations = internals.backing_variable(model.optimizer.iterations)
-    with tf.device(iterations.device):
-        mask = tf.raw_ops.ResourceConditionalAccumulator(
-            dtype=tf.float32, shape=[run.num_workers], shared_name=f"{tag}_mask",
-            reduction_type="MEAN")
+        accumulators.append([(accumulator(f"{i}_{j}", s.dtype, s.shape, s.device),
+                              s.shape[0] if s.shape.rank else 0)
+                             for j, s in enumerate(getattr(backing, "variables", None) or [backing])])
+    mask = accumulator("mask", tf.float32, [run.num_workers],
+                       internals.backing_variable(model.optimizer.iterations).device)
     state = SyncStep(k=replicas_to_aggregate(model), parts=run.num_workers,
                      variables=list(model.trainable_variables), accumulators=accumulators,
-                     mask=mask, step=0)
+                     mask=mask)
+    state.set_step(step)
     state.train_function = _train_function(model, run.strategy, state, run.counters)
     state.apply_function = _apply_function(model, run.strategy, state)
     return state
 
 
-# -------------------------------------------------------------------------------- the functions
 def _gradients(model, strategy, state, batch, step, slot, scale):
     """``train_step`` on ``batch`` with the optimizer's ``apply`` pushing (see module docs)."""
     import tensorflow as tf
 
-    optimizer = model.optimizer
-    pushes = state.pushes
-
-    def push(grads, trainable_variables=None):
-        state.push(grads, trainable_variables, step=step, slot=slot, scale=scale)
-
-    optimizer.apply = push  # an instance attribute, only while train_step is traced
+    optimizer, pushes = model.optimizer, state.pushes
+    optimizer.apply = lambda grads, trainable_variables=None: state.push(
+        grads, trainable_variables, step=step, slot=slot, scale=scale)  # only while traced
     try:
         logs = strategy.run(model.train_step, args=(batch,))
     finally:
@@ -333,25 +300,22 @@ def _gradients(model, strategy, state, batch, step, slot, scale):
 
 
 def _train_function(model, strategy, state, counters):
-    """``fn(batch, step, slot, scale) -> logs`` to schedule: the gradient call of one slice;
-    computes nothing (zeros as logs) once ``step`` was applied; counts itself in ``counters``
-    (its worker's row: ``steps`` +1 and ``examples`` when it computed)."""
+    """``fn(batch, step, slot, scale) -> logs``, the call of one slice: computes nothing (zeros
+    as logs) once ``step`` was applied; adds 1 and the slice's examples to its worker's row of
+    ``counters`` (``steps``, ``examples``) when it computed."""
     import tensorflow as tf
 
     def call(batch, step, slot, scale):
         fresh = tf.cast(tf.convert_to_tensor(model.optimizer.iterations), tf.int64) <= step
-        compute = tf.function(
-            lambda: _gradients(model, strategy, state, batch, step, slot, scale)
-        ).get_concrete_function()
-        zeros = tf.nest.map_structure(
-            lambda t: tf.zeros([d or 0 for d in t.shape], t.dtype), compute.structured_outputs)
-        logs = tf.cond(fresh, compute, lambda: zeros)
+        compute = tf.function(lambda: _gradients(model, strategy, state, batch, step, slot,
+                                                  scale)).get_concrete_function()
+        logs = tf.cond(fresh, compute, lambda: tf.nest.map_structure(
+            lambda t: tf.zeros([d or 0 for d in t.shape], t.dtype), compute.structured_outputs))
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
                          tf.int64)
         ran = tf.cast(fresh, tf.int64)
         rows = tf.cast(tf.shape(tf.nest.flatten(batch)[0])[0], tf.int64)
-        counted = counters.scatter_nd_add(tf.stack([[worker, 0], [worker, 2]]),
-                                          tf.stack([ran, ran * rows]))
+        counted = counters.scatter_nd_add([[worker, 0], [worker, 2]], tf.stack([ran, ran * rows]))
         with tf.control_dependencies([counted]):
             return tf.nest.map_structure(tf.identity, logs)
 
@@ -359,8 +323,8 @@ def _train_function(model, strategy, state, counters):
 
 
 def _apply_function(model, strategy, state):
-    """``fn(k) -> gradients aggregated``: take the means (waiting for ``k``) and apply them once
-    with the Keras optimizer, in cross-replica context (each update on its variable's ps)."""
+    """``fn(k) -> gradients aggregated``: take the means (waiting for ``k``), apply them once with
+    the Keras optimizer in cross-replica context (each update on its variable's ps)."""
     import tensorflow as tf
 
     from kerasdist._compat import internals
@@ -376,36 +340,33 @@ def _apply_function(model, strategy, state):
     return tf.function(apply)
 
 
-# ------------------------------------------------------------------------------------ the loop
 def _completed(values, k: int, asked):
-    """The logs of the first completed of ``values`` once ``k`` have completed (a call's error
-    raised), or None when a stop was asked (``asked()``) and they did not within
+    """The logs of the first completed of ``values`` once ``k`` have completed (a failed call's
+    error raised), or None when a stop was asked (``asked()``) and they did not complete within
     :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` seconds."""
     from kerasdist._compat import internals
     from kerasdist.keras.ps_stop import STOP_JOIN_S
 
     events = [internals.remote_value_event(v) for v in values]
     deadline, order = None, []
-    while True:
-        order += [i for i, e in enumerate(events) if i not in order and e.is_set()]
-        if len(order) >= k:
-            break
+    while len(order) < k:
         if deadline is None and asked():
             deadline = time.monotonic() + STOP_JOIN_S
         if deadline is not None and time.monotonic() > deadline:
             return None
         next(e for i, e in enumerate(events) if i not in order).wait(POLL_S)
-    logs = [values[i].fetch() for i in order]  # raises a failed call's error
-    return logs[0]
+        order += [i for i, e in enumerate(events) if i not in order and e.is_set()]
+    return [values[i].fetch() for i in order][0]  # fetch raises a failed call's error
 
 
 def train_epoch(run, iterator, *, steps: int, callbacks):
-    """Run ``steps`` synchronous steps (see module docs); return ``(last logs, PSStats)``.
+    """Run ``steps`` synchronous steps; return ``(last logs, PSStats)``, as
+    :func:`kerasdist.keras.ps_loop.train_epoch` (batch callbacks per step, ``model.stop_training``
+    ends the epoch, a step saver saves every ``every_steps`` global steps). The stats' ``sync``
+    holds K, N and this epoch's calls (``gradients``), ``aggregated`` and ``dropped``.
 
-    As :func:`kerasdist.keras.ps_loop.train_epoch`: batch callbacks per step, a stop
-    (``model.stop_training``) ends the epoch, a step saver saves every ``every_steps`` global
-    steps (nothing is in flight but dropped gradients). The stats' ``sync`` holds K, N, calls
-    scheduled, gradients aggregated and dropped.
+    Raises:
+        UnsupportedFeatureError: a ``train_step`` that does not apply the optimizer once.
     """
     import tensorflow as tf
 
@@ -423,15 +384,15 @@ def train_epoch(run, iterator, *, steps: int, callbacks):
             batch, step, tf.constant(slot, tf.int32), tf.constant(scale, tf.float32)))
             for slot, (batch, scale) in enumerate(next(iterator))]
         state.scheduled += len(values)
-        if state.refusal:  # found while the call was traced
+        if state.refusal:
             raise UnsupportedFeatureError(state.refusal)
-        last = _completed(values, min(state.k, len(values)), asked)
-        if last is None:
+        k = min(state.k, len(values))
+        logs = _completed(values, k, asked)
+        if logs is None:
             ps_stop.go_on_without(run, values)
             break
-        state.aggregated += int(state.apply_function(tf.constant(min(state.k, len(values)))))
+        state.aggregated += int(state.apply_function(tf.constant(k)))
         state.step += 1
-        logs = last
         callbacks.on_train_batch_end(done, logs)
         done += 1
         if saver is not None and done < steps and state.step % saver.every_steps == 0:
@@ -445,4 +406,4 @@ def train_epoch(run, iterator, *, steps: int, callbacks):
     calls, taken = state.scheduled - scheduled, state.aggregated - aggregated
     stats.sync = {"replicas_to_aggregate": state.k, "num_workers": state.parts,
                   "gradients": calls, "aggregated": taken, "dropped": calls - taken}
-    return logs, stats
+    return logs or {}, stats
