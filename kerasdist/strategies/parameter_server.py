@@ -14,6 +14,8 @@ https://www.tensorflow.org/tutorials/distribute/parameter_server_training
 
 from __future__ import annotations
 
+import weakref
+
 from kerasdist.config.schema import ParameterServerStrategyConfig
 from kerasdist.errors import ClusterError
 from kerasdist.strategies.base import Strategy
@@ -85,6 +87,9 @@ def build(config, *, cluster_resolver=None, **_):
         resolver, variable_partitioner=make_partitioner(config, num_ps))
 
 
+_SYNC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # built with strategy.sync: K
+
+
 class ParameterServerStrategy(Strategy):
     """``strategy.kind: parameter_server``: ps and worker tasks serve; the chief runs kerasdist's
     coordinator loop (:class:`kerasdist.strategies.loops.CoordinatorLoop`)."""
@@ -93,7 +98,10 @@ class ParameterServerStrategy(Strategy):
     config_class = ParameterServerStrategyConfig
 
     def build(self, config, *, cluster_resolver=None):
-        return build(config, cluster_resolver=cluster_resolver)
+        strategy = build(config, cluster_resolver=cluster_resolver)
+        if config.sync is not None:
+            _SYNC[strategy] = config.sync.replicas_to_aggregate
+        return strategy
 
     def replicas_before_start(self, recipe) -> int | None:
         """Synchronous mode on a local cluster: the workers (the global batch splits over them)."""
@@ -122,13 +130,12 @@ class ParameterServerStrategy(Strategy):
 
     def make_input(self, recipe, tf_strategy):
         """The resumable streams every strategy uses (:func:`kerasdist.data.inputs.build_data`),
-        one per worker: asynchronous, each step one worker's whole batch; synchronous
-        (``strategy.sync``), each step one per-replica batch of every pipeline, read by the
-        coordinator.
+        one per worker: each step one worker's whole batch (``asynchronous=True``), or with
+        ``strategy.sync`` one per-replica batch of every pipeline (read by the coordinator).
 
         Raises:
             RecipeError: ``gradient_accumulation_steps > 1``; ``replicas_to_aggregate`` above the
-                workers, or a global batch that does not split over them (synchronous).
+                workers (before the run directory is claimed).
         """
         from kerasdist.data.inputs import build_data
         from kerasdist.keras.accumulation import refuse
@@ -166,4 +173,7 @@ class ParameterServerStrategy(Strategy):
         from kerasdist.keras.ps_fit import cluster_spec
 
         spec = cluster_spec(tf_strategy)
-        return f"{spec.num_tasks('worker')} worker(s) and {spec.num_tasks('ps')} ps (asynchronous)"
+        workers = spec.num_tasks("worker")
+        mode = (f"synchronous, {_SYNC[tf_strategy] or workers} of {workers} gradients per step"
+                if tf_strategy in _SYNC else "asynchronous")
+        return f"{workers} worker(s) and {spec.num_tasks('ps')} ps ({mode})"

@@ -190,3 +190,16 @@ def test_what_the_mode_cannot_honour_is_refused_naming_it(ps_strategy):
     ps_sync.sync_replicas(custom)
     with pytest.raises(UnsupportedFeatureError, match="exactly once.*Received: 0 applies"):
         custom.fit(IDS, PARITY, batch_size=20, verbose=0)
+
+
+@pytest.mark.timeout(120)
+def test_the_start_line_says_synchronous_with_k_of_n(inprocess_ps_cluster):
+    from kerasdist.config.strategy_configs import ParameterServerStrategyConfig
+    from kerasdist.strategies import registry
+
+    strategy = registry.get("parameter_server")
+    for sync, mode in (({"replicas_to_aggregate": 1}, "synchronous, 1 of 2 gradients per step"),
+                       ({}, "synchronous, 2 of 2 gradients per step"), (None, "asynchronous")):
+        config = ParameterServerStrategyConfig(sync=sync)
+        built = strategy.build(config, cluster_resolver=inprocess_ps_cluster.cluster_resolver)
+        assert strategy.describe(built) == f"2 worker(s) and 2 ps ({mode})"
