@@ -41,6 +41,10 @@ CONFIGS = {
 }
 
 
+COLORS = {"multi_worker": "tab:blue", "sync K=3": "tab:orange", "sync K=2": "tab:green",
+          "async": "tab:red"}
+
+
 def recipe(name: str, args, folder: Path) -> Path:
     raw = yaml.safe_load((REPO / "recipes" / "mnist_cnn_ps.yaml").read_text())
     asynchronous = name == "async"
@@ -137,11 +141,12 @@ def plot(results: list[dict], args, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for r in results:
         if "error" not in r:
-            ax.plot(r["epoch_end_s"], r["val_accuracy"], marker="o", label=r["config"])
+            ax.plot(r["epoch_end_s"], r["val_accuracy"], marker="o", label=r["config"],
+                    color=COLORS.get(r["config"]))
     ax.axhline(args.target, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("seconds of training (validation included)")
     ax.set_ylabel("held-out accuracy")
-    ax.set_title("seed CNN, 3 workers, worker:2 slowed ~3x")
+    ax.set_title("seed CNN, 3 workers" + (", worker:2 slowed ~3x" if args.duty < 1 else ""))
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
