@@ -63,7 +63,7 @@ def recipe(name: str, args, folder: Path) -> Path:
 
 
 def worker_process(launcher: int, name: str):
-    from kerasdist.launch.task_logs import local_task
+    from kerasdist._task_logs import local_task
 
     for child in psutil.Process(launcher).children(recursive=True):
         found = local_task(child.pid)
