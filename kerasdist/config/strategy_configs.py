@@ -120,6 +120,16 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
         "see kerasdist.keras.compression.")
 
 
+class SyncConfig(Frozen):
+    """Synchronous steps with backup workers (``tf.compat.v1.train.SyncReplicasOptimizer``'s
+    scheme; Chen et al., "Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981)."""
+
+    replicas_to_aggregate: int | None = Field(
+        None, ge=1, description="K, gradients averaged per step, 1 <= K <= workers; null = every "
+        "worker (K = N: the strategy-free weights). With K < N, N - K workers are backups: the "
+        "slowest N - K gradients of each step are dropped.")
+
+
 class ParameterServerStrategyConfig(StrategyConfigBase):
     """Asynchronous data parallelism with parameter servers (``ParameterServerStrategy``).
 
@@ -150,6 +160,27 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
         60.0, gt=0, le=86_400, description="Seconds a ps or worker task may stay unreachable or "
         "hung before it is lost (detected within this plus 7 s): a local cluster kills and "
         "restarts it; elsewhere the task watching it exits 1 naming it. null = never.")
+    sync: SyncConfig | None = Field(
+        None, description="Train synchronously: every worker computes the gradient of its slice "
+        "of the global batch from the same weights; the mean of the first replicas_to_aggregate "
+        "to arrive is applied once on the ps, later ones are dropped and counted "
+        "(kerasdist.keras.ps_sync). null = asynchronous. steps_per_execution must stay 1.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sync_default_steps(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("sync") is not None:
+            return {"steps_per_execution": 1, **data}  # sync: 1 unless given (then refused)
+        return data
+
+    @model_validator(mode="after")
+    def _one_step_per_round(self) -> ParameterServerStrategyConfig:
+        if self.sync is not None and self.steps_per_execution > 1:
+            raise ValueError(
+                "strategy.steps_per_execution must be 1 with strategy.sync (each synchronous step "
+                "is one round of calls and one update on the ps). Received: "
+                f"steps_per_execution={self.steps_per_execution}")
+        return self
 
 
 _STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {

@@ -47,7 +47,7 @@ from typing import Any
 
 from kerasdist._compat import internals, keras_ps_atomic_assign, tf_coordinator_copies
 from kerasdist.keras import ps_input as ps_data
-from kerasdist.keras import ps_loop, ps_steps
+from kerasdist.keras import ps_loop, ps_steps, ps_sync
 from kerasdist.keras.callbacks import MetricsProgbar
 from kerasdist.keras.ps_class_weight import class_weighted
 
@@ -249,10 +249,11 @@ def _split_validation(x, y, sample_weight, validation_split: float, validation_d
 
 def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validation, freq):
     model, total, training_logs = run.model, ps_loop.PSStats(run.num_workers), None
+    train_epoch = ps_loop.train_epoch if run.sync is None else ps_sync.train_epoch
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
-        last_logs, stats = ps_loop.train_epoch(run, iterator, steps=steps, callbacks=callbacks)
+        last_logs, stats = train_epoch(run, iterator, steps=steps, callbacks=callbacks)
         epoch_logs = ps_loop.metrics_logs(model, last_logs)
         epoch_logs.update(stats.logs(ps_loop.global_step(model)))
         if validation is not None and _should_validate(epoch, freq) and not run.stuck:
@@ -265,6 +266,26 @@ def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validatio
         if model.stop_training:
             break
     return training_logs, total
+
+
+def _train_input(run, x, y, *, sample_weight, batch_size, shuffle, class_weight, steps_per_epoch):
+    """``(steps per epoch, training input)``: per-worker datasets, or in synchronous mode the
+    coordinator's slices (:func:`kerasdist.keras.ps_sync.train_input`)."""
+    if ps_sync.replicas_to_aggregate(run.model) is not None:
+        return ps_sync.train_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                   shuffle=shuffle, class_weight=class_weight,
+                                   steps_per_epoch=steps_per_epoch, num_workers=run.num_workers)
+    if class_weight:
+        train_in = class_weighted(x, y, sample_weight=sample_weight, class_weight=class_weight,
+                                  batch_size=batch_size, shuffle=shuffle,
+                                  num_workers=run.num_workers)
+    else:
+        train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                       shuffle=shuffle, num_workers=run.num_workers)
+    steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
+                                  training=True)
+    return steps, ps_data.make_per_worker_dataset(run.coordinator, train_in,
+                                                  num_workers=run.num_workers, repeat=True)
 
 
 def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="auto",
@@ -294,26 +315,21 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
     x, y, sample_weight, validation_data = _split_validation(x, y, sample_weight, validation_split,
                                                              validation_data)
     run = _start(model, training=True)
-    if class_weight:
-        train_in = class_weighted(x, y, sample_weight=sample_weight, class_weight=class_weight,
-                                  batch_size=batch_size, shuffle=shuffle,
-                                  num_workers=run.num_workers)
-    else:
-        train_in = ps_data.to_ps_input(x, y, sample_weight=sample_weight, batch_size=batch_size,
-                                       shuffle=shuffle, num_workers=run.num_workers)
-    steps = ps_data.resolve_steps(steps_per_epoch, train_in, argument="steps_per_epoch",
-                                  training=True)
-    train_ds = ps_data.make_per_worker_dataset(run.coordinator, train_in,
-                                               num_workers=run.num_workers, repeat=True)
+    steps, train_ds = _train_input(run, x, y, sample_weight=sample_weight, batch_size=batch_size,
+                                   shuffle=shuffle, class_weight=class_weight,
+                                   steps_per_epoch=steps_per_epoch)
     _build(run, train_ds)
     with _atomic_updates(run):
         validation = None if validation_data is None else _eval_input(
             run, validation_data, steps=validation_steps, batch_size=validation_batch_size,
             argument="validation_data", steps_argument="validation_steps")
         run.counters = ps_steps.make_counters(model, run.strategy, run.num_workers)
-        run.train_function = ps_steps.make_train_function(
-            model, run.strategy, counters=run.counters,
-            steps_per_execution=int(model.steps_per_execution or 1))
+        if ps_sync.replicas_to_aggregate(model) is None:
+            run.train_function = ps_steps.make_train_function(
+                model, run.strategy, counters=run.counters,
+                steps_per_execution=int(model.steps_per_execution or 1))
+        else:
+            run.sync = ps_sync.start(run, ps_loop.global_step(model))
         run.test_function = ps_steps.make_test_function(model, run.strategy)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = list(callbacks or [])

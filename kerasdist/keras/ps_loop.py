@@ -71,6 +71,7 @@ class PSStats:
         # the timing tf_keras's own PS fit allows, used by ``kerasdist bench`` to compare.
         self.epoch_seconds: list[float] = []
         self.epoch_examples: list[int] = []
+        self.sync: dict | None = None  # synchronous mode: K, N, gradients, aggregated, dropped
 
     @property
     def steps(self) -> int:
@@ -106,6 +107,10 @@ class PSStats:
         self.staleness_max = max(self.staleness_max, other.staleness_max)
         self.epoch_seconds += other.epoch_seconds
         self.epoch_examples += other.epoch_examples
+        if other.sync:
+            mine = self.sync or {**other.sync, "gradients": 0, "aggregated": 0, "dropped": 0}
+            self.sync = {**mine, **{key: mine[key] + other.sync[key]
+                                    for key in ("gradients", "aggregated", "dropped")}}
 
     @property
     def whole_epoch_examples_per_sec(self) -> float | None:
@@ -125,6 +130,9 @@ class PSStats:
                 "ps_staleness_max": float(self.staleness_max)}
         for i, n in enumerate(self.steps_per_worker):
             logs[f"ps_steps_worker_{i}"] = float(n)
+        if self.sync:
+            logs.update(ps_sync_aggregated=float(self.sync["aggregated"]),
+                        ps_sync_dropped=float(self.sync["dropped"]))
         return logs
 
     def summary(self, global_step: int) -> dict[str, Any]:
@@ -135,7 +143,8 @@ class PSStats:
                 "whole_epoch_examples_per_sec": self.whole_epoch_examples_per_sec,
                 "epoch_seconds": list(self.epoch_seconds),
                 "epoch_examples": list(self.epoch_examples), "staleness_mean": self.staleness_mean,
-                "staleness_max": int(self.staleness_max)}
+                "staleness_max": int(self.staleness_max),
+                **({"sync": dict(self.sync)} if self.sync else {})}
 
 
 @dataclass
@@ -150,6 +159,7 @@ class PSRun:
     train_function: Any = None
     test_function: Any = None
     counters: Any = None
+    sync: Any = None  # synchronous mode: the kerasdist.keras.ps_sync.SyncStep
     stuck: bool = False  # a stop left calls in flight (a worker that does not answer)
 
     @property

@@ -190,7 +190,9 @@ class CoordinatorLoop:
                              *saver, *run.callbacks]
                 for first, last, steps, stream_step in fit_phases(
                         run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
-                    skip = math.ceil(stream_step / workers)  # each worker's share of the steps
+                    # each worker's share of the steps; synchronous: every pipeline, every step
+                    sync = getattr(recipe.strategy, "sync", None)
+                    skip = stream_step if sync else math.ceil(stream_step / workers)
                     hist = ps_fit.fit(run.model, _skipping(data.train_fn, skip), epochs=last,
                                       initial_epoch=first, steps_per_epoch=steps,
                                       validation_data=None if watch.requested else eval_fn,

@@ -14,6 +14,8 @@ https://www.tensorflow.org/tutorials/distribute/parameter_server_training
 
 from __future__ import annotations
 
+import weakref
+
 from kerasdist.config.schema import ParameterServerStrategyConfig
 from kerasdist.errors import ClusterError
 from kerasdist.strategies.base import Strategy
@@ -85,6 +87,9 @@ def build(config, *, cluster_resolver=None, **_):
         resolver, variable_partitioner=make_partitioner(config, num_ps))
 
 
+_SYNC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # built with strategy.sync: K
+
+
 class ParameterServerStrategy(Strategy):
     """``strategy.kind: parameter_server``: ps and worker tasks serve; the chief runs kerasdist's
     coordinator loop (:class:`kerasdist.strategies.loops.CoordinatorLoop`)."""
@@ -93,7 +98,31 @@ class ParameterServerStrategy(Strategy):
     config_class = ParameterServerStrategyConfig
 
     def build(self, config, *, cluster_resolver=None):
-        return build(config, cluster_resolver=cluster_resolver)
+        strategy = build(config, cluster_resolver=cluster_resolver)
+        if config.sync is not None:
+            _SYNC[strategy] = config.sync.replicas_to_aggregate
+        return strategy
+
+    def replicas_before_start(self, recipe) -> int | None:
+        """Synchronous mode on a local cluster: the workers (the global batch splits over them)."""
+        sync = recipe.strategy.sync is not None and recipe.cluster.traits.supervised
+        return recipe.cluster.workers if sync else None
+
+    def preflight(self, recipe) -> None:
+        """Also refuse ``trainer.gradient_accumulation_steps > 1``, and a
+        ``strategy.sync.replicas_to_aggregate`` above the workers of a local cluster.
+
+        Raises:
+            RecipeError: naming the field and the received value.
+        """
+        from kerasdist.keras.accumulation import refuse
+        from kerasdist.keras.ps_sync import check_replicas
+
+        super().preflight(recipe)
+        refuse(recipe, self.kind)
+        workers = self.replicas_before_start(recipe)
+        if workers:
+            check_replicas(recipe.strategy.sync.replicas_to_aggregate, workers)
 
     def num_input_pipelines(self, tf_strategy) -> int:
         """One input pipeline per worker task."""
@@ -101,16 +130,33 @@ class ParameterServerStrategy(Strategy):
 
     def make_input(self, recipe, tf_strategy):
         """The resumable streams every strategy uses (:func:`kerasdist.data.inputs.build_data`),
-        one per worker, each step one worker's whole batch (``asynchronous=True``)."""
+        one per worker: each step one worker's whole batch (``asynchronous=True``), or with
+        ``strategy.sync`` one per-replica batch of every pipeline (read by the coordinator).
+
+        Raises:
+            RecipeError: ``gradient_accumulation_steps > 1``; ``replicas_to_aggregate`` above the
+                workers (before the run directory is claimed).
+        """
         from kerasdist.data.inputs import build_data
         from kerasdist.keras.accumulation import refuse
+        from kerasdist.keras.ps_sync import check_replicas
 
         refuse(recipe, self.kind)  # trainer.gradient_accumulation_steps > 1
-        return build_data(recipe, replicas=1, pipelines=self.num_input_pipelines(tf_strategy),
-                          asynchronous=True)
+        workers = self.num_input_pipelines(tf_strategy)
+        if recipe.strategy.sync is None:
+            return build_data(recipe, replicas=1, pipelines=workers, asynchronous=True)
+        check_replicas(recipe.strategy.sync.replicas_to_aggregate, workers)
+        return build_data(recipe, replicas=workers, pipelines=workers)
 
     def compile_kwargs(self, config) -> dict:
         return {"steps_per_execution": config.steps_per_execution}
+
+    def prepare_model(self, model, config) -> None:
+        """Synchronous mode: :func:`kerasdist.keras.ps_sync.sync_replicas`."""
+        if config.sync is not None:
+            from kerasdist.keras.ps_sync import sync_replicas
+
+            sync_replicas(model, config.sync.replicas_to_aggregate)
 
     def make_loop(self):
         from kerasdist.strategies.loops import CoordinatorLoop
@@ -127,4 +173,7 @@ class ParameterServerStrategy(Strategy):
         from kerasdist.keras.ps_fit import cluster_spec
 
         spec = cluster_spec(tf_strategy)
-        return f"{spec.num_tasks('worker')} worker(s) and {spec.num_tasks('ps')} ps (asynchronous)"
+        workers = spec.num_tasks("worker")
+        mode = (f"synchronous, {_SYNC[tf_strategy] or workers} of {workers} gradients per step"
+                if tf_strategy in _SYNC else "asynchronous")
+        return f"{workers} worker(s) and {spec.num_tasks('ps')} ps ({mode})"

@@ -151,9 +151,11 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None,
 
     run_dir = RunDir(result.run_dir)
     ev = result.evaluation
-    where = (f"{result.num_replicas} worker(s), asynchronous"
-             if registry.get(result.strategy).traits.needs_ps
-             else f"{result.num_replicas} replica(s)")
+    sync = (result.extra.get("parameter_server") or {}).get("sync")
+    where = (f"{result.num_replicas} replica(s)" if not registry.get(result.strategy).traits.needs_ps
+             else f"{result.num_replicas} worker(s), asynchronous" if not sync
+             else f"{result.num_replicas} worker(s), synchronous: {sync['replicas_to_aggregate']} "
+                  f"of {sync['num_workers']} gradients per step, {sync['dropped']} dropped")
     lines = ["", "=" * 64, "kerasdist run summary", "-" * 64,
              f"strategy           {result.strategy} ({where})", *_epochs_line(result)]
     for key in sorted(ev):

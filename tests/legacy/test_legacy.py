@@ -84,25 +84,40 @@ def _finish_kerasdist_fit(proc: subprocess.Popen, run_dir: Path, timeout: float)
     return json.loads((run_dir / "metrics.json").read_text())
 
 
-@pytest.mark.timeout(400)
-def test_sync_replicas_and_kerasdist_multi_worker_reach_the_same_w_and_b(tmp_path):
-    """Parity, seed 001: SyncReplicasOptimizer (1 ps + 2 workers) and kerasdist's
-    MultiWorkerMirroredStrategy recipe (2 workers, sync) both find W ~ 2 and b ~ 10."""
+def _linear_w_b(run_dir: Path) -> tuple[float, float]:
     import keras
 
+    model = keras.saving.load_model(run_dir / "model.keras")
+    kernel, bias = (float(v.numpy().ravel()[0]) for v in model.layers[0].weights)
+    return kernel, bias
+
+
+@pytest.mark.timeout(500)
+def test_sync_replicas_and_kerasdist_multi_worker_reach_the_same_w_and_b(tmp_path):
+    """Parity, seed 001: SyncReplicasOptimizer (1 ps + 2 workers), kerasdist's
+    MultiWorkerMirroredStrategy recipe (2 workers) and its synchronous parameter-server recipe
+    (1 ps + 2 workers, replicas_to_aggregate 2: the seed's own topology in TF2) all find W ~ 2
+    and b ~ 10; the two TF2 rows train on the same global batches, so they agree to float
+    rounding."""
     fit = _start_kerasdist_fit("linear_mwms.yaml", tmp_path / "kerasdist")
+    fit_ps = _start_kerasdist_fit("linear_ps_sync.yaml", tmp_path / "kerasdist_ps")
     try:
-        res = runner.run_sync_replicas(workers=2, train_steps=1000, timeout_s=200,
+        res = runner.run_sync_replicas(workers=2, train_steps=1000, timeout_s=300,
                                        run_dir=tmp_path / "legacy")
     finally:
-        metrics = _finish_kerasdist_fit(fit, tmp_path / "kerasdist", timeout=300)
+        metrics = _finish_kerasdist_fit(fit, tmp_path / "kerasdist", timeout=400)
+        metrics_ps = _finish_kerasdist_fit(fit_ps, tmp_path / "kerasdist_ps", timeout=400)
     assert abs(res["W"] - 2.0) < 0.1, res
     assert abs(res["b"] - 10.0) < 0.1, res
     assert metrics["strategy"] == "multi_worker" and metrics["num_replicas"] == 2
-    model = keras.saving.load_model(tmp_path / "kerasdist" / "model.keras")
-    kernel, bias = (float(v.numpy().ravel()[0]) for v in model.layers[0].weights)
+    kernel, bias = _linear_w_b(tmp_path / "kerasdist")
     assert abs(kernel - 2.0) < 0.1 and abs(bias - 10.0) < 0.1, (kernel, bias)
     assert abs(kernel - res["W"]) < 0.2 and abs(bias - res["b"]) < 0.2
+    sync = metrics_ps["parameter_server"]["sync"]
+    assert sync == {"replicas_to_aggregate": 2, "num_workers": 2, "gradients": 248,
+                    "aggregated": 248, "dropped": 0}, sync
+    ps_kernel, ps_bias = _linear_w_b(tmp_path / "kerasdist_ps")
+    assert abs(ps_kernel - kernel) < 1e-5 and abs(ps_bias - bias) < 1e-5, (ps_kernel, ps_bias)
     # both workers read the same shared W, b back from the ps
     for w, b in res["workers"].values():
         assert abs(w - res["W"]) < 0.05 and abs(b - res["b"]) < 0.1
