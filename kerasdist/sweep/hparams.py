@@ -1,17 +1,14 @@
-"""A sweep's trials in TensorBoard's HParams view: ``<output.dir>/tensorboard/trial-NNNN/``, one
-run per COMPLETE trial, holding its parameters (``tensorboard.plugins.hparams``: the session
-start, with the trial's name as its id) and its objective (a scalar named after
-``objective.metric``, at step 0). Open it with ``tensorboard --logdir <output.dir>/tensorboard``.
-
-A trial's run is written whole in ``<output.dir>/.tensorboard-tmp/`` and then renamed in, and only
-for a trial that has none, so a driver killed and run again neither repeats a trial nor leaves
-one out: the driver calls :func:`write_new` when it starts and after each trial ends.
+"""A sweep's COMPLETE trials in TensorBoard's HParams view: ``<output.dir>/tensorboard/trial-NNNN/``
+holds a trial's parameters (a ``tensorboard.plugins.hparams`` session, the folder's name as its
+id) and its objective (a scalar named after ``objective.metric``, at step 0). Each is written whole
+in ``<output.dir>/.tensorboard-tmp/`` and renamed in, only for a trial that has none, so a driver
+killed and run again neither repeats a trial nor leaves one out (:func:`write_new` runs when the
+driver starts and after each trial ends).
 """
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from kerasdist._log import get_logger
 from kerasdist.sweep.plan import SweepPlan
@@ -20,19 +17,15 @@ log = get_logger("sweep")
 FOLDER = "tensorboard"
 
 
-def write_new(plan: SweepPlan, study) -> list[Path]:
-    """Write the HParams run of each COMPLETE trial of ``study`` that has none yet.
-
-    Returns:
-        The run folders written. One that cannot be written is logged and left out (a viewer
-        does not end the sweep); the next call tries it again.
+def write_new(plan: SweepPlan, study) -> None:
+    """Write the HParams run of each COMPLETE trial of ``study`` that has none yet. One that cannot
+    be written is logged and left out (a viewer does not end the sweep); the next call tries again.
     """
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.plugins.hparams import api as hp
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     board, temp = plan.out / FOLDER, plan.out / f".{FOLDER}-tmp"
-    written = []
     for trial in study.get_trials(deepcopy=False):
         name = f"trial-{trial.number:04d}"
         if trial.state.name != "COMPLETE" or (board / name).exists():
@@ -50,7 +43,5 @@ def write_new(plan: SweepPlan, study) -> list[Path]:
             writer.close()
             board.mkdir(exist_ok=True)
             (temp / name).rename(board / name)
-            written.append(board / name)
         except OSError as err:
             log.warning(f"tensorboard: trial {trial.number} not written to {board}: {err}")
-    return written
