@@ -17,7 +17,7 @@ from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.config.cluster_configs import as_kind
 from kerasdist.errors import TaskFailedError
-from kerasdist.launch.plan import LaunchSpec, TaskPlan, clean_scratch
+from kerasdist.launch.plan import RECIPE_CHECKED_ENV, LaunchSpec, TaskPlan, clean_scratch
 from kerasdist.launch.supervisor import Supervisor
 from kerasdist.training.rundir import RunDir
 
@@ -77,7 +77,7 @@ def launch_spec(recipe: Recipe, *, overwrite: bool) -> LaunchSpec:
                       survivor_grace_s=min(10.0, recipe.strategy.timeout_s + 5),
                       check_workers=check_workers(recipe),
                       after_stop=clean_scratch([run_dir.checkpoints]),
-                      what="multi-worker training")
+                      task_env={RECIPE_CHECKED_ENV: "1"}, what="multi-worker training")
 
 
 def run_peers(recipe: Recipe, *, overwrite: bool) -> Supervisor:

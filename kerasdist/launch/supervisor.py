@@ -166,7 +166,8 @@ class Supervisor:
     def _start(self, plan: TaskPlan) -> Task:
         mark(f"spawn {plan.name}")
         task = self._launcher.start_process(plan.name, list(plan.argv), tf_config=plan.tf_config,
-                                            env={"TF_CONFIG": plan.tf_config.to_json()})
+                                            env={**self.spec.task_env,
+                                                 "TF_CONFIG": plan.tf_config.to_json()})
         self._states[id(task)] = TaskState.RUNNING
         (self._servers if plan.server else self._members).append(task)
         if self._echo is not None:
