@@ -9,7 +9,7 @@ import tensorflow as tf
 from kerasdist.config import validate_recipe
 from kerasdist.data import stream
 from kerasdist.data.inputs import build_streaming, resolve_shard_policy
-from kerasdist.data.sources import write_tfrecord
+from kerasdist.data.readers import write_tfrecord
 from kerasdist.data.sources.memory import memory_units
 from kerasdist.errors import RecipeError
 

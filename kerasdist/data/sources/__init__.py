@@ -13,32 +13,11 @@ Adding a source: one config class in :mod:`kerasdist.config.source_configs`, one
 one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in ``_BUILTIN`` below
 (docs/own-model-and-data.md, "Adding a source"). ``get(kind)`` gives a kind's object; an unknown
 kind is a ``DataError`` listing the ``available()`` ones.
-
-The readers of the in-memory formats are re-exported here under their former names
-(:mod:`kerasdist.data.readers`).
 """
 
 from __future__ import annotations
 
 from kerasdist._registry import LazyRegistry
-from kerasdist.data.readers import (  # noqa: F401 - the former names of kerasdist.data.sources
-    LINEAR_B,
-    LINEAR_W,
-    MNIST_IDX_FILES,
-    as_labels,
-    embedded_dir,
-    load_idx_split,
-    load_npz_split,
-    load_tfrecord_split,
-    parse_square_image,
-    parse_tfrecords,
-    read_idx,
-    sample_tfrecord_split,
-    synthetic_clicks,
-    synthetic_linear,
-    tfrecord_files,
-    write_tfrecord,
-)
 from kerasdist.errors import DataError
 
 _BUILTIN: dict[str, str] = {
