@@ -119,6 +119,18 @@ class LaunchSpec:
         return self.workers if self.min_workers is None else self.min_workers
 
 
+def worker_recipe(recipe, **cluster: Any) -> dict:
+    """The recipe a task of a cluster kerasdist starts runs (a Ray worker, a local task): this
+    one as a ``tf_config`` task (its role comes from the ``TF_CONFIG`` it is given), with the
+    resolved thread count and the ``cluster`` fields given."""
+    from kerasdist.config.cluster_configs import as_kind
+
+    data = recipe.model_dump(mode="json")
+    data["cluster"] = as_kind(recipe.cluster, "tf_config", threads_per_task=recipe.intra_op_threads(),
+                              **cluster).model_dump(mode="json")
+    return data
+
+
 @dataclass(frozen=True)
 class Failure:
     """How one attempt failed: the report (first failed task, what the others did, log tail),
@@ -233,6 +245,6 @@ def parse_worker_range(text: str) -> tuple[int, int]:
     return values
 
 
-__all__ = ["STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure", "LaunchSpec",
+__all__ = ["RECIPE_CHECKED_ENV", "STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure", "LaunchSpec",
            "TaskPlan", "TaskState", "bad_input_error", "clean_scratch", "parse_worker_range",
-           "stop_line", "tagged", "why"]
+           "stop_line", "tagged", "why", "worker_recipe"]

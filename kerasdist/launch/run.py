@@ -46,7 +46,6 @@ def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     strategy = registry.for_recipe(recipe)
     check_shape(recipe)
     run_dir = RunDir.of(recipe)
-    run_dir.check_path()
     # files, feature spec, columns, data.source.function, both splits: checked for every source kind
     per_worker = examples_per_worker(recipe)
     if per_worker < recipe.data.batch_size:

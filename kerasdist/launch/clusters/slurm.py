@@ -1,56 +1,16 @@
 """``cluster.kind: slurm``: every task of one Slurm job step (``srun``) is a kerasdist task, its
 role read from Slurm; a parameter-server job ends when its chief ends; a preempted job is
-requeued.
+requeued (docs/slurm.md: the job script, roles, the job's end, preemption and requeue).
 
-**Roles**, via TensorFlow's ``SlurmClusterResolver``. Run one kerasdist task per Slurm task, e.g.
-two nodes with one worker each::
-
-    srun --nodes=2 --ntasks-per-node=1 kerasdist fit recipe.yaml --set cluster.kind=slurm
-
-Each task reads ``SLURM_PROCID`` (its rank), ``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST`` and
-``SLURM_STEP_TASKS_PER_NODE``; TF's resolver expands the node list, gives the tasks on a node
-consecutive ports from ``cluster.port_base`` and assigns ranks to jobs in sorted job-name order
-(``chief`` < ``ps`` < ``worker``). kerasdist turns the result into a validated
-:class:`~kerasdist.cluster.spec.TFConfig`, so Slurm runs go through exactly the same code as
-``TF_CONFIG`` runs (:class:`SlurmKind` is a :class:`~.tf_config.ScheduledKind`). Source:
-https://www.tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/SlurmClusterResolver
-
-GPUs: kerasdist passes ``auto_set_gpu=False`` (it never writes ``CUDA_VISIBLE_DEVICES`` into its own
-environment); ask Slurm to bind GPUs per task instead (``srun --gpus-per-task=1``).
-
-**The job's end.** Slurm runs every task of a job step until it exits: a step of ``srun`` with a
-chief, ps and worker tasks would stay ``RUNNING`` while the ps and worker servers serve, long
-after the chief (the coordinator) has finished. So under ``cluster.kind: slurm``:
-
-* a **ps or worker** task serves (:func:`serve_until_chief_ends`) and watches the chief's gRPC port
-  (:func:`kerasdist.cluster.probe.probe`, every :data:`PERIOD_S` seconds). It exits **0** when the
-  chief releases it (:data:`RELEASE_SIGNAL`, see below) and **1** (naming ``chief:0``) when the
-  chief's port stops answering, after having answered, for :data:`GONE_AFTER_S` seconds without a
-  release (the chief failed or was killed), or never answers within ``startup_timeout_s``
-  seconds. SIGTERM (Slurm's ``scancel``, a requeue, the time limit) does not end it while the
-  chief runs: the chief may be saving a checkpoint whose variables live on the ps; once the chief
-  is gone the server exits 143 (terminated: the job is being cancelled or requeued, not a
-  failure of its own; Slurm's ``KillWait``, 30 s by default, bounds it otherwise).
-* the **chief**, after a successful run, releases the servers (:func:`release_servers`): it
-  sends :data:`RELEASE_SIGNAL` to every task of its job step (``scancel --signal=USR2
-  JOB.STEP``, ignoring it itself), then waits up to :data:`RELEASE_WAIT_S` seconds for their
-  ports to close before it exits 0. After a failure it releases nothing: the servers see its
-  port close and exit 1, and the step fails.
-
-**Preemption and requeue.** Slurm sends ``--signal=<SIG>@N`` (``cluster.preemption_signal``,
-default USR1) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
-Either stops training at one agreed step with a checkpoint (exit 130). Then task 0 (the chief)
-asks Slurm to requeue the job (:func:`after_preemption`: ``scontrol requeue $SLURM_JOB_ID``) when
-the job allows it (``sbatch --requeue``), ``SLURM_RESTART_COUNT`` is below
-``cluster.max_restarts`` and neither Slurm's own requeue nor a cancel is ending the job (one line
-says which: :func:`requeue_decision`); the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
-requeue to end them (so that their own exit cannot end the step before task 0 has asked). The
-requeued job runs the same command and resumes at the checkpoint's exact step. ps and worker
-servers ignore the signal (the chief needs them to save).
-
-All tasks must run in one ``srun`` step (``kerasdist export slurm`` writes one); the exported
-script also passes ``--kill-on-bad-exit=1``, so a chief that fails before training (bad input,
-exit 2) ends the step at once.
+* **Roles**: TensorFlow's ``SlurmClusterResolver`` (``auto_set_gpu=False``) read into a validated
+  :class:`~kerasdist.cluster.spec.TFConfig`, so a Slurm task runs the ``TF_CONFIG`` code
+  (:class:`SlurmKind` is a :class:`~.tf_config.ScheduledKind`).
+* **The job's end**: a ps or worker task serves until the chief releases it
+  (:func:`serve_until_chief_ends`, :data:`RELEASE_SIGNAL`) or its port stops answering; the
+  chief releases the servers after a successful run (:func:`release_servers`).
+* **Preemption and requeue**: the preemption signal or SIGTERM stops training at one agreed step
+  with a checkpoint; task 0 then asks Slurm to requeue the job within ``cluster.max_restarts``
+  (:func:`after_preemption`, :func:`requeue_decision`).
 """
 
 from __future__ import annotations
