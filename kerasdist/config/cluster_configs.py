@@ -1,7 +1,7 @@
 """The ``cluster`` section of a recipe: one frozen model per cluster kind, and their registry.
 
 Each config class holds only its kind's fields and declares its :class:`ClusterTraits` (who
-starts the tasks, where roles come from, restarts, elasticity, requeues, where a run enters);
+starts the tasks, where roles come from, elasticity, requeues, the strategy topologies it runs);
 :mod:`kerasdist.launch.clusters` registers the object that runs it. Code outside those two places
 reads traits, never a kind's name. A value a kind does not take from the recipe is a class
 constant (``this_process`` is one worker and no ps), so every kind answers ``workers``, ``ps``,
