@@ -45,7 +45,6 @@ class ClusterTraits:
         requeues: a preempted job is requeued by its scheduler; ``preemption_signal`` applies.
         supervised: kerasdist's own supervisor starts and watches the tasks as processes of this
             machine (task logs in ``<run_dir>/logs``, forked tasks, restarts).
-        releases_servers: ps and worker servers serve until the chief ends, which releases them.
         topologies: the strategy topologies (:class:`~kerasdist.config.strategy_configs.
             StrategyTraits`) it runs: ``single`` (one process) or ``peers`` and ``coordinator``.
         refusals: ``(topology, why)`` pairs: the reason given when a recipe asks this kind for a
@@ -57,7 +56,6 @@ class ClusterTraits:
     elastic: bool = False
     requeues: bool = False
     supervised: bool = False
-    releases_servers: bool = False
     topologies: tuple[str, ...] = ("peers", "coordinator")
     refusals: tuple[tuple[str, str], ...] = ()
 
@@ -174,8 +172,7 @@ class SlurmClusterConfig(ClusterConfigBase):
     """Each task takes its role from its Slurm job step (``SlurmClusterResolver``), one task per
     node or per ``srun`` task (``kerasdist export slurm``)."""
 
-    traits: ClassVar[ClusterTraits] = ClusterTraits(
-        roles_from_environment=True, requeues=True, releases_servers=True)
+    traits: ClassVar[ClusterTraits] = ClusterTraits(roles_from_environment=True, requeues=True)
     kind: Literal["slurm"] = "slurm"
     workers: int = Field(1, ge=1, description="When set, the job step's task count must match "
                          "(exit 2 otherwise).")

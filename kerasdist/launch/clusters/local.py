@@ -135,14 +135,10 @@ class LocalKind(ClusterKind):
     def _run_child(recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
         """Run the cluster in a child process (:func:`kerasdist.launch.isolation.run_isolated`).
 
-        A parameter-server coordinator (not elastic) that fails with a lost peer -- a transient
-        TensorFlow RPC error, a crash of the coordinator process itself -- is started again,
-        whole (servers and coordinator, in a fresh process), resuming from the last checkpoint,
-        while ``cluster.max_restarts`` lasts: the child's own supervisor restarts lost workers,
-        but TF's ``ClusterCoordinator`` cannot be rebuilt inside a process whose remote calls
-        failed. Each such restart spends one of ``cluster.max_restarts``; the child gets the
-        restarts left. A multi-worker child restarts its tasks itself (its supervisor), so it is
-        run once here.
+        A parameter-server child (not elastic) that fails with a lost peer is started again,
+        whole, from the last checkpoint while ``cluster.max_restarts`` lasts (TF's
+        ``ClusterCoordinator`` cannot be rebuilt in a process whose remote calls failed); each
+        restart spends one, the child gets the rest. A multi-worker child restarts its own tasks.
         """
         from kerasdist.errors import RETRYABLE, classify
         from kerasdist.launch.coordinator import elastic

@@ -133,12 +133,8 @@ def log_start(tf_config, max_restarts: int) -> None:
     """Log this task's Slurm job, step and restart count (a requeued job's tasks say so), and
     refuse a run past the requeue cap.
 
-    ``SLURM_RESTART_COUNT`` counts the job's requeues so far. Task 0 asks for a requeue only
-    while it is below ``cluster.max_restarts`` (:func:`after_preemption`), so a run with a count
-    *equal* to the cap is the last one allowed (it trains; a further preemption stops with a
-    checkpoint and is not requeued). A count *above* the cap means someone else requeued the job
-    (``scontrol requeue``, Slurm's own preemption or node-failure requeue) more often than the
-    recipe allows: refused before anything trains.
+    A count *equal* to the cap is the last run allowed; one *above* it (someone else requeued
+    the job) is refused before anything trains (docs/slurm.md, "The requeue cap").
 
     Raises:
         ClusterError: (exit 2) ``SLURM_RESTART_COUNT`` above ``max_restarts`` (both named), or
@@ -170,11 +166,9 @@ def _job_fields(job: str) -> dict[str, str]:
 
 def requeue_decision(fields: dict[str, str], *, count: int, max_restarts: int) -> tuple[bool, str]:
     """Whether task 0 asks Slurm to requeue its job after a preemption stop, and the line saying
-    what happens to the job. Slurm's own requeue (``scontrol requeue``, ``PreemptMode=REQUEUE``)
-    and a cancel both end the job (``JobState`` not ``RUNNING``); the requeue has counted the
-    restart already (``Restarts`` > ``SLURM_RESTART_COUNT``). A signal that leaves the job
-    running (``--signal=<SIG>@N``, ``scancel --signal``) or the time limit (``Reason=TimeLimit``)
-    leaves the requeue to kerasdist: within ``cluster.max_restarts``, for a ``--requeue`` job.
+    what happens to the job (the cases: docs/slurm.md, "Preemption, requeue and the exact
+    step"): Slurm's own requeue and a cancel end the job; a preemption signal or the time limit
+    leave the requeue to kerasdist, within ``cluster.max_restarts``, for a ``--requeue`` job.
 
     Args:
         fields: the job's ``scontrol show job -o`` fields (empty: unknown, taken as running).
@@ -312,9 +306,12 @@ def release_servers(tf_config, *, wait_s: float = RELEASE_WAIT_S) -> list[str]:
 def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
                            start_timeout_s: float = START_TIMEOUT_S,
                            preemption_signal: str = "USR1") -> None:
-    """Serve this ps or worker task until the chief releases it (exit 0) or is gone (exit 1):
-    see the module docs. In a process kerasdist owns (the CLI) the process ends here with that
-    code; in a library call the release returns and a gone chief raises.
+    """Serve this ps or worker task until the chief releases it (:data:`RELEASE_SIGNAL`, exit 0)
+    or is gone (exit 1): its port closed for :data:`GONE_AFTER_S` after it answered, or never
+    answered within ``start_timeout_s``. SIGTERM does not end the task while the chief runs (it
+    may be saving through this task); once the chief is gone the task exits 143. In a process
+    kerasdist owns (the CLI) the process ends here with that code; in a library call the release
+    returns and a gone chief raises.
 
     Args:
         tf_config: this task's role (a ``ps`` or ``worker`` of a cluster with a chief).
