@@ -245,6 +245,6 @@ def parse_worker_range(text: str) -> tuple[int, int]:
     return values
 
 
-__all__ = ["RECIPE_CHECKED_ENV", "STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure", "LaunchSpec",
-           "TaskPlan", "TaskState", "bad_input_error", "clean_scratch", "parse_worker_range",
-           "stop_line", "tagged", "why", "worker_recipe"]
+__all__ = ["RECIPE_CHECKED_ENV", "STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure",
+           "LaunchSpec", "TaskPlan", "TaskState", "bad_input_error", "clean_scratch",
+           "parse_worker_range", "stop_line", "tagged", "why", "worker_recipe"]
