@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, BeforeValidator, ConfigDict, SerializeAsAny, model_validator
 from pydantic_core import PydanticCustomError
 
+from kerasdist.errors import RecipeError
+
 
 def _admits_bool(annotation: Any) -> bool:
     """Whether a field of this type may hold ``True``/``False`` (``bool``, ``Any``, a union or
@@ -76,8 +78,6 @@ class KindedSection:
             RecipeError: the class does not derive from ``base``, gives ``kind`` no string
                 default or declares no ``traits``.
         """
-        from kerasdist.errors import RecipeError
-
         kind = getattr(config_class.model_fields.get("kind"), "default", None)
         if not (isinstance(config_class, type) and issubclass(config_class, self.base)
                 and isinstance(kind, str)

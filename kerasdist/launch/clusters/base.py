@@ -53,19 +53,12 @@ class ClusterKind:
                            "environment. Received: no TF_CONFIG given")
 
     def enter(self, recipe: Recipe, *, overwrite: bool, isolated: bool = False) -> Recipe:
-        """The checks made once per run, where it enters (``cluster.traits.entry``: the command
-        that starts the tasks, or the chief task): ``output.run_dir``'s path, the tracking store
-        (:func:`kerasdist.tracking.check`, one probe), and a warning when the run directory
-        already holds a complete run. Reads only; nothing is written or started.
-
-        Args:
-            recipe: the validated recipe.
-            overwrite: ``--overwrite`` was given.
-            isolated: the run's tasks run in a private network namespace.
-
-        Returns:
-            ``recipe``, without ``output.tracking`` when its store cannot be used and is not
-            required.
+        """The checks made once per run, where it enters (the command that starts the tasks, or
+        the chief task): ``output.run_dir``'s path, one probe of the tracking store
+        (:func:`kerasdist.tracking.check`; ``isolated``: the tasks run in a private network
+        namespace), a warning when the run directory holds a complete run (``overwrite``: none).
+        Reads only. Returns ``recipe``, without ``output.tracking`` when its store cannot be used
+        and is not required.
 
         Raises:
             RunDirError, RecipeError: bad input (exit code 2).
