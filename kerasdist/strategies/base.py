@@ -9,11 +9,11 @@ supplies only what differs between kinds:
   parameter-server coordinator loop), see :mod:`kerasdist.strategies.loops`;
 * the hooks :meth:`preflight` (checks that need no TensorFlow, run before any process starts),
   :meth:`prepare_model`, :meth:`after_restore` and :meth:`explain_failure`;
-* its ``traits`` (:class:`kerasdist.config.schema.StrategyTraits`): topology, cluster kinds,
-  whether it needs ps tasks, which ``data.auto_shard`` values it honours, its checkpoint schema.
+* its ``traits`` (:class:`kerasdist.config.schema.StrategyTraits`): topology, whether it needs
+  ps tasks, which ``data.auto_shard`` values it honours, its checkpoint schema.
 
 A new kind is a subclass registered with :func:`kerasdist.strategies.register`; nothing in the
-lifecycle changes (``tests/integration/test_toy_strategy.py`` registers one from a test module).
+lifecycle changes.
 """
 
 from __future__ import annotations

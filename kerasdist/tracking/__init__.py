@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kerasdist._timeline import mark
 from kerasdist.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
 
     require_mlflow()
     check_uri(tracking.uri, isolated=isolated)
+    mark("tracking probe")
     why = unreachable(tracking.uri)
     if why is None:
         return recipe

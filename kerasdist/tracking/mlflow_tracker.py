@@ -22,11 +22,10 @@ import keras
 
 from kerasdist._files import read_json, write_json_atomic
 from kerasdist._log import get_logger
-from kerasdist.tracking.mlflow_store import (  # noqa: F401 - re-exported
+from kerasdist.tracking.mlflow_store import (
     MLFLOW_ARTIFACTS,
     NETWORK_SCHEMES,
     TRACKING_FILE,
-    check_uri,
     client_for,
     default_uri,
     require_mlflow,

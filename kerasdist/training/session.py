@@ -216,7 +216,7 @@ def _train_and_evaluate(run: RunContext, s: _Session):
                      f"({run.data.steps_per_epoch} steps per epoch)")
             history = loop.train(run)
         else:
-            # said once by the CLI (RunDir.complete_notice), before the cluster starts
+            # said once where the run entered (ClusterKind.enter), before the cluster starts
             log.debug("all epochs already completed by the checkpoint; evaluating only")
             history = {}
         split = run.recipe.data.eval_split
@@ -233,7 +233,7 @@ def _train_and_evaluate(run: RunContext, s: _Session):
 
 
 def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verbose=None,
-                callbacks: Sequence = ()) -> RunResult | None:
+                callbacks: Sequence = (), entry_checked: bool = False) -> RunResult | None:
     """Run this process's part of ``recipe`` (see module docs for the order of work).
 
     Args:
@@ -245,6 +245,9 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         verbose: Keras progress verbosity; default ``recipe.trainer.verbose``.
         callbacks: extra Keras callbacks, after kerasdist's own; on a multi-worker cluster they run
             on every worker (they must not write shared files unless on the chief).
+        entry_checked: the run's entry checks were made (:meth:`ClusterKind.enter
+            <kerasdist.launch.clusters.base.ClusterKind.enter>`, the tracking store's included):
+            not repeated here. False: the chief checks the tracking store first.
 
     Returns:
         :class:`RunResult` in the process that writes the outputs (also in ``metrics.json``), None
@@ -282,7 +285,7 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         stack.enter_context(terminate_on_sigterm(unless_handled=True))
         with startup("starting: the tracker, the strategy (connecting to the cluster), the "
                      "input, the model"):
-            if is_chief:  # first: a few seconds, no TensorFlow
+            if is_chief and not entry_checked:  # first: a few seconds, no TensorFlow
                 recipe = tracking.check(recipe)  # without it when unreachable and not required
             tf_strategy, mends = _start_runtime(recipe, strategy=strategy, tf_config=tf_config)
             mark("strategy")
