@@ -37,7 +37,7 @@ import numpy as np
 from kerasdist._compat.tf_frozen_task import eager_save
 from kerasdist._log import get_logger
 from kerasdist._scratch import temp_dir
-from kerasdist.errors import RunDirError
+from kerasdist.errors import Preempted, RunDirError
 from kerasdist.keras import state_digest
 from kerasdist.keras.preemption import PREEMPTION_CHECK_STEPS, PreemptionWatch
 
@@ -256,7 +256,9 @@ class BackupStore:
 
 class StepBackup(keras.callbacks.Callback):
     """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption
-    (SIGTERM or SIGINT, :class:`PreemptionWatch`).
+    (SIGTERM or SIGINT, :class:`PreemptionWatch`): save at the step reached, then raise
+    :class:`~kerasdist.errors.Preempted` mid-epoch (Keras's ``fit`` runs no validation and no
+    ``on_epoch_end`` for the cut epoch) or, at an epoch's last step, let that epoch end.
 
     Args:
         store: the :class:`BackupStore` (None: never save, still stop on preemption).
@@ -283,20 +285,23 @@ class StepBackup(keras.callbacks.Callback):
         self.step += 1
         if self.every_steps and self.step % self.every_steps == 0:
             self._save()
-        if self.step % self.check_every == 0:
-            self._maybe_stop()
+        if self.step % self.check_every == 0 and self._maybe_stop() and \
+                batch + 1 < (self.params.get("steps") or 0):
+            raise Preempted(self.step)  # a cut epoch is no finished one: no validation, no end
 
     def on_epoch_end(self, epoch, logs=None):
         self._save()
         self._maybe_stop()
 
-    def _maybe_stop(self) -> None:
+    def _maybe_stop(self) -> bool:
+        """Save and stop when the workers agree on a stop request; True when this call stopped."""
         if self.preempted or not self.watch.agreed():
-            return
+            return False
         self._save()
         self.preempted = True
         self.model.stop_training = True
         log.info(f"preempted: checkpoint at global step {self.step} saved; stopping")
+        return True
 
     def _save(self) -> None:
         if self.store is not None and self.step != self._saved:
