@@ -36,6 +36,7 @@ class StrategyTraits:
             under another schema is refused.
         refusals: ``(cluster kind, why)`` pairs: the reason given when a recipe asks for a cluster
             kind this strategy cannot run on.
+        async_checkpoint_refused: why ``trainer.checkpoint.async`` cannot be honoured, or None.
     """
 
     topology: Literal["single", "peers", "coordinator"]
@@ -44,6 +45,7 @@ class StrategyTraits:
     auto_shard: tuple[str, ...] = ("auto",)
     checkpoint_schema: str = CHECKPOINT_SCHEMA
     refusals: tuple[tuple[str, str], ...] = ()
+    async_checkpoint_refused: str | None = None
 
 
 class StrategyConfigBase(Frozen):
@@ -141,7 +143,10 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
         topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True, refusals=(_PS_ON_RAY,),
-        auto_shard=("auto", "off", "data"))
+        auto_shard=("auto", "off", "data"), async_checkpoint_refused=(
+            "the variables live on the ps tasks, so the background write would run the save "
+            "ops on every task from another thread, outside the save that never waits on a "
+            "frozen worker (a stop could then hang on one); use async: false"))
     kind: Literal["parameter_server"] = "parameter_server"
     variable_partitioning: Literal["none", "min_size", "fixed", "max_shards"] = Field(
         "none", description="Shard variables along axis 0 over the ps tasks "

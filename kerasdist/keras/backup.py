@@ -34,6 +34,7 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kerasdist._compat.keras_async_checkpoint import cpu_copies
 from kerasdist._compat.tf_frozen_task import eager_save
 from kerasdist._log import get_logger
 from kerasdist._scratch import temp_dir
@@ -54,10 +55,14 @@ class BackupStore:
         task_name: ``worker:1`` etc., used in the temporary folder name and in errors.
         max_to_keep: checkpoints kept by the chief's ``CheckpointManager``.
         steps_per_epoch: stored, and checked on restore.
+        asynchronous: the chief writes in a background thread
+            (``tf.train.CheckpointOptions(enable_async=True)``): :meth:`save` returns once the
+            values are copied; the pointer file names a checkpoint only once its files are
+            written; :meth:`close` waits for the last write.
     """
 
     def __init__(self, *, model, directory: Path, is_chief: bool, task_name: str,
-                 max_to_keep: int, steps_per_epoch: int):
+                 max_to_keep: int, steps_per_epoch: int, asynchronous: bool = False):
         import tensorflow as tf
 
         self.directory, self.is_chief, self.task_name = Path(directory), is_chief, task_name
@@ -72,6 +77,8 @@ class BackupStore:
         self.restore_verified = False
         self._max_to_keep = max_to_keep
         self._tmp: Path | None = None
+        self._options = tf.train.CheckpointOptions(enable_async=True) if asynchronous else None
+        self._written: str | None = None  # the chief's last save (asynchronous: maybe pending)
         if is_chief:
             self._manager = self._new_manager()
         else:
@@ -240,15 +247,30 @@ class BackupStore:
             # (pruned later), never a complete checkpoint that cannot be verified
             state_digest.record(self.directory, f"ckpt-{step}",
                                 state_digest.state_digest(self.model))
-            with eager_save():  # parameter server: no wait on a worker that does not answer
-                return self._manager.save(checkpoint_number=step)
+            with eager_save(), cpu_copies():  # no wait on a silent ps worker; keras variables
+                self._written = self._manager.save(checkpoint_number=step, options=self._options)
+            return self._written
         self.checkpoint.write(str(self._tmp / "ckpt"))
         for path in self._tmp.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         return None
 
     def close(self) -> None:
-        """Delete the temporary folder of a non-chief worker (idempotent)."""
+        """Wait for the chief's last write; delete the temporary folder of a non-chief worker
+        (idempotent).
+
+        Raises:
+            TrainingError: the last asynchronous write did not complete (its error is in the log).
+        """
+        from kerasdist.errors import TrainingError
+
+        self.checkpoint.sync()
+        if self._written and self._options is not None and \
+                self._manager.latest_checkpoint != self._written:
+            raise TrainingError(f"the checkpoint {self._written} was not written (an asynchronous "
+                                f"write failed; see the log); the resume point is "
+                                f"{self._manager.latest_checkpoint}")
+        self._written = None
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

@@ -47,7 +47,7 @@ from typing import Any
 
 from kerasdist._compat import internals, keras_ps_atomic_assign, tf_coordinator_copies
 from kerasdist.keras import ps_input as ps_data
-from kerasdist.keras import ps_loop, ps_steps, ps_stop, ps_sync
+from kerasdist.keras import ps_loop, ps_steps, ps_stop, ps_sync, sync_checks
 from kerasdist.keras.callbacks import MetricsProgbar
 from kerasdist.keras.ps_class_weight import class_weighted
 
@@ -319,6 +319,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
 
     x, y, sample_weight, validation_data = _split_validation(x, y, sample_weight, validation_split,
                                                              validation_data)
+    sync_checks.refuse_single_process_savers(getattr(callbacks, "callbacks", callbacks),
+                                             "parameter_server")
     run = _start(model, training=True)
     steps, train_ds = _train_input(run, x, y, sample_weight=sample_weight, batch_size=batch_size,
                                    shuffle=shuffle, class_weight=class_weight,
