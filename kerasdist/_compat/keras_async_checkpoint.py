@@ -1,20 +1,16 @@
 """Mend: TensorFlow's asynchronous checkpoint fails on its second save of a Keras 3 variable.
 
-Upstream: no Keras issue found; written reproduction (Keras 3.15, TF 2.21, CPU, one process): a
-compiled model, ``ckpt = tf.train.Checkpoint(model=model, optimizer=model.optimizer)`` and
-``tf.train.CheckpointManager(ckpt, folder).save(options=tf.train.CheckpointOptions(
-enable_async=True))`` twice: the second save raises "tf.function only supports singleton
-tf.Variables created on the first call". TF's ``AsyncCheckpointHelper`` copies the values to
-the host through a ``tf.function`` after the first save, and Keras's
-``Variable._copy_trackable_to_cpu`` creates a new ``tf.Variable`` on every call.
+Upstream: no Keras issue found. Reproduction (Keras 3.15, TF 2.21, CPU, one process): a compiled
+model's ``tf.train.CheckpointManager(tf.train.Checkpoint(model=model), folder).save(options=
+tf.train.CheckpointOptions(enable_async=True))`` twice: the second raises "tf.function only
+supports singleton tf.Variables created on the first call" (TF copies the values to the host in a
+``tf.function`` after the first save; Keras's ``Variable._copy_trackable_to_cpu`` creates a
+``tf.Variable`` on every call).
 
-Mend: :func:`cpu_copies` (a ``with`` block, restored after it): a Keras variable's host copy is
-the host copy of the ``tf.Variable`` it wraps (TF's own ``_copy_trackable_to_cpu``, made once and
-assigned at each save). Same checkpoint keys and values: a Keras variable saves its
-``tf.Variable``'s value under ``VARIABLE_VALUE`` either way.
-
-Probe: :func:`bug_present` reads Keras's ``Variable._copy_trackable_to_cpu`` source (it still
-creates a ``tf.Variable``); ``tests/unit/test_compat.py`` fails when that changes.
+Mend: :func:`cpu_copies` (a ``with`` block): a Keras variable's host copy is that of the
+``tf.Variable`` it wraps (TF's own, made once). Same checkpoint keys and values. Probe:
+:func:`bug_present` reads the Keras method's source; ``tests/unit/test_compat.py`` fails when it
+changes.
 """
 
 from __future__ import annotations

@@ -115,10 +115,8 @@ class CheckpointConfig(_Frozen):
     every_steps: int | None = Field(None, gt=0, description="Also save every N optimizer steps "
                                     "(the backup a restarted cluster resumes from); None = at "
                                     "epoch ends only.")
-    async_: bool = Field(False, alias="async", description="Write in the background "
-                         "(tf.train.CheckpointOptions(enable_async=True)): training goes on while "
-                         "the chief writes; every save, the stop's and the last, is complete "
-                         "before the run ends. Not under strategy 'parameter_server'.")
+    async_: bool = Field(False, alias="async", description="The chief writes in the background "
+                         "(tf.train.CheckpointOptions(enable_async=True)). Not parameter_server.")
 
 
 class TrainerConfig(_Frozen):

@@ -346,26 +346,19 @@ class EpochEndSave(keras.callbacks.Callback):
     Args:
         store: the :class:`BackupStore`.
         every_steps: save period in global steps under parameter server; None = epoch ends only.
-
-    Attributes:
-        saved: the checkpoint paths written (chief only).
     """
 
     def __init__(self, store, *, every_steps: int | None = None):
         super().__init__()
         self.store = store
         self.every_steps = every_steps
-        self.saved: list[str] = []
         self._saved_step: int | None = None
 
     def save_step(self, step: int) -> None:
         """Save at global step ``step`` (read by the caller after a join); once per step."""
-        if step == self._saved_step:
-            return
-        path = self.store.save(step)
-        self._saved_step = step
-        if path:
-            self.saved.append(path)
+        if step != self._saved_step:
+            self.store.save(step)
+            self._saved_step = step
 
     def on_epoch_end(self, epoch, logs=None):
         self.save_step(int(np.asarray(self.model.optimizer.iterations)))

@@ -303,8 +303,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
         steps_per_epoch: scheduled steps per epoch, summed over workers.
         validation_data: like ``x``, or a tuple ``(x_val, y_val[, sample_weight])`` of arrays.
         validation_steps: batches per validation, summed over workers; None = the whole set.
-            An epoch cut by a stop request (:func:`~kerasdist.keras.ps_stop.stop_probe`) is not
-            validated and gets no ``on_epoch_end``.
+            An epoch cut by a stop request (:func:`~kerasdist.keras.ps_stop.stop_probe`) gets
+            no validation and no ``on_epoch_end``.
 
     Returns:
         The ``keras.callbacks.History``; ``history.ps_stats`` holds the run's

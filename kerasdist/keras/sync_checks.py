@@ -32,9 +32,8 @@ def _replicated(strategy) -> bool:
 
 
 def refuse_single_process_savers(callbacks, strategy: str) -> None:
-    """Refuse a single-process saver among ``callbacks`` (Keras callback objects) under the
-    multi-process ``strategy`` kind (:func:`kerasdist.config.training_configs.
-    single_process_saver_error`, the rule a recipe's ``callbacks`` follow).
+    """Refuse a single-process saver among ``callbacks`` under the ``strategy`` kind (the rule of
+    a recipe's ``callbacks``: :func:`kerasdist.config.training_configs.single_process_saver_error`).
 
     Raises:
         UnsupportedFeatureError: names the callback, the strategy and what to use instead.
