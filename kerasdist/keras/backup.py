@@ -244,7 +244,9 @@ class BackupStore:
             "no checkpoint was written"))
         if self._manager is not None:
             # the digest first: a kill between the two leaves a digest without a checkpoint
-            # (pruned later), never a complete checkpoint that cannot be verified
+            # (pruned later), never a complete checkpoint that cannot be verified; the previous
+            # write ends first (asynchronous), else its digest would be pruned as files missing
+            self.checkpoint.sync()
             state_digest.record(self.directory, f"ckpt-{step}",
                                 state_digest.state_digest(self.model))
             with eager_save(), cpu_copies():  # no wait on a silent ps worker; keras variables

@@ -12,6 +12,7 @@ from interrupted_epoch_support import MODULE, rows
 
 from kerasdist.cli import main
 from kerasdist.errors import EXIT_INTERRUPTED
+from kerasdist.keras import state_digest
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -44,6 +45,7 @@ def test_an_interrupted_epoch_gets_no_row_no_validation_and_the_rerun_writes_eac
     assert [json.loads(line) for line in record.read_text().splitlines()] == [4]
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("ckpt-*.index")) == [
         "ckpt-4.index", "ckpt-6.index"]
+    assert sorted(state_digest.read(run_dir / "checkpoints")) == ["ckpt-4", "ckpt-6"]
     assert main(["fit", recipe]) == 0
     found = rows(run_dir / "train.csv")
     assert [epoch for epoch, _ in found] == [0, 1, 2], found
