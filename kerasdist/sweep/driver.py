@@ -23,7 +23,7 @@ import yaml
 
 from kerasdist._log import get_logger
 from kerasdist.errors import EXIT_FAILED, EXIT_OK, RunDirError
-from kerasdist.sweep import gate
+from kerasdist.sweep import gate, hparams
 from kerasdist.sweep.plan import SweepPlan
 from kerasdist.sweep.storage import HEARTBEAT_S, TrialBook, check_start, mark_driver, unmark_driver
 from kerasdist.sweep.study import require_optuna, run_dir, suggest, trial_dir, trial_recipe
@@ -140,6 +140,7 @@ class Driver:
             from kerasdist.sweep import tracking
 
             self.tracker = tracking.start(self.plan, self.study)
+            hparams.write_new(self.plan, self.study)  # a trial told just before a kill
             interrupted = [t for t in self.study.get_trials(deepcopy=False)
                            if t.state == _states().RUNNING]
             if interrupted:
@@ -274,6 +275,7 @@ class Driver:
         self.echo(f"kerasdist sweep: trial {trial} {state}{tail}")
         if self.tracker is not None:
             self.tracker.trial_finished(trial, state=state, value=value)
+        hparams.write_new(self.plan, self.study)
 
     def _objective(self, run: Running) -> tuple[float | None, str]:
         """The objective of a finished trial: its last epoch's value (``metrics.json``, else the
