@@ -108,11 +108,15 @@ from kerasdist.config.data_configs import DataConfig  # noqa: E402
 class CheckpointConfig(_Frozen):
     """Checkpoints of model + optimizer + progress, written with ``tf.train.CheckpointManager``."""
 
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
     enabled: bool = True
     max_to_keep: int = Field(3, ge=1)
     every_steps: int | None = Field(None, gt=0, description="Also save every N optimizer steps "
                                     "(the backup a restarted cluster resumes from); None = at "
                                     "epoch ends only.")
+    async_: bool = Field(False, alias="async", description="The chief writes in the background "
+                         "(tf.train.CheckpointOptions(enable_async=True)). Not parameter_server.")
 
 
 class TrainerConfig(_Frozen):
@@ -191,6 +195,9 @@ class Recipe(_Frozen):
         kind, traits = self.strategy.kind, self.strategy.traits
         check_fits_strategy(self.cluster, self.strategy)
         check_savers_fit_strategy(self.callbacks, self.strategy)
+        if self.trainer.checkpoint.async_ and traits.async_checkpoint_refused:
+            raise ValueError(f"trainer.checkpoint.async is not supported under strategy '{kind}': "
+                             f"{traits.async_checkpoint_refused}. Received: async=true")
         if self.data.auto_shard not in traits.auto_shard:
             raise ValueError(f"data.auto_shard '{self.data.auto_shard}' means nothing for strategy "
                              f"'{kind}' (it accepts {', '.join(traits.auto_shard)}). "

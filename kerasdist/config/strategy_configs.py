@@ -33,12 +33,14 @@ class StrategyTraits:
         auto_shard: the ``data.auto_shard`` values it honours; others are refused.
         checkpoint_schema: the checkpoint layout it reads and writes; a run directory written
             under another schema is refused.
+        async_checkpoint_refused: why ``trainer.checkpoint.async`` cannot be honoured, or None.
     """
 
     topology: Literal["single", "peers", "coordinator"]
     needs_ps: bool = False
     auto_shard: tuple[str, ...] = ("auto",)
     checkpoint_schema: str = CHECKPOINT_SCHEMA
+    async_checkpoint_refused: str | None = None
 
 
 class StrategyConfigBase(Frozen):
@@ -128,7 +130,11 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
     """
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="coordinator", needs_ps=True, auto_shard=("auto", "off", "data"))
+        topology="coordinator", needs_ps=True, auto_shard=("auto", "off", "data"),
+        async_checkpoint_refused=(
+            "the variables live on the ps tasks, so the background write would run the save "
+            "ops on every task from another thread, outside the save that never waits on a "
+            "frozen worker (a stop could then hang on one); use async: false"))
     kind: Literal["parameter_server"] = "parameter_server"
     variable_partitioning: Literal["none", "min_size", "fixed", "max_shards"] = Field(
         "none", description="Shard variables along axis 0 over the ps tasks "

@@ -119,7 +119,8 @@ def _make_store(s: _Session):
             store = BackupStore(model=s.model, directory=s.run_dir.checkpoints,
                                 is_chief=s.is_chief, task_name=s.task,
                                 steps_per_epoch=s.data.steps_per_epoch,
-                                max_to_keep=s.recipe.trainer.checkpoint.max_to_keep)
+                                max_to_keep=s.recipe.trainer.checkpoint.max_to_keep,
+                                asynchronous=s.recipe.trainer.checkpoint.async_)
     s.strategy.prepare_model(s.model, s.recipe.strategy)
     if store is not None:
         store.remove_stale_temp()
