@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any, Callable
 
 from kerasdist.conformance import models
-from kerasdist.conformance.callback_cases import callback_cases
+from kerasdist.conformance.callback_cases import callback_cases, one_callback
 from kerasdist.conformance.case import SCCE, Case, _optimizer, sgd_compile
 from kerasdist.conformance.data import WIDE_VOCAB
 
@@ -259,12 +259,6 @@ def _loss_compile(loss_name: str, **kwargs):
     return sgd_compile(loss=getattr(keras.losses, loss_name)(**kwargs), metrics=())
 
 
-def _swap_ema(workdir, record: dict):
-    import keras
-
-    return [keras.callbacks.SwapEMAWeights(swap_on_epoch=True)]
-
-
 def _sparse_cases() -> list[Case]:
     """Sparse gradients under every Keras optimizer that takes them: ``Embedding(200, 8)`` on
     token ids drawn from 200 (``wide_tokens``). A global batch of 16 x 6 ids touches at most 96
@@ -308,7 +302,7 @@ def _layer_loss_cases() -> list[Case]:
         Case("lamb", "Lamb optimizer",
              compile=lambda: sgd_compile(optimizer=_optimizer("Lamb"))),
         Case("cb_swap_ema_weights", "SwapEMAWeights callback (Adam use_ema)",
-             callbacks=_swap_ema,
+             callbacks=one_callback("SwapEMAWeights", swap_on_epoch=True),
              compile=lambda: sgd_compile(optimizer=_optimizer("Adam", use_ema=True))),
     ]
 

@@ -141,7 +141,7 @@ def finish_strategy(run: StrategyRun) -> tuple[float, str]:
         run.proc.wait(timeout=max(0.0, run.deadline - time.perf_counter()))
         prefix = ""
     except subprocess.TimeoutExpired:
-        stop_strategy(run)
+        stop_strategies([run])
         prefix = f"timed out after {run.deadline - run.started:.0f} s\n"
     seconds = time.perf_counter() - run.started
     output = run.log.read_bytes()[-20000:].decode("utf-8", "replace")
@@ -151,12 +151,6 @@ def finish_strategy(run: StrategyRun) -> tuple[float, str]:
 STOP_GRACE_S = 30.0
 """Seconds a strategy's processes get after SIGTERM (``kerasdist launch`` stops its tasks)
 before SIGKILL."""
-
-
-def stop_strategy(run: StrategyRun) -> None:
-    """Stop a strategy's processes if they still run (SIGTERM, then SIGKILL after
-    :data:`STOP_GRACE_S`)."""
-    stop_strategies([run])
 
 
 def stop_strategies(runs: list[StrategyRun], grace_s: float = STOP_GRACE_S) -> None:
