@@ -4,8 +4,7 @@
   on NumPy arrays in one process.
 * ``raw_step``: a hand-written ``tf.function`` training step (``GradientTape`` + ``optimizer.apply``,
   the batch taken from the iterator inside the graph) over kerasdist's tf.data pipeline; no Keras
-  ``fit`` machinery at all — the closest practical limit
-  for this model on this hardware.
+  ``fit`` machinery at all — the closest practical limit for this model on this hardware.
 
 Both time steps exactly as kerasdist does (:class:`~kerasdist.keras.timing.StepClock`:
 examples/s over steps 2..n of every epoch) and record the held-out accuracy after every epoch and

@@ -97,6 +97,27 @@ def run_measured(name: str, argv: list[str], *, log_path: Path, timeout_s: float
     return code, time.perf_counter() - start, sampler.peak / 2**20
 
 
+def run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) -> Measurement:
+    """Run ``argv`` with the path of its result file ``<out>/results/<tag>.json`` appended, its
+    output in ``<out>/logs/<tag>.log``; the figures are that file's JSON (empty when the run
+    failed or wrote none)."""
+    result = out / "results" / f"{tag}.json"
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.unlink(missing_ok=True)
+    log = out / "logs" / f"{tag}.log"
+    code, wall, rss = run_measured(tag, [*argv, str(result)], log_path=log, timeout_s=timeout_s,
+                                   env=env)
+    figures = json.loads(result.read_text()) if code == 0 and result.exists() else {}
+    return Measurement(tag, code, wall, rss, figures, str(log))
+
+
+def is_coordinator(kind: str) -> bool:
+    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
+    from kerasdist.config.schema import strategy_config_classes
+
+    return strategy_config_classes()[kind].traits.topology == "coordinator"
+
+
 def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) -> dict:
     """The recipe mapping for one strategy row (same model, data, global batch)."""
     from kerasdist.config.cluster_configs import cluster_config_classes

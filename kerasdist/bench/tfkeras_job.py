@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from kerasdist.bench.runner import is_coordinator
+
 
 def _model(tf, recipe):
     layers = tf.keras.layers
@@ -63,7 +65,7 @@ def run(kind: str, recipe) -> dict | None:
     tf_config = parse_tf_config(os.environ.get("TF_CONFIG"))
     data = build_datasets(recipe.data, repeat_train=True)
     steps = recipe.trainer.steps_per_epoch or data.steps_per_epoch
-    if _is_coordinator(kind):
+    if is_coordinator(kind):
         strategy = tf.distribute.ParameterServerStrategy(tf_config.cluster_resolver())
         train = tf.keras.utils.experimental.DatasetCreator(data.train_fn)
     else:
@@ -76,7 +78,7 @@ def run(kind: str, recipe) -> dict | None:
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     start = time.perf_counter()
-    if _is_coordinator(kind):
+    if is_coordinator(kind):
         # tf_keras refuses batch-level callbacks under ParameterServerStrategy: time whole epochs
         # (no validation inside fit), excluding the first (tracing); evaluate once at the end.
         meter = _EpochMeter(time, recipe.data.batch_size * steps)
@@ -145,13 +147,6 @@ def main(argv=None) -> int:
         with open(out_path, "w", encoding="utf-8") as handle:
             json.dump(result, handle, indent=2)
     return 0
-
-
-def _is_coordinator(kind: str) -> bool:
-    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
-    from kerasdist.config.schema import strategy_config_classes
-
-    return strategy_config_classes()[kind].traits.topology == "coordinator"
 
 
 if __name__ == "__main__":
