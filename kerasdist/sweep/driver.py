@@ -30,7 +30,6 @@ from kerasdist.sweep.study import require_optuna, run_dir, suggest, trial_dir, t
 
 log = get_logger("sweep")
 POLL_S = 0.5
-LOG_TAIL_LINES = 12
 
 
 @dataclass

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import logging
@@ -137,9 +138,7 @@ def status_table(plan: SweepPlan, study) -> str:
               for i, h in enumerate(header)]
     text = [" ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     text += [" ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
-    by_state: dict[str, int] = {}
-    for r in table:
-        by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+    by_state = collections.Counter(r["state"] for r in table)
     done = by_state.get("COMPLETE", 0) + by_state.get("PRUNED", 0)
     text.append(f"{done} of {plan.config.trials} trials finished (" + ", ".join(
         f"{k} {v}" for k, v in sorted(by_state.items())) + ")")
