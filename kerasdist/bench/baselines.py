@@ -15,7 +15,6 @@ Run: ``python -m kerasdist.bench.baselines {plain_keras,raw_step} RECIPE OUT.jso
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -116,12 +115,10 @@ BASELINES = {"plain_keras": plain_keras, "raw_step": raw_step}
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     name, recipe_path, out_path = argv
+    from kerasdist.bench.runner import write_result
     from kerasdist.config import load_recipe
 
-    result = BASELINES[name](load_recipe(recipe_path))
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    return 0
+    return write_result(BASELINES[name](load_recipe(recipe_path)), out_path)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ cluster started by :mod:`kerasdist.bench.baseline_cluster`, ``TF_CONFIG`` set). 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -87,13 +86,10 @@ def main(argv=None) -> int:
     kind, recipe_path, out_path = sys.argv[1:] if argv is None else argv
     if kind not in KINDS:
         raise SystemExit(f"enable_job: unknown kind {kind!r}; one of {', '.join(KINDS)}")
+    from kerasdist.bench.runner import write_result
     from kerasdist.config import load_recipe
 
-    result = run(kind, load_recipe(recipe_path))
-    if result is not None:
-        with open(out_path, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-    return 0
+    return write_result(run(kind, load_recipe(recipe_path)), out_path)
 
 
 if __name__ == "__main__":

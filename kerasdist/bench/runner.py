@@ -111,6 +111,14 @@ def run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) -
     return Measurement(tag, code, wall, rss, figures, str(log))
 
 
+def write_result(result: dict | None, out_path: str) -> int:
+    """A bench job's end: ``result`` written as JSON to ``out_path`` (nothing for None: a task
+    other than the chief); returns the exit code 0."""
+    if result is not None:
+        Path(out_path).write_text(json.dumps(result, indent=2), encoding="utf-8")
+    return 0
+
+
 def is_coordinator(kind: str) -> bool:
     """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
     from kerasdist.config.schema import strategy_config_classes

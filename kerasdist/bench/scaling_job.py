@@ -19,7 +19,6 @@ the last argument overrides the library's default, for side-by-side measurements
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -104,10 +103,10 @@ def run(impl: str, workers: int, steps: int, epochs: int,
 
 def main(argv=None) -> int:
     impl, workers, steps, epochs, out_path, *spe = sys.argv[1:] if argv is None else argv
-    result = run(impl, int(workers), int(steps), int(epochs), int(spe[0]) if spe else None)
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    return 0
+    from kerasdist.bench.runner import write_result
+
+    return write_result(run(impl, int(workers), int(steps), int(epochs), int(spe[0]) if spe else None),
+                        out_path)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ Only the chief (PS coordinator, or MWMS worker 0) writes ``OUT.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 
-from kerasdist.bench.runner import is_coordinator
+from kerasdist.bench.runner import is_coordinator, write_result
 
 
 def _model(tf, recipe):
@@ -142,11 +141,7 @@ def main(argv=None) -> int:
     kind, recipe_path, out_path = sys.argv[1:] if argv is None else argv
     from kerasdist.config import load_recipe
 
-    result = run(kind, load_recipe(recipe_path))
-    if result is not None:
-        with open(out_path, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-    return 0
+    return write_result(run(kind, load_recipe(recipe_path)), out_path)
 
 
 if __name__ == "__main__":
