@@ -1,11 +1,10 @@
 """One point of the coordinator-scaling benchmark: a small dense net trained by a parameter-server
 coordinator on an in-process cluster of N workers and 1 ps, all in this process.
 
-The model (``FEATURES -> HIDDEN relu -> CLASSES``, SGD) and its input (one constant batch made on
-each worker and repeated) cost almost nothing per step, so the steps/s measured is what the
-coordinator and the per-step RPCs sustain, not compute. Both libraries are timed on the same basis,
-the only one tf_keras's parameter-server ``fit`` allows (no batch-level callbacks): whole epochs
-2..n, ``steps_per_epoch`` scheduled steps each, no validation.
+The model (``FEATURES -> HIDDEN relu -> CLASSES``, SGD) and its input (one constant batch,
+repeated) cost almost nothing per step, so the steps/s measured is what the coordinator and the
+per-step RPCs sustain, timed over whole epochs 2..n without validation (the only basis
+tf_keras's parameter-server ``fit`` allows: no batch-level callbacks).
 
 * ``kerasdist``: :func:`kerasdist.keras.ps_fit.fit` with Keras 3, ``steps_per_execution`` =
   kerasdist's default for ``strategy.kind: parameter_server``.

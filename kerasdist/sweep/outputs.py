@@ -1,15 +1,7 @@
-"""What a sweep leaves in ``output.dir``: ``trials.csv``, ``best.yaml``, the plots, and the table
-``kerasdist sweep --status`` prints.
-
-* ``trials.csv``: one row per trial: number, state, value, the parameters (one column each),
-  the epochs reported, the epoch a pruned trial stopped at, seconds, folder, why it failed;
-* ``best.yaml``: the base recipe (``set`` applied) with the best COMPLETE trial's parameters and
-  ``output.run_dir: <output.dir>/best``, validated before it is written (``kerasdist fit
-  best.yaml`` trains it);
-* ``optimization_history.png``, ``param_importances.png``, ``parallel_coordinate.png``,
-  ``intermediate_values.png``: Optuna's own matplotlib plots (``optuna.visualization.matplotlib``);
-  a plot Optuna cannot draw yet (importances need 2 COMPLETE trials and a parameter that varies)
-  is left out with a line saying why.
+"""What a sweep leaves in ``output.dir``: ``trials.csv`` (one row per trial), ``best.yaml`` (the
+base recipe with the best COMPLETE trial's parameters, validated before it is written), Optuna's
+own matplotlib plots (:data:`PLOTS`; one Optuna cannot draw yet is left out with a line saying
+why), and the table ``kerasdist sweep --status`` prints; ``docs/sweep.md`` shows them.
 """
 
 from __future__ import annotations
