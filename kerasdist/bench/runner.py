@@ -179,14 +179,11 @@ def time_to_target(figures: dict[str, Any], target: float) -> float | None:
 
 def validate_names(strategies: list[str], baselines: list[str]) -> None:
     """Raises RecipeError for unknown strategy/baseline names (listing the known ones)."""
-    for name in strategies:
-        if name not in STRATEGIES:
-            raise RecipeError(f"--strategies: unknown strategy '{name}'. "
-                              f"Available: {', '.join(STRATEGIES)}")
-    for name in baselines:
-        if name not in BASELINES:
-            raise RecipeError(f"--baselines: unknown baseline '{name}'. "
-                              f"Available: {', '.join(BASELINES)}")
+    for flag, what, names, known in (("--strategies", "strategy", strategies, STRATEGIES),
+                                     ("--baselines", "baseline", baselines, BASELINES)):
+        for name in names:
+            if name not in known:
+                raise RecipeError(f"{flag}: unknown {what} '{name}'. Available: {', '.join(known)}")
 
 
 def summarize(rows: list[Measurement], target: float) -> dict[str, Any]:

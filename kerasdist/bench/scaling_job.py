@@ -42,18 +42,27 @@ def _model(k, steps_per_execution: int):
     return model
 
 
-def _epoch_timer(base):
+def epoch_timer(base):
+    """A callback (a subclass of ``base``: Keras 3's or tf_keras's ``Callback``) recording each
+    epoch's duration (``seconds``) and its end since the start of training (``ends``), in s."""
+
     class EpochTimer(base):
         def __init__(self):
             super().__init__()
             self.seconds: list[float] = []
-            self._begin = 0.0
+            self.ends: list[float] = []
+            self._start = self._begin = 0.0
+
+        def on_train_begin(self, logs=None):
+            self._start = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
             self._begin = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
-            self.seconds.append(time.perf_counter() - self._begin)
+            now = time.perf_counter()
+            self.seconds.append(now - self._begin)
+            self.ends.append(now - self._start)
 
     return EpochTimer()
 
@@ -83,14 +92,14 @@ def run(impl: str, workers: int, steps: int, epochs: int,
         spe = steps_per_execution or ParameterServerStrategyConfig().steps_per_execution
         with strategy.scope():
             model = _model(keras, spe)
-        timer = _epoch_timer(keras.callbacks.Callback)
+        timer = epoch_timer(keras.callbacks.Callback)
         ps_fit.fit(model, _dataset_fn, epochs=epochs, steps_per_epoch=steps, verbose=0,
                    callbacks=[timer])
     else:
         spe = steps_per_execution or 1
         with strategy.scope():
             model = _model(tf.keras, spe)
-        timer = _epoch_timer(tf.keras.callbacks.Callback)
+        timer = epoch_timer(tf.keras.callbacks.Callback)
         model.fit(tf.keras.utils.experimental.DatasetCreator(_dataset_fn), epochs=epochs,
                   steps_per_epoch=steps, verbose=0, callbacks=[timer])
     timed = timer.seconds[1:]

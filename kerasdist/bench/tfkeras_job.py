@@ -15,6 +15,7 @@ import sys
 import time
 
 from kerasdist.bench.runner import is_coordinator, write_result
+from kerasdist.bench.scaling_job import epoch_timer
 
 
 def _model(tf, recipe):
@@ -80,9 +81,9 @@ def run(kind: str, recipe) -> dict | None:
     if is_coordinator(kind):
         # tf_keras refuses batch-level callbacks under ParameterServerStrategy: time whole epochs
         # (no validation inside fit), excluding the first (tracing); evaluate once at the end.
-        meter = _EpochMeter(time, recipe.data.batch_size * steps)
+        timer = epoch_timer(tf.keras.callbacks.Callback)
         model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps, verbose=0,
-                  callbacks=[meter.callback(tf)])
+                  callbacks=[timer])
         # Evaluate on a local copy of the trained weights (read from the ps): tf_keras's own
         # evaluate under ParameterServerStrategy can be cancelled remotely.
         local = _model(tf, recipe)
@@ -90,8 +91,8 @@ def run(kind: str, recipe) -> dict | None:
         local.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         final = float(local.evaluate(data.eval_fn(), verbose=0, return_dict=True)["accuracy"])
-        return {"throughput": meter.summary(), "wall_time_s": time.perf_counter() - start,
-                "val_accuracy": [], "final_accuracy": final,
+        return {"throughput": _epoch_summary(timer, recipe.data.batch_size * steps),
+                "wall_time_s": time.perf_counter() - start, "val_accuracy": [], "final_accuracy": final,
                 "note": "epoch-level timing (tf_keras PS allows no batch callbacks)"}
     meter = _meter(tf, recipe.data.batch_size)
     hist = model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps,
@@ -103,38 +104,14 @@ def run(kind: str, recipe) -> dict | None:
             "val_accuracy": val, "final_accuracy": val[-1] if val else None}
 
 
-class _EpochMeter:
-    """examples/s over epochs 2..n (epoch 1 holds the tracing)."""
-
-    def __init__(self, clock, examples_per_epoch: int):
-        self.clock, self.examples_per_epoch = clock, examples_per_epoch
-        self.durations: list[float] = []
-        self.ends: list[float] = []
-        self._begin = self._start = None
-
-    def callback(self, tf):
-        meter = self
-
-        class EpochTimer(tf.keras.callbacks.Callback):
-            def on_train_begin(self, logs=None):
-                meter._start = meter.clock.perf_counter()
-
-            def on_epoch_begin(self, epoch, logs=None):
-                meter._begin = meter.clock.perf_counter()
-
-            def on_epoch_end(self, epoch, logs=None):
-                now = meter.clock.perf_counter()
-                meter.durations.append(now - meter._begin)
-                meter.ends.append(now - meter._start)
-
-        return EpochTimer()
-
-    def summary(self) -> dict:
-        timed = self.durations[1:]
-        seconds = sum(timed)
-        rate = len(timed) * self.examples_per_epoch / seconds if seconds else 0.0
-        return {"examples_per_sec": rate, "timed_steps": None, "timed_seconds": seconds,
-                "timed_epochs": len(timed), "epoch_end_s": self.ends}
+def _epoch_summary(timer, examples_per_epoch: int) -> dict:
+    """examples/s over epochs 2..n of an :func:`~kerasdist.bench.scaling_job.epoch_timer`
+    (epoch 1 holds the tracing)."""
+    timed = timer.seconds[1:]
+    seconds = sum(timed)
+    rate = len(timed) * examples_per_epoch / seconds if seconds else 0.0
+    return {"examples_per_sec": rate, "timed_steps": None, "timed_seconds": seconds,
+            "timed_epochs": len(timed), "epoch_end_s": timer.ends}
 
 
 def main(argv=None) -> int:
