@@ -26,6 +26,7 @@ from kerasdist._parent_death import session_ending_with
 from kerasdist.conformance import data as cdata
 from kerasdist.conformance import oracle, runner
 from kerasdist.conformance.cases import Case, select
+from kerasdist.keras.precision import policy_scope
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server")
 TASK_SCRIPT = Path(__file__).with_name("task.py")
@@ -182,7 +183,7 @@ def same_weights(case: Case, weights: list) -> tuple[dict, object]:
 
     keras.utils.set_random_seed(runner.SEED)
     data = cdata.make(case.data, examples=case.examples)
-    with runner.dtype_policy(case.precision):
+    with policy_scope(case.precision):
         model = runner.build_model(case, data)
         model.set_weights(weights)
         e_args, e_kwargs = runner.eval_input(case, data)
