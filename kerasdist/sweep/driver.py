@@ -11,6 +11,7 @@ is gone) and is resumed: same number, same folder, same parameters, from its own
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -30,7 +31,6 @@ from kerasdist.sweep.study import require_optuna, run_dir, suggest, trial_dir, t
 
 log = get_logger("sweep")
 POLL_S = 0.5
-LOG_TAIL_LINES = 12
 
 
 @dataclass
@@ -83,10 +83,7 @@ def _states():
 
 def counts(study) -> dict[str, int]:
     """Trials by state name (``COMPLETE``, ``PRUNED``, ``FAIL``, ``RUNNING``...)."""
-    out: dict[str, int] = {}
-    for trial in study.get_trials(deepcopy=False):
-        out[trial.state.name] = out.get(trial.state.name, 0) + 1
-    return out
+    return dict(collections.Counter(t.state.name for t in study.get_trials(deepcopy=False)))
 
 
 class Driver:
