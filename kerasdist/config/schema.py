@@ -149,7 +149,7 @@ class TrainerConfig(_Frozen):
         "float32", description="Keras dtype policy of the model's layers (mixed_*: 16-bit "
         "compute, float32 variables and output layer; mixed_float16 adds loss scaling).")
     profile: ProfileConfig | None = Field(None, description="TensorBoard profile of every task "
-                                          "into output.tensorboard's folder; None = none.")
+                                          "into <run_dir>/tensorboard/profile-<task>; None = none.")
 
     @model_validator(mode="after")
     def _profile_within_run(self) -> TrainerConfig:

@@ -72,7 +72,7 @@ class ThroughputMeter(keras.callbacks.Callback):
         figures = workers or {self.task: (float(self._epoch[2]), seconds)}
         for task, (steps, secs) in (self.gather(figures) if self.gather else figures).items():
             entry = self.tasks.setdefault(task, {"steps": [], "steps_per_sec": []})
-            entry["steps"].append(steps + (entry["steps"][-1] if entry["steps"] else 0.0))
+            entry["steps"].append(int(steps) + (entry["steps"][-1] if entry["steps"] else 0))
             entry["steps_per_sec"].append(steps / secs if secs > 0 else 0.0)
 
     def summary(self) -> dict:
