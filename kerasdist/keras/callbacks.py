@@ -268,6 +268,7 @@ def _trace(address: str, logdir: str, duration_ms: int) -> None:
     import tensorflow as tf
 
     try:
-        tf.profiler.experimental.client.trace(f"grpc://{address}", logdir, duration_ms)
+        tf.profiler.experimental.client.trace(f"grpc://{address}", logdir, duration_ms,
+                                              num_tracing_attempts=1)  # bounded: one window
     except Exception as err:  # noqa: BLE001 - a profile must not end the run
         log.warning(f"no profile of {logdir}: {type(err).__name__}: {err}")
