@@ -155,7 +155,7 @@ class TaskMonitor(threading.Thread):
     ``process_memory_rss_megabytes`` (psutil). Every ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``
     seconds (MLflow's default 10), once ``<run_dir>/tracking.json`` names the run (looked for
     every ``poll_s`` seconds; the chief of a scheduled cluster writes it when it starts). A
-    context manager: the exit stops it and logs what was sampled.
+    context manager: the exit stops it and logs what was sampled since the last interval.
 
     Args:
         run_dir: the run directory.
@@ -181,10 +181,18 @@ class TaskMonitor(threading.Thread):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # off the console
-        self.monitor = SystemMetricsMonitor(record["run_id"], node_id=self.node_id,
-                                            tracking_uri=record["uri"], resume_logging=True)
-        self.monitor.monitors.append(_process_monitor())
-        self.monitor.start()
+        try:
+            monitor = SystemMetricsMonitor(record["run_id"], node_id=self.node_id,
+                                           tracking_uri=record["uri"], resume_logging=True)
+            monitor.monitors.append(_process_monitor())
+        except Exception as err:  # noqa: BLE001 - the task trains on without system metrics
+            from kerasdist._log import get_logger
+
+            get_logger("tracking").warning(f"tracking: no system metrics of {self.node_id}: "
+                                           f"{type(err).__name__}: {err}")
+            return
+        self.monitor = monitor
+        monitor.start()
 
     def __enter__(self) -> TaskMonitor:
         self.start()
@@ -195,6 +203,10 @@ class TaskMonitor(threading.Thread):
         self.join()
         if self.monitor is not None:
             self.monitor.finish()
+            last = self.monitor.aggregate_metrics()  # the samples of the last, partial interval
+            if last:
+                self.monitor.publish_metrics(last)
+                self.monitor.mlflow_logger.flush()
 
 
 def _process_monitor():
