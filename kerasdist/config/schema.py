@@ -119,6 +119,21 @@ class CheckpointConfig(_Frozen):
                          "(tf.train.CheckpointOptions(enable_async=True)). Not parameter_server.")
 
 
+class ProfileConfig(_Frozen):
+    """``trainer.profile``: a TensorBoard profile of every task over global steps ``[A, B]``."""
+
+    steps: tuple[int, int] = Field(description="First and last global step profiled (1-based, "
+                                   "inclusive, A < B), as Keras's TensorBoard profile_batch.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProfileConfig:
+        first, last = self.steps
+        if not 1 <= first < last:
+            raise ValueError(f"trainer.profile.steps must be [A, B] with 1 <= A < B. Received: "
+                             f"steps={list(self.steps)}")
+        return self
+
+
 class TrainerConfig(_Frozen):
     """``trainer``: epochs, steps and seeds. A step is one optimizer update on one global batch."""
 
@@ -137,6 +152,17 @@ class TrainerConfig(_Frozen):
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
         "float32", description="Keras dtype policy of the model's layers (mixed_*: 16-bit "
         "compute, float32 variables and output layer; mixed_float16 adds loss scaling).")
+    profile: ProfileConfig | None = Field(None, description="TensorBoard profile of every task "
+                                          "into <run_dir>/tensorboard/profile-<task>; None = none.")
+
+    @model_validator(mode="after")
+    def _profile_within_run(self) -> TrainerConfig:
+        total = self.epochs * (self.steps_per_epoch or 0)
+        if self.profile is not None and total and self.profile.steps[1] > total:
+            raise ValueError(f"trainer.profile.steps ends after the run's {total} steps "
+                             f"(trainer.epochs x trainer.steps_per_epoch). Received: "
+                             f"steps={list(self.profile.steps)}")
+        return self
 
 
 class OutputConfig(_Frozen):

@@ -81,6 +81,11 @@ class Strategy:
     def after_restore(self, tf_strategy, step: int, *, task: str | None, run_dir) -> None:
         """Called on every task after the checkpoint is restored (e.g. agree on the step)."""
 
+    def gather_figures(self, tf_strategy):
+        """A collective ``fn({task: (steps, seconds)})`` returning every task's epoch figures
+        (:class:`~kerasdist.keras.callbacks.ThroughputMeter`), or None: this task's only."""
+        return None
+
     def make_loop(self):
         """The training loop object (:class:`kerasdist.strategies.loops.KerasFitLoop` by default)."""
         from kerasdist.strategies.loops import KerasFitLoop

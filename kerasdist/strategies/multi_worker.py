@@ -308,6 +308,29 @@ class MultiWorkerStrategy(Strategy):
 
         compress_gradients(model.optimizer, config.gradient_compression)
 
+    def gather_figures(self, tf_strategy):
+        """Every worker's figures of the epoch, gathered (one all-gather, bounded as the
+        restored-step check): the workers step together, so their rates differ only by what
+        each one's clock saw."""
+        import tensorflow as tf
+
+        @tf.function
+        def gather(row):
+            return tf_strategy.gather(tf_strategy.run(lambda r: tf.reshape(r, [1, 4]), args=(row,)),
+                                      axis=0)
+
+        def figures(own: dict) -> dict:
+            (task, (steps, seconds)), = own.items()
+            kind, index = task.rsplit("-", 1)
+            row = [float(kind == "chief"), float(index), steps, seconds]
+            watch = self.watchdog
+            with contextlib.nullcontext() if watch is None else watch.guard(
+                    "the per-task figures", BOUNDARY_TIMEOUT_FACTOR * watch.timeout_s):
+                rows = gather(tf.constant(row, tf.float64)).numpy()
+            return {f"{'chief' if c else 'worker'}-{int(i)}": (n, t) for c, i, n, t in rows}
+
+        return figures
+
     def after_restore(self, tf_strategy, step: int, *, task, run_dir) -> None:
         check_same_step(tf_strategy, step, task=task, run_dir=run_dir, watchdog=self.watchdog)
 

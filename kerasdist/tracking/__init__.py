@@ -82,4 +82,18 @@ def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
     return recipe.model_copy(update={"output": output})
 
 
-__all__ = ["check", "start"]
+def watch_task(recipe: Recipe, task: str):
+    """A context manager that logs this task's system metrics into the run's MLflow run, as
+    node ``task`` with ``:`` as ``-`` (``worker-1``), from when ``<run_dir>/tracking.json``
+    names the run (:class:`~kerasdist.tracking.mlflow_store.TaskMonitor`); a no-op when
+    ``output.tracking`` is unset."""
+    import contextlib
+
+    if recipe.output.tracking is None:
+        return contextlib.nullcontext()
+    from kerasdist.tracking.mlflow_store import TaskMonitor
+
+    return TaskMonitor(recipe.output.run_dir, task.replace(":", "-"))
+
+
+__all__ = ["check", "start", "watch_task"]

@@ -15,7 +15,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from kerasdist import _log
+from kerasdist import _log, tracking
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError, Preempted
 from kerasdist.launch.clusters.base import ClusterKind
@@ -66,7 +66,8 @@ class ScheduledKind(ClusterKind):
             recipe = self.enter(recipe, overwrite=overwrite)
         with _task_watch(recipe, tf_config, topology):
             if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
-                self.serve(recipe, tf_config)
+                with tracking.watch_task(recipe, tf_config.task_name):
+                    self.serve(recipe, tf_config)
                 return None
             try:
                 result = run_session(recipe, tf_config=tf_config, overwrite=overwrite,
