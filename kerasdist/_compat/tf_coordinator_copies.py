@@ -24,9 +24,10 @@ new output dtype, every restarted worker), beside the main thread's eager ops on
 Mend: :func:`install` replaces ``RemoteValueImpl._copy_to_local``: each eager tensor result is
 copied to the coordinator's CPU with ``EagerTensor._copy_nograd`` (TF's device-to-device copy,
 the one ``.numpy()`` uses for a remote tensor: a send/receive pair, no function, no cluster
-function runtime); other values (a ``DistributedIterator``, composite tensors) go through TF's own
-code unchanged. Same values, dtypes and device (``/job:<coordinator>/replica:0/task:<i>/device:CPU:0``);
-the closure threads then never touch the cluster function runtime, and its only user left is the
+function runtime; a failed copy raises ``UnavailableError``, as TF's own copy does); other
+values (a ``DistributedIterator``, composite tensors) go through TF's own code unchanged. Same
+values, dtypes and device (``/job:<coordinator>/replica:0/task:<i>/device:CPU:0``); the closure
+threads then never touch the cluster function runtime, and its only user left is the
 main thread (one thread cannot race with itself).
 
 Probe: :func:`bug_present` reads the installed TF's header (``function_data_`` still a
@@ -93,9 +94,17 @@ def _mended(original):
         flat = tf.nest.flatten(self._values)
         if not all(callable(getattr(v, "_copy_nograd", None)) for v in flat):
             return original(self)  # an iterator, a composite tensor: TF's own copy
-        device = _coordinator_cpu()  # errors come as TF's own (UnavailableError: a lost worker)
-        return tf.nest.pack_sequence_as(
-            self._values, [v._copy_nograd(device_name=device) for v in flat])
+        device = _coordinator_cpu()
+        try:
+            copies = [v._copy_nograd(device_name=device) for v in flat]
+        except RuntimeError as err:
+            # EagerTensor._copy_to_device raises every failed status as a RuntimeError (a worker
+            # lost after its call completed: "recvmsg:Connection reset by peer"), which the
+            # coordinator would take for the call's own error and end the run with; TF's own copy
+            # (an op) raises UnavailableError, the lost worker it recovers from
+            raise tf.errors.UnavailableError(None, None, f"copying a result to the coordinator "
+                                             f"failed: {err}") from None
+        return tf.nest.pack_sequence_as(self._values, copies)
 
     return _copy_to_local
 

@@ -26,6 +26,13 @@ Mends:
   removing functions; released after the stop unless calls were left in flight on a task that
   does not answer (that task would hold any later removal, also at interpreter exit).
 
+* :func:`leave_lost_workers`: a worker lost for good (a synchronous run's backup worker) never
+  answers the coordinator's recovery thread, which holds the cluster-update lock in a blocking
+  ``GetStatus`` RPC to it for ever; ``ClusterCoordinator.__del__`` (``WorkerPreemptionHandler.
+  stop``) waits for that lock, so the run would hang after it finished. From the call on, ``stop``
+  waits at most :data:`STOP_LOCK_S` for the lock (the recovery thread is a daemon: it ends with
+  the process).
+
 Probe: :func:`bug_present` reads ``MultiDeviceSaver.save``'s source (it still traces a function
 for multi-task eager saves) and ``parameter_server_strategy_v2``'s (it still turns streaming
 enqueue off); ``tests/unit/test_compat.py`` fails when either changes.
@@ -114,10 +121,29 @@ def release_functions() -> None:
     context.Context.remove_function = _KEPT.pop("remove_function")
 
 
+STOP_LOCK_S = 2.0
+
+
+def leave_lost_workers() -> None:
+    """From now on, stopping a ``ClusterCoordinator`` does not wait for the recovery of a worker
+    that will not come back (see the module docs). Idempotent."""
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    def stop(self):
+        self._should_preemption_thread_run = False
+        if self._cluster_update_lock.acquire(timeout=STOP_LOCK_S):
+            try:
+                self._cluster_due_for_update_or_finish.set()
+            finally:
+                self._cluster_update_lock.release()
+
+    cc.WorkerPreemptionHandler.stop = stop
+
+
 def keeping_functions() -> bool:
     """Whether :func:`keep_functions` is in effect."""
     return bool(_KEPT)
 
 
 __all__ = ["ISSUE", "NAME", "bug_present", "eager_save", "keep_functions", "keeping_functions",
-           "release_functions"]
+           "leave_lost_workers", "release_functions"]
