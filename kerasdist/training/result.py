@@ -168,8 +168,10 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None,
 
     run_dir = RunDir(result.run_dir)
     ev = result.evaluation
-    sync = (result.extra.get("parameter_server") or {}).get("sync")
+    ps = result.extra.get("parameter_server")  # None: nothing trained in this run
+    sync = (ps or {}).get("sync")
     where = (f"{result.num_replicas} replica(s)" if not registry.get(result.strategy).traits.needs_ps
+             else f"{result.num_replicas} worker(s)" if ps is None
              else f"{result.num_replicas} worker(s), asynchronous" if not sync
              else f"{result.num_replicas} worker(s), synchronous: {sync['replicas_to_aggregate']} "
                   f"of {sync['num_workers']} gradients per step, {sync['dropped']} dropped")

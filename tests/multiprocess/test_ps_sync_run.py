@@ -78,6 +78,10 @@ def test_an_interrupted_sync_run_resumes_at_its_saved_step_with_the_uninterrupte
     assert _finish(_start(whole, tmp_path / "whole.log"), tmp_path / "whole.log") == 0
     reference = _metrics(tmp_path / "whole")
     assert reference["global_steps"] == 2 * STEPS
+    # run again when complete: nothing trained, and the summary claims no mode it did not run
+    assert _finish(_start(whole, tmp_path / "again.log"), tmp_path / "again.log") == 0
+    again = (tmp_path / "again.log").read_text()
+    assert "strategy           parameter_server (2 worker(s))\n" in again, again[-2000:]
 
     recipe, log = _recipe(tmp_path, "cut"), tmp_path / "cut.log"
     proc = _start(recipe, log)
