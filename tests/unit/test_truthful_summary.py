@@ -94,6 +94,9 @@ def test_a_parameter_server_run_counts_its_workers_the_same_way_on_every_line(ca
                        wall_time_s=1.0, run_dir=".", model_path=None, metrics_path="m.json",
                        initial_epoch=0, epochs=1, num_replicas=2, strategy="parameter_server")
     text = summary_text(result, tensorboard=False)
+    assert "parameter_server (2 worker(s))\n" in text and "replica" not in text  # nothing trained
+    result.extra["parameter_server"] = {"global_step": 1}
+    text = summary_text(result, tensorboard=False)
     assert "parameter_server (2 worker(s), asynchronous)" in text and "replica" not in text
 
 
