@@ -98,6 +98,20 @@ def worker_save(model, parent: str):
                 save.published.append(target)
 
 
+def staged_write(call, target: str) -> object:
+    """The chief's (or a single process's) write: ``call(path)`` writes into a staging folder next
+    to ``target``, then every output of that save is moved into ``target``'s folder atomically
+    (sharded ``.weights.h5`` saves write several files). Returns what ``call`` returned."""
+    parent, base = os.path.dirname(target) or ".", os.path.basename(target)
+    stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
+    with folder(parent) as staging:
+        result = call(os.path.join(staging, base))
+        for name in sorted(os.listdir(staging)):
+            if name == base or (stem is not None and name.startswith(stem)):
+                move_into_place(os.path.join(staging, name), os.path.join(parent, name))
+    return result
+
+
 def move_into_place(staged: str, target: str) -> None:
     """Replace ``target`` by ``staged`` (a file, or a folder such as a SavedModel) with atomic
     renames."""

@@ -36,7 +36,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras#19246"
 ISSUE = "https://github.com/keras-team/keras/issues/19246"
-_MARK = "_kerasdist_mend"
 
 
 def _trainer_module():
@@ -47,14 +46,8 @@ def _trainer_module():
 
 def bug_present() -> bool:
     """Whether Keras's multi-step loop still runs the step inside a ``tf.cond`` (source check)."""
-    source = inspect.getsource(_unwrapped(_trainer_module().TensorFlowTrainer._make_function))
+    source = inspect.getsource(_patch.original(_trainer_module().TensorFlowTrainer, "_make_function"))
     return "def has_next" in source and "tf.cond(" in source
-
-
-def _unwrapped(function):
-    while getattr(function, _MARK, None) == NAME:
-        function = function.__wrapped__
-    return function
 
 
 def _replicas(model) -> int:
@@ -135,7 +128,6 @@ def _mended(original):
 
         return run
 
-    setattr(_make_function, _MARK, NAME)
     return _make_function
 
 

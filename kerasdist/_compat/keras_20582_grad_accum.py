@@ -51,7 +51,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras#20582"
 ISSUE = "https://github.com/keras-team/keras/issues/20582"
-_MARK = "_kerasdist_mend"
 _ARGUMENT = "gradient_accumulation_steps"
 
 
@@ -146,7 +145,6 @@ def _mended(original):
 
         return context.merge_call(in_cross_replica, args=(reduced,))
 
-    setattr(apply, _MARK, NAME)
     return apply
 
 

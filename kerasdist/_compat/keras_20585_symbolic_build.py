@@ -34,7 +34,6 @@ from kerasdist._compat._fakes import fake_multi_worker_strategy, fake_per_replic
 
 NAME = "keras#20585"
 ISSUE = "https://github.com/keras-team/keras/issues/20585"
-_MARK = "_kerasdist_mend"
 
 
 def _trainer_class():
@@ -85,7 +84,6 @@ def _mended(original):
             break
         return original(self, iterator=None, data_batch=data_batch)
 
-    setattr(_maybe_symbolic_build, _MARK, NAME)
     return _maybe_symbolic_build
 
 
@@ -94,11 +92,6 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-def _original():
-    method = _trainer_class()._maybe_symbolic_build
-    return getattr(method, "__wrapped__", method) if installed() else method
 
 
 def bug_present() -> bool:
@@ -118,7 +111,7 @@ def bug_present() -> bool:
     trainer = types.SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
                                     _symbolic_build=lambda data_batch: built.append(data_batch))
     try:
-        _original()(trainer, iterator=[(0, 0, iter([batch]))])
+        _patch.original(_trainer_class(), "_maybe_symbolic_build")(trainer, iterator=[(0, 0, iter([batch]))])
     except (AttributeError, TypeError):
         return False
     return any(tf.nest.is_nested(call.value) for call in strategy.calls)

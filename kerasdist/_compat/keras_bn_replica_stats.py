@@ -37,7 +37,6 @@ from kerasdist._compat import _patch
 NAME = "keras-bn-replica-stats"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
-_MARK = "_kerasdist_mend"
 
 
 def _layer_class():
@@ -75,7 +74,6 @@ def _mended(original):
             kwargs["aggregation"] = "mean"
         return original(self, *args, **kwargs)
 
-    setattr(add_weight, _MARK, NAME)
     return add_weight
 
 

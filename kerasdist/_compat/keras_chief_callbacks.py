@@ -45,8 +45,10 @@ import tempfile
 
 from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
+from kerasdist._compat._save_scope import passthrough  # the callbacks stage their own saves
 from kerasdist._compat._worker_saves import (
     chief_turn,
+    staged_write,
     worker_save,
 )
 from kerasdist._compat._worker_saves import folder as _folder
@@ -55,7 +57,6 @@ NAME = "keras-chief-callbacks"
 ISSUE = ("no upstream issue for the multi-worker race (reproduction: tests/scripts/"
          "mwms_backup_restore.py under `kerasdist launch --workers 2`); the lost file after a "
          "crash mid-save: https://github.com/keras-team/keras/issues/20463")
-_MARK = "_kerasdist_mend"
 _SINGLE, _CHIEF, _OTHER = "single", "chief", "other"
 
 
@@ -101,13 +102,6 @@ def _is_remote(path) -> bool:
     return file_utils.is_remote_path(path)
 
 
-def _own_saves():
-    """The callbacks stage their own saves: ``Model.save`` runs Keras's code inside them."""
-    from kerasdist._compat._save_scope import passthrough
-
-    return passthrough()
-
-
 # --- BackupAndRestore -------------------------------------------------------------------------
 
 
@@ -138,7 +132,6 @@ def _backup_save(original):
             _staged_backup(self, original, folder, publish=True)
         return None
 
-    setattr(_save_model, _MARK, NAME)
     return _save_model
 
 
@@ -150,7 +143,7 @@ def _staged_backup(callback, original, folder: str, *, publish: bool) -> None:
         _keep_previous(callback, folder)
     staged = [os.path.join(folder, os.path.basename(path)) for path in targets]
     with _swapped(callback, backup_dir=folder, _weights_path=staged[0],
-                  _training_metadata_path=staged[1], double_checkpoint=False), _own_saves():
+                  _training_metadata_path=staged[1], double_checkpoint=False), passthrough():
         original(callback)
     if publish:
         for source, target in zip(staged, targets, strict=True):
@@ -182,7 +175,6 @@ def _backup_restore(original):
             _load_previous(self)
         return None
 
-    setattr(on_train_begin, _MARK, NAME)
     return on_train_begin
 
 
@@ -193,7 +185,6 @@ def _backup_cleanup(original):
             return None  # the chief deletes the shared backup
         return original(self, logs)
 
-    setattr(on_train_end, _MARK, NAME)
     return on_train_end
 
 
@@ -224,13 +215,8 @@ class _StagedSaves:
     def _write(self, method, filepath, args, kwargs):
         if _is_remote(filepath):
             return method(filepath, *args, **kwargs)
-        target = os.path.abspath(os.fspath(filepath))
-        with _folder(os.path.dirname(target)) as folder:
-            staged = os.path.join(folder, os.path.basename(target))
-            result = method(staged, *args, **kwargs)
-            if os.path.exists(staged):
-                os.replace(staged, target)
-        return result
+        return staged_write(lambda path: method(path, *args, **kwargs),
+                            os.path.abspath(os.fspath(filepath)))
 
     def save(self, filepath, *args, **kwargs):
         return self._write(self._kerasdist_model.save, filepath, args, kwargs)
@@ -259,19 +245,18 @@ def _checkpoint_save(original):
             # a worker's staging folder in the same place (FileExistsError)
         if kind != _OTHER:  # remote paths: written in place by the chief, no barrier
             turn = _turn(self.model, kind if parent is not None else _SINGLE)
-            with turn, _swapped(self, _model=_StagedSaves(self._model)), _own_saves():
+            with turn, _swapped(self, _model=_StagedSaves(self._model)), passthrough():
                 return original(self, epoch, batch, logs)
         if _is_remote(self.filepath):
             with _folder() as folder:  # a private folder, dropped
                 private = os.path.join(folder, os.path.basename(self.filepath))
-                with _swapped(self, filepath=private), _own_saves():
+                with _swapped(self, filepath=private), passthrough():
                     return original(self, epoch, batch, logs)
         with worker_save(self.model, parent) as save:
             staged = os.path.join(save.folder, os.path.basename(self.filepath))
-            with _swapped(self, filepath=staged), _own_saves():
+            with _swapped(self, filepath=staged), passthrough():
                 return original(self, epoch, batch, logs)
 
-    setattr(_save_model, _MARK, NAME)
     return _save_model
 
 
@@ -287,29 +272,6 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-def _original(cls, name: str):
-    method = cls.__dict__[name]
-    return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
-
-
-def fake_worker_strategy(task_id: int):
-    """A fake (never initialised) ``MultiWorkerMirroredStrategy`` of a 2-worker cluster, seen from
-    ``worker:<task_id>`` (no TF op; for the probe and tests)."""
-    import tensorflow as tf
-
-    base = type(fake_multi_worker_strategy())
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec({"worker": ["fake:1", "fake:2"]}), task_type="worker",
-        task_id=task_id)
-
-    class _Worker(base):
-        @property
-        def cluster_resolver(self):
-            return resolver
-
-    return _Worker()
 
 
 class _Recorder:
@@ -334,15 +296,15 @@ def bug_present() -> bool:
     the methods are gone or no longer hand over the shared path, i.e. upstream changed them.
     """
     backup_cls, checkpoint_cls = _classes()
-    model = _Recorder(fake_worker_strategy(1))
+    model = _Recorder(fake_multi_worker_strategy(task_id=1))
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = checkpoint_cls(os.path.join(folder, "model.keras"))
         backup = backup_cls(os.path.join(folder, "backup"))
         try:
             for callback in (checkpoint, backup):
                 callback.set_model(model)
-            _original(checkpoint_cls, "_save_model")(checkpoint, epoch=0, batch=None, logs={})
-            _original(backup_cls, "_save_model")(backup)
+            _patch.original(checkpoint_cls, "_save_model")(checkpoint, epoch=0, batch=None, logs={})
+            _patch.original(backup_cls, "_save_model")(backup)
         except (AttributeError, TypeError, KeyError):
             return False
         shared = {checkpoint.filepath, backup._weights_path}

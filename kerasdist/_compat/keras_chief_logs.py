@@ -29,7 +29,6 @@ from kerasdist._compat.keras_chief_callbacks import role
 
 NAME = "keras-chief-logs"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _OTHER = "other"
 
 
@@ -58,7 +57,6 @@ def _tensorboard_set_model(original):
             self.log_dir = _private(self)
         return original(self, model)
 
-    setattr(set_model, _MARK, NAME)
     return set_model
 
 
@@ -69,7 +67,6 @@ def _csv_train_begin(original):
             self.filename = os.path.join(_private(self), os.path.basename(self.filename))
         return original(self, logs)
 
-    setattr(on_train_begin, _MARK, NAME)
     return on_train_begin
 
 
@@ -83,16 +80,7 @@ def _cleanup_after(original):
             self._kerasdist_private = None
         return result
 
-    setattr(on_train_end, _MARK, NAME)
     return on_train_end
-
-
-def _patches():
-    tensorboard, csv_logger = _classes()
-    return ((tensorboard, "set_model", _tensorboard_set_model),
-            (tensorboard, "on_train_end", _cleanup_after),
-            (csv_logger, "on_train_begin", _csv_train_begin),
-            (csv_logger, "on_train_end", _cleanup_after))
 
 
 def _patches():

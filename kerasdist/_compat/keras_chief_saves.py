@@ -42,7 +42,6 @@ from kerasdist._compat._save_scope import inside, passthrough
 
 NAME = "keras-chief-saves"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _METHODS = ("save", "save_weights", "export")
 
 
@@ -59,28 +58,11 @@ def _saving_modules():
     return keras.saving, saving_api
 
 
-def _staged_write(call, target: str) -> object:
-    """The chief's write: into a staging folder next to ``target``, then every output moved."""
-    with saves.folder(os.path.dirname(target) or ".") as folder:
-        result = call(os.path.join(folder, os.path.basename(target)))
-        _publish(folder, target)
-    return result
-
-
-def _publish(folder: str, target: str) -> None:
-    """Move the outputs of one save staged in ``folder`` to ``target``'s folder (atomically)."""
-    parent, base = os.path.dirname(target) or ".", os.path.basename(target)
-    stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
-    for name in sorted(os.listdir(folder)):  # sharded weights write several files
-        if name == base or (stem is not None and name.startswith(stem)):
-            saves.move_into_place(os.path.join(folder, name), os.path.join(parent, name))
-
-
 def _distributed_save(model, call, filepath) -> object:
     target = os.path.abspath(os.fspath(filepath))
     if chief.role(model) == "chief":
         with saves.chief_turn(model):
-            return _staged_write(call, target)
+            return saves.staged_write(call, target)
     parent = os.path.dirname(target) or "."
     with saves.worker_save(model, parent) as save:
         return call(os.path.join(save.folder, os.path.basename(target)))
@@ -93,30 +75,18 @@ def _applies(model, filepath) -> bool:
     return is_multi_worker(strategy) and not chief._is_remote(os.fspath(filepath))
 
 
-def _method(original):
+def _mended(original):
+    """``Model.save``/``save_weights``/``export`` (``model`` is ``self``) and
+    ``keras.saving.save_model(model, filepath, ...)``, distributed as the module docs say."""
     @functools.wraps(original)
-    def method(self, filepath, *args, **kwargs):
-        if not _applies(self, filepath):
-            return original(self, filepath, *args, **kwargs)
-        with passthrough():
-            return _distributed_save(
-                self, lambda path: original(self, path, *args, **kwargs), filepath)
-
-    setattr(method, _MARK, NAME)
-    return method
-
-
-def _function(original):
-    @functools.wraps(original)
-    def save_model(model, filepath, *args, **kwargs):
+    def save(model, filepath, *args, **kwargs):
         if not _applies(model, filepath):
             return original(model, filepath, *args, **kwargs)
         with passthrough():
             return _distributed_save(
                 model, lambda path: original(model, path, *args, **kwargs), filepath)
 
-    setattr(save_model, _MARK, NAME)
-    return save_model
+    return save
 
 
 def bug_present() -> bool:
@@ -124,19 +94,14 @@ def bug_present() -> bool:
     import inspect
 
     model = _model_class()
-    source = "".join(inspect.getsource(_original(model, name)) for name in _METHODS)
+    source = "".join(inspect.getsource(_patch.original(model, name)) for name in _METHODS)
     return "cluster_resolver" not in source and "is_chief" not in source
-
-
-def _original(cls, name: str):
-    method = cls.__dict__[name]
-    return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
 
 
 def _patches():
     model = _model_class()
-    return ([_patch.Patch(model, name, _method) for name in _METHODS]
-            + [_patch.Patch(module, "save_model", _function) for module in _saving_modules()])
+    return ([_patch.Patch(model, name, _mended) for name in _METHODS]
+            + [_patch.Patch(module, "save_model", _mended) for module in _saving_modules()])
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

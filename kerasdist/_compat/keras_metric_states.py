@@ -33,7 +33,6 @@ from kerasdist._compat._fakes import is_multi_worker
 
 NAME = "keras-metric-states"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _REDUCE = {"sum": "SUM", "mean": "MEAN"}
 
 
@@ -45,14 +44,8 @@ def _trainer_class():
 
 def bug_present() -> bool:
     """Whether Keras's ``get_metrics_result`` reads the metrics with no cross-worker step."""
-    source = inspect.getsource(_unwrapped(_trainer_class().get_metrics_result))
+    source = inspect.getsource(_patch.original(_trainer_class(), "get_metrics_result"))
     return "all_reduce" not in source and "strategy" not in source
-
-
-def _unwrapped(function):
-    while getattr(function, _MARK, None) == NAME:
-        function = function.__wrapped__
-    return function
 
 
 def _local_variables(model) -> list:
@@ -123,7 +116,6 @@ def _mended(original):
             for variable, value in zip(variables, own, strict=True):
                 variable.assign(value)
 
-    setattr(get_metrics_result, _MARK, NAME)
     return get_metrics_result
 
 

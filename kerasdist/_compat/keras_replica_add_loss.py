@@ -34,7 +34,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-replica-add-loss"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _LOCAL = threading.local()
 _METHODS = ("add_loss", "_get_own_losses", "_clear_losses")
 
@@ -83,7 +82,6 @@ def _mended(name, original):
                 _own(self).clear()
 
     method = functools.wraps(original)(method)
-    setattr(method, _MARK, NAME)
     return method
 
 

@@ -40,7 +40,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-optimizer-replica-apply"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 
 
 def _optimizer_class():
@@ -127,7 +126,6 @@ def _mended(original):
 
         return tf.distribute.get_replica_context().merge_call(in_cross_replica, args=(reduced,))
 
-    setattr(_backend_apply_gradients, _MARK, NAME)
     return _backend_apply_gradients
 
 

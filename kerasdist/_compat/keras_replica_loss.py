@@ -34,7 +34,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-replica-loss"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _STATE = threading.Lock(), {"depth": 0}
 _FUNCTIONS = ("scale_loss_for_distribution", "unscale_loss_for_distribution")
 _REDUCTIONS = ("sum", "sum_over_batch_size", "mean", "mean_with_sample_weight")
@@ -93,7 +92,6 @@ def _identity_in_steps(original):
             return _reported(value) if unscale else value
         return original(value)
 
-    setattr(function, _MARK, NAME)
     return function
 
 
@@ -191,7 +189,6 @@ def _exact_reduce(original):
         total = tf.reduce_sum(values)
         return total * tf.cast(context.num_replicas_in_sync, total.dtype)
 
-    setattr(reduce_values, _MARK, NAME)
     return reduce_values
 
 
@@ -220,7 +217,6 @@ def _wrap_maker(original, attribute: str):
             setattr(self, attribute, _counted(function))
         return getattr(self, attribute) if returned is not None else returned
 
-    setattr(make, _MARK, NAME)
     return make
 
 

@@ -56,7 +56,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-sharded-variables"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 
 
 def bug_present() -> bool:
@@ -282,7 +281,7 @@ def _gradient_slice(grad, start, shard):
 def _initialize(original):
     def initialize(self, value):
         original(self, value)
-        if sharded_value(self) is not None and not getattr(self, _MARK, False):
+        if sharded_value(self) is not None and not getattr(self, _patch.MARK, False):
             self.__class__ = _sharded_class(type(self))
 
     return initialize

@@ -26,7 +26,6 @@ from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
 
 NAME = "tensorflow#72388"
 ISSUE = "https://github.com/tensorflow/tensorflow/issues/72388"
-_MARK = "_kerasdist_mend"
 
 
 def _trainer_module():
@@ -94,7 +93,6 @@ def _mended(original):
             return _concat_via_float32(values, strategy, original, reduction)
         return original(values, strategy, reduction)
 
-    setattr(reduce_per_replica, _MARK, NAME)
     return reduce_per_replica
 
 
@@ -103,11 +101,6 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-def _original():
-    function = _trainer_module().reduce_per_replica
-    return function.__wrapped__ if installed() else function
 
 
 class _Scalar:
@@ -127,7 +120,7 @@ def bug_present() -> bool:
     """
     strategy = fake_multi_worker_strategy()
     try:
-        _original()({"loss": _Scalar()}, strategy, "auto")
+        _patch.original(_trainer_module(), "reduce_per_replica")({"loss": _Scalar()}, strategy, "auto")
     except (AttributeError, TypeError):
         return False
     return any(c.axis == 0 and getattr(getattr(c.value, "shape", None), "rank", None) == 0
