@@ -1,38 +1,32 @@
 """Mend: Keras 3's ``ModelCheckpoint`` and ``BackupAndRestore`` are not multi-worker safe, and
 their saves are not atomic.
 
-Upstream: no Keras 3 issue for the multi-worker part (Keras 3.15 has no chief/worker logic in any
-callback; tf_keras had non-chief workers write temporary copies). Reproduction: run
-``tests/scripts/mwms_backup_restore.py`` (a script that passes ONE shared ``backup_dir`` and ONE
-``ModelCheckpoint`` path, as TensorFlow's multi-worker tutorial does) with ``kerasdist launch
---workers 2`` without this mend: both workers write the same files and one fails with h5py's
-"unable to lock file" (or ``zipfile.BadZipFile: Bad CRC-32``, ``FileExistsError``, a
-``CollectiveBcastRecv`` abort while a worker loads a half-written file), which the launcher classes
-as fatal. The non-atomic write: ``.keras`` and ``.weights.h5`` saves open the target for writing
-(truncating it) before the new content exists, so a crash mid-save loses the previous file;
-keras-team/keras#20463 reports the unreadable backup that follows, closed by #20465 with the opt-in
-``double_checkpoint``, not an atomic write.
+Upstream: no Keras 3 issue for the multi-worker part (no callback of Keras 3.15 has chief/worker
+logic; tf_keras had non-chief workers write temporary copies). Reproduction:
+``tests/scripts/mwms_backup_restore.py`` (ONE shared ``backup_dir`` and ``ModelCheckpoint`` path, as
+TensorFlow's multi-worker tutorial) under ``kerasdist launch --workers 2`` without this mend: both
+workers write the same files and one fails (h5py's "unable to lock file", ``BadZipFile: Bad
+CRC-32``, ``FileExistsError``, or a ``CollectiveBcastRecv`` abort while a worker loads a
+half-written file). Not atomic: ``.keras`` and ``.weights.h5`` saves truncate the target before the
+new content exists, so a crash mid-save loses the previous file (keras-team/keras#20463, closed by
+#20465 with the opt-in ``double_checkpoint``, not an atomic write).
 
-Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``):
+Mend (installed by :func:`kerasdist.keras.enable`):
 
-* every write of the user's path is atomic: Keras writes into a staging folder created inside the
-  target's own folder (``.kerasdist-staging-*``), then each finished file is moved over the target
-  with ``os.replace`` (weights first, then ``training_metadata.json``); a crash mid-save leaves the
-  previous file intact (and, after a hard kill, a hidden staging folder behind);
-* under a strategy in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) the
-  chief writes the user's path: task ``chief`` when the cluster has one, else ``worker`` 0 (from
-  the strategy's ``cluster_resolver``). Every other worker still runs the save (reading distributed
-  values may need collectives) into a staging folder next to the target and, by the protocol of
-  :mod:`kerasdist._compat._worker_saves`, moves it into place only when its path is on a disk of
-  its own (on a folder shared with the chief its copy is dropped);
+* every write of the user's path goes into a staging folder inside the target's folder
+  (``.kerasdist-staging-*``), then each finished file replaces the target with ``os.replace``
+  (weights first, then ``training_metadata.json``);
+* in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) the chief (task
+  ``chief``, else ``worker`` 0) writes the user's path; every other worker still runs the save
+  (reading distributed values may need collectives) and keeps its copy only where its path is on a
+  disk of its own (:mod:`kerasdist._compat._worker_saves`);
 * ``BackupAndRestore`` in multi-worker mode: every worker restores from the backup folder at train
-  begin (a complete file, thanks to the atomic writes) and nobody writes there at train begin (the
-  ``double_checkpoint`` fallback loads the ``.bkp`` files instead of copying them back); at a
-  successful train end the chief deletes the shared backup, a worker one of its own.
+  begin and nobody writes there then (the ``double_checkpoint`` fallback loads the ``.bkp`` files
+  instead of copying them back); at a successful train end the chief deletes the shared backup, a
+  worker one of its own.
 
-Outside multi-worker mode the callbacks run Keras's own code, only redirected through the staging
-folder. Remote paths (``gs://``, ``/cns`` ...) are written by Keras in place on the chief (no atomic
-rename there). Subclasses that override ``_save_model`` are not affected.
+Otherwise Keras's own code runs, redirected through the staging folder; remote paths (``gs://``
+...) are written in place by the chief. Subclasses that override ``_save_model`` are not affected.
 """
 
 from __future__ import annotations

@@ -1,28 +1,23 @@
 """Mend: ``Model.save`` / ``save_weights`` / ``export`` written by every worker corrupt the file.
 
 Upstream: no Keras issue found (Keras 3.15 has no chief/worker logic in saving); reproduction: a
-script that ends with ``model.save("out/model.keras")`` after ``fit``,
-unchanged from its one-process form, run by ``kerasdist launch --workers 2``: both workers write
-the same path at once and a later ``keras.models.load_model`` raises ``BadZipFile: Truncated file
-header``; ``save_weights`` gives the same race on the ``.weights.h5`` file, ``export`` on the
-SavedModel folder.
+script ending with ``model.save("out/model.keras")`` after ``fit``, run unchanged by ``kerasdist
+launch --workers 2``: both workers write the same path at once and a later ``load_model`` raises
+``BadZipFile: Truncated file header``; ``save_weights`` and ``export`` race the same way.
 
-Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``): under a strategy in
-multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`):
+Mend (installed by :func:`kerasdist.keras.enable`), in multi-worker mode
+(:func:`kerasdist._compat._fakes.is_multi_worker`), with the protocol of
+:mod:`kerasdist._compat._worker_saves`:
 
-* the chief (task ``chief``, else ``worker`` 0; :func:`keras_chief_callbacks.role`) writes the
-  user's path, atomically: Keras writes into a staging folder inside the target's folder, then the
-  finished file (or files, or SavedModel folder) replaces the target with ``os.replace``;
+* the chief (task ``chief``, else ``worker`` 0) writes the user's path atomically: into a staging
+  folder inside the target's folder, then every output replaces its target with ``os.replace``;
 * every other worker runs the same save (reading distributed values may need collectives) into a
-  staging folder of its own inside the target's folder (hidden, removed right after);
-* then every worker waits on one all-reduce (a barrier), which the chief enters only after its
-  file is in place: when any worker's call returns, the file is complete, so a ``load_model``
-  right after never sees a partial file;
-* after the barrier, a worker that does not see the chief's file at its path (the target's
-  inode, size and mtime are as before the save: the path is on a disk of its own, as on real
-  hosts) moves its own staged copy into place atomically; one that sees it (a shared folder)
-  drops its copy. So a shared path gets exactly one complete file, the chief's, and every
-  worker's own path ends with a complete file (a worker's own ``tempfile.mkdtemp()`` path too).
+  staging folder of its own next to the target;
+* every worker then waits on a barrier the chief enters only after its file is in place, so a
+  ``load_model`` right after any worker's call never sees a partial file;
+* a worker that does not see the chief's file at its path afterwards (a disk of its own, as on
+  real hosts) moves its staged copy into place; on a shared folder it drops it. A shared path gets
+  exactly one complete file, the chief's; every worker's own path ends with a complete file.
 
 The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode, for remote
 paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own saves:

@@ -4,17 +4,14 @@ Upstream: Keras 3 has no parameter-server code (its TensorFlow trainer never cre
 ``ClusterCoordinator``); ``model.fit`` fails with "you need to pass this dataset to
 ClusterCoordinator.create_per_worker_dataset" (Keras 3.15 / TF 2.21; the TF tutorial
 https://www.tensorflow.org/tutorials/distribute/parameter_server_training uses Keras 2's ``fit``).
-Probe: :func:`bug_present` checks that the installed Keras TensorFlow trainer still has no
-``ClusterCoordinator``; ``tests/unit/test_compat.py`` fails when that changes.
+Probe: :func:`bug_present` (the trainer's source still has no ``ClusterCoordinator``).
 
-Installed by ``kerasdist.enable()``: a Keras model built and compiled inside
-``tf.distribute.ParameterServerStrategy.scope()`` then trains, evaluates and predicts with plain
-``model.fit``/``evaluate``/``predict``, routed to kerasdist's coordinator loop
-(:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`). The wrap is on
-``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the base of every ``keras.Model`` on this
-backend: the narrowest scope that reaches plain ``model.fit``); every other model goes straight to
+Installed by ``kerasdist.enable()``: ``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the base
+of every ``keras.Model`` on this backend) route a model built and compiled inside
+``ParameterServerStrategy.scope()`` to kerasdist's coordinator loop
+(:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`); every other model goes to
 Keras's own method, and :func:`disable` puts the originals back. Subclasses that override
-``fit``/``evaluate``/``predict`` themselves are not affected.
+``fit``/``evaluate``/``predict`` are not affected.
 
 Example::
 
@@ -37,7 +34,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-ps-fit"
 ISSUE = "Keras 3 has no ParameterServerStrategy support (reproduction in this module's docstring)"
-
 
 
 def _trainer_class():

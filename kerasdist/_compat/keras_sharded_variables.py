@@ -1,50 +1,33 @@
 """Mend: Keras 3 variables cannot be sharded by a ``ParameterServerStrategy`` partitioner.
 
-Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): an
-in-process cluster with 2 workers and 2 ps, ``tf.distribute.ParameterServerStrategy(resolver,
-variable_partitioner=FixedShardsPartitioner(2))``, a ``Sequential`` of two ``Dense`` layers built
-and compiled in its scope, then one scheduled ``train_step`` (``model.fit`` under kerasdist, or
-TensorFlow's parameter-server tutorial's own loop):
-``AttributeError: 'ShardedVariable' object has no attribute 'handle'``, raised by Keras's
-TensorFlow ``Variable.handle`` inside ``tape.gradient``.
-
-Cause: under a partitioner, the ``tf.Variable`` that Keras creates inside its own ``Variable``
-becomes a ``tf.distribute.experimental.ShardedVariable`` (a container of 2 or more resource
-variables, one per ps task, split along axis 0). Keras's ``Variable`` declares itself a resource
-variable, so ``GradientTape.gradient`` asks it for one ``handle``; a sharded container has one per
-shard.
+Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): 2 workers and 2
+ps, ``ParameterServerStrategy(resolver, variable_partitioner=FixedShardsPartitioner(2))``, a
+``Sequential`` of two ``Dense`` layers compiled in its scope, then one scheduled ``train_step``
+(``model.fit`` under kerasdist, or TensorFlow's parameter-server tutorial's loop):
+``AttributeError: 'ShardedVariable' object has no attribute 'handle'`` inside ``tape.gradient``.
+Cause: under a partitioner the ``tf.Variable`` inside a Keras ``Variable`` becomes a
+``ShardedVariable`` (one resource variable per ps task, split along axis 0), but Keras's
+``Variable`` declares itself a resource variable, so ``GradientTape.gradient`` asks it for one
+``handle``.
 
 Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
 
 * ``tape.gradient`` differentiates such a variable through its shards and returns one gradient of
-  the variable's full shape: the shards' dense gradients concatenated along axis 0, or, when every
-  shard's gradient is an ``IndexedSlices`` (embedding lookups), one ``IndexedSlices`` whose indices
-  are shifted by each shard's row offset; a shard that the loss does not reach counts as zeros.
-  The optimizer's own ``update_step`` then runs once per shard, on that shard's ps, with the
-  shard, its slots' shards and its slice of the gradient (:func:`_update_step_by_shard`). Other
-  uses of ``extended.update`` on the container (AdamW's weight decay) run the function on the
-  container, which TF's colocation cannot take.
-* optimizer slots (momentum, Adam's moments) of a sharded variable are created without
-  colocation, so the partitioner splits them exactly as the variable (same shape and dtype),
-  shard i on the ps task of the variable's shard i.
-* a Keras variable that receives a ``ShardedVariable`` takes a subclass whose ``numpy()`` /
-  ``np.asarray`` (``model.save``, ``get_weights``) read and concatenate the shards (a
-  ``ShardedVariable`` has neither), and which checkpoints as TensorFlow checkpoints a
-  ``ShardedVariable``: one full-shape tensor written in slices, one per shard, under the same
-  checkpoint key as an unsharded variable, so it restores onto any number of shards (a
-  checkpoint written with N ps restores onto M ps, or onto one unsharded variable). Keras's own
-  ``_serialize_to_tensors`` cannot be used: TensorFlow's ``TrackableSaveable.restore`` keeps one
-  tensor per attribute name, the last slice.
-* ``keras.ops.take(variable, indices, axis=0)`` (what ``Embedding`` calls) on such a variable
-  becomes ``tf.nn.embedding_lookup`` on the shards: each ps gathers its own rows, instead of every
-  step reading the whole table to the worker.
+  its full shape: the shards' dense gradients concatenated, or one ``IndexedSlices`` with each
+  shard's indices shifted by its row offset (a shard the loss does not reach counts as zeros). The
+  optimizer's ``update_step`` then runs once per shard, on its ps (:func:`_update_step_by_shard`);
+  other ``extended.update`` calls on the container (AdamW's weight decay) run on the container.
+* optimizer slots of a sharded variable are created without colocation, so the partitioner splits
+  them exactly as the variable, shard i on the ps task of the variable's shard i.
+* such a Keras variable takes a subclass whose ``numpy()``/``np.asarray`` concatenate the shards
+  and which checkpoints as TensorFlow checkpoints a ``ShardedVariable`` (one full-shape tensor
+  written in slices under the unsharded key, so N ps restore onto M ps or onto one variable;
+  Keras's ``_serialize_to_tensors`` would keep only the last slice on restore).
+* ``keras.ops.take(variable, indices, axis=0)`` (``Embedding``) becomes
+  ``tf.nn.embedding_lookup`` on the shards: each ps gathers its own rows.
 
-Probe: :func:`bug_present` reads Keras's ``Variable.handle`` source (no TF op): the mend is needed
-while it returns ``self.value.handle`` unconditionally; ``tests/unit/test_compat.py`` fails when
-that changes.
-
-Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/partitioners and
-``tf.distribute.experimental.ShardedVariable`` (TF API docs).
+Probe: :func:`bug_present` reads Keras's ``Variable.handle`` (still ``self.value.handle``).
+Source: ``tf.distribute.experimental.partitioners`` and ``ShardedVariable`` (TF API docs).
 """
 
 from __future__ import annotations

@@ -1,33 +1,25 @@
 """Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker.
 
 ``ParameterServerStrategy`` never sends batches from the coordinator: each worker runs its own
-input pipeline, created with ``ClusterCoordinator.create_per_worker_dataset``, and a scheduled step
-calls ``next()`` on the iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
+input pipeline (``ClusterCoordinator.create_per_worker_dataset``), and a scheduled step calls
+``next()`` on the iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
 
-* **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (kerasdist convention,
-  e.g. :func:`kerasdist.data.make_dataset_fn`). It is called on each worker with a
-  ``tf.distribute.InputContext`` whose ``num_input_pipelines`` is the number of workers and whose
-  ``input_pipeline_id`` is the worker index (an int64 scalar tensor). It must shard or seed by
-  that id so that workers see different batches, and batch with
-  ``input_context.get_per_replica_batch_size(global_batch)``.
-* **a ``tf.data.Dataset``** (usually batched). Its graph is serialized once and rebuilt on each
-  worker, where worker ``i`` of ``N`` keeps elements ``i, i+N, i+2N, ...`` (``Dataset.shard`` on
-  the dataset's elements, i.e. on whole batches when it is batched). With a deterministic order
-  (no shuffle, or a seeded one; ``keras.utils.set_random_seed`` seeds unseeded shuffles) the
-  workers read disjoint batches. Every worker still runs the whole pipeline and drops the
-  batches of the others, so prefer a dataset function when preprocessing is expensive.
-  Datasets that cannot be serialized (``from_generator``, Python functions) need a dataset
-  function.
-* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32); a list
-  or tuple ``x`` is several model inputs, as in Keras. Training: worker ``i`` keeps examples
-  ``i, i+N, ...``, shuffles them each pass when ``shuffle`` and batches them. Evaluation and
-  prediction (:func:`to_eval_input`): the arrays are batched in input order first, as Keras
-  batches them, and worker ``i`` takes batches ``i, i+N, ...``.
+* **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (e.g.
+  :func:`kerasdist.data.make_dataset_fn`), called on each worker with ``num_input_pipelines`` =
+  the number of workers and ``input_pipeline_id`` = the worker index (an int64 scalar tensor); it
+  must shard or seed by that id and batch with ``get_per_replica_batch_size(global_batch)``.
+* **a ``tf.data.Dataset``**: serialized once and rebuilt on each worker, where worker ``i`` of
+  ``N`` keeps elements ``i, i+N, ...`` (whole batches when it is batched); with a deterministic
+  order the workers read disjoint batches. Every worker runs the whole pipeline, so prefer a
+  dataset function when preprocessing is expensive; one that cannot be serialized
+  (``from_generator``, Python functions) needs a dataset function.
+* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32); a list or
+  tuple ``x`` is several model inputs, as in Keras. Training: worker ``i`` keeps examples
+  ``i, i+N, ...``, shuffled each pass when ``shuffle``; evaluation and prediction
+  (:func:`to_eval_input`) deal Keras's own batches out instead.
 
-Training pipelines are repeated forever on the workers, so an epoch is ``steps_per_epoch``
-scheduled steps summed over all workers; evaluation pipelines are not repeated. ``class_weight``
-becomes per-example weights on the workers' pipelines
-(:func:`kerasdist.keras.ps_class_weight.class_weighted`).
+Training pipelines repeat forever (an epoch is ``steps_per_epoch`` scheduled steps summed over all
+workers); evaluation pipelines do not.
 """
 
 from __future__ import annotations
