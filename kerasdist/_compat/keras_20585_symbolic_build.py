@@ -1,28 +1,20 @@
 """Mend for keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a tuple batch across workers.
 
-Upstream: https://github.com/keras-team/keras/issues/20585.
+Upstream: https://github.com/keras-team/keras/issues/20585. Before training,
+``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed batch ``(x, y[,
+sample_weight])`` and passes the whole tuple to ``strategy.reduce("MEAN", batch, axis=None)``
+only to learn its shapes. Under ``MultiWorkerMirroredStrategy`` with 2+ workers that is a
+cross-worker collective that accepts one tensor, and ``model.fit`` fails with "Attempt to convert
+a value (PerReplica...) ... to a Tensor"; under ``MirroredStrategy`` with 2+ replicas it fails for
+a batch holding a string tensor. Under every strategy, taking that batch also draws from a new
+iterator before training: a seeded, reshuffled ``shuffle`` then gives the first epoch its
+*second* permutation, and ``repeat()`` + ``steps_per_epoch`` training starts at the second batch.
 
-Bug: before training, ``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed
-batch ``(x, y[, sample_weight])`` and, when every element is a ``DistributedValues``, passes the
-whole tuple to ``strategy.reduce("MEAN", batch, axis=None)`` only to learn its shapes. Under
-``MultiWorkerMirroredStrategy`` with two or more workers that reduce is a cross-worker collective
-that accepts one tensor, not a structure, and ``model.fit`` fails with "Attempt to convert a value
-(PerReplica...) ... to a Tensor".
-
-The same reduce fails under ``MirroredStrategy`` with 2+ replicas whenever the batch holds a
-string tensor ("Value for attr 'T' of string is not in the list of allowed values").
-
-Under every strategy, taking that first batch also creates an iterator and draws a batch before
-training: a seeded ``shuffle`` (reshuffled each iteration) then gives the first epoch its *second*
-permutation, unlike a strategy-free ``fit``; with ``repeat()`` + ``steps_per_epoch`` training
-starts at the second batch.
-
-Mend: under any distribution strategy, hand the unmodified method the per-replica batch's
+Mend: under any distribution strategy, the unmodified method gets the per-replica batch's
 ``TypeSpec`` (shapes and dtypes are all the symbolic build reads), read from the epoch iterator's
-distributed dataset's ``element_spec``: no iterator is created, nothing is reduced, no batch is
-drawn. Where no distributed dataset is at hand, this worker's first local replica value of each
-element is used (``strategy.experimental_local_results(v)[0]``, no communication). Without a
-strategy the unmodified path runs.
+distributed dataset's ``element_spec``: no iterator, no reduce, no batch drawn. With no
+distributed dataset at hand, this worker's first local replica value of each element is used
+(``strategy.experimental_local_results(v)[0]``, no communication).
 """
 
 from __future__ import annotations

@@ -1,26 +1,20 @@
 """Mend: metrics created outside ``strategy.scope()`` report each worker's own share.
 
-Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21,
-``kerasdist launch --workers 2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of
-a script, then ``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``;
-``evaluate`` reports different values on each worker, none equal to a strategy-free ``evaluate`` of
-the same weights on the same examples (the loss, whose tracker Keras builds inside the scope,
-agrees). Cause: a Keras metric creates its state variables when it is constructed; built outside the
-scope they are plain per-process variables, not the ``ON_READ`` variables that a cross-worker read
-aggregates, so each worker's ``result()`` is computed from its half of the examples. Metrics built
-inside the scope (or given by name) are aggregated by TensorFlow already.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``kerasdist launch --workers
+2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of a script, then
+``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``: ``evaluate`` reports
+different values on each worker, none equal to a strategy-free ``evaluate``. Cause: a Keras metric
+creates its state variables when constructed; built outside the scope they are plain per-process
+variables, not ``ON_READ`` ones that a cross-worker read aggregates. Metrics built inside the scope
+(or given by name) are aggregated by TensorFlow already.
 
 Mend: when Keras reads the metric results at the end of an epoch or of ``evaluate``
-(``Trainer.get_metrics_result``) under a multi-worker ``MultiWorkerMirroredStrategy``, the state
-variables of the model's metrics that are not distributed variables are summed over the workers
-(``aggregation="sum"``; ``"mean"`` ones averaged; others left alone) with one all-reduce per
-dtype, ``result()`` is computed from those totals, and each worker's own states are put back. Every
-worker calls it at the same points of ``fit``/``evaluate``, so the collectives pair up. Without a
-multi-worker strategy the unmodified method runs.
+(``Trainer.get_metrics_result``) under a multi-worker ``MultiWorkerMirroredStrategy``, the model's
+metric state variables that are not distributed are summed over the workers (``"mean"`` ones
+averaged) with one all-reduce per dtype, ``result()`` is computed from those totals, and each
+worker's own states are put back. Every worker reads at the same points, so the collectives pair.
 
-Probe: :func:`bug_present` reads the source of Keras's ``Trainer.get_metrics_result`` (no TF
-op): the mend is needed while it reads the metrics with no cross-worker step;
-``tests/unit/test_compat.py`` fails when that changes.
+Probe: :func:`bug_present` reads ``Trainer.get_metrics_result`` (still no cross-worker step).
 """
 
 from __future__ import annotations

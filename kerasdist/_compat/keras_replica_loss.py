@@ -1,27 +1,24 @@
 """Mend: under a multi-replica strategy, Keras 3 hands custom steps a loss divided by the replicas.
 
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``MirroredStrategy`` with 2
-replicas and ``MultiWorkerMirroredStrategy`` with 2 workers): a ``train_step``/``test_step`` written
-as Keras's "customizing fit" guide shows (``loss = self.compute_loss(...)``;
-``metric.update_state(loss)`` for the ``loss`` metric) reports half the loss of the same model in
-one process (evaluate 0.59 vs 1.18), and a model that overrides ``compute_loss`` to add a term of
-its own (``+ 0.01 * mean(y_pred**2)``) ends with weights 1e-3 away from the single-process run.
+replicas or ``MultiWorkerMirroredStrategy`` with 2 workers): a ``train_step``/``test_step`` written
+as Keras's "customizing fit" guide shows (``loss = self.compute_loss(...)``, then
+``metric.update_state(loss)``) reports half the single-process loss, and a model whose
+``compute_loss`` adds a term of its own ends with weights 1e-3 away from the single-process run.
 Cause: Keras divides every loss by ``num_replicas_in_sync`` inside ``compute_loss``
-(``keras.src.losses.loss.scale_loss_for_distribution``) so that the all-reduce *sum* of the
-replicas' gradients is the mean; its own ``train_step`` multiplies the value back before its loss
-tracker sees it, users' steps do not, and a term a user adds is not divided.
+(``scale_loss_for_distribution``) so that the all-reduce *sum* of the gradients is the mean; its
+own ``train_step`` multiplies the value back for its loss tracker, users' steps do not, and a
+term a user adds is not divided.
 
-Mend: during the steps of Keras's own ``fit``/``evaluate`` (the model's ``train_function`` and
-``test_function``; a user's ``strategy.run`` loop is untouched) under a ``MirroredStrategy`` or
+Mend: during the steps of Keras's own ``fit``/``evaluate`` (``train_function``/``test_function``; a
+user's ``strategy.run`` loop is untouched) under a ``MirroredStrategy`` or
 ``MultiWorkerMirroredStrategy`` with 2+ replicas, ``scale_loss_for_distribution`` and
 ``unscale_loss_for_distribution`` are the identity, so every loss a step sees is the per-replica
 mean, as in one process, and the optimizer divides the all-reduced gradient sum by the replicas
-instead (:mod:`kerasdist._compat.keras_replica_apply`): the same update, written where a custom
-step cannot miss it.
+instead (:mod:`kerasdist._compat.keras_replica_apply`).
 
-Probe: :func:`bug_present` reads the installed ``scale_loss_for_distribution`` (no TF op): the mend
-is needed while it divides by ``num_replicas_in_sync``; ``tests/unit/test_compat.py`` fails when
-that changes.
+Probe: :func:`bug_present` reads ``scale_loss_for_distribution`` (it still divides by
+``num_replicas_in_sync``).
 """
 
 from __future__ import annotations
