@@ -1,6 +1,7 @@
 """What the chief-aware save mends share (:mod:`keras_chief_callbacks`, :mod:`keras_chief_saves`):
-staging folders next to a target, atomic moves, and the two-barrier protocol by which a non-chief
-worker tells a folder shared with the chief from a disk of its own."""
+staging folders next to a target, atomic moves, the two-barrier protocol by which a non-chief
+worker tells a folder shared with the chief from a disk of its own, and the thread-local flag by
+which ``Model.save`` runs Keras's own code inside the callbacks (:class:`passthrough`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,26 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 
 STAGING_PREFIX = ".kerasdist-staging-"
+_LOCAL = threading.local()
+
+
+def inside() -> bool:
+    """True within a :class:`passthrough` block of this thread."""
+    return getattr(_LOCAL, "inside", False)
+
+
+class passthrough:
+    """``with passthrough():`` saves run Keras's own code (used by the chief-aware callbacks)."""
+
+    def __enter__(self):
+        self.previous = inside()
+        _LOCAL.inside = True
+
+    def __exit__(self, *exc):
+        _LOCAL.inside = self.previous
 
 
 @contextlib.contextmanager

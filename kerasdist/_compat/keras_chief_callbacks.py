@@ -39,9 +39,9 @@ import tempfile
 
 from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
-from kerasdist._compat._save_scope import passthrough  # the callbacks stage their own saves
-from kerasdist._compat._worker_saves import (
+from kerasdist._compat._worker_saves import (  # passthrough: the callbacks stage their own saves
     chief_turn,
+    passthrough,
     staged_write,
     worker_save,
 )

@@ -33,7 +33,7 @@ from kerasdist._compat import _patch
 from kerasdist._compat import _worker_saves as saves
 from kerasdist._compat import keras_chief_callbacks as chief
 from kerasdist._compat._fakes import is_multi_worker
-from kerasdist._compat._save_scope import inside, passthrough
+from kerasdist._compat._worker_saves import inside, passthrough
 
 NAME = "keras-chief-saves"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"

@@ -205,7 +205,7 @@ def _counted(step_function):
     return run
 
 
-def _wrap_maker(original, attribute: str):
+def _wrap_maker(attribute: str, original):
     @functools.wraps(original)
     def make(self, *args, **kwargs):
         returned = original(self, *args, **kwargs)  # Keras 3.15 sets the attribute, returns None
@@ -221,13 +221,9 @@ def _patches():
     module, trainer = _loss_module(), _trainer_class()
     return ([_patch.Patch(module, name, _identity_in_steps) for name in _FUNCTIONS]
             + [_patch.Patch(module, "reduce_values", _exact_reduce)]
-            + [_patch.Patch(trainer, maker, functools.partial(_maker, attribute))
+            + [_patch.Patch(trainer, maker, functools.partial(_wrap_maker, attribute))
                for maker, attribute in (("make_train_function", "train_function"),
                                         ("make_test_function", "test_function"))])
-
-
-def _maker(attribute, original):
-    return _wrap_maker(original, attribute)
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

@@ -140,19 +140,12 @@ def step_guard(watchdog: CollectiveWatchdog, *, first_step_factor: float = 1.0):
         def on_train_batch_begin(self, batch, logs=None):
             watchdog.arm(f"training step {batch + 1} of the epoch", limit(batch))
 
-        def on_train_batch_end(self, batch, logs=None):
-            watchdog.disarm()
-
         def on_test_batch_begin(self, batch, logs=None):
             watchdog.arm(f"validation step {batch + 1}", limit(batch))
 
-        def on_test_batch_end(self, batch, logs=None):
+        def disarm(self, *args, **kwargs):  # a step, a training or an evaluation ended
             watchdog.disarm()
 
-        def on_train_end(self, logs=None):
-            watchdog.disarm()
-
-        def on_test_end(self, logs=None):
-            watchdog.disarm()
+        on_train_batch_end = on_test_batch_end = on_train_end = on_test_end = disarm
 
     return CollectiveStepGuard()
