@@ -134,10 +134,8 @@ def signature(obj) -> str:
 
 def functions(module_name: str):
     """``(installed, install, uninstall)`` for the mend module ``module_name``, which defines
-    ``NAME``, ``bug_present()`` and ``_patches()`` (a list of :class:`Patch`; both looked up at
-    call time). ``install()`` replaces the targets when the probe shows the bug (idempotent,
-    thread-safe) and returns whether the mend is in effect; ``uninstall()`` (tests only) puts back
-    what was replaced."""
+    ``NAME``, ``bug_present()`` and ``_patches()`` (a list of :class:`Patch`), looked up at call
+    time: :func:`installed`, :func:`install` with the probe, :func:`uninstall` (tests only)."""
     import sys
 
     def module():

@@ -107,12 +107,10 @@ def learning_rate_setting(optimizer):
 
 def configure_coordination_heartbeat(cluster_spec, *, heartbeat_timeout_s: float) -> bool:
     """Configure TensorFlow's coordination service (the chief/worker heartbeats of
-    ``MultiWorkerMirroredStrategy``) as the strategy itself would, but with a heartbeat timeout
-    of ``heartbeat_timeout_s`` seconds instead of TF's fixed 10 s; call it before the strategy is
-    built (the strategy configures the service only when nobody has:
-    ``CollectiveAllReduceExtended._initialize_multi_worker``). No public API sets the timeout
-    (``tf.config`` has no coordination options; ``context.configure_coordination_service`` is
-    ``tensorflow.python``).
+    ``MultiWorkerMirroredStrategy``) as the strategy itself would
+    (``CollectiveAllReduceExtended._initialize_multi_worker``, which leaves a configured service
+    alone), but with a heartbeat timeout of ``heartbeat_timeout_s`` seconds instead of TF's fixed
+    10 s; call it before the strategy is built. No public API sets the timeout.
 
     Returns:
         False, configuring nothing, when the service is already configured in this process or
@@ -147,11 +145,10 @@ def abort_collective_ops(message: str) -> None:
 
 @contextlib.contextmanager
 def direct_merge_calls():
-    """While open, TF's ``maybe_merge_call`` (``tf.__internal__.distribute.interim``: Keras's TF
-    optimizer calls it and it assumes a replica context) calls its function directly in
-    cross-replica context: for Keras's unmodified optimizer code run inside a mend's own
-    ``merge_call``. Only the thread holding that ``merge_call`` runs meanwhile (the replicas wait
-    for it), so no replica sees the swap; it is undone on exit."""
+    """While open, TF's ``maybe_merge_call`` (``tf.__internal__.distribute.interim``, which Keras's
+    TF optimizer calls assuming a replica context) calls its function directly in cross-replica
+    context: for Keras's unmodified optimizer code run inside a mend's own ``merge_call``, while
+    the replicas wait (no replica sees the swap; undone on exit)."""
     import tensorflow as tf
 
     interim = tf.__internal__.distribute.interim

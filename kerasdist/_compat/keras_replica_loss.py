@@ -125,14 +125,11 @@ def _global_sums(note):
 
 
 def take_weight_sums():
-    """``(local, global)`` sample-weight sums when the step this replica thread traces reduced
-    exactly one loss, with ``mean_with_sample_weight``; else None. Forgets the step's notes (the
-    optimizer calls it once a step).
-
-    :mod:`kerasdist._compat.keras_replica_apply` weighs this replica's gradient by the local sum
-    and divides the all-reduced sum by the global one: the gradient of the global batch's
-    weighted mean, as in one process, with no collective inside the loss. Scalar tensors of the
-    loss's dtype."""
+    """``(local, global)`` sample-weight sums (scalar tensors of the loss's dtype) when the step this
+    replica thread traces reduced exactly one loss, with ``mean_with_sample_weight``; else None.
+    Forgets the step's notes (:mod:`kerasdist._compat.keras_replica_apply` calls it once a step, to
+    weigh this replica's gradient by the local sum and divide the all-reduced sum by the global
+    one: the global batch's weighted mean, as in one process)."""
     note = _weighted_mean_note()
     sums = None if note is None else (note["weights"], _global_sums(note)[0])
     _REPLICA.notes = None
@@ -156,13 +153,10 @@ def _reported(value):
 def _exact_reduce(original):
     """Keras's ``reduce_values``; in a replicated Keras step, ``"sum"`` is scaled by the replicas.
 
-    The optimizer divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`),
-    right for the mean reductions (each replica's loss is its own mean) but half the step for a
-    summed loss: a replica's ``"sum"`` loss becomes ``replicas * (its sum)``, so the update is the
-    strategy-free one. ``mean_with_sample_weight`` returns the replica's weighted mean and notes its
-    weight sum and examples: when it is the step's only loss, the loss trackers record this
-    replica's share of the global weighted mean and the optimizer weighs each replica's gradient
-    by its share of the global weight sum (:func:`take_weight_sums`), exact for uneven weights.
+    The optimizer divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`):
+    right for the mean reductions, so a replica's ``"sum"`` loss becomes ``replicas * (its sum)``.
+    ``mean_with_sample_weight`` returns the replica's weighted mean and notes its weight sum and
+    examples, for :func:`_reported` and :func:`take_weight_sums` (exact for uneven weights).
     """
 
     @functools.wraps(original)

@@ -336,19 +336,14 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
     Raises:
         ValueError: as :func:`fit`; ``steps`` is None for an infinite input.
     """
-    import keras
-
     run = _start(model)
     evaluation = _eval_input(run, (x, y, sample_weight) if y is not None else x, steps=steps,
                              batch_size=batch_size, argument="x", steps_argument="steps")
     _build(run, evaluation.dataset)
     with _atomic_updates(run):
         run.test_function = ps_steps.make_test_function(model, run.strategy)
-        if not isinstance(callbacks, keras.callbacks.CallbackList):
-            callbacks = keras.callbacks.CallbackList(
-                callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
-                steps=evaluation.steps or (evaluation.batches if evaluation.batches > 0 else None),
-                model=model)
+        callbacks = ps_loop.callback_list(model, callbacks, verbose=verbose,
+                                          steps=evaluation.steps, batches=evaluation.batches)
         logs = ps_loop.evaluate_loop(run, iter(evaluation.dataset), steps=evaluation.steps,
                                      batches=evaluation.batches, callbacks=callbacks)
     if return_dict:

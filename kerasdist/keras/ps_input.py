@@ -132,13 +132,10 @@ def to_eval_input(x, y=None, *, sample_weight=None, batch_size: int | None = Non
                   steps: int | None = None, num_workers: int, argument: str = "x") -> PSInput:
     """An evaluation/prediction input whose batches are Keras's own, dealt out to the workers.
 
-    Arrays are batched first (``batch_size``, default 32, in input order) and a
-    ``tf.data.Dataset`` is kept as it is; then worker ``i`` of ``N`` takes batches ``i, i+N, ...``.
-    The batches are therefore exactly those of a strategy-free ``model.evaluate``/``predict``,
-    so metrics that depend on the batching (a custom metric averaging per-batch values) agree.
-    With ``steps``, only the first ``steps`` batches are kept (as Keras takes them).
-    A dataset function is passed through (:func:`to_ps_input`): its ``steps`` stay a count
-    summed over workers.
+    Arrays are batched first (``batch_size``, default 32, in input order), a ``tf.data.Dataset``
+    is kept as it is, and with ``steps`` only the first ``steps`` batches are kept; then worker
+    ``i`` of ``N`` takes batches ``i, i+N, ...``, so metrics that depend on the batching agree
+    with a strategy-free ``evaluate``. A dataset function is passed through (:func:`to_ps_input`).
 
     Raises:
         ValueError: as :func:`to_ps_input`.
@@ -222,9 +219,8 @@ def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) ->
         steps: the user's value, or None.
         ps_input: the normalised input.
         argument: its name in messages (``steps_per_epoch``, ``validation_steps``, ``steps``).
-        training: training pipelines repeat forever, so ``steps`` defaults to one pass over a
-            finite input of known size and is required otherwise. Evaluation with None runs
-            every worker's shard to its end.
+        training: None then means one pass over a finite input of known size (required
+            otherwise: training pipelines repeat forever); in evaluation, every shard to its end.
 
     Returns:
         A positive int, or None (evaluation until the data ends).
@@ -287,19 +283,9 @@ def worker_dataset(ps_input: PSInput, context, *, repeat: bool):
 
 
 def make_per_worker_dataset(coordinator, ps_input: PSInput, *, num_workers: int, repeat: bool):
-    """Create the per-worker datasets of ``ps_input`` on every worker.
-
-    Args:
-        coordinator: the ``tf.distribute.coordinator.ClusterCoordinator``.
-        ps_input: the normalised input.
-        num_workers: number of workers.
-        repeat: repeat each worker's pipeline forever (training).
-
-    Returns:
-        The ``PerWorkerDataset``; ``iter()`` of it gives per-worker iterators to pass to
-        ``coordinator.schedule``. Source:
-        https://www.tensorflow.org/api_docs/python/tf/distribute/coordinator/ClusterCoordinator#create_per_worker_dataset
-    """
+    """The ``PerWorkerDataset`` of ``ps_input`` (``coordinator.create_per_worker_dataset``), each
+    worker's pipeline repeated forever with ``repeat`` (training); ``iter()`` of it gives the
+    per-worker iterators to pass to ``coordinator.schedule``."""
     import tensorflow as tf
 
     strategy = coordinator.strategy

@@ -153,6 +153,17 @@ class PSRun:
         return MAX_PENDING_PER_WORKER * self.num_workers
 
 
+def callback_list(model, callbacks, *, verbose, steps: int | None, batches: int):
+    """``callbacks`` as the ``CallbackList`` of one ``evaluate``/``predict`` pass (with Keras's
+    progress bar unless ``verbose`` is 0), its length ``steps``, else ``batches`` when known (> 0)."""
+    import keras
+
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    return keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+                                        steps=steps or (batches if batches > 0 else None), model=model)
+
+
 def global_step(model) -> int:
     """``model.optimizer.iterations`` read from the ps (0 without an optimizer)."""
     return int(np.asarray(model.optimizer.iterations)) if model.optimizer is not None else 0
