@@ -60,13 +60,6 @@ UNKNOWN_VERSION = "unknown version"
 _LOGGED: set = set()
 
 
-def _versions_text() -> str:
-    from kerasdist._compat import versions
-
-    found = versions.installed()
-    return f"keras {found['keras']} / tensorflow {found['tensorflow']}"
-
-
 def _probe(module) -> tuple[str, str]:
     """``(state, detail)`` of one mend module: ACTIVE, NEEDED, NOT_NEEDED or NOT_APPLICABLE (its
     probe could not reach its target: a symbol this Keras/TF does not have; detail says which)."""
@@ -84,19 +77,16 @@ def _log_skip(module, state: str, detail: str) -> None:
     if (module.NAME, state) in _LOGGED:
         return
     _LOGGED.add((module.NAME, state))
+    from kerasdist._compat import versions
     from kerasdist._log import get_logger
 
+    found = versions.installed()
+    needed = ", ".join(f"{key}{value}" for key, value in
+                       getattr(module, "APPLIES_TO", versions.SUPPORTED).items())
     why = "its probe finds the bug fixed upstream" if state == NOT_NEEDED else \
         f"its target is missing ({detail})"
-    get_logger("compat").info(f"mend {module.NAME} skipped on {_versions_text()}: {state}, {why} "
-                              f"(known needed on {_applies_to(module)})")
-
-
-def _applies_to(module) -> str:
-    from kerasdist._compat import versions
-
-    spec = getattr(module, "APPLIES_TO", versions.SUPPORTED)
-    return ", ".join(f"{key}{value}" for key, value in spec.items())
+    get_logger("compat").info(f"mend {module.NAME} skipped on keras {found['keras']} / tensorflow "
+                              f"{found['tensorflow']}: {state}, {why} (known needed on {needed})")
 
 
 def apply() -> list[str]:

@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 import threading
+import types
 
 STAGING_PREFIX = ".kerasdist-staging-"
 _LOCAL = threading.local()
@@ -84,20 +85,14 @@ def chief_turn(model):
     barrier(model.distribute_strategy)
 
 
-class WorkerSave:
-    """One non-chief save in progress: ``folder`` (stage the files here) and, after the block,
-    ``published`` (the targets moved into place: empty on a folder shared with the chief)."""
-
-    def __init__(self, folder: str):
-        self.folder, self.published = folder, []
-
-
 @contextlib.contextmanager
 def worker_save(model, parent: str):
-    """A non-chief worker's side of one save, staged next to the target.
+    """A non-chief worker's side of one save, staged next to the target; yields the save in
+    progress: ``.folder`` (stage the files there) and, after the block, ``.published`` (the
+    targets moved into place: empty on a folder shared with the chief).
 
     It notes its target folder's files, passes the first barrier (the chief writes only after
-    it), writes into a staging folder (yields a :class:`WorkerSave`), passes the second barrier
+    it), writes into the staging folder, passes the second barrier
     (the chief's files are in place), then moves into place each staged file whose target did not
     change: the chief did not write there, so the path is on a disk of this worker's own (as on
     real hosts). On a folder shared with the chief its copies are dropped: one writer, the chief.
@@ -107,7 +102,7 @@ def worker_save(model, parent: str):
     before = _stamps(parent)
     barrier(model.distribute_strategy)
     with folder(parent) as staging:
-        save = WorkerSave(staging)
+        save = types.SimpleNamespace(folder=staging, published=[])
         yield save
         barrier(model.distribute_strategy)
         for name in sorted(os.listdir(staging)):

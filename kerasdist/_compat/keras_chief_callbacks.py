@@ -175,7 +175,7 @@ def _backup_restore(original):
 def _backup_cleanup(original):
     @functools.wraps(original)
     def on_train_end(self, logs=None):
-        if role(self.model) == _OTHER and not own_backup(self):
+        if role(self.model) == _OTHER and not getattr(self, "_kerasdist_own", False):
             return None  # the chief deletes the shared backup
         return original(self, logs)
 
@@ -184,12 +184,6 @@ def _backup_cleanup(original):
 
 def _turn(model, kind: str):
     return chief_turn(model) if kind == _CHIEF else contextlib.nullcontext()
-
-
-def own_backup(callback) -> bool:
-    """Whether a non-chief worker's BackupAndRestore wrote a backup of its own (a folder the
-    chief's files did not reach)."""
-    return bool(getattr(callback, "_kerasdist_own", False))
 
 
 # --- ModelCheckpoint ---------------------------------------------------------------------------

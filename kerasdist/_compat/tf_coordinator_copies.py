@@ -98,7 +98,3 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-__all__ = ["ISSUE", "NAME", "bug_present", "header_has_vector", "install", "installed",
-           "uninstall"]

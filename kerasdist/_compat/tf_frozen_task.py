@@ -110,7 +110,3 @@ def release_functions() -> None:
 def keeping_functions() -> bool:
     """Whether :func:`keep_functions` is in effect."""
     return bool(_KEPT)
-
-
-__all__ = ["ISSUE", "NAME", "bug_present", "eager_save", "keep_functions", "keeping_functions",
-           "release_functions"]
