@@ -176,6 +176,7 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         UnsupportedFeatureError: a ``keras.utils.PyDataset``, or a dataset that reads a lookup
             table.
     """
+    import keras
     import tensorflow as tf
 
     is_dataset = isinstance(x, tf.data.Dataset)
@@ -192,7 +193,7 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
     if is_arrays(x):
         return _from_arrays(pack_arrays(x, y, sample_weight), batch_size=batch_size or 32,
                             shuffle=shuffle, num_workers=num_workers)
-    if _is_py_dataset(x):
+    if isinstance(x, keras.utils.PyDataset):
         from kerasdist.errors import UnsupportedFeatureError
 
         raise UnsupportedFeatureError(
@@ -204,12 +205,6 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         f"ParameterServerStrategy training reads `{argument}` on the workers: pass a dataset "
         "function `fn(input_context) -> tf.data.Dataset`, a tf.data.Dataset or NumPy arrays. "
         f"Received: {argument}={type(x).__name__}")
-
-
-def _is_py_dataset(x) -> bool:
-    import keras
-
-    return isinstance(x, keras.utils.PyDataset)
 
 
 def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) -> int | None:
