@@ -117,12 +117,9 @@ def apply() -> list[str]:
 
 def status() -> dict[str, str]:
     """``{name: state}`` for every mend of :data:`MENDS` and :data:`ENABLE_MENDS` (``kerasdist
-    env``). A state is ``'active'`` (installed in this process), ``'needed'`` (the probe shows the
-    bug; :func:`apply` or ``kerasdist.enable()`` would install it), ``'not needed'`` (the probe
-    finds the bug fixed upstream) or ``'not applicable'`` (the probe's target is missing from this
-    Keras/TF). On a TensorFlow or Keras version outside
-    :data:`kerasdist._compat.versions.SUPPORTED` each state reads ``'unknown version: <state>'``.
-    Runs no TF op."""
+    env``; runs no TF op): ``'active'`` (installed here), ``'needed'`` (the probe shows the bug),
+    ``'not needed'`` (fixed upstream) or ``'not applicable'`` (the probe's target is missing),
+    prefixed ``'unknown version: '`` outside :data:`kerasdist._compat.versions.SUPPORTED`."""
     from kerasdist._compat import versions
 
     prefix = f"{UNKNOWN_VERSION}: " if versions.untested() else ""

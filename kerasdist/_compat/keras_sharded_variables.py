@@ -1,30 +1,26 @@
 """Mend: Keras 3 variables cannot be sharded by a ``ParameterServerStrategy`` partitioner.
 
-Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): 2 workers and 2
-ps, ``ParameterServerStrategy(resolver, variable_partitioner=FixedShardsPartitioner(2))``, a
-``Sequential`` of two ``Dense`` layers compiled in its scope, then one scheduled ``train_step``
-(``model.fit`` under kerasdist, or TensorFlow's parameter-server tutorial's loop):
-``AttributeError: 'ShardedVariable' object has no attribute 'handle'`` inside ``tape.gradient``.
-Cause: under a partitioner the ``tf.Variable`` inside a Keras ``Variable`` becomes a
-``ShardedVariable`` (one resource variable per ps task, split along axis 0), but Keras's
-``Variable`` declares itself a resource variable, so ``GradientTape.gradient`` asks it for one
-``handle``.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, CPU): 2 workers and 2 ps,
+``ParameterServerStrategy(resolver, variable_partitioner=FixedShardsPartitioner(2))``, two
+``Dense`` layers compiled in its scope, one scheduled ``train_step``: ``AttributeError:
+'ShardedVariable' object has no attribute 'handle'`` inside ``tape.gradient``. Cause: under a
+partitioner the ``tf.Variable`` inside a Keras ``Variable`` becomes a ``ShardedVariable`` (one
+resource variable per ps task, split along axis 0), but Keras's ``Variable`` declares itself a
+resource variable, so ``GradientTape.gradient`` asks it for one ``handle``.
 
 Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
 
-* ``tape.gradient`` differentiates such a variable through its shards and returns one gradient of
-  its full shape: the shards' dense gradients concatenated, or one ``IndexedSlices`` with each
-  shard's indices shifted by its row offset (a shard the loss does not reach counts as zeros). The
-  optimizer's ``update_step`` then runs once per shard, on its ps (:func:`_update_step_by_shard`);
-  other ``extended.update`` calls on the container (AdamW's weight decay) run on the container.
+* ``tape.gradient`` differentiates such a variable through its shards and returns one full-shape
+  gradient (dense shards concatenated, or one ``IndexedSlices`` with each shard's indices shifted
+  by its row offset); the optimizer's ``update_step`` runs once per shard, on its ps
+  (:func:`_update_step_by_shard`).
 * optimizer slots of a sharded variable are created without colocation, so the partitioner splits
-  them exactly as the variable, shard i on the ps task of the variable's shard i.
-* such a Keras variable takes a subclass whose ``numpy()``/``np.asarray`` concatenate the shards
-  and which checkpoints as TensorFlow checkpoints a ``ShardedVariable`` (one full-shape tensor
-  written in slices under the unsharded key, so N ps restore onto M ps or onto one variable;
-  Keras's ``_serialize_to_tensors`` would keep only the last slice on restore).
-* ``keras.ops.take(variable, indices, axis=0)`` (``Embedding``) becomes
-  ``tf.nn.embedding_lookup`` on the shards: each ps gathers its own rows.
+  them as the variable, shard i on the ps task of the variable's shard i.
+* the variable takes a subclass whose ``numpy()`` concatenates the shards and which checkpoints as
+  TensorFlow checkpoints a ``ShardedVariable`` (one full-shape tensor in slices under the unsharded
+  key: N ps restore onto M ps or one variable).
+* ``keras.ops.take(variable, indices, axis=0)`` (``Embedding``) becomes ``tf.nn.embedding_lookup``
+  on the shards: each ps gathers its own rows.
 
 Probe: :func:`bug_present` reads Keras's ``Variable.handle`` (still ``self.value.handle``).
 Source: ``tf.distribute.experimental.partitioners`` and ``ShardedVariable`` (TF API docs).
@@ -32,6 +28,7 @@ Source: ``tf.distribute.experimental.partitioners`` and ``ShardedVariable`` (TF 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -296,30 +293,22 @@ def _sharded_class(base):
     return ShardedKerasVariable
 
 
-class _same_ps_tasks:
+@contextlib.contextmanager
+def _same_ps_tasks(strategy, sharded):
     """Within the block, a ``ParameterServerStrategy`` places new variables' shards round-robin
     from the ps task that holds ``sharded``'s first shard, so a slot's shard i sits beside the
     variable's shard i (TF places shards of one variable on consecutive ps tasks). Restores the
     strategy's placement counter on exit; a no-op for other strategies."""
+    import tensorflow as tf
 
-    def __init__(self, strategy, sharded):
-        self.extended = getattr(strategy, "extended", None)
-        self.sharded = sharded
-        self.saved = None
-
-    def __enter__(self):
-        import tensorflow as tf
-
-        count = getattr(self.extended, "_variable_count", None)
-        if count is None:
-            return self
-        device = tf.DeviceSpec.from_string(self.sharded.variables[0].device or "")
-        if device.job == "ps" and device.task is not None:
-            self.saved = count
-            self.extended._variable_count = device.task
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            self.extended._variable_count = self.saved
-        return False
+    extended = getattr(strategy, "extended", None)
+    count = getattr(extended, "_variable_count", None)
+    device = tf.DeviceSpec.from_string(sharded.variables[0].device or "") if count is not None else None
+    if device is None or device.job != "ps" or device.task is None:
+        yield
+        return
+    extended._variable_count = device.task
+    try:
+        yield
+    finally:
+        extended._variable_count = count

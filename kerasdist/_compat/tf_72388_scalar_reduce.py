@@ -17,6 +17,7 @@ float32 and cast back (TF's all-gather has no bfloat16 kernel).
 from __future__ import annotations
 
 import functools
+import types
 
 from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
@@ -100,13 +101,6 @@ def _patches():
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
 
 
-class _Scalar:
-    """A stand-in rank-0 log value (no TF op): what the probe hands to Keras."""
-
-    class shape:  # noqa: N801 - mimics TensorShape
-        rank = 0
-
-
 def bug_present() -> bool:
     """Probe: does the unmodified ``reduce_per_replica`` ask a multi-worker strategy for
     ``reduce("MEAN", <scalar>, axis=0)``?
@@ -116,8 +110,9 @@ def bug_present() -> bool:
     checked by ``tests/unit/test_compat.py``, where running TF ops is allowed.
     """
     strategy = fake_multi_worker_strategy()
+    scalar = types.SimpleNamespace(shape=types.SimpleNamespace(rank=0))  # a rank-0 log, no TF op
     try:
-        _patch.original(_trainer_module(), "reduce_per_replica")({"loss": _Scalar()}, strategy, "auto")
+        _patch.original(_trainer_module(), "reduce_per_replica")({"loss": scalar}, strategy, "auto")
     except (AttributeError, TypeError):
         return False
     return any(c.axis == 0 and getattr(getattr(c.value, "shape", None), "rank", None) == 0

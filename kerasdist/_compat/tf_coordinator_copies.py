@@ -1,31 +1,27 @@
 """Mend: a parameter-server coordinator's closure threads race inside TF's cluster function runtime.
 
-Upstream: no TensorFlow issue found; the race is in TF's C++ source (read at TF 2.21).
+Upstream: no TensorFlow issue found; the race is in TF's C++ (read at TF 2.21).
 ``EagerClusterFunctionLibraryRuntime`` keeps one ``FunctionData`` (target task, eager client,
-operation) per function instantiated on a remote task in a ``std::vector`` (``function_data_``,
+operation) per remote function in a ``std::vector`` (``function_data_``,
 ``tensorflow/core/distributed_runtime/eager/cluster_function_library_runtime.h``). ``Instantiate``
 appends to it (``emplace_back`` moves the elements when the vector grows); ``Run`` takes
-``&function_data_[handle]`` under the lock, releases it, then reads the element. A ``Run`` whose
-element moves meanwhile reads a moved-from client or operation (``INTERNAL: Could not find eager
-client``, or a SIGSEGV) or a freed ``target`` string, whose garbage in
-``tensorflow.eager.Operation.device`` the receiving task answers with ``INTERNAL: Unable to parse
-request``: the run dies.
+``&function_data_[handle]`` under the lock, releases it, then reads the element, which may have
+moved meanwhile: ``INTERNAL: Could not find eager client``, a SIGSEGV, or garbage in the request's
+``Operation.device`` that the receiving task answers with ``INTERNAL: Unable to parse request``.
 
 Where kerasdist meets it: ``ClusterCoordinator`` copies every scheduled call's outputs to the
-coordinator in the closure thread of the worker that ran it (``RemoteValueImpl._copy_to_local``,
-an ``array_ops.identity``: a multi-device function instantiated once per op, dtype and task), so
-closure threads instantiate and run there concurrently, beside the main thread's eager ops on ps
-values (``tests/multiprocess/test_ps_coordinator_copies.py`` counts the instantiations).
+coordinator in the closure thread of the worker that ran it (``RemoteValueImpl._copy_to_local``, an
+``array_ops.identity``: a multi-device function instantiated once per op, dtype and task), so
+closure threads instantiate and run there concurrently, beside the main thread's eager ops
+(``tests/multiprocess/test_ps_coordinator_copies.py`` counts the instantiations).
 
-Mend: ``RemoteValueImpl._copy_to_local`` copies each eager tensor result to the coordinator's CPU
-with ``EagerTensor._copy_nograd`` (TF's device-to-device copy, the one ``.numpy()`` uses: a
-send/receive pair, no function); other values (a ``DistributedIterator``, composite tensors) take
-TF's own code. Same values, dtypes and device; the closure threads never touch the cluster
+Mend: ``_copy_to_local`` copies each eager tensor result to the coordinator's CPU with
+``EagerTensor._copy_nograd`` (the device-to-device copy ``.numpy()`` uses: a send/receive pair, no
+function); other values take TF's own code. The closure threads then never touch the cluster
 function runtime, whose only user left is the main thread.
 
-Probe: :func:`bug_present` reads the installed TF's header (``function_data_`` still a
-``std::vector<FunctionData>``; a wheel without headers: the source alone) and
-``_copy_to_local``'s source (still an ``array_ops.identity``).
+Probe: :func:`bug_present` reads TF's header (``function_data_`` still a
+``std::vector<FunctionData>``; without headers, the source alone) and ``_copy_to_local``'s source.
 """
 
 from __future__ import annotations
