@@ -3,27 +3,22 @@
 Upstream: keras-team/keras#20582 ("merge_call called while defining a new graph or a
 tf.function"): ``BaseOptimizer._backend_apply_gradients`` takes the accumulate-or-update decision
 with ``ops.cond`` *inside the replica function*, and both branches of the TensorFlow backend call
-``merge_call``, which ``MirroredStrategy``'s replica context refuses inside a ``cond``. So
-``model.fit`` and a ``strategy.run`` loop crash under ``MirroredStrategy`` and
-``MultiWorkerMirroredStrategy`` (1 or 2 devices or workers); no strategy and ``OneDeviceStrategy``
-work.
+``merge_call``, which ``MirroredStrategy``'s replica context refuses inside a ``cond``: ``model.fit``
+and ``strategy.run`` loops crash under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``.
 
 Mend: ``TFOptimizer.apply`` is wrapped. For an accumulating optimizer called in the replica context
-of a ``MirroredStrategy``/``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the wrapper
-all-reduces the gradients there through the optimizer's own ``_all_reduce_sum_gradients`` (so the
-16-bit all-reduce hook still applies), divides the sum by the replicas when
-:mod:`~kerasdist._compat.keras_replica_loss` left per-replica mean losses, then runs Keras's
-unmodified ``apply`` in cross-replica context (one ``merge_call``), where the ``ops.cond`` is
-allowed. Anything else (cross-replica calls, XLA on GPUs) runs Keras's code; an accumulating inner
-optimizer of a ``LossScaleOptimizer`` is mended like any other. Keras's semantics are kept (each
-``apply`` is one micro-step; every ``k``-th applies the mean of the ``k`` accumulated global-batch
-gradients), equal to a strategy-free run on the same global batches
+of a ``MirroredStrategy``/``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the gradients
+are all-reduced there through the optimizer's own ``_all_reduce_sum_gradients`` (so the 16-bit
+hook still applies), divided by the replicas when :mod:`~kerasdist._compat.keras_replica_loss` left
+per-replica mean losses, and Keras's unmodified ``apply`` runs in cross-replica context (one
+``merge_call``), where the ``ops.cond`` is allowed; anything else runs Keras's code. Keras's
+semantics are kept (each ``apply`` is one micro-step; every ``k``-th applies the mean of the ``k``
+accumulated global-batch gradients), equal to a strategy-free run on the same global batches
 (``tests/integration/test_keras_grad_accum.py``). Not covered: variables with
 ``overwrite_with_gradient`` (float8) get the all-reduced *sum* of their replicas' values.
 
 Raises (from the wrapped ``apply``, when the step is traced): ``ValueError`` under
-``ParameterServerStrategy``, whose accumulators on the ps are shared by asynchronous workers
-(kerasdist's PS ``fit`` refuses earlier: :func:`kerasdist.keras.ps_fit.refuse_unsupported`).
+``ParameterServerStrategy``, whose accumulators on the ps are shared by asynchronous workers.
 
 Probe: :func:`bug_present` (sources): the base ``_backend_apply_gradients`` still branches on
 ``gradient_accumulation_steps`` with ``ops.cond`` and the accumulator increment calls ``merge_call``.

@@ -4,20 +4,17 @@ Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, CPU): a Sequ
 BatchNormalization -> Dense`` trained with ``model.fit`` under ``MultiWorkerMirroredStrategy`` with
 2 workers ends with equal trainable weights on both workers but different
 ``moving_mean``/``moving_variance`` (each worker's running average of its half of every batch);
-under ``MirroredStrategy`` with 2 replicas the local copies differ the same way and a save keeps
-replica 0's. Cause: ``BatchNormalization.build`` creates them with ``trainable=False`` and the
-default ``aggregation="none"``, so each replica ``assign``s its own copy without communication.
+under ``MirroredStrategy`` the local copies differ the same way and a save keeps replica 0's.
+Cause: ``BatchNormalization.build`` creates them with the default ``aggregation="none"``, so each
+replica ``assign``s its own copy without communication.
 
 Mend: while a ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` scope is active, the moving
-statistics (``moving_mean``, ``moving_variance``; with ``renorm`` also ``moving_stddev``,
-``renorm_mean``, ``renorm_stddev``) are created with ``aggregation="mean"``: an ``assign`` in
-replica context writes the mean of the replicas' values to every copy (one all-reduce per variable
-per step), as tf_keras's ``BatchNormalization`` did. With equal per-replica batches the moving mean
-equals the single-process one; the moving variance is the mean of the replicas' variances unless
-``synchronized=True``, which computes global moments.
-
-Probe: :func:`bug_present` reads ``BatchNormalization.build`` (its ``moving_mean`` ``add_weight``
-call still passes no ``aggregation``).
+statistics (:data:`STATISTICS`) are created with ``aggregation="mean"``: an ``assign`` in replica
+context writes the replicas' mean to every copy (one all-reduce per variable per step), as
+tf_keras's ``BatchNormalization`` did. With equal per-replica batches the moving mean equals the
+single-process one; the moving variance is the mean of the replicas' variances unless
+``synchronized=True``. Probe: :func:`bug_present` reads ``BatchNormalization.build`` (its
+``moving_mean`` ``add_weight`` still passes no ``aggregation``).
 """
 
 from __future__ import annotations

@@ -1,32 +1,27 @@
 """Mend: Keras 3's ``ModelCheckpoint`` and ``BackupAndRestore`` are not multi-worker safe, and
 their saves are not atomic.
 
-Upstream: no Keras 3 issue for the multi-worker part (no callback of Keras 3.15 has chief/worker
+Upstream: no Keras 3 issue for the multi-worker part (no Keras 3.15 callback has chief/worker
 logic; tf_keras had non-chief workers write temporary copies). Reproduction:
 ``tests/scripts/mwms_backup_restore.py`` (ONE shared ``backup_dir`` and ``ModelCheckpoint`` path, as
 TensorFlow's multi-worker tutorial) under ``kerasdist launch --workers 2`` without this mend: both
-workers write the same files and one fails (h5py's "unable to lock file", ``BadZipFile: Bad
-CRC-32``, ``FileExistsError``, or a ``CollectiveBcastRecv`` abort while a worker loads a
-half-written file). Not atomic: ``.keras`` and ``.weights.h5`` saves truncate the target before the
-new content exists, so a crash mid-save loses the previous file (keras-team/keras#20463, closed by
-#20465 with the opt-in ``double_checkpoint``, not an atomic write).
+workers write the same files and one fails (h5py's "unable to lock file", ``BadZipFile``,
+``FileExistsError``, or a ``CollectiveBcastRecv`` abort while loading a half-written file). Not
+atomic: ``.keras`` and ``.weights.h5`` saves truncate the target before the new content exists, so
+a crash mid-save loses the previous file (keras-team/keras#20463, closed by #20465 with the opt-in
+``double_checkpoint``, not an atomic write).
 
-Mend (installed by :func:`kerasdist.keras.enable`):
-
-* every write of the user's path goes into a staging folder inside the target's folder
-  (``.kerasdist-staging-*``), then each finished file replaces the target with ``os.replace``
-  (weights first, then ``training_metadata.json``);
-* in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) the chief (task
-  ``chief``, else ``worker`` 0) writes the user's path; every other worker still runs the save
-  (reading distributed values may need collectives) and keeps its copy only where its path is on a
-  disk of its own (:mod:`kerasdist._compat._worker_saves`);
-* ``BackupAndRestore`` in multi-worker mode: every worker restores from the backup folder at train
-  begin and nobody writes there then (the ``double_checkpoint`` fallback loads the ``.bkp`` files
-  instead of copying them back); at a successful train end the chief deletes the shared backup, a
-  worker one of its own.
-
-Otherwise Keras's own code runs, redirected through the staging folder; remote paths (``gs://``
-...) are written in place by the chief. Subclasses that override ``_save_model`` are not affected.
+Mend (installed by :func:`kerasdist.keras.enable`): every write of the user's path is staged in
+the target's folder (``.kerasdist-staging-*``) and moved over it with ``os.replace`` (weights
+first, then ``training_metadata.json``). In multi-worker mode
+(:func:`kerasdist._compat._fakes.is_multi_worker`) the chief (task ``chief``, else ``worker`` 0)
+writes the user's path; every other worker still runs the save (reading distributed values may
+need collectives) and keeps its copy only on a disk of its own
+(:mod:`kerasdist._compat._worker_saves`). ``BackupAndRestore`` there: every worker restores at
+train begin and nobody writes the backup folder then (the ``double_checkpoint`` fallback loads the
+``.bkp`` files instead of copying them back); at a successful train end the chief deletes the
+shared backup, a worker one of its own. Remote paths (``gs://`` ...) are written in place by the
+chief. Subclasses that override ``_save_model`` are not affected.
 """
 
 from __future__ import annotations

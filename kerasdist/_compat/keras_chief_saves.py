@@ -6,22 +6,16 @@ launch --workers 2``: both workers write the same path at once and a later ``loa
 ``BadZipFile: Truncated file header``; ``save_weights`` and ``export`` race the same way.
 
 Mend (installed by :func:`kerasdist.keras.enable`), in multi-worker mode
-(:func:`kerasdist._compat._fakes.is_multi_worker`), with the protocol of
-:mod:`kerasdist._compat._worker_saves`:
-
-* the chief (task ``chief``, else ``worker`` 0) writes the user's path atomically: into a staging
-  folder inside the target's folder, then every output replaces its target with ``os.replace``;
-* every other worker runs the same save (reading distributed values may need collectives) into a
-  staging folder of its own next to the target;
-* every worker then waits on a barrier the chief enters only after its file is in place, so a
-  ``load_model`` right after any worker's call never sees a partial file;
-* a worker that does not see the chief's file at its path afterwards (a disk of its own, as on
-  real hosts) moves its staged copy into place; on a shared folder it drops it. A shared path gets
-  exactly one complete file, the chief's; every worker's own path ends with a complete file.
-
-The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode, for remote
-paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own saves:
-:mod:`keras_chief_callbacks`), Keras's own code runs unchanged.
+(:func:`kerasdist._compat._fakes.is_multi_worker`), by the protocol of
+:mod:`kerasdist._compat._worker_saves`: the chief (task ``chief``, else ``worker`` 0) writes the
+user's path atomically (staged next to it, then ``os.replace``); every other worker runs the same
+save (reading distributed values may need collectives) into a staging folder of its own; every
+worker then passes a barrier the chief enters only after its file is in place (a ``load_model``
+right after any worker's call never sees a partial file); a worker that then does not see the
+chief's file at its path (a disk of its own) moves its copy into place, one that sees it drops
+its copy. The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode,
+for remote paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own
+saves), Keras's own code runs unchanged.
 """
 
 from __future__ import annotations

@@ -2,22 +2,18 @@
 
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21): a layer calling
 ``self.add_loss(0.5 * mean(x**2))`` followed by ``BatchNormalization(synchronized=True)``, trained
-under ``MirroredStrategy`` with 2 replicas, ends 0.022 (max abs) from the strategy-free weights
-(6e-8 with the layers in the other order). Cause: ``Layer.add_loss`` appends to
-``self._losses``, one list per layer object, which the replica threads share, and each replica's
-outermost call clears it. The threads switch at a cross-replica sync: the first replica adds its
-value and stops at the synchronized layer's all-reduce, the second clears the list and adds its
-own, and the first then reads the second's value in ``compute_loss``. Any sync between an
-``add_loss`` and the loss does it.
+under ``MirroredStrategy`` with 2 replicas, ends 0.022 (max abs) from the strategy-free weights.
+Cause: ``Layer.add_loss`` appends to ``self._losses``, one list per layer object, which the replica
+threads share and each replica's outermost call clears. The threads switch at a cross-replica
+sync: the first replica adds its value and waits in the synchronized layer's all-reduce, the
+second clears the list and adds its own, and the first then reads the second's value in
+``compute_loss``. Any sync between an ``add_loss`` and the loss does it.
 
-Mend: inside a MirroredStrategy replica thread, the values a layer adds are kept per thread (a
-``threading.local``), read back by ``_get_own_losses`` and cleared by ``_clear_losses`` with
-Keras's list; Keras's ``add_loss`` still validates and records the value, and the mend moves it out
-of the shared list at once. Outside replica threads, and in Keras's stateless scope, Keras's code
-runs unchanged.
-
-Probe: :func:`bug_present` reads ``Layer.add_loss`` (it still appends to ``self._losses``). Proof:
-``tests/integration/test_replica_add_loss.py``.
+Mend: inside a MirroredStrategy replica thread (outside Keras's stateless scope), the values a
+layer adds are moved at once to a per-thread store (a ``threading.local``), read back by
+``_get_own_losses`` and cleared by ``_clear_losses`` with Keras's list; Keras's ``add_loss`` still
+validates and records them. Probe: :func:`bug_present` reads ``Layer.add_loss`` (it still appends
+to ``self._losses``). Proof: ``tests/integration/test_replica_add_loss.py``.
 """
 
 from __future__ import annotations

@@ -2,26 +2,22 @@
 
 Upstream: no issue found; reproduction (Keras 3.15 / TF 2.21, CPU): on the TensorFlow backend,
 ``BaseOptimizer._backend_apply_gradients`` runs in *replica* context and clips (``clipnorm``,
-``clipvalue``, ``global_clipnorm``) each replica's partial gradient (of its ``1/replicas``-scaled
-loss); only later, inside ``_backend_update_step``, does it all-reduce the clipped gradients. A
-clipped model under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` with 2 replicas
-therefore ends with weights other than the single-process run's on the same global batches, and
-``use_ema`` with ``ema_overwrite_frequency`` wraps an update that calls ``merge_call`` in
-``ops.cond`` inside the replica function, which TensorFlow refuses.
+``clipvalue``, ``global_clipnorm``) each replica's partial gradient; only later, in
+``_backend_update_step``, are the clipped gradients all-reduced. A clipped model under
+``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` with 2 replicas thus ends away from the
+single-process run on the same global batches, and ``use_ema`` with ``ema_overwrite_frequency``
+calls ``merge_call`` in an ``ops.cond`` inside the replica function, which TensorFlow refuses.
 
-Mend: for a strategy with 2 or more replicas in sync (mirrored, multi-worker), the gradients are
-all-reduced in replica context (the optimizer's own ``_all_reduce_sum_gradients``, so the 16-bit
-all-reduce hook still applies), then Keras's unmodified ``_backend_apply_gradients`` runs in
-cross-replica context (one ``merge_call``): clipping and weight decay see the global-batch
-gradient, as in one process, every ``ops.cond`` is taken where TensorFlow allows it, and
-``_backend_update_step`` finds no replica context and does not reduce again. When
-:mod:`~kerasdist._compat.keras_replica_loss` left a Keras ``fit`` step's losses as per-replica
-means, the sum is divided by the replicas; for a step whose one loss is a
-``mean_with_sample_weight`` one, each replica's gradient is weighed by its sample-weight sum and
-the sum divided by the global weight sum (exact with uneven weights). One process,
-``OneDeviceStrategy`` and parameter-server workers run Keras's code; the optimizer's own
-``gradient_accumulation_steps`` (:mod:`~kerasdist._compat.keras_20582_grad_accum`) calls ``apply``
-in cross-replica context, where this mend steps aside.
+Mend: with 2 or more replicas in sync (mirrored, multi-worker), the gradients are all-reduced in
+replica context (the optimizer's own ``_all_reduce_sum_gradients``: the 16-bit hook still
+applies), then Keras's unmodified ``_backend_apply_gradients`` runs in cross-replica context (one
+``merge_call``): clipping and weight decay see the global-batch gradient, as in one process, and
+``_backend_update_step`` does not reduce again. When
+:mod:`~kerasdist._compat.keras_replica_loss` left a step's losses as per-replica means, the sum is
+divided by the replicas; for a step whose one loss is a ``mean_with_sample_weight`` one, each
+replica's gradient is weighed by its sample-weight sum and the sum divided by the global one.
+Other strategies run Keras's code, and so does a cross-replica ``apply``
+(:mod:`~kerasdist._compat.keras_20582_grad_accum`).
 
 Probe: :func:`bug_present` (sources): clipping still happens in ``_backend_apply_gradients``,
 before ``_backend_update_step`` reduces.

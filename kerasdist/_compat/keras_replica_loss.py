@@ -2,23 +2,19 @@
 
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``MirroredStrategy`` with 2
 replicas or ``MultiWorkerMirroredStrategy`` with 2 workers): a ``train_step``/``test_step`` written
-as Keras's "customizing fit" guide shows (``loss = self.compute_loss(...)``, then
-``metric.update_state(loss)``) reports half the single-process loss, and a model whose
+as Keras's "customizing fit" guide shows reports half the single-process loss, and a model whose
 ``compute_loss`` adds a term of its own ends with weights 1e-3 away from the single-process run.
 Cause: Keras divides every loss by ``num_replicas_in_sync`` inside ``compute_loss``
 (``scale_loss_for_distribution``) so that the all-reduce *sum* of the gradients is the mean; its
-own ``train_step`` multiplies the value back for its loss tracker, users' steps do not, and a
-term a user adds is not divided.
+own ``train_step`` multiplies the value back for its loss tracker, users' steps do not, and a term
+a user adds is not divided.
 
-Mend: during the steps of Keras's own ``fit``/``evaluate`` (``train_function``/``test_function``; a
-user's ``strategy.run`` loop is untouched) under a ``MirroredStrategy`` or
-``MultiWorkerMirroredStrategy`` with 2+ replicas, ``scale_loss_for_distribution`` and
+Mend: during the steps of Keras's own ``fit``/``evaluate`` (a user's ``strategy.run`` loop is
+untouched) with 2+ replicas of a mirrored strategy, ``scale_loss_for_distribution`` and
 ``unscale_loss_for_distribution`` are the identity, so every loss a step sees is the per-replica
 mean, as in one process, and the optimizer divides the all-reduced gradient sum by the replicas
-instead (:mod:`kerasdist._compat.keras_replica_apply`).
-
-Probe: :func:`bug_present` reads ``scale_loss_for_distribution`` (it still divides by
-``num_replicas_in_sync``).
+instead (:mod:`kerasdist._compat.keras_replica_apply`). Probe: :func:`bug_present` reads
+``scale_loss_for_distribution`` (it still divides by ``num_replicas_in_sync``).
 """
 
 from __future__ import annotations

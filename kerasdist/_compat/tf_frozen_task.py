@@ -1,27 +1,22 @@
 """Mends: a parameter-server coordinator waits on every task of the cluster, a frozen worker too.
 
-Upstream: no TensorFlow issue found; written reproduction (TF 2.21, CPU): a parameter-server run
-with 3 workers, worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the coordinator goes on
+Upstream: no TensorFlow issue found; reproduction (TF 2.21, CPU): a parameter-server run with 3
+workers, worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the coordinator goes on
 without the frozen worker's calls, then blocks for good in ``Context.add_c_function`` under
 ``MultiDeviceSaver.save`` (the checkpoint), then in ``Context.remove_function`` under
 ``AtomicFunction.__del__`` (a function freed as ``fit`` returns). The coordinator's eager context
-registers every function it adds on every remote task, and removes every function it frees there;
-``ParameterServerStrategy`` turns streaming enqueue off, which makes each a blocking RPC that a
+registers every function it adds on every remote task and removes every function it frees there,
+and ``ParameterServerStrategy`` turns streaming enqueue off, which makes each a blocking RPC that a
 task that does not answer holds for ever. And an eager ``MultiDeviceSaver.save`` whose tensors lie
-on more than one task traces a new ``tf.function`` on *every* save.
+on several tasks traces a new ``tf.function`` on *every* save.
 
-Mends:
+Mends: :func:`eager_save` (a ``with`` block) makes ``MultiDeviceSaver.save`` run the same save ops
+one by one (each only on the task that holds its tensors) instead of a traced function: same files
+and keys, only the shard writes' parallelism lost. :func:`keep_functions` /
+:func:`release_functions`: meanwhile ``Context.remove_function`` does nothing (memory only); used
+from a stop request on, released after it unless calls were left on a task that does not answer.
 
-* :func:`eager_save` (a ``with`` block): ``MultiDeviceSaver.save`` runs the same save ops one by one
-  (each goes only to the task that holds its tensors) instead of through a traced function. Same
-  files and keys; only the shard writes' parallelism is lost. Single-task saves already take this
-  path in TF.
-* :func:`keep_functions` / :func:`release_functions`: while installed, ``Context.remove_function``
-  does nothing (a freed function stays registered: memory only). Used from a stop request on,
-  released after the stop unless calls were left in flight on a task that does not answer.
-
-Probe: :func:`bug_present` reads ``MultiDeviceSaver.save`` (it still traces a function for
-multi-task eager saves) and ``parameter_server_strategy_v2`` (it still turns streaming enqueue off).
+Probe: :func:`bug_present` reads ``MultiDeviceSaver.save`` and ``parameter_server_strategy_v2``.
 """
 
 from __future__ import annotations

@@ -2,19 +2,14 @@
 gradient all-reduce, per ``k`` micro-batches.
 
 One Keras ``fit`` step is still one optimizer update on one global batch of ``data.batch_size``
-examples (so ``optimizer.iterations`` is the global step, ``steps_per_epoch`` counts updates, and
-checkpoints, resumption, preemption and throughput are unchanged). Each replica runs forward and
-backward on its share of that batch in ``k`` sequential micro-batches of ``batch_size / (replicas *
-k)`` examples, averages their gradients locally and hands them to the optimizer once. Activation
-memory is that of one micro-batch: a run that trained with batch ``b`` can train with
-``data.batch_size: k*b`` and ``gradient_accumulation_steps: k`` at the same memory and ``1/k`` of
-the all-reduces per example. A checkpoint is only taken between Keras steps, so no
-half-accumulated gradient needs saving.
-
-Exactness: with the losses' ``sum_over_batch_size`` reduction the mean of ``k`` equal-sized
-micro-batch losses is the full-batch loss, so the update equals the unaccumulated one up to float
-rounding; layers whose training output depends on the whole batch (BatchNormalization statistics)
-see micro-batches instead, as with any accumulation.
+examples (``optimizer.iterations`` is the global step; checkpoints, resumption, preemption and
+throughput are unchanged). Each replica runs forward and backward on its share of that batch in
+``k`` sequential micro-batches of ``batch_size / (replicas * k)`` examples, averages their
+gradients locally and hands them to the optimizer once: activation memory is one micro-batch's,
+so ``data.batch_size: k*b`` with ``k`` steps trains at batch ``b``'s memory with ``1/k`` of the
+all-reduces per example. With the losses' ``sum_over_batch_size`` reduction the update equals the
+unaccumulated one up to float rounding; layers whose training output depends on the whole batch
+(BatchNormalization statistics) see micro-batches instead.
 
 Mechanism: :func:`accumulate_gradients` binds
 :func:`kerasdist._compat.keras_accumulation_step.train_step` (a copy of Keras's own, with its probe;
