@@ -1,23 +1,19 @@
 """Mend for keras-team/keras#19246: ``steps_per_execution`` > 1 fails under 2+ replicas.
 
-Upstream: https://github.com/keras-team/keras/issues/19246. Reproduction (Keras 3.15 / TF 2.21):
-a Dense model compiled with ``steps_per_execution=4`` trains without a strategy and under a
-one-worker ``MultiWorkerMirroredStrategy``, but under ``MirroredStrategy`` with 2 logical CPUs or
-``MultiWorkerMirroredStrategy`` with 2 workers (plain Keras) the first step fails with
-``InvalidArgumentError: You must feed a value for placeholder tensor
+Upstream: https://github.com/keras-team/keras/issues/19246. Reproduction (Keras 3.15 / TF 2.21): a
+Dense model compiled with ``steps_per_execution=4`` trains without a strategy, but under
+``MirroredStrategy`` with 2 logical CPUs or ``MultiWorkerMirroredStrategy`` with 2 workers the
+first step fails with ``InvalidArgumentError: You must feed a value for placeholder tensor
 'while/body/.../while/cond/Placeholder'``. Cause: Keras's TF trainer runs the steps of one call in
-a ``tf.while_loop`` and wraps each in a ``tf.cond`` (a last, partial group stops when the iterator
-runs dry); a replicated step calls ``merge_call`` (the gradient all-reduce, the optimizer's apply),
-which does not work inside a conditional branch.
+a ``tf.while_loop`` and wraps each in a ``tf.cond`` (so a last, partial group stops when the
+iterator runs dry), and a replicated step's ``merge_call`` does not work in a conditional branch.
 
-Mend: with 2+ replicas in sync only, the loop is rebuilt so that no step sits in a ``tf.cond``: the
-loop's condition asks whether the iterator has a next batch (``get_next_as_optional``) and the body
-always runs one step on it; only the fetch of the following batch is conditional (not after the
-group's last step, so no batch is lost). The step (``strategy.run`` + Keras's
-``reduce_per_replica``), callbacks, epoch iterator and logs are Keras's own.
-
-Probe: :func:`bug_present` reads ``TensorFlowTrainer._make_function`` (the step still called from a
-``tf.cond`` branch).
+Mend: with 2+ replicas in sync, the loop's own condition asks whether the iterator has a next
+batch (``get_next_as_optional``) and the body always runs one step on it; only the fetch of the
+following batch is conditional (none after the group's last step, so no batch is lost). The step
+(``strategy.run`` + ``reduce_per_replica``), callbacks, epoch iterator and logs are Keras's own.
+Probe: :func:`bug_present` reads ``TensorFlowTrainer._make_function`` (the step still in a
+``tf.cond``).
 """
 
 from __future__ import annotations

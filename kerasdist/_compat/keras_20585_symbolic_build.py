@@ -1,20 +1,18 @@
 """Mend for keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a tuple batch across workers.
 
 Upstream: https://github.com/keras-team/keras/issues/20585. Before training,
-``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed batch ``(x, y[,
-sample_weight])`` and passes the whole tuple to ``strategy.reduce("MEAN", batch, axis=None)``
-only to learn its shapes. Under ``MultiWorkerMirroredStrategy`` with 2+ workers that is a
-cross-worker collective that accepts one tensor, and ``model.fit`` fails with "Attempt to convert
-a value (PerReplica...) ... to a Tensor"; under ``MirroredStrategy`` with 2+ replicas it fails for
-a batch holding a string tensor. Under every strategy, taking that batch also draws from a new
-iterator before training: a seeded, reshuffled ``shuffle`` then gives the first epoch its
-*second* permutation, and ``repeat()`` + ``steps_per_epoch`` training starts at the second batch.
+``TensorFlowTrainer._maybe_symbolic_build`` passes the first distributed batch ``(x, y[,
+sample_weight])`` whole to ``strategy.reduce("MEAN", batch, axis=None)`` only to learn its shapes:
+under ``MultiWorkerMirroredStrategy`` with 2+ workers that collective accepts one tensor and
+``model.fit`` fails ("Attempt to convert a value (PerReplica...) ... to a Tensor"); under
+``MirroredStrategy`` it fails for a batch with a string tensor. Under every strategy, drawing that
+batch from a new iterator also gives a seeded, reshuffled ``shuffle``'s first epoch its *second*
+permutation, and makes ``repeat()`` + ``steps_per_epoch`` training start at the second batch.
 
 Mend: under any distribution strategy, the unmodified method gets the per-replica batch's
-``TypeSpec`` (shapes and dtypes are all the symbolic build reads), read from the epoch iterator's
-distributed dataset's ``element_spec``: no iterator, no reduce, no batch drawn. With no
-distributed dataset at hand, this worker's first local replica value of each element is used
-(``strategy.experimental_local_results(v)[0]``, no communication).
+``TypeSpec`` (all the symbolic build reads) from the epoch iterator's distributed dataset's
+``element_spec``: no iterator, no reduce, no batch drawn; without a distributed dataset, this
+worker's first local replica value of each element (no communication).
 """
 
 from __future__ import annotations

@@ -3,18 +3,16 @@
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``kerasdist launch --workers
 2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of a script, then
 ``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``: ``evaluate`` reports
-different values on each worker, none equal to a strategy-free ``evaluate``. Cause: a Keras metric
-creates its state variables when constructed; built outside the scope they are plain per-process
-variables, not ``ON_READ`` ones that a cross-worker read aggregates. Metrics built inside the scope
-(or given by name) are aggregated by TensorFlow already.
+different values on each worker, none equal to a strategy-free ``evaluate``. Cause: a metric built
+outside the scope has plain per-process state variables, not ``ON_READ`` ones that a cross-worker
+read aggregates (metrics built inside the scope, or given by name, are aggregated by TensorFlow).
 
-Mend: when Keras reads the metric results at the end of an epoch or of ``evaluate``
-(``Trainer.get_metrics_result``) under a multi-worker ``MultiWorkerMirroredStrategy``, the model's
-metric state variables that are not distributed are summed over the workers (``"mean"`` ones
-averaged) with one all-reduce per dtype, ``result()`` is computed from those totals, and each
-worker's own states are put back. Every worker reads at the same points, so the collectives pair.
-
-Probe: :func:`bug_present` reads ``Trainer.get_metrics_result`` (still no cross-worker step).
+Mend: when Keras reads the metric results (``Trainer.get_metrics_result``, at the end of an epoch
+or of ``evaluate``) under a multi-worker strategy, the model's non-distributed metric states are
+summed over the workers (``"mean"`` ones averaged) with one all-reduce per dtype, ``result()`` is
+computed from those totals, and each worker's own states are put back; every worker reads at the
+same points, so the collectives pair. Probe: :func:`bug_present` reads
+``Trainer.get_metrics_result`` (still no cross-worker step).
 """
 
 from __future__ import annotations

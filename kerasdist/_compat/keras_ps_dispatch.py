@@ -11,18 +11,8 @@ of every ``keras.Model`` on this backend) route a model built and compiled insid
 ``ParameterServerStrategy.scope()`` to kerasdist's coordinator loop
 (:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`); every other model goes to
 Keras's own method, and :func:`disable` puts the originals back. Subclasses that override
-``fit``/``evaluate``/``predict`` are not affected.
-
-Example::
-
-    import kerasdist, keras, tensorflow as tf
-    kerasdist.enable()
-    strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)
-    with strategy.scope():
-        model = kerasdist.models.mnist_cnn()
-        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.fit(dataset_fn, epochs=3, steps_per_epoch=62)   # dataset_fn(input_context)
-    probabilities = model.predict(x_test, batch_size=256)  # rows in input order
+``fit``/``evaluate``/``predict`` are not affected. Example: ``docs/python-api.md`` ("Parameter
+server").
 """
 
 from __future__ import annotations

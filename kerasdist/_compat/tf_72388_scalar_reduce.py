@@ -1,17 +1,15 @@
 """Mend for tensorflow/tensorflow#72388: ``strategy.reduce("MEAN", v, axis=0)`` on scalar logs.
 
 Upstream: https://github.com/tensorflow/tensorflow/issues/72388. After every train/test step,
-Keras's ``reduce_per_replica`` (``keras/src/backend/tensorflow/trainer.py``) averages the step's
-logs across the workers of a multi-worker ``MultiWorkerMirroredStrategy`` with
-``strategy.reduce("MEAN", value, axis=0)``. The logs (loss, accuracy) are scalars, and
-``Strategy.reduce`` with an ``axis`` first sums along it: "Invalid reduction dimension 0 for input
-with 0 dimensions".
+Keras's ``reduce_per_replica`` averages the step's logs across the workers of a multi-worker
+``MultiWorkerMirroredStrategy`` with ``strategy.reduce("MEAN", value, axis=0)``; the logs are
+scalars, and ``Strategy.reduce`` first sums along the axis: "Invalid reduction dimension 0 for
+input with 0 dimensions".
 
-Mend: for a multi-worker strategy and the ``"auto"`` or ``"mean"`` reduction, every scalar log is
-averaged across all replicas with ``axis=None`` (one all-reduce per step, the scalars packed into
-one vector); values of rank >= 1 go to the unmodified function. Every worker logs the same global
-mean. For ``predict`` (``"concat"``) of a mixed_bfloat16 model, bfloat16 outputs are gathered as
-float32 and cast back (TF's all-gather has no bfloat16 kernel).
+Mend: for a multi-worker strategy and the ``"auto"``/``"mean"`` reduction, every scalar log is
+averaged with ``axis=None`` (one all-reduce per step, the scalars packed into one vector); values
+of rank >= 1 go to the unmodified function. For ``predict`` (``"concat"``) of a mixed_bfloat16
+model, bfloat16 outputs are gathered as float32 and cast back (no bfloat16 all-gather kernel).
 """
 
 from __future__ import annotations

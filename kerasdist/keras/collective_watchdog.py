@@ -1,18 +1,15 @@
 """One watchdog per multi-worker process bounds how long a worker waits in the cluster's
-collectives (``strategy.timeout_s``), in place of TensorFlow's per-collective timeout.
-
-Why not ``CommunicationOptions(timeout_seconds=...)``: for every collective op given a timeout,
-TensorFlow starts a thread that sleeps the whole timeout, even when the collective finished at
-once (``BaseCollectiveExecutor::CompleteParamsAsync`` and ``ExecuteAsync`` call
+collectives (``strategy.timeout_s``), in place of TensorFlow's per-collective timeout, which
+starts a thread per collective op that sleeps the whole timeout even when the op finished at once
+(``BaseCollectiveExecutor::CompleteParamsAsync``/``ExecuteAsync`` call
 ``SchedNonBlockingClosureAfter``: a new detached thread per call on Linux, two per collective), so
 a worker's thread count grows with ``timeout_s`` (figures in ``docs/hosts.md``).
 
 Here one thread holds one deadline, armed when a training or validation step starts
 (:func:`step_guard`) or around a barrier (:meth:`CollectiveWatchdog.guard`) and cleared when it
-ends. When it passes, the watchdog aborts this process's collective ops
-(``context.abort_collective_ops``, as TensorFlow's own check-health thread does on a lost peer):
-the waiting collective raises ``DeadlineExceededError``, kerasdist's failure path
-(:func:`kerasdist.strategies.multi_worker.peer_error`) names the lost task, and the worker exits 1
+ends. When it passes, the watchdog aborts this process's collective ops (as TensorFlow's own
+check-health thread does on a lost peer): the waiting collective raises ``DeadlineExceededError``,
+:func:`kerasdist.strategies.multi_worker.peer_error` names the lost task, and the worker exits 1
 (only a new process can run collectives again). A dead, frozen or partitioned peer is also caught
 by TensorFlow's coordination-service heartbeats
 (:func:`kerasdist.strategies.multi_worker.configure_heartbeat`); the watchdog bounds a peer that is

@@ -1,22 +1,19 @@
-"""Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker.
-
-``ParameterServerStrategy`` never sends batches from the coordinator: each worker runs its own
-input pipeline (``ClusterCoordinator.create_per_worker_dataset``), and a scheduled step calls
-``next()`` on the iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
+"""Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker
+(``ClusterCoordinator.create_per_worker_dataset``); a scheduled step calls ``next()`` on the
+iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
 
 * **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (e.g.
   :func:`kerasdist.data.make_dataset_fn`), called on each worker with ``num_input_pipelines`` =
   the number of workers and ``input_pipeline_id`` = the worker index (an int64 scalar tensor); it
   must shard or seed by that id and batch with ``get_per_replica_batch_size(global_batch)``.
 * **a ``tf.data.Dataset``**: serialized once and rebuilt on each worker, where worker ``i`` of
-  ``N`` keeps elements ``i, i+N, ...`` (whole batches when it is batched); with a deterministic
-  order the workers read disjoint batches. Every worker runs the whole pipeline, so prefer a
-  dataset function when preprocessing is expensive; one that cannot be serialized
-  (``from_generator``, Python functions) needs a dataset function.
-* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32); a list or
-  tuple ``x`` is several model inputs, as in Keras. Training: worker ``i`` keeps examples
-  ``i, i+N, ...``, shuffled each pass when ``shuffle``; evaluation and prediction
-  (:func:`to_eval_input`) deal Keras's own batches out instead.
+  ``N`` keeps elements ``i, i+N, ...``; every worker runs the whole pipeline, so prefer a dataset
+  function when preprocessing is expensive, or when the dataset cannot be serialized
+  (``from_generator``, Python functions).
+* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32; a list or
+  tuple ``x`` is several model inputs): for training worker ``i`` keeps examples ``i, i+N, ...``,
+  shuffled each pass when ``shuffle``; evaluation and prediction deal out Keras's own batches
+  (:func:`to_eval_input`).
 
 Training pipelines repeat forever (an epoch is ``steps_per_epoch`` scheduled steps summed over all
 workers); evaluation pipelines do not.

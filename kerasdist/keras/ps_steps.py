@@ -1,20 +1,18 @@
 """The small ``tf.function`` steps that the coordinator schedules onto parameter-server workers.
 
-Each scheduled call runs the model's own ``train_step``/``test_step`` (subclassed models with a
-custom step keep working) inside ``strategy.run``. A training call adds its figures to the running
-worker's row of a small int64 *counters* variable on a ps (:func:`make_counters`,
-:data:`COUNTER_COLUMNS`), read by the coordinator once per epoch after ``join``; a call returns
-only the last step's ``train_step`` logs (a few scalars, for the batch callbacks).
+Each call runs the model's own ``train_step``/``test_step`` inside ``strategy.run``. A training call
+adds its figures to its worker's row of a small int64 *counters* variable on a ps
+(:func:`make_counters`), read by the coordinator once per epoch after ``join``, and returns only
+the last step's ``train_step`` logs (a few scalars, for the batch callbacks).
 
 **Staleness** of one step, in optimizer updates: ``after - before - 1``, where the step reads
-``optimizer.iterations`` (the global version of the ps variables) before it reads any weight and
-again right after its own update: the updates by *other* workers applied while it computed its
-gradient (0 in synchronous training; an upper bound, since an update that lands between this
-step's apply and its second read counts too).
+``optimizer.iterations`` before it reads any weight and again right after its own update: the
+updates other workers applied while it computed its gradient (0 in synchronous training; an upper
+bound, since an update landing between this step's apply and its second read counts too).
 
-Keras 3's ``assign_add``/``assign_sub`` are not atomic; the steps are traced with
-:mod:`kerasdist._compat.keras_ps_atomic_assign` in force on the model's variables. The counters
-are updated with ``scatter_nd_add``/``scatter_nd_max``, which hold the variable's lock.
+The steps are traced with :mod:`kerasdist._compat.keras_ps_atomic_assign` in force on the model's
+variables (Keras 3's ``assign_add`` is not atomic); the counters are updated with
+``scatter_nd_add``/``scatter_nd_max``, which hold the variable's lock.
 """
 
 from __future__ import annotations

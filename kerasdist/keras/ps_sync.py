@@ -1,23 +1,18 @@
 """Synchronous parameter-server training with backup workers: each step applies once the mean of
 the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`). The
-flow beside ``SyncReplicasOptimizer``'s, what it guarantees and its limits:
-``docs/parameter-server-sync.md``.
+flow beside ``SyncReplicasOptimizer``'s, its guarantees and limits: ``docs/parameter-server-sync.md``.
 
-Global step ``s`` with N workers: the coordinator reads global batch ``s`` and cuts it into N
-slices (:class:`SyncInput`), slice ``i`` travelling with call ``i`` whichever worker runs it. The N
-calls run the model's own ``train_step`` from the same weights; its optimizer ``apply`` pushes each
-gradient, weighted by the slice's share ``n_i * N' / B`` (1.0 for equal slices), into a
-``ResourceConditionalAccumulator`` on its variable's ps (one per shard), tagged ``local_step = s``;
-a call that starts after step ``s`` was applied computes nothing. Once K calls completed, one
+Global step ``s``: the coordinator cuts global batch ``s`` into N slices (:class:`SyncInput`),
+slice ``i`` travelling with call ``i``. Each call runs the model's own ``train_step`` from the same
+weights; its optimizer ``apply`` pushes each gradient, weighted by the slice's share, into a
+``ResourceConditionalAccumulator`` on its variable's ps (one per shard) tagged ``local_step = s``
+(a call that starts after step ``s`` was applied computes nothing). Once K calls completed, one
 coordinator function takes each accumulator's mean (``ResourceAccumulatorTakeGradient``,
-``num_required=K``) and applies it with the Keras optimizer (``optimizer.iterations`` + 1); taking
-advances the accumulator's step, so a gradient of step ``s`` that comes later is dropped.
-``dropped = calls - aggregated``, counted by a one-hot of each call's slot pushed into one more
-accumulator. K < N makes the slowest N - K calls of each step backup workers (Chen et al.,
-"Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981).
-
-Source: ``tf.raw_ops.ResourceConditionalAccumulator`` and its ops (TF API docs), the kernels of
-``tf.compat.v1.train.SyncReplicasOptimizer``.
+``num_required=K``) and applies it with the Keras optimizer; taking advances the accumulator's
+step, so later gradients of step ``s`` are dropped (counted by a one-hot of each call's slot
+pushed into one more accumulator). K < N makes the slowest calls backup workers (Chen et al.,
+"Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981). Source: the kernels of
+``tf.raw_ops.ResourceConditionalAccumulator`` and ``tf.compat.v1.train.SyncReplicasOptimizer``.
 """
 
 from __future__ import annotations
