@@ -90,11 +90,9 @@ def _log_skip(module, state: str, detail: str) -> None:
 
 
 def apply() -> list[str]:
-    """Install every mend whose bug the installed Keras/TF have. Idempotent; runs no TF op.
-
-    A mend whose probe finds the bug fixed upstream, or whose target this Keras/TF does not have,
-    is skipped with one INFO line on the ``kerasdist.compat`` logger; an untested TensorFlow or
-    Keras version gets one WARNING line (:func:`kerasdist._compat.versions.warn_if_untested`).
+    """Install every mend whose bug the installed Keras/TF have. Idempotent; runs no TF op. A mend
+    left out (fixed upstream, or its target missing) gets one INFO line on the ``kerasdist.compat``
+    logger, an untested TensorFlow or Keras version one WARNING line.
 
     Returns:
         The names (``'keras#20585'``, ...) of the mends in effect after the call, in a fixed order;

@@ -1,9 +1,8 @@
-"""Stand-ins used by the mends' behavioural probes and by ``is_multi_worker``.
-
-The probes call the *unmodified* upstream functions with a fake multi-worker strategy that records
-what it is asked to reduce, instead of starting a cluster. Nothing here runs a TensorFlow op: the
-probes must be safe before ``MultiWorkerMirroredStrategy`` is created (TF refuses to configure
-collective ops once its runtime is initialised).
+""":func:`is_multi_worker`, and the stand-ins with which the mends' behavioural probes call the
+*unmodified* upstream functions: a fake multi-worker strategy that records what it is asked to
+reduce, instead of a cluster. Nothing here runs a TensorFlow op: the probes must be safe before
+``MultiWorkerMirroredStrategy`` is created (TF refuses to configure collective ops once its
+runtime is initialised).
 """
 
 from __future__ import annotations

@@ -91,13 +91,11 @@ def worker_save(model, parent: str):
     progress: ``.folder`` (stage the files there) and, after the block, ``.published`` (the
     targets moved into place: empty on a folder shared with the chief).
 
-    It notes its target folder's files, passes the first barrier (the chief writes only after
-    it), writes into the staging folder, passes the second barrier
-    (the chief's files are in place), then moves into place each staged file whose target did not
-    change: the chief did not write there, so the path is on a disk of this worker's own (as on
-    real hosts). On a folder shared with the chief its copies are dropped: one writer, the chief.
-    Every worker of the strategy runs the same saves in the same order (callbacks and
-    ``Model.save`` run on all).
+    It notes its target folder's files, passes the first barrier (the chief writes only after it),
+    writes into the staging folder, passes the second barrier (the chief's files are in place),
+    then moves into place each staged file whose target did not change (the path is on a disk of
+    this worker's own); on a folder shared with the chief its copies are dropped. Every worker runs
+    the same saves in the same order (callbacks and ``Model.save`` run on all).
     """
     before = _stamps(parent)
     barrier(model.distribute_strategy)

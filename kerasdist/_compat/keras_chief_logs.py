@@ -3,13 +3,12 @@
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``MultiWorkerMirroredStrategy``
 with 2 workers, one shared path as in TensorFlow's multi-worker tutorial): ``TensorBoard(log_dir)``
 leaves two event files in ``log_dir/train`` (the same curves twice), and ``CSVLogger(path)`` is
-written by both workers at once. Keras 3 callbacks have no chief logic
-(:mod:`kerasdist._compat.keras_chief_callbacks` covers ``ModelCheckpoint``/``BackupAndRestore``).
+written by both workers at once: Keras 3 callbacks have no chief logic.
 
 Mend (installed by ``kerasdist.enable()``): under a multi-worker strategy a non-chief task writes
 its TensorBoard logs and CSV file into a private temporary folder, removed at train end; the chief
 (task ``chief``, else ``worker`` 0) writes the user's path. Probe: :func:`bug_present` (neither
-callback's source looks at the strategy); ``tests/integration/test_chief_callbacks.py``.
+callback's source looks at the strategy).
 """
 
 from __future__ import annotations
