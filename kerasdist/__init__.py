@@ -6,11 +6,8 @@ Public API::
     result = kerasdist.fit(recipe)        # RunResult: history, evaluation, throughput, paths
     kerasdist.enable()                    # plain model.fit under every supported strategy
 
-Layers, top down (each imports only those below it; docs/architecture.md): ``cli``, ``launch``
-(processes, restarts), ``training`` (the one run lifecycle), ``strategies`` (one object per kind),
-``keras`` (Keras-level pieces usable without recipes), ``data``, ``cluster`` (TF_CONFIG, Slurm,
-export), ``config`` and ``models`` (the recipe), ``_compat`` (every patch of Keras/TF internals),
-``errors``. Importing ``kerasdist`` does not import TensorFlow.
+The layers, each importing only those below it: docs/architecture.md. Importing ``kerasdist``
+does not import TensorFlow.
 """
 
 from kerasdist._version import __version__

@@ -1,26 +1,13 @@
 """The last resort of a kerasdist process whose main thread is blocked for good in native code.
 
-TensorFlow's ``ClusterCoordinator`` can block the thread that runs it with no way back: when a
-worker is lost, its failure handler waits in ``update_server_def`` for that worker to come back
-(partial recovery is a TODO in TF's ``cluster_coordinator.py``), and a main thread waiting on
-the coordinator (``join``, a remote value) is not woken by a Python signal, nor always by the
-death of every other task. The supervisor then calls :func:`abandon`: the failure is reported
-by whoever owns the process's exit (the CLI prints it, the network-namespace child writes its
-result pipe), and the process ends with the failure's exit code without unwinding the blocked
-thread.
-
-Only a process kerasdist owns is ended so: one where a reporter is registered
-(:func:`reporting_to`: the CLI, the network-namespace child). A library call in the user's own
-interpreter (``kerasdist.fit`` of an exposed parameter-server recipe) runs its coordinator in a
-child process (:func:`kerasdist.launch.run.run_recipe`), which can be ended; where it cannot (extra
-Python callbacks keep the coordinator in the caller's process) :func:`abandon` logs the failure
-and ends nothing: the caller's thread stays blocked in TensorFlow, but its interpreter is never
-ended by kerasdist.
-
-Nothing the user had is lost that way: TensorFlow's ``CheckpointManager`` names a checkpoint in
-its pointer file only after the checkpoint's files are complete, so an abandoned process leaves
-the last complete checkpoint as the resume point; ``model.keras`` and ``metrics.json`` are
-written at the end of a run, atomically (:mod:`kerasdist.training.outputs`).
+TensorFlow's ``ClusterCoordinator`` can block the thread that runs it with no way back (after a
+lost worker it waits in ``update_server_def`` for that worker; a Python signal does not wake it).
+The supervisor then calls :func:`abandon`: the failure is reported by whoever owns the process's
+exit (the CLI, the network-namespace child: :func:`reporting_to`) and the process ends with the
+failure's exit code without unwinding the blocked thread. In a process kerasdist does not own (a
+library call that keeps its coordinator in the caller's interpreter) :func:`abandon` logs the
+failure and ends nothing. Nothing is lost: the last complete checkpoint stays the resume point,
+and ``model.keras`` and ``metrics.json`` are written atomically at the end of a run.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """Keep TensorFlow's native noise (start-up, teardown) off the console.
 
-Importing TensorFlow 2.21 on a machine without a GPU writes, from C++, before its logging is
-configured (so ``TF_CPP_MIN_LOG_LEVEL`` cannot silence it)::
-
-    WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
-    I0000 ... port.cc:153] oneDNN custom operations are on. ...
-    I0000 ... cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will not be used.
-    E0000 ... cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN ERROR (303)
-
-The last one is an ``E`` (error) line that is not an error on a CPU-only machine.
 :func:`filter_native_stderr` routes file descriptor 2 through a pipe read by a thread that drops
-exactly these known lines (listed in :data:`NOISE`) and passes everything else through unchanged,
-so real errors still show; and the flood of "Failed to remove function remotely" messages a
-parameter-server coordinator writes when it releases its functions after its tasks stopped
-(:class:`NoiseDropper`). ``kerasdist ... --verbose 2`` (or ``KERASDIST_RAW_STDERR=1``) leaves
-stderr alone.
+exactly the known lines TensorFlow writes from C++ before its logging is configured (:data:`NOISE`:
+absl's banner, oneDNN and CUDA notices, ``failed call to cuInit`` on a CPU-only machine) and the
+flood of "Failed to remove function remotely" lines of a stopping parameter-server coordinator
+(:class:`NoiseDropper`); everything else passes through unchanged. ``--verbose 2`` (or
+``KERASDIST_RAW_STDERR=1``) leaves stderr alone.
 
-The filter lasts until the process ends. TensorFlow's destructors write while the interpreter
-finalizes, after the ``atexit`` hooks, when the filter's thread can no longer run (a pipe would
-fill and block them). So ``kerasdist``'s process (:func:`end_with`) ends in the filter's hook,
-registered as the command starts, so run after the others: streams flushed, the filter drained,
-``os._exit(code)``; the
-destructors never run (a forked task and :func:`kerasdist._exit.abandon` end so too). Outputs
-are written and closed before (checkpoints, ``model.keras``, ``metrics.json``, TensorBoard's).
+The filter lasts until the process ends: TensorFlow's destructors write while the interpreter
+finalizes, when the filter's thread can no longer run, so the process ends in the filter's
+``atexit`` hook (:func:`end_with`): streams flushed, the filter drained, ``os._exit(code)``,
+after every output was written and closed.
 """
 
 from __future__ import annotations

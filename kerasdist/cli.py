@@ -245,22 +245,6 @@ def _cmd_fit(args) -> int:
 
         explain.RUN.update(run_dir=recipe.output.run_dir,
                            max_restarts=recipe.cluster.max_restarts if restarted else None)
-        from kerasdist.training.checks import check_run_dir_path
-
-        # Here only where this machine writes the outputs (one process, the local launcher, the
-        # chief named by flags); tasks whose role comes from TF_CONFIG/Slurm are checked by the
-        # chief.
-        roles_elsewhere = tf_config is None and recipe.cluster.traits.roles_from_environment
-        if not roles_elsewhere and (tf_config is None or tf_config.is_chief):
-            check_run_dir_path(recipe.output.run_dir)
-            from kerasdist import tracking
-
-            recipe = tracking.check(recipe)  # before TensorFlow is imported: seconds, not minutes
-            from kerasdist.training.rundir import RunDir
-
-            complete = RunDir.of(recipe).complete_notice(recipe, overwrite=args.overwrite)
-            if complete:  # one line: a re-run of a finished run trains nothing
-                _log.get_logger("training").warning(complete)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         from kerasdist.launch import run_recipe
         from kerasdist.training import summary_text

@@ -157,7 +157,7 @@ def write_mnist_rgb(out: Path, size: int = 32) -> Path:
     Returns:
         The folder ``out/mnist_rgb<size>``.
     """
-    from kerasdist.data.sources import embedded_dir, load_idx_split
+    from kerasdist.data.readers import embedded_dir, load_idx_split
     from kerasdist.data.writers import write_image_folder
 
     x, y = load_idx_split(embedded_dir(), "test")

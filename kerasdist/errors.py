@@ -1,43 +1,15 @@
 """Exceptions, their classes of failure and the process exit codes: defined here and nowhere else.
 
 Every error names the field, file or task at fault and shows what was received, following the
-Keras convention ``"... Received: name=value"``.
-
-Failures are classified by **type**, never by message text (:func:`classify`):
-
-==================  ============================================  =====  ==========
-class               what                                          exit   retried by
-                                                                         the launcher
-==================  ============================================  =====  ==========
-``bad_input``       :class:`KerasdistError` (recipe, data, run    2      no
-                    dir, cluster spec): raised before anything
-                    starts or is written; not its subclasses
-                    ``TaskFailedError`` and ``TrainingError``
-``peer_lost``       :class:`TaskFailedError`, or a TensorFlow     1      yes
-                    ``UnavailableError`` / ``DeadlineExceeded``
-                    / ``Aborted`` / ``Cancelled``: a task died,
-                    hung or was unreachable; also a transient
-                    RPC error (:func:`is_transient_rpc_error`)
-``fatal``           any other error during training, e.g.         1      no
-                    ``InvalidArgumentError`` (a label out of
-                    range), a shape mismatch, out of memory: the
-                    same input fails the same way again; also
-                    :class:`TrainingError`
-``preempted``       SIGTERM or Ctrl-C (a checkpoint is saved      130    yes
-                    first where the strategy can); SIGTERM
-                    during start-up (:class:`Interrupted`:
-                    nothing to save yet) exits 143
-==================  ============================================  =====  ==========
-
-The one exception to "by type": TensorFlow reports a request garbled or cut on its way between
-two tasks as ``InternalError``/``UnknownError`` -- the classes of genuine internal bugs too -- so
-those two classes count as a lost peer only when their message carries the RPC layer's own words
-(:data:`TRANSIENT_RPC_MARKERS`, e.g. ``INTERNAL: Unable to parse request`` from
-``EagerService/RunComponentFunction``).
-
-Exit code 1 for a lost peer keeps schedulers that retry failed jobs retrying it; kerasdist's own
-launcher learns the class from the task's status file (:mod:`kerasdist.launch.status`), not from its
-exit code or its log.
+Keras convention ``"... Received: name=value"``. Failures are classified by **type**, never by
+message text (:func:`classify`; the table with what each class costs: docs/guarantees.md):
+``bad_input`` (a :class:`KerasdistError` raised before anything starts, exit 2, not retried),
+``peer_lost`` (:class:`TaskFailedError` or a TensorFlow ``Unavailable``/``DeadlineExceeded``/
+``Aborted``/``Cancelled``, exit 1, retried), ``fatal`` (any other error during training and
+:class:`TrainingError`, exit 1, not retried), ``preempted`` (SIGTERM or Ctrl-C, exit 130, retried;
+SIGTERM during start-up, :class:`Interrupted`, exits 143). The one exception to "by type": an
+``InternalError``/``UnknownError`` whose message carries the RPC layer's own words
+(:data:`TRANSIENT_RPC_MARKERS`) is a lost peer (:func:`is_transient_rpc_error`).
 """
 
 from __future__ import annotations

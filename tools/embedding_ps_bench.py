@@ -40,7 +40,7 @@ def one(impl: str, num_ps: int, steps: int, items: int) -> dict:
 
     from kerasdist.cluster.inprocess import start_inprocess_cluster
     from kerasdist.data import make_dataset_fn
-    from kerasdist.data.sources import synthetic_clicks
+    from kerasdist.data.readers import synthetic_clicks
 
     x, y = synthetic_clicks("train", num_examples=EXAMPLES, num_users=USERS, num_items=items,
                             seed=42)

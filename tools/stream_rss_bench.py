@@ -48,7 +48,7 @@ def write_split(folder: Path, records: int, copies: int) -> int:
     """``copies`` TFRecord files of ``records`` digits each; returns the bytes written."""
     import numpy as np
 
-    from kerasdist.data.sources import embedded_dir, load_idx_split, write_tfrecord
+    from kerasdist.data.readers import embedded_dir, load_idx_split, write_tfrecord
 
     folder.mkdir(parents=True, exist_ok=True)
     x, y = load_idx_split(embedded_dir(), "test")
@@ -64,7 +64,7 @@ def write_npz(folder: Path, records: int, copies: int) -> Path:
     """The digits of :func:`write_split` (``records * copies``) as a Keras ``mnist.npz``."""
     import numpy as np
 
-    from kerasdist.data.sources import embedded_dir, load_idx_split
+    from kerasdist.data.readers import embedded_dir, load_idx_split
 
     x, y = load_idx_split(embedded_dir(), "test")
     reps = -(-records // len(x))
@@ -100,7 +100,7 @@ def input_speed(folder: Path, batches: int = 300) -> dict:
     from kerasdist.config import validate_recipe
     from kerasdist.data import stream
     from kerasdist.data.inputs import build_streaming
-    from kerasdist.data.sources import embedded_dir, load_idx_split, write_tfrecord
+    from kerasdist.data.readers import embedded_dir, load_idx_split, write_tfrecord
     from kerasdist.data.sources.memory import memory_units
 
     x, y = load_idx_split(embedded_dir(), "test")

@@ -50,14 +50,13 @@ def _wrap(name: str, original, target, check=None):
 
     @functools.wraps(original)
     def method(self, *args, **kwargs):
-        if not _is_parameter_server(self.distribute_strategy):
-            if check is not None:
-                check(self)
-            return original(self, *args, **kwargs)
-        bound = signature.bind(self, *args, **kwargs)
-        arguments = dict(bound.arguments)
+        arguments = dict(signature.bind(self, *args, **kwargs).arguments)
         arguments.pop("self")
         arguments.update(arguments.pop("kwargs", {}))
+        if not _is_parameter_server(self.distribute_strategy):
+            if check is not None:
+                check(self, arguments.get("callbacks"))
+            return original(self, *args, **kwargs)
         return target(self, **arguments)
 
     method.__name__ = name
@@ -69,7 +68,7 @@ def enable(*, fit, evaluate, predict=None, check=None) -> None:
     ParameterServerStrategy models to ``fit``, ``evaluate`` and ``predict``: kerasdist's
     :func:`kerasdist.keras.ps_fit.fit` / ``evaluate`` and
     :func:`kerasdist.keras.ps_predict.predict`, passed in by :func:`kerasdist.keras.enable` so
-    that this layer imports nothing above it. ``check(model)``, when given, runs before Keras's
+    that this layer imports nothing above it. ``check(model, callbacks)``, when given, runs before Keras's
     own method for every other model (refusals of what the strategy cannot run:
     :func:`kerasdist.keras.sync_checks.check_model`).
 

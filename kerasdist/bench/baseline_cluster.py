@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from kerasdist.bench.runner import is_coordinator
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import ClusterError
 from kerasdist.launch.processes import LocalLauncher, describe_exit
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
         from kerasdist.config import load_recipe
 
         threads = load_recipe(recipe_path).intra_op_threads()
-    if _is_coordinator(kind):
+    if is_coordinator(kind):
         spec = local_cluster(workers=workers, ps=1, chief=True)
         roles = [("ps", 0)] + [("worker", i) for i in range(workers)]
         with LocalLauncher(log_dir=log_dir, threads_per_task=threads) as launcher:
@@ -67,13 +68,6 @@ def _wait(launcher: LocalLauncher, tasks) -> int:
                                f"{launcher.tail(task)}")
         time.sleep(0.2)
     return 0
-
-
-def _is_coordinator(kind: str) -> bool:
-    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
-    from kerasdist.config.schema import strategy_config_classes
-
-    return strategy_config_classes()[kind].traits.topology == "coordinator"
 
 
 if __name__ == "__main__":

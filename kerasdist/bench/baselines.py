@@ -4,8 +4,7 @@
   on NumPy arrays in one process.
 * ``raw_step``: a hand-written ``tf.function`` training step (``GradientTape`` + ``optimizer.apply``,
   the batch taken from the iterator inside the graph) over kerasdist's tf.data pipeline; no Keras
-  ``fit`` machinery at all — the closest practical limit
-  for this model on this hardware.
+  ``fit`` machinery at all — the closest practical limit for this model on this hardware.
 
 Both time steps exactly as kerasdist does (:class:`~kerasdist.keras.timing.StepClock`:
 examples/s over steps 2..n of every epoch) and record the held-out accuracy after every epoch and
@@ -16,7 +15,6 @@ Run: ``python -m kerasdist.bench.baselines {plain_keras,raw_step} RECIPE OUT.jso
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -117,12 +115,10 @@ BASELINES = {"plain_keras": plain_keras, "raw_step": raw_step}
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     name, recipe_path, out_path = argv
+    from kerasdist.bench.runner import write_result
     from kerasdist.config import load_recipe
 
-    result = BASELINES[name](load_recipe(recipe_path))
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    return 0
+    return write_result(BASELINES[name](load_recipe(recipe_path)), out_path)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from kerasdist.bench.runner import (
     _figures_from_metrics,
     environment,
     python,
+    run_json_job,
     run_measured,
     strategy_recipe,
     summarize,
@@ -26,6 +27,7 @@ from kerasdist.bench.runner import (
 )
 from kerasdist.config import load_recipe, validate_recipe
 from kerasdist.errors import EXIT_FAILED, EXIT_OK, RecipeError
+from kerasdist.launch.isolation import isolated_argv
 
 
 def _write_recipe(data: dict, path: Path) -> Path:
@@ -81,29 +83,6 @@ def _run_strategy(raw, strategy, *, workers, out: Path, tag: str, timeout_s) -> 
     return Measurement(tag, code, wall, rss, figures, str(log))
 
 
-def _isolated(argv: list[str]) -> list[str]:
-    """``argv`` run in a private network namespace: the jobs that start TF clusters outside
-    kerasdist's launcher (tf_keras baselines, legacy/) must not expose their servers either.
-
-    Raises:
-        ClusterError: namespaces are unavailable here (exit 2; see docs/guarantees.md "Security").
-    """
-    from kerasdist.launch.isolation import isolated_argv
-
-    return isolated_argv(argv)
-
-
-def _run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) -> Measurement:
-    result = out / "results" / f"{tag}.json"
-    result.parent.mkdir(parents=True, exist_ok=True)
-    result.unlink(missing_ok=True)
-    log = out / "logs" / f"{tag}.log"
-    code, wall, rss = run_measured(tag, [*argv, str(result)], log_path=log, timeout_s=timeout_s,
-                                   env=env)
-    figures = json.loads(result.read_text()) if code == 0 and result.exists() else {}
-    return Measurement(tag, code, wall, rss, figures, str(log))
-
-
 def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s,
                   kinds=CLUSTER_STRATEGIES) -> list[Measurement]:
     """Run one repeat of baseline ``name``; one Measurement per row it makes.
@@ -125,16 +104,16 @@ def _run_baseline(raw, name, *, workers, out: Path, tag: str, timeout_s,
                                                         run_dir=out / "runs" / tag),
                                         out / "recipes" / f"{tag}-{kind}.json")
             if kind in CLUSTER_STRATEGIES:
-                argv = _isolated([python(), "-m", "kerasdist.bench.baseline_cluster", name, kind,
+                argv = isolated_argv([python(), "-m", "kerasdist.bench.baseline_cluster", name, kind,
                                   str(recipe_path), str(workers)])
             else:
                 argv = [python(), "-m", "kerasdist.bench.enable_job", kind, str(recipe_path)]
-            rows.append(_run_json_job(f"{tag}-{kind}", argv, out, timeout_s=timeout_s))
+            rows.append(run_json_job(f"{tag}-{kind}", argv, out, timeout_s=timeout_s))
         return rows
     recipe_path = _write_recipe(strategy_recipe(raw, "default", workers=1,
                                                 run_dir=out / "runs" / tag),
                                 out / "recipes" / f"{tag}.json")
-    return [_run_json_job(tag, [python(), "-m", "kerasdist.bench.baselines", name,
+    return [run_json_job(tag, [python(), "-m", "kerasdist.bench.baselines", name,
                                 str(recipe_path)], out, timeout_s=timeout_s)]
 
 
@@ -147,7 +126,7 @@ def _run_legacy(recipe, *, workers, out: Path, tag: str, timeout_s) -> Measureme
             "r = run_async_cnn(workers=%d, steps=%d, batch_size=%d); "
             "json.dump({k: v for k, v in r.items() if isinstance(v, (int, float, str))}, "
             "open(sys.argv[1], 'w'))") % (workers, steps, recipe.data.batch_size)
-    m = _run_json_job(tag, _isolated([python(), "-c", code]), out, timeout_s=timeout_s)
+    m = run_json_job(tag, isolated_argv([python(), "-c", code]), out, timeout_s=timeout_s)
     if m.figures:
         train_s = m.figures.get("train_wall_s") or m.figures.get("wall_s") or m.wall_time_s
         m.figures = {"throughput": {"examples_per_sec": steps * recipe.data.batch_size / train_s,
@@ -205,10 +184,8 @@ def run_bench(*, recipe_path: str, overrides=(), strategies: list[str], baseline
     rows: dict[str, list[Measurement]] = {}
     kinds: dict[str, str] = {name: "strategy" for name in strategies}
     streamed = stream_data(raw, recipe, out) if "default_stream" in strategies else None
-    # Round-robin: repeat r of every row runs before repeat r+1 of any, so a slow spell of the
-    # machine (other load, thermal or host noise) lands on all rows alike instead of on one; the
-    # order alternates between repeats (repeat_order), so no row always runs first or right
-    # after the same other row.
+    # Round-robin: repeat r of every row runs before repeat r+1 of any (order: repeat_order), so
+    # a slow spell of the machine lands on all rows alike instead of on one.
     for rep in range(repeats):
         for kind, name in repeat_order(baselines, strategies, rep):
             if kind == "baseline":

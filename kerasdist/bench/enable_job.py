@@ -1,14 +1,8 @@
 """The ``keras_enable`` bench rows: a user's own Keras 3 ``model.fit`` under a strategy with only
-``kerasdist.enable()`` — no recipe lifecycle (no run directory, backups, digests, preemption vote,
-status file or kerasdist callbacks besides the step clock).
-
-Each row uses the recipe's model, optimizer, data (:func:`kerasdist.data.build_datasets`, the
-``make_dataset_fn`` users are shown in docs/python-api.md), global batch and the strategy's own
-compile settings (:meth:`kerasdist.strategies.base.Strategy.compile_kwargs`, e.g. the parameter
-server's ``steps_per_execution``), and the strategy built from the recipe's strategy settings, so
-the strategy row divided by its ``keras_enable_<kind>`` row is kerasdist's own lifecycle cost
-(target: at most 3 %, :data:`kerasdist.bench.targets.LIFECYCLE_OVERHEAD_MAX`). Steps are timed with
-:class:`~kerasdist.keras.callbacks.ThroughputMeter`, the rule every row uses.
+``kerasdist.enable()`` and none of the recipe lifecycle, so the strategy row divided by its
+``keras_enable_<kind>`` row is kerasdist's own lifecycle cost (:mod:`kerasdist.bench.targets`).
+Each uses the recipe's model, optimizer, data, global batch and strategy settings, the strategy's
+own compile settings, and :class:`~kerasdist.keras.callbacks.ThroughputMeter` as every row.
 
 Run: ``python -m kerasdist.bench.enable_job KIND RECIPE OUT.json`` with ``KIND`` one of
 ``default``, ``mirrored`` (one process) or ``multi_worker``, ``parameter_server`` (a task of a
@@ -18,7 +12,6 @@ cluster started by :mod:`kerasdist.bench.baseline_cluster`, ``TF_CONFIG`` set). 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -87,13 +80,10 @@ def main(argv=None) -> int:
     kind, recipe_path, out_path = sys.argv[1:] if argv is None else argv
     if kind not in KINDS:
         raise SystemExit(f"enable_job: unknown kind {kind!r}; one of {', '.join(KINDS)}")
+    from kerasdist.bench.runner import write_result
     from kerasdist.config import load_recipe
 
-    result = run(kind, load_recipe(recipe_path))
-    if result is not None:
-        with open(out_path, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-    return 0
+    return write_result(run(kind, load_recipe(recipe_path)), out_path)
 
 
 if __name__ == "__main__":

@@ -106,13 +106,29 @@ def _first_ok(row):
     return None
 
 
-def plot_curves(result: dict[str, Any], path: Path) -> Path:
-    """Held-out accuracy and loss against wall time since the start of training, one line per row."""
+def _pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only, no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (PNG, 110 dpi) and close it; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curves(result: dict[str, Any], path: Path) -> Path:
+    """Held-out accuracy and loss against wall time since the start of training, one line per row."""
+    plt = _pyplot()
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for index, (name, row) in enumerate(result["rows"].items()):
         figures = _first_ok(row)
@@ -135,19 +151,12 @@ def plot_curves(result: dict[str, Any], path: Path) -> Path:
     acc_ax.legend(fontsize=8)
     if loss_ax.lines:
         loss_ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_throughput(result: dict[str, Any], path: Path) -> Path:
     """Bar chart of median examples/s (min–max as error bars); baselines hatched."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     names, values, low, high, hatches = [], [], [], [], []
     for name, row in result["rows"].items():
         s = row["summary"]
@@ -164,21 +173,14 @@ def plot_throughput(result: dict[str, Any], path: Path) -> Path:
         bar.set_hatch(hatch)
     ax.set(ylabel="examples/s (timed steps)", title="Training throughput (hatched: baselines)")
     ax.tick_params(axis="x", rotation=30)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_sweep(result: dict[str, Any], path: Path) -> Path | None:
     """examples/s and time to target against the number of workers."""
     if not result.get("sweep"):
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     def value(v):
         return float("nan") if v is None else v
 
@@ -207,10 +209,7 @@ def plot_sweep(result: dict[str, Any], path: Path) -> Path | None:
     for ax in (rate_ax, tta_ax):
         ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_scaling(result: dict[str, Any], path: Path) -> Path | None:
@@ -219,11 +218,7 @@ def plot_scaling(result: dict[str, Any], path: Path) -> Path | None:
     scaling = result.get("coordinator_scaling")
     if not scaling or not scaling.get("points"):
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     for index, impl in enumerate(sorted({p["impl"] for p in scaling["points"]})):
         points = sorted((p for p in scaling["points"] if p["impl"] == impl and p["steps_per_sec"]),
@@ -242,10 +237,7 @@ def plot_scaling(result: dict[str, Any], path: Path) -> Path | None:
     ax.set(xlabel="workers (in-process, one machine)", ylabel="steps/s (whole epochs 2..n)",
            title="Parameter-server coordinator: steps/s sustained (dotted: saturation)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_all(result: dict[str, Any], out: Path) -> dict[str, str]:

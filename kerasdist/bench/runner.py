@@ -97,6 +97,35 @@ def run_measured(name: str, argv: list[str], *, log_path: Path, timeout_s: float
     return code, time.perf_counter() - start, sampler.peak / 2**20
 
 
+def run_json_job(tag: str, argv: list[str], out: Path, *, timeout_s, env=None) -> Measurement:
+    """Run ``argv`` with the path of its result file ``<out>/results/<tag>.json`` appended, its
+    output in ``<out>/logs/<tag>.log``; the figures are that file's JSON (empty when the run
+    failed or wrote none)."""
+    result = out / "results" / f"{tag}.json"
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.unlink(missing_ok=True)
+    log = out / "logs" / f"{tag}.log"
+    code, wall, rss = run_measured(tag, [*argv, str(result)], log_path=log, timeout_s=timeout_s,
+                                   env=env)
+    figures = json.loads(result.read_text()) if code == 0 and result.exists() else {}
+    return Measurement(tag, code, wall, rss, figures, str(log))
+
+
+def write_result(result: dict | None, out_path: str) -> int:
+    """A bench job's end: ``result`` written as JSON to ``out_path`` (nothing for None: a task
+    other than the chief); returns the exit code 0."""
+    if result is not None:
+        Path(out_path).write_text(json.dumps(result, indent=2), encoding="utf-8")
+    return 0
+
+
+def is_coordinator(kind: str) -> bool:
+    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
+    from kerasdist.config.schema import strategy_config_classes
+
+    return strategy_config_classes()[kind].traits.topology == "coordinator"
+
+
 def strategy_recipe(raw: dict, strategy: str, *, workers: int, run_dir: Path) -> dict:
     """The recipe mapping for one strategy row (same model, data, global batch)."""
     from kerasdist.config.cluster_configs import cluster_config_classes
@@ -150,14 +179,11 @@ def time_to_target(figures: dict[str, Any], target: float) -> float | None:
 
 def validate_names(strategies: list[str], baselines: list[str]) -> None:
     """Raises RecipeError for unknown strategy/baseline names (listing the known ones)."""
-    for name in strategies:
-        if name not in STRATEGIES:
-            raise RecipeError(f"--strategies: unknown strategy '{name}'. "
-                              f"Available: {', '.join(STRATEGIES)}")
-    for name in baselines:
-        if name not in BASELINES:
-            raise RecipeError(f"--baselines: unknown baseline '{name}'. "
-                              f"Available: {', '.join(BASELINES)}")
+    for flag, what, names, known in (("--strategies", "strategy", strategies, STRATEGIES),
+                                     ("--baselines", "baseline", baselines, BASELINES)):
+        for name in names:
+            if name not in known:
+                raise RecipeError(f"{flag}: unknown {what} '{name}'. Available: {', '.join(known)}")
 
 
 def summarize(rows: list[Measurement], target: float) -> dict[str, Any]:

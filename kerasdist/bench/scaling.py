@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kerasdist.bench import targets as bench_targets
-from kerasdist.bench.runner import Measurement, python, run_measured
+from kerasdist.bench.runner import Measurement, python, run_json_job
 from kerasdist.bench.scaling_job import IMPLEMENTATIONS
 from kerasdist.errors import RecipeError
 
@@ -74,19 +74,13 @@ def _run_point(impl: str, workers: int, *, steps: int, epochs: int, out: Path, r
                timeout_s: float) -> Measurement:
     from kerasdist.launch.isolation import isolated_argv
 
-    tag = f"scaling-{impl}-w{workers}-r{rep}"
-    result = out / "results" / f"{tag}.json"
-    result.parent.mkdir(parents=True, exist_ok=True)
-    result.unlink(missing_ok=True)
-    log = out / "logs" / f"{tag}.log"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
     if impl == "tf_keras":
         env["TF_USE_LEGACY_KERAS"] = "1"
     argv = isolated_argv([python(), "-m", "kerasdist.bench.scaling_job", impl, str(workers),
-                          str(steps), str(epochs), str(result)])
-    code, wall, rss = run_measured(tag, argv, log_path=log, timeout_s=timeout_s, env=env)
-    figures = json.loads(result.read_text()) if code == 0 and result.exists() else {}
-    return Measurement(tag, code, wall, rss, figures, str(log))
+                          str(steps), str(epochs)])
+    return run_json_job(f"scaling-{impl}-w{workers}-r{rep}", argv, out, timeout_s=timeout_s,
+                        env=env)
 
 
 def summarize_point(impl: str, workers: int, runs: list[Measurement]) -> dict[str, Any]:

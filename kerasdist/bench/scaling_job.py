@@ -1,11 +1,10 @@
 """One point of the coordinator-scaling benchmark: a small dense net trained by a parameter-server
 coordinator on an in-process cluster of N workers and 1 ps, all in this process.
 
-The model (``FEATURES -> HIDDEN relu -> CLASSES``, SGD) and its input (one constant batch made on
-each worker and repeated) cost almost nothing per step, so the steps/s measured is what the
-coordinator and the per-step RPCs sustain, not compute. Both libraries are timed on the same basis,
-the only one tf_keras's parameter-server ``fit`` allows (no batch-level callbacks): whole epochs
-2..n, ``steps_per_epoch`` scheduled steps each, no validation.
+The model (``FEATURES -> HIDDEN relu -> CLASSES``, SGD) and its input (one constant batch,
+repeated) cost almost nothing per step, so the steps/s measured is what the coordinator and the
+per-step RPCs sustain, timed over whole epochs 2..n without validation (the only basis
+tf_keras's parameter-server ``fit`` allows: no batch-level callbacks).
 
 * ``kerasdist``: :func:`kerasdist.keras.ps_fit.fit` with Keras 3, ``steps_per_execution`` =
   kerasdist's default for ``strategy.kind: parameter_server``.
@@ -19,7 +18,6 @@ the last argument overrides the library's default, for side-by-side measurements
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -44,18 +42,27 @@ def _model(k, steps_per_execution: int):
     return model
 
 
-def _epoch_timer(base):
+def epoch_timer(base):
+    """A callback (a subclass of ``base``: Keras 3's or tf_keras's ``Callback``) recording each
+    epoch's duration (``seconds``) and its end since the start of training (``ends``), in s."""
+
     class EpochTimer(base):
         def __init__(self):
             super().__init__()
             self.seconds: list[float] = []
-            self._begin = 0.0
+            self.ends: list[float] = []
+            self._start = self._begin = 0.0
+
+        def on_train_begin(self, logs=None):
+            self._start = time.perf_counter()
 
         def on_epoch_begin(self, epoch, logs=None):
             self._begin = time.perf_counter()
 
         def on_epoch_end(self, epoch, logs=None):
-            self.seconds.append(time.perf_counter() - self._begin)
+            now = time.perf_counter()
+            self.seconds.append(now - self._begin)
+            self.ends.append(now - self._start)
 
     return EpochTimer()
 
@@ -85,14 +92,14 @@ def run(impl: str, workers: int, steps: int, epochs: int,
         spe = steps_per_execution or ParameterServerStrategyConfig().steps_per_execution
         with strategy.scope():
             model = _model(keras, spe)
-        timer = _epoch_timer(keras.callbacks.Callback)
+        timer = epoch_timer(keras.callbacks.Callback)
         ps_fit.fit(model, _dataset_fn, epochs=epochs, steps_per_epoch=steps, verbose=0,
                    callbacks=[timer])
     else:
         spe = steps_per_execution or 1
         with strategy.scope():
             model = _model(tf.keras, spe)
-        timer = _epoch_timer(tf.keras.callbacks.Callback)
+        timer = epoch_timer(tf.keras.callbacks.Callback)
         model.fit(tf.keras.utils.experimental.DatasetCreator(_dataset_fn), epochs=epochs,
                   steps_per_epoch=steps, verbose=0, callbacks=[timer])
     timed = timer.seconds[1:]
@@ -104,10 +111,10 @@ def run(impl: str, workers: int, steps: int, epochs: int,
 
 def main(argv=None) -> int:
     impl, workers, steps, epochs, out_path, *spe = sys.argv[1:] if argv is None else argv
-    result = run(impl, int(workers), int(steps), int(epochs), int(spe[0]) if spe else None)
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, indent=2)
-    return 0
+    from kerasdist.bench.runner import write_result
+
+    return write_result(run(impl, int(workers), int(steps), int(epochs), int(spe[0]) if spe else None),
+                        out_path)
 
 
 if __name__ == "__main__":

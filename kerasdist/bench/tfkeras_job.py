@@ -10,10 +10,12 @@ Only the chief (PS coordinator, or MWMS worker 0) writes ``OUT.json``.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+
+from kerasdist.bench.runner import is_coordinator, write_result
+from kerasdist.bench.scaling_job import epoch_timer
 
 
 def _model(tf, recipe):
@@ -63,7 +65,7 @@ def run(kind: str, recipe) -> dict | None:
     tf_config = parse_tf_config(os.environ.get("TF_CONFIG"))
     data = build_datasets(recipe.data, repeat_train=True)
     steps = recipe.trainer.steps_per_epoch or data.steps_per_epoch
-    if _is_coordinator(kind):
+    if is_coordinator(kind):
         strategy = tf.distribute.ParameterServerStrategy(tf_config.cluster_resolver())
         train = tf.keras.utils.experimental.DatasetCreator(data.train_fn)
     else:
@@ -76,12 +78,12 @@ def run(kind: str, recipe) -> dict | None:
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
     start = time.perf_counter()
-    if _is_coordinator(kind):
+    if is_coordinator(kind):
         # tf_keras refuses batch-level callbacks under ParameterServerStrategy: time whole epochs
         # (no validation inside fit), excluding the first (tracing); evaluate once at the end.
-        meter = _EpochMeter(time, recipe.data.batch_size * steps)
+        timer = epoch_timer(tf.keras.callbacks.Callback)
         model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps, verbose=0,
-                  callbacks=[meter.callback(tf)])
+                  callbacks=[timer])
         # Evaluate on a local copy of the trained weights (read from the ps): tf_keras's own
         # evaluate under ParameterServerStrategy can be cancelled remotely.
         local = _model(tf, recipe)
@@ -89,8 +91,8 @@ def run(kind: str, recipe) -> dict | None:
         local.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         final = float(local.evaluate(data.eval_fn(), verbose=0, return_dict=True)["accuracy"])
-        return {"throughput": meter.summary(), "wall_time_s": time.perf_counter() - start,
-                "val_accuracy": [], "final_accuracy": final,
+        return {"throughput": _epoch_summary(timer, recipe.data.batch_size * steps),
+                "wall_time_s": time.perf_counter() - start, "val_accuracy": [], "final_accuracy": final,
                 "note": "epoch-level timing (tf_keras PS allows no batch callbacks)"}
     meter = _meter(tf, recipe.data.batch_size)
     hist = model.fit(train, epochs=recipe.trainer.epochs, steps_per_epoch=steps,
@@ -102,56 +104,21 @@ def run(kind: str, recipe) -> dict | None:
             "val_accuracy": val, "final_accuracy": val[-1] if val else None}
 
 
-class _EpochMeter:
-    """examples/s over epochs 2..n (epoch 1 holds the tracing)."""
-
-    def __init__(self, clock, examples_per_epoch: int):
-        self.clock, self.examples_per_epoch = clock, examples_per_epoch
-        self.durations: list[float] = []
-        self.ends: list[float] = []
-        self._begin = self._start = None
-
-    def callback(self, tf):
-        meter = self
-
-        class EpochTimer(tf.keras.callbacks.Callback):
-            def on_train_begin(self, logs=None):
-                meter._start = meter.clock.perf_counter()
-
-            def on_epoch_begin(self, epoch, logs=None):
-                meter._begin = meter.clock.perf_counter()
-
-            def on_epoch_end(self, epoch, logs=None):
-                now = meter.clock.perf_counter()
-                meter.durations.append(now - meter._begin)
-                meter.ends.append(now - meter._start)
-
-        return EpochTimer()
-
-    def summary(self) -> dict:
-        timed = self.durations[1:]
-        seconds = sum(timed)
-        rate = len(timed) * self.examples_per_epoch / seconds if seconds else 0.0
-        return {"examples_per_sec": rate, "timed_steps": None, "timed_seconds": seconds,
-                "timed_epochs": len(timed), "epoch_end_s": self.ends}
+def _epoch_summary(timer, examples_per_epoch: int) -> dict:
+    """examples/s over epochs 2..n of an :func:`~kerasdist.bench.scaling_job.epoch_timer`
+    (epoch 1 holds the tracing)."""
+    timed = timer.seconds[1:]
+    seconds = sum(timed)
+    rate = len(timed) * examples_per_epoch / seconds if seconds else 0.0
+    return {"examples_per_sec": rate, "timed_steps": None, "timed_seconds": seconds,
+            "timed_epochs": len(timed), "epoch_end_s": timer.ends}
 
 
 def main(argv=None) -> int:
     kind, recipe_path, out_path = sys.argv[1:] if argv is None else argv
     from kerasdist.config import load_recipe
 
-    result = run(kind, load_recipe(recipe_path))
-    if result is not None:
-        with open(out_path, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-    return 0
-
-
-def _is_coordinator(kind: str) -> bool:
-    """Whether the strategy kind runs a coordinator with ps tasks (from its declared traits)."""
-    from kerasdist.config.schema import strategy_config_classes
-
-    return strategy_config_classes()[kind].traits.topology == "coordinator"
+    return write_result(run(kind, load_recipe(recipe_path)), out_path)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,13 @@
 """Export a recipe as a Kubeflow ``TFJob`` manifest (``kerasdist export tfjob recipe.yaml``).
 
-The Kubeflow training operator starts one pod per replica and gives each the ``TF_CONFIG`` of its
-role, so every pod runs the same command, ``kerasdist fit <recipe> --set cluster.kind=tf_config``
-(https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/tensorflow/).
-
-Replica layout:
-
-* ``multi_worker``: ``Worker`` x ``cluster.workers``; worker 0 is the chief (writes the outputs).
-* ``parameter_server``: ``Chief`` x 1 (the coordinator), ``Worker`` x ``cluster.workers``,
-  ``PS`` x ``cluster.ps``.
-* ``--evaluator``: one ``Evaluator`` replica more (its ``TF_CONFIG`` task is ``evaluator``, not
-  part of ``cluster``): the same command runs kerasdist's sidecar evaluator on the shared run
-  directory (:mod:`kerasdist.training.evaluator`); it needs ``--pvc``.
-
-``restartPolicy: OnFailure`` with ``runPolicy.backoffLimit: cluster.max_restarts``: a failed pod is
-restarted and resumes from the last checkpoint, which must therefore live on storage every pod
-mounts (``--pvc``: a PersistentVolumeClaim mounted at :data:`RUNS_MOUNT`, and ``output.run_dir``
-set under it). A multi-worker survivor whose peer died exits non-zero within
-``strategy.timeout_s`` and is restarted too.
+The Kubeflow training operator gives each pod the ``TF_CONFIG`` of its replica, so every pod runs
+``kerasdist fit <recipe> --set cluster.kind=tf_config``
+(https://www.kubeflow.org/docs/components/trainer/legacy-v1/user-guides/tensorflow/):
+``Worker`` x ``cluster.workers`` (worker 0 the chief) under ``multi_worker``; ``Chief``,
+``Worker`` x ``cluster.workers`` and ``PS`` x ``cluster.ps`` under ``parameter_server``; with
+``--evaluator`` an ``Evaluator`` replica running the sidecar evaluator. ``restartPolicy:
+OnFailure`` with ``runPolicy.backoffLimit: cluster.max_restarts``: a restarted pod resumes from
+the last checkpoint on the shared run directory (``--pvc``, mounted at :data:`RUNS_MOUNT`).
 """
 
 from __future__ import annotations

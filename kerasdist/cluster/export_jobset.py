@@ -1,32 +1,10 @@
 """Export a recipe as a Kubernetes JobSet (``kerasdist export jobset recipe.yaml``).
 
-JobSet (https://jobset.sigs.k8s.io, ``jobset.x-k8s.io/v1alpha2``) is what Kubeflow Trainer v2
-builds on; unlike the TFJob operator it sets no ``TF_CONFIG``: every pod runs ``kerasdist fit
-<recipe> --set cluster.kind=jobset`` and derives its role from JobSet's environment and DNS names
-(:mod:`kerasdist.launch.clusters.jobset`). The manifest:
-
-* one replicated job per task type, named as the type (``chief`` x 1 and ``ps`` x ``cluster.ps``
-  under ``parameter_server``; ``worker`` x ``cluster.workers``), each one Indexed Job
-  (``completionMode: Indexed``) with one pod per task: the pod's ``JOB_COMPLETION_INDEX`` is its
-  task index;
-* ``network.enableDNSHostnames`` with ``publishNotReadyAddresses`` (the headless service JobSet
-  creates answers for pods still starting: TF's servers connect before they are ready);
-* ``JOBSET_NAME`` and ``REPLICATED_JOB_NAME`` from the pod's JobSet annotations (downward API);
-* ``successPolicy``: the JobSet succeeds when the ``chief`` (parameter server: the coordinator) or
-  every ``worker`` (multi-worker) completes; JobSet then deletes the pods still running (the ps
-  and worker servers of a parameter-server run, which serve until stopped);
-* ``failurePolicy`` (:func:`restart_policy`): ``maxRestarts: cluster.max_restarts`` with
-  ``backoffLimit: 0`` and ``restartPolicy: Never``, so a failed pod fails its Job and JobSet
-  recreates every Job once the old pods are gone (``restartStrategy: BlockingRecreate``); the
-  tasks resume from the last checkpoint on the shared run directory (``--pvc``). Each Job's
-  ``podFailurePolicy`` (:func:`pod_failure_policy`) names two failures for JobSet's rules: exit
-  code 2 (bad input: the set fails, no restart) and an evicted or preempted pod (restarted
-  without counting against ``maxRestarts``);
-* the pods run as the image's uid 1000 (``Dockerfile``), as the TFJob export's do.
-
-With it, :func:`network_policy` (a NetworkPolicy admitting connections to the pods only from the
-set's own pods), and ``queue`` writes Kueue's :data:`QUEUE_LABEL`. JobSet's own sources for the
-fields: docs/kubernetes.md ("Versions").
+Every pod runs ``kerasdist fit <recipe> --set cluster.kind=jobset`` and derives its role from
+JobSet's environment and DNS names (:mod:`kerasdist.launch.clusters.jobset`): one Indexed Job per
+task type (its ``JOB_COMPLETION_INDEX`` is the task index), the success and failure policies
+(:func:`restart_policy`, :func:`pod_failure_policy`), the set's :func:`network_policy`, and
+Kueue's :data:`QUEUE_LABEL` for ``queue``. Each field and why: docs/kubernetes.md.
 """
 
 from __future__ import annotations

@@ -2,27 +2,10 @@
 
 The script asks for one Slurm task per kerasdist task and runs them all in one ``srun`` step, each
 ``kerasdist fit <recipe> --set cluster.kind=slurm``: every task takes its role from
-``SLURM_PROCID`` (:mod:`kerasdist.launch.clusters.slurm`). Layout:
-
-* ``multi_worker``: ``cluster.workers`` tasks; task 0 is worker 0, the chief (writes the outputs).
-* ``parameter_server``: 1 + ``cluster.ps`` + ``cluster.workers`` tasks: task 0 is the chief (the
-  coordinator), tasks 1..ps the ps, the rest the workers (TF's ``SlurmClusterResolver`` order).
-  Slurm places tasks in blocks (``--distribution=block``, its default): with fewer nodes than
-  tasks, the chief and the ps share the first node. Tasks on one node get consecutive ports
-  from ``cluster.port_base`` (8888, 8889, ...), so they never collide.
-
-What the script holds, and why:
-
-* ``--requeue`` and ``--signal=<SIG>@N`` (``cluster.preemption_signal``, default USR1): Slurm
-  sends the signal to every task N seconds before the time limit; kerasdist saves at one agreed
-  step and task 0 requeues the job (``scontrol requeue``), which resumes there
-  (:mod:`kerasdist.launch.clusters.slurm`). Without ``B:`` the signal reaches the tasks themselves,
-  so the script needs no ``trap``.
-* ``--open-mode=append``: a requeued run appends to the same output file.
-* ``srun --kill-on-bad-exit=1``: a task that fails (bad input: exit 2) ends the step at once.
-* ``cluster.workers`` (and ``cluster.ps``) set on the command line: a step whose task count
-  differs from the recipe's is refused with exit 2 before anything trains.
-* ``PYTHONUNBUFFERED=1``: every task's lines reach the output file as they are written.
+``SLURM_PROCID`` (:mod:`kerasdist.launch.clusters.slurm`). ``multi_worker``: ``cluster.workers``
+tasks, task 0 the chief; ``parameter_server``: the chief (task 0), then ``cluster.ps`` ps tasks,
+then the workers (TF's ``SlurmClusterResolver`` order). Each line of the script and why:
+docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""Export a recipe for Kubeflow Trainer v2 (``kerasdist export trainjob recipe.yaml``).
-
-Kubeflow Trainer v2 (API ``trainer.kubeflow.org/v1alpha1``) runs a ``TrainJob`` on a *training
-runtime*: a JobSet template whose replicated job ``node`` (labelled
-``trainer.kubeflow.org/trainjob-ancestor-step: trainer``) runs the trainer's ``numNodes`` pods.
-Trainer v2 has no TensorFlow runtime (its maintainers dropped distributed TensorFlow), so the
-export writes two documents:
-
-* a namespaced ``TrainingRuntime`` with no ML policy of a framework (a plain runtime): the JobSet
-  template of :mod:`kerasdist.cluster.export_jobset` with every task in the one replicated job
-  ``node`` (one Indexed Job, ``1 + cluster.ps + cluster.workers`` pods under
-  ``parameter_server``, ``cluster.workers`` under ``multi_worker``), DNS host names, the JobSet
-  environment through the downward API, the JobSet export's ``failurePolicy`` and
-  ``podFailurePolicy`` (:func:`kerasdist.cluster.export_jobset.restart_policy`); under
-  ``parameter_server`` the Job's ``successPolicy`` (``succeededIndexes: "0"``, Kubernetes
-  >= 1.31) makes the chief's success the Job's: Kubernetes then ends the ps and worker servers;
-* a ``TrainJob`` naming that runtime, with the image, the command, ``numNodes`` and the
-  resources per node, and Kueue's queue label when ``queue`` is given.
-
-Every pod runs ``kerasdist fit <recipe> --set cluster.kind=jobset``; its role comes from its rank
-(``JOB_COMPLETION_INDEX`` in replicated job ``node``: rank 0 the chief, then the ps, then the
-workers; :func:`kerasdist.cluster.roles.rank_roles`), its peers from the DNS names
-``<trainjob>-node-0-<rank>.<trainjob>`` (the JobSet Trainer v2 creates is named as the TrainJob).
+"""Export a recipe for Kubeflow Trainer v2 (``kerasdist export trainjob recipe.yaml``): a
+namespaced ``TrainingRuntime`` (no framework's ML policy; the JobSet template of
+:mod:`kerasdist.cluster.export_jobset` with every task in the one replicated job ``node``) and a
+``TrainJob`` naming it. Every pod runs ``kerasdist fit <recipe> --set cluster.kind=jobset``; its
+role comes from its rank in ``node`` (rank 0 the chief, then the ps, then the workers;
+:func:`kerasdist.cluster.roles.rank_roles`). Each field and why: docs/kubernetes.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """The liveness of a cluster's tasks: each task's gRPC port is probed
 (:func:`kerasdist.cluster.probe.probe`), and a task whose probes stay silent for ``timeout_s``
-seconds (``strategy.task_timeout_s``) is **lost**. TF's ``ClusterCoordinator`` waits for ever on
-a task that is cut off (a partition drops packets: its remote calls neither end nor fail) or
-frozen (SIGSTOP, a stalled host: the kernel still completes TCP handshakes for its port), and a
-worker server whose ps is gone serves on; the two watches bound that wait.
+seconds (``strategy.task_timeout_s``) is **lost**: TF's ``ClusterCoordinator`` would wait for
+ever on a task cut off or frozen (docs/guarantees.md, the partition and frozen-task rows).
 
-* :class:`HangWatch`, the local launcher's supervisor's over the server tasks it started: only
-  ``hung`` counts (a refused port is a task starting or restarting; a dead process is seen by its
-  exit code). A lost task is killed (SIGKILL); then what follows any lost task follows.
+* :class:`HangWatch`, the local supervisor's over the server tasks it started: only ``hung``
+  counts; a lost task is killed (SIGKILL), then handled as any lost task.
 * :class:`TaskWatch`, on clusters kerasdist does not launch (``tf_config``, Slurm, TFJob): a
   daemon thread of the chief (watching every ps and worker) and of each worker (the ps tasks);
-  ``unreachable`` and ``hung`` count, ``dead`` does not (TF's coordinator sees refused
-  connections itself and takes back a worker restarted on its address). The process ends as a
-  process blocked in TensorFlow ends (:func:`kerasdist._exit.abandon`): a
-  :class:`~kerasdist.errors.TaskFailedError` naming the task, its state and address (``lost task
-  worker:1 (unreachable, 10.77.5.3:4021)``) is printed and written to the status file, exit code
-  1, what orchestrators restart on; the newest complete checkpoint stays the resume point. The
-  run cannot go on without the lost worker there: the calls in flight on it never end and cannot
-  be cancelled (``RemoteValue`` and ``ClusterCoordinator.join`` have no timeout), and the
-  coordinator registers and removes functions on *every* task with blocking calls
-  (:mod:`kerasdist._compat.tf_frozen_task`).
+  ``unreachable`` and ``hung`` count. The process then ends as a blocked process does
+  (:func:`kerasdist._exit.abandon`): a :class:`~kerasdist.errors.TaskFailedError` naming the
+  task, its state and address, exit code 1; the newest complete checkpoint is the resume point.
 """
 
 from __future__ import annotations

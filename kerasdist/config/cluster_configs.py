@@ -1,7 +1,7 @@
 """The ``cluster`` section of a recipe: one frozen model per cluster kind, and their registry.
 
 Each config class holds only its kind's fields and declares its :class:`ClusterTraits` (who
-starts the tasks, where roles come from, restarts, elasticity, requeues, where a run enters);
+starts the tasks, where roles come from, elasticity, requeues, the strategy topologies it runs);
 :mod:`kerasdist.launch.clusters` registers the object that runs it. Code outside those two places
 reads traits, never a kind's name. A value a kind does not take from the recipe is a class
 constant (``this_process`` is one worker and no ps), so every kind answers ``workers``, ``ps``,
@@ -17,10 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, SerializeAsAny, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from kerasdist.config._base import Frozen
-from kerasdist.errors import RecipeError
+from kerasdist.config._base import Frozen, KindedSection
 
 MAX_THREADS_PER_TASK = 1024
 """Most intra-op threads a task may be given (``cluster.threads_per_task``, ``--threads-per-task``;
@@ -46,7 +45,10 @@ class ClusterTraits:
         requeues: a preempted job is requeued by its scheduler; ``preemption_signal`` applies.
         supervised: kerasdist's own supervisor starts and watches the tasks as processes of this
             machine (task logs in ``<run_dir>/logs``, forked tasks, restarts).
-        releases_servers: ps and worker servers serve until the chief ends, which releases them.
+        topologies: the strategy topologies (:class:`~kerasdist.config.strategy_configs.
+            StrategyTraits`) it runs: ``single`` (one process) or ``peers`` and ``coordinator``.
+        refusals: ``(topology, why)`` pairs: the reason given when a recipe asks this kind for a
+            topology it cannot run.
     """
 
     starts_tasks: bool = False
@@ -54,7 +56,8 @@ class ClusterTraits:
     elastic: bool = False
     requeues: bool = False
     supervised: bool = False
-    releases_servers: bool = False
+    topologies: tuple[str, ...] = ("peers", "coordinator")
+    refusals: tuple[tuple[str, str], ...] = ()
 
     @property
     def entry(self) -> Literal["command", "task"]:
@@ -116,6 +119,7 @@ _PORT_BASE = Field(8888, ge=1024, le=65535, description="Port of the task server
 class ThisProcessClusterConfig(ClusterConfigBase):
     """This process is the whole job (strategies ``default``, ``mirrored``)."""
 
+    traits: ClassVar[ClusterTraits] = ClusterTraits(topologies=("single",))
     kind: Literal["this_process"] = "this_process"
     workers: ClassVar[int] = 1
     ps: ClassVar[int] = 0
@@ -168,8 +172,7 @@ class SlurmClusterConfig(ClusterConfigBase):
     """Each task takes its role from its Slurm job step (``SlurmClusterResolver``), one task per
     node or per ``srun`` task (``kerasdist export slurm``)."""
 
-    traits: ClassVar[ClusterTraits] = ClusterTraits(
-        roles_from_environment=True, requeues=True, releases_servers=True)
+    traits: ClassVar[ClusterTraits] = ClusterTraits(roles_from_environment=True, requeues=True)
     kind: Literal["slurm"] = "slurm"
     workers: int = Field(1, ge=1, description="When set, the job step's task count must match "
                          "(exit 2 otherwise).")
@@ -211,11 +214,20 @@ class JobSetClusterConfig(ClusterConfigBase):
     port_base: int = _PORT_BASE
 
 
+_PS_ON_RAY = (
+    "coordinator", "Ray Train's TensorFlow backend starts one group of identical workers and gives "
+    "them a worker-only TF_CONFIG; a parameter-server cluster needs ps tasks that only serve "
+    "variables and a coordinator that schedules steps onto the workers, roles Ray Train does not "
+    "place. Use strategy.kind multi_worker on Ray, or parameter_server with cluster.kind local, "
+    "tf_config or slurm")
+
+
 class RayClusterConfig(ClusterConfigBase):
     """``workers`` Ray Train workers (``TensorflowTrainer``), each one multi-worker task; needs
     ``pip install 'kerasdist[ray]'`` (docs/ray.md)."""
 
-    traits: ClassVar[ClusterTraits] = ClusterTraits(starts_tasks=True, elastic=True)
+    traits: ClassVar[ClusterTraits] = ClusterTraits(starts_tasks=True, elastic=True,
+                                                    topologies=("peers",), refusals=(_PS_ON_RAY,))
     kind: Literal["ray"] = "ray"
     workers: int = Field(1, ge=1, description="Ray Train workers (worker tasks).")
     ps: ClassVar[int] = 0
@@ -243,40 +255,13 @@ class RayClusterConfig(ClusterConfigBase):
         return max(1, round(self.workers * self.cpus_per_worker))
 
 
-_CLUSTER_CONFIGS: dict[str, type[ClusterConfigBase]] = {
-    cls.model_fields["kind"].default: cls
-    for cls in (ThisProcessClusterConfig, LocalClusterConfig, TFConfigClusterConfig,
-                SlurmClusterConfig, JobSetClusterConfig, RayClusterConfig)
-}
-
-
-def register_cluster_config(config_class: type[ClusterConfigBase]) -> None:
-    """Make ``cluster.kind: <config_class's kind default>`` valid in recipes (a later
-    registration of the same kind replaces it).
-
-    Raises:
-        RecipeError: the class does not derive from :class:`ClusterConfigBase` or has no default
-            ``kind``.
-    """
-    kind = getattr(config_class.model_fields.get("kind"), "default", None)
-    if not (isinstance(config_class, type) and issubclass(config_class, ClusterConfigBase)
-            and isinstance(kind, str)):
-        raise RecipeError("a cluster config class must subclass ClusterConfigBase and give `kind` "
-                          f"a string default. Received: {config_class!r}")
-    _CLUSTER_CONFIGS[kind] = config_class
-
-
-def cluster_config_classes() -> dict[str, type[ClusterConfigBase]]:
-    """``{kind: config class}`` of every cluster kind recipes accept."""
-    return dict(_CLUSTER_CONFIGS)
-
-
 def fields_of_other_kinds(kind: str, keys) -> dict[str, list[str]]:
     """``{key: [kinds that have it]}`` for each of ``keys`` that ``kind``'s class lacks but
     another kind's has (keys no kind has are left to the schema's unknown-key error)."""
-    own = _CLUSTER_CONFIGS[kind].model_fields
+    classes = CLUSTERS.classes()
+    own = classes[kind].model_fields
     return {key: owners for key in keys if key not in own
-            for owners in [[k for k, c in _CLUSTER_CONFIGS.items() if key in c.model_fields]]
+            for owners in [[k for k, c in classes.items() if key in c.model_fields]]
             if owners}
 
 
@@ -288,7 +273,7 @@ def as_kind(cluster: ClusterConfigBase, kind: str, **updates: Any) -> ClusterCon
     Raises:
         KeyError: ``kind`` is not registered; pydantic.ValidationError: a bad update.
     """
-    target = _CLUSTER_CONFIGS[kind]
+    target = CLUSTERS.classes()[kind]
     if isinstance(cluster, target) and not updates:
         return cluster
     shared = {key: value for key, value in cluster.model_dump().items()
@@ -296,23 +281,11 @@ def as_kind(cluster: ClusterConfigBase, kind: str, **updates: Any) -> ClusterCon
     return target.model_validate({**shared, **updates, "kind": kind})
 
 
-def _cluster_by_kind(value: Any) -> Any:
-    if isinstance(value, ClusterConfigBase):
-        return value
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ValueError(f"cluster must be a mapping with a 'kind'. Received: {value!r}")
-    kind = value.get("kind", "this_process")
-    if kind not in _CLUSTER_CONFIGS:
-        raise ValueError(f"cluster.kind: unknown cluster kind '{kind}'. Available: "
-                         f"{', '.join(repr(k) for k in sorted(_CLUSTER_CONFIGS))}. "
-                         f"Received: kind={kind!r}")
+def _no_field_of_other_kinds(kind: str, value: dict) -> None:
     for key, owners in fields_of_other_kinds(kind, value).items():
         raise ValueError(f"cluster.{key} is not a field of cluster.kind '{kind}'; it belongs to "
                          f"{', '.join(repr(k) for k in owners)}. Received: kind='{kind}', "
                          f"{key}={value[key]!r}")
-    return _CLUSTER_CONFIGS[kind].model_validate(value)
 
 
 def check_fits_strategy(cluster: ClusterConfigBase, strategy) -> None:
@@ -322,14 +295,14 @@ def check_fits_strategy(cluster: ClusterConfigBase, strategy) -> None:
         ValueError: names the strategy, the cluster kind or ``cluster.ps`` and the value.
     """
     kind, traits = strategy.kind, strategy.traits
-    why = dict(traits.refusals).get(cluster.kind)
+    why = dict(cluster.traits.refusals).get(traits.topology)
     if why:
         raise ValueError(f"strategy '{kind}' cannot run on cluster.kind '{cluster.kind}': "
                          f"{why}. Received: kind='{cluster.kind}'")
-    if cluster.kind not in traits.cluster_kinds:
+    if traits.topology not in cluster.traits.topologies:
+        fits = [k for k, c in CLUSTERS.classes().items() if traits.topology in c.traits.topologies]
         raise ValueError(f"strategy '{kind}' needs cluster.kind "
-                         f"{' or '.join(repr(k) for k in traits.cluster_kinds)}. "
-                         f"Received: kind='{cluster.kind}'")
+                         f"{' or '.join(repr(k) for k in fits)}. Received: kind='{cluster.kind}'")
     if traits.needs_ps and cluster.traits.starts_tasks and cluster.ps < 1:
         raise ValueError(f"cluster.ps must be >= 1 for strategy '{kind}'. "
                          f"Received: ps={cluster.ps}")
@@ -338,5 +311,10 @@ def check_fits_strategy(cluster: ClusterConfigBase, strategy) -> None:
                          f"0. Received: ps={cluster.ps}")
 
 
-ClusterConfig = Annotated[SerializeAsAny[ClusterConfigBase], BeforeValidator(_cluster_by_kind)]
-"""The ``cluster`` field's type: validated by ``kind`` into one of the registered classes."""
+CLUSTERS = KindedSection("cluster", ClusterConfigBase, ClusterTraits, (
+    ThisProcessClusterConfig, LocalClusterConfig, TFConfigClusterConfig, SlurmClusterConfig,
+    JobSetClusterConfig, RayClusterConfig), default="this_process", what="cluster kind",
+    check=_no_field_of_other_kinds)
+"""The cluster kinds recipes accept."""
+register_cluster_config, cluster_config_classes = CLUSTERS.register, CLUSTERS.classes
+ClusterConfig = CLUSTERS.annotated()

@@ -5,6 +5,7 @@ This is the only place raw dicts exist; everything below it receives typed confi
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -190,7 +191,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     overrides = list(overrides)
     if not overrides:
         return raw
-    result = _deep_copy(raw)
+    result = copy.deepcopy(raw)
     for item in overrides:
         key, sep, value_text = item.partition("=")
         if not sep or not key.strip():
@@ -321,14 +322,6 @@ def _key_marks(text: str) -> dict[tuple[str, ...], tuple[int, int]]:
 
     walk(root, ())
     return marks
-
-
-def _deep_copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _deep_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_deep_copy(v) for v in value]
-    return value
 
 
 def dump_recipe(recipe: Recipe) -> str:

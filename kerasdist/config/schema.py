@@ -108,11 +108,30 @@ from kerasdist.config.data_configs import DataConfig  # noqa: E402
 class CheckpointConfig(_Frozen):
     """Checkpoints of model + optimizer + progress, written with ``tf.train.CheckpointManager``."""
 
+    model_config = ConfigDict(populate_by_name=True, serialize_by_alias=True)
+
     enabled: bool = True
     max_to_keep: int = Field(3, ge=1)
     every_steps: int | None = Field(None, gt=0, description="Also save every N optimizer steps "
                                     "(the backup a restarted cluster resumes from); None = at "
                                     "epoch ends only.")
+    async_: bool = Field(False, alias="async", description="The chief writes in the background "
+                         "(tf.train.CheckpointOptions(enable_async=True)). Not parameter_server.")
+
+
+class ProfileConfig(_Frozen):
+    """``trainer.profile``: a TensorBoard profile of every task over global steps ``[A, B]``."""
+
+    steps: tuple[int, int] = Field(description="First and last global step profiled (1-based, "
+                                   "inclusive, A < B), as Keras's TensorBoard profile_batch.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProfileConfig:
+        first, last = self.steps
+        if not 1 <= first < last:
+            raise ValueError(f"trainer.profile.steps must be [A, B] with 1 <= A < B. Received: "
+                             f"steps={list(self.steps)}")
+        return self
 
 
 class TrainerConfig(_Frozen):
@@ -133,6 +152,17 @@ class TrainerConfig(_Frozen):
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = Field(
         "float32", description="Keras dtype policy of the model's layers (mixed_*: 16-bit "
         "compute, float32 variables and output layer; mixed_float16 adds loss scaling).")
+    profile: ProfileConfig | None = Field(None, description="TensorBoard profile of every task "
+                                          "into <run_dir>/tensorboard/profile-<task>; None = none.")
+
+    @model_validator(mode="after")
+    def _profile_within_run(self) -> TrainerConfig:
+        total = self.epochs * (self.steps_per_epoch or 0)
+        if self.profile is not None and total and self.profile.steps[1] > total:
+            raise ValueError(f"trainer.profile.steps ends after the run's {total} steps "
+                             f"(trainer.epochs x trainer.steps_per_epoch). Received: "
+                             f"steps={list(self.profile.steps)}")
+        return self
 
 
 class OutputConfig(_Frozen):
@@ -191,6 +221,9 @@ class Recipe(_Frozen):
         kind, traits = self.strategy.kind, self.strategy.traits
         check_fits_strategy(self.cluster, self.strategy)
         check_savers_fit_strategy(self.callbacks, self.strategy)
+        if self.trainer.checkpoint.async_ and traits.async_checkpoint_refused:
+            raise ValueError(f"trainer.checkpoint.async is not supported under strategy '{kind}': "
+                             f"{traits.async_checkpoint_refused}. Received: async=true")
         if self.data.auto_shard not in traits.auto_shard:
             raise ValueError(f"data.auto_shard '{self.data.auto_shard}' means nothing for strategy "
                              f"'{kind}' (it accepts {', '.join(traits.auto_shard)}). "

@@ -1,19 +1,19 @@
 """The ``strategy`` section of a recipe: one frozen model per strategy kind, and their registry.
 
-Each config class declares its :class:`StrategyTraits` (topology, cluster kinds, ps tasks,
-``data.auto_shard`` values, checkpoint schema); :mod:`kerasdist.strategies` registers the strategy
-object that runs it. Fields are documented per class; docs/recipes.md is generated from them.
+Each config class declares its :class:`StrategyTraits` (topology, ps tasks, ``data.auto_shard``
+values, checkpoint schema; the cluster kinds that run a topology say so in their traits);
+:mod:`kerasdist.strategies` registers the strategy object that runs it. Fields are documented
+per class; docs/recipes.md is generated from them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BeforeValidator, Field, SerializeAsAny, model_validator
+from pydantic import Field, model_validator
 
-from kerasdist.config._base import Frozen
-from kerasdist.errors import RecipeError
+from kerasdist.config._base import Frozen, KindedSection
 
 # ------------------------------------------------------------------------------------ strategy
 CHECKPOINT_SCHEMA = "kerasdist-step-v2"
@@ -29,21 +29,18 @@ class StrategyTraits:
         topology: ``single`` (this process is the whole job), ``peers`` (every worker task runs
             the same training program; the chief writes the outputs) or ``coordinator`` (ps and
             worker tasks serve; the chief task runs training and writes the outputs).
-        cluster_kinds: the ``cluster.kind`` values it can run on.
         needs_ps: needs parameter-server tasks (``cluster.ps >= 1`` on local clusters).
         auto_shard: the ``data.auto_shard`` values it honours; others are refused.
         checkpoint_schema: the checkpoint layout it reads and writes; a run directory written
             under another schema is refused.
-        refusals: ``(cluster kind, why)`` pairs: the reason given when a recipe asks for a cluster
-            kind this strategy cannot run on.
+        async_checkpoint_refused: why ``trainer.checkpoint.async`` cannot be honoured, or None.
     """
 
     topology: Literal["single", "peers", "coordinator"]
-    cluster_kinds: tuple[str, ...]
     needs_ps: bool = False
     auto_shard: tuple[str, ...] = ("auto",)
     checkpoint_schema: str = CHECKPOINT_SCHEMA
-    refusals: tuple[tuple[str, str], ...] = ()
+    async_checkpoint_refused: str | None = None
 
 
 class StrategyConfigBase(Frozen):
@@ -53,14 +50,7 @@ class StrategyConfigBase(Frozen):
     traits: ClassVar[StrategyTraits]
 
 
-_ONE_PROCESS = StrategyTraits(topology="single", cluster_kinds=("this_process",))
-_CLUSTERS = ("local", "tf_config", "slurm", "jobset")
-_PS_ON_RAY = (
-    "ray", "Ray Train's TensorFlow backend starts one group of identical workers and gives them a "
-    "worker-only TF_CONFIG; a parameter-server cluster needs ps tasks that only serve variables and "
-    "a coordinator that schedules steps onto the workers, roles Ray Train does not place. Use "
-    "strategy.kind multi_worker on Ray, or parameter_server with cluster.kind local, tf_config or "
-    "slurm")
+_ONE_PROCESS = StrategyTraits(topology="single")
 
 
 class DefaultStrategyConfig(StrategyConfigBase):
@@ -103,7 +93,7 @@ class MultiWorkerStrategyConfig(StrategyConfigBase):
     """
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="peers", cluster_kinds=(*_CLUSTERS, "ray"),
+        topology="peers",
         auto_shard=("auto", "off", "data", "file"))
     kind: Literal["multi_worker"] = "multi_worker"
     communication: Literal["auto", "ring", "nccl"] = Field(
@@ -140,8 +130,11 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
     """
 
     traits: ClassVar[StrategyTraits] = StrategyTraits(
-        topology="coordinator", cluster_kinds=_CLUSTERS, needs_ps=True, refusals=(_PS_ON_RAY,),
-        auto_shard=("auto", "off", "data"))
+        topology="coordinator", needs_ps=True, auto_shard=("auto", "off", "data"),
+        async_checkpoint_refused=(
+            "the variables live on the ps tasks, so the background write would run the save "
+            "ops on every task from another thread, outside the save that never waits on a "
+            "frozen worker (a stop could then hang on one); use async: false"))
     kind: Literal["parameter_server"] = "parameter_server"
     variable_partitioning: Literal["none", "min_size", "fixed", "max_shards"] = Field(
         "none", description="Shard variables along axis 0 over the ps tasks "
@@ -183,48 +176,9 @@ class ParameterServerStrategyConfig(StrategyConfigBase):
         return self
 
 
-_STRATEGY_CONFIGS: dict[str, type[StrategyConfigBase]] = {
-    cls.model_fields["kind"].default: cls
-    for cls in (DefaultStrategyConfig, MirroredStrategyConfig, MultiWorkerStrategyConfig,
-                ParameterServerStrategyConfig)
-}
-
-
-def register_strategy_config(config_class: type[StrategyConfigBase]) -> None:
-    """Make ``strategy.kind: <config_class's kind default>`` valid in recipes (used by
-    :func:`kerasdist.strategies.register`; a later registration of the same kind replaces it).
-
-    Raises:
-        RecipeError: the class does not derive from :class:`StrategyConfigBase`, has no ``traits``
-            or no default ``kind``.
-    """
-    kind = getattr(config_class.model_fields.get("kind"), "default", None)
-    if not (isinstance(config_class, type) and issubclass(config_class, StrategyConfigBase)
-            and isinstance(kind, str) and isinstance(getattr(config_class, "traits", None),
-                                                      StrategyTraits)):
-        raise RecipeError("a strategy config class must subclass StrategyConfigBase, give `kind` a "
-                          f"string default and declare `traits`. Received: {config_class!r}")
-    _STRATEGY_CONFIGS[kind] = config_class
-
-
-def strategy_config_classes() -> dict[str, type[StrategyConfigBase]]:
-    """``{kind: config class}`` of every strategy kind recipes accept."""
-    return dict(_STRATEGY_CONFIGS)
-
-
-def _strategy_by_kind(value: Any) -> Any:
-    if isinstance(value, StrategyConfigBase):
-        return value
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ValueError(f"strategy must be a mapping with a 'kind'. Received: {value!r}")
-    kind = value.get("kind", "default")
-    if kind not in _STRATEGY_CONFIGS:
-        raise ValueError(f"strategy.kind: unknown strategy '{kind}'. Available: "
-                         f"{', '.join(repr(k) for k in sorted(_STRATEGY_CONFIGS))}. "
-                         f"Received: kind='{kind}'")
-    return _STRATEGY_CONFIGS[kind].model_validate(value)
-
-
-StrategyConfig = Annotated[SerializeAsAny[StrategyConfigBase], BeforeValidator(_strategy_by_kind)]
+STRATEGIES = KindedSection("strategy", StrategyConfigBase, StrategyTraits, (
+    DefaultStrategyConfig, MirroredStrategyConfig, MultiWorkerStrategyConfig,
+    ParameterServerStrategyConfig), default="default", what="strategy")
+"""The strategy kinds recipes accept (:func:`kerasdist.strategies.register` adds one)."""
+register_strategy_config, strategy_config_classes = STRATEGIES.register, STRATEGIES.classes
+StrategyConfig = STRATEGIES.annotated()

@@ -177,8 +177,26 @@ run directory (``CSVLogger(filename='train.csv')`` writes ``<run_dir>/train.csv`
 
 SINGLE_PROCESS_SAVERS = ("OrbaxCheckpoint",)
 """Keras callbacks that coordinate their saves across processes on JAX only
-(``keras.callbacks.OrbaxCheckpoint``'s docstring), refused under a multi-process strategy by
-:func:`check_savers_fit_strategy`."""
+(``keras.callbacks.OrbaxCheckpoint``'s docstring), refused under a multi-process strategy, in a
+recipe (:func:`check_savers_fit_strategy`) and in ``model.fit`` after ``kerasdist.enable()``
+(:func:`single_process_saver_error`)."""
+
+
+def single_process_saver_error(name: str, *, strategy: str, field: str) -> str | None:
+    """The refusal of callback ``name`` (a class name or ``pkg.mod:Class``) under the
+    multi-process ``strategy`` kind, or None when it is no :data:`SINGLE_PROCESS_SAVERS` one.
+
+    Args:
+        name: the callback's class name or import path.
+        strategy: ``multi_worker`` or ``parameter_server``.
+        field: where it was given (``callbacks.1``, ``model.fit(callbacks=...)``).
+    """
+    if name.rpartition(":")[2] not in SINGLE_PROCESS_SAVERS:
+        return None
+    return (f"{field}: {name} is not accepted under strategy '{strategy}': Keras coordinates "
+            "its saves across processes on JAX only, and kerasdist does not make it chief-only. "
+            "Use trainer.checkpoint (kerasdist's own checkpoints, resumed at the exact step) or "
+            f"ModelCheckpoint (written by the chief only). Received: {name!r}")
 
 
 def check_savers_fit_strategy(callbacks: list, strategy) -> None:
@@ -193,13 +211,9 @@ def check_savers_fit_strategy(callbacks: list, strategy) -> None:
         return
     for index, spec in enumerate(callbacks):
         name = spec.class_name if isinstance(spec, KerasConfig) else spec
-        if name.rpartition(":")[2] in SINGLE_PROCESS_SAVERS:
-            raise ValueError(
-                f"callbacks.{index}: {name} is not accepted under strategy '{strategy.kind}': "
-                "Keras coordinates its saves across processes on JAX only, and kerasdist does "
-                "not make it chief-only. Use trainer.checkpoint (kerasdist's own checkpoints, "
-                "resumed at the exact step) or ModelCheckpoint (written by the chief only). "
-                f"Received: {name!r}")
+        error = single_process_saver_error(name, strategy=strategy.kind, field=f"callbacks.{index}")
+        if error:
+            raise ValueError(error)
 
 
 def check_callback(value: Any, index: int) -> Any:

@@ -12,6 +12,19 @@ from kerasdist.conformance.case import Case, _optimizer, sgd_compile
 from kerasdist.conformance.data import EPOCHS
 
 
+def one_callback(name: str, *args, path: str | None = None, **kwargs):
+    """A ``Case.callbacks`` factory of the one callback ``keras.callbacks.<name>(*args,
+    **kwargs)``, given ``workdir / path`` (as a string) first when ``path`` is set."""
+
+    def callbacks(workdir: Path, record: dict):
+        import keras
+
+        where = (str(workdir / path),) if path else ()
+        return [getattr(keras.callbacks, name)(*where, *args, **kwargs)]
+
+    return callbacks
+
+
 def _checkpoint(workdir: Path, record: dict):
     import keras
 
@@ -47,13 +60,6 @@ def _check_checkpoint(workdir: Path, result: dict, build) -> list[str]:
     return problems + _weights_match(model.get_weights(), result, weights.name)
 
 
-def _backup(workdir: Path, record: dict):
-    import keras
-
-    return [keras.callbacks.BackupAndRestore(str(workdir / "backup"), save_freq=2,
-                                             delete_checkpoint=False)]
-
-
 def _check_backup(workdir: Path, result: dict, build) -> list[str]:
     files = sorted(p.name for p in (workdir / "backup").glob("*")) if (
         workdir / "backup").is_dir() else []
@@ -65,13 +71,6 @@ def _check_backup(workdir: Path, result: dict, build) -> list[str]:
     return _weights_match(model.get_weights(), result, f"backup/{weights[0]}")
 
 
-def _early_stopping(workdir: Path, record: dict):
-    import keras
-
-    return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=0, min_delta=10.0,
-                                          restore_best_weights=True)]
-
-
 def _reduce_lr(workdir: Path, record: dict):
     import keras
 
@@ -81,18 +80,6 @@ def _reduce_lr(workdir: Path, record: dict):
     return [keras.callbacks.ReduceLROnPlateau(monitor="loss", factor=0.5, patience=0,
                                               min_delta=10.0),
             keras.callbacks.LambdaCallback(on_epoch_end=remember)]
-
-
-def _lr_scheduler(workdir: Path, record: dict):
-    import keras
-
-    return [keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.05 / (epoch + 1))]
-
-
-def _csv_logger(workdir: Path, record: dict):
-    import keras
-
-    return [keras.callbacks.CSVLogger(str(workdir / "log.csv"))]
 
 
 def _check_csv(workdir: Path, result: dict, build) -> list[str]:
@@ -108,12 +95,6 @@ def _check_csv(workdir: Path, result: dict, build) -> list[str]:
     return []
 
 
-def _tensorboard(workdir: Path, record: dict):
-    import keras
-
-    return [keras.callbacks.TensorBoard(str(workdir / "tb"), write_graph=False)]
-
-
 def _check_tensorboard(workdir: Path, result: dict, build) -> list[str]:
     files = list((workdir / "tb").rglob("events.out.tfevents.*"))
     train = [f for f in files if f.parent.name == "train"]
@@ -123,12 +104,6 @@ def _check_tensorboard(workdir: Path, result: dict, build) -> list[str]:
         return [f"TensorBoard: {len(train)} writers of train/ (one per task): "
                 f"{sorted(f.name for f in train)}"]
     return []
-
-
-def _terminate_on_nan(workdir: Path, record: dict):
-    import keras
-
-    return [keras.callbacks.TerminateOnNaN()]
 
 
 def _lambda(workdir: Path, record: dict):
@@ -155,14 +130,20 @@ def callback_cases() -> list[Case]:
         Case("cb_model_checkpoint", "ModelCheckpoint (save_best_only; save_weights_only)",
              callbacks=_checkpoint, check=_check_checkpoint),
         Case("cb_backup_and_restore", "BackupAndRestore (save_freq=2 steps)",
-             callbacks=_backup, check=_check_backup),
+             callbacks=one_callback("BackupAndRestore", path="backup", save_freq=2,
+                            delete_checkpoint=False), check=_check_backup),
         Case("cb_early_stopping", "EarlyStopping(restore_best_weights=True)",
-             callbacks=_early_stopping, validation=True),
+             callbacks=one_callback("EarlyStopping", monitor="val_loss", patience=0,
+                            min_delta=10.0, restore_best_weights=True), validation=True),
         Case("cb_reduce_lr_on_plateau", "ReduceLROnPlateau", callbacks=_reduce_lr),
-        Case("cb_learning_rate_scheduler", "LearningRateScheduler", callbacks=_lr_scheduler),
-        Case("cb_csv_logger", "CSVLogger", callbacks=_csv_logger, check=_check_csv),
-        Case("cb_tensorboard", "TensorBoard", callbacks=_tensorboard, check=_check_tensorboard),
-        Case("cb_terminate_on_nan", "TerminateOnNaN", callbacks=_terminate_on_nan,
+        Case("cb_learning_rate_scheduler", "LearningRateScheduler",
+             callbacks=one_callback("LearningRateScheduler", lambda epoch, lr: 0.05 / (epoch + 1))),
+        Case("cb_csv_logger", "CSVLogger", callbacks=one_callback("CSVLogger", path="log.csv"),
+             check=_check_csv),
+        Case("cb_tensorboard", "TensorBoard",
+             callbacks=one_callback("TensorBoard", path="tb", write_graph=False),
+             check=_check_tensorboard),
+        Case("cb_terminate_on_nan", "TerminateOnNaN", callbacks=one_callback("TerminateOnNaN"),
              compile=lambda: sgd_compile(optimizer=_optimizer(learning_rate=1e18))),
         Case("cb_lambda", "LambdaCallback", callbacks=_lambda, check=_check_lambda),
     ]

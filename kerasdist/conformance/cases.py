@@ -12,10 +12,11 @@ Each case trains :data:`~kerasdist.conformance.data.EPOCHS` epochs of
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any, Callable
 
-from kerasdist.conformance import models
-from kerasdist.conformance.callback_cases import callback_cases
+from kerasdist.conformance import models, saving
+from kerasdist.conformance.callback_cases import callback_cases, one_callback
 from kerasdist.conformance.case import SCCE, Case, _optimizer, sgd_compile
 from kerasdist.conformance.data import WIDE_VOCAB
 
@@ -51,127 +52,6 @@ def _loss_scale():
     return keras.optimizers.LossScaleOptimizer(_optimizer(), initial_scale=2.0 ** 8)
 
 
-def _model_cases() -> list[Case]:
-    return [
-        Case("sequential", "Sequential (Dense)"),
-        Case("functional_multi_io", "Functional, 2 inputs / 2 outputs, loss_weights",
-             data="multi", model=models.functional_multi_io,
-             compile=lambda: sgd_compile(loss={"cls": SCCE, "reg": "mse"},
-                                         loss_weights={"cls": 1.0, "reg": 0.5},
-                                         metrics={"cls": ["accuracy"], "reg": ["mae"]})),
-        Case("subclassed", "Subclassed keras.Model", model=models.subclassed),
-        Case("custom_train_test_step", "custom train_step / test_step (guide's pattern)",
-             model=models.custom_step),
-        Case("custom_compute_loss", "custom compute_loss", model=models.custom_compute_loss),
-    ]
-
-
-def _layer_cases() -> list[Case]:
-    return [
-        Case("batchnorm", "BatchNormalization", model=models.batchnorm,
-             per_replica="each replica normalizes with its own batch statistics (Keras's "
-                         "synchronized=False semantics); moving statistics are averaged over "
-                         "replicas"),
-        Case("batchnorm_synchronized", "BatchNormalization(synchronized=True)",
-             model=lambda data: models.batchnorm(data, synchronized=True)),
-        Case("dropout", "Dropout", model=models.dropout,
-             per_replica="each replica draws its own dropout mask for its part of the batch"),
-        Case("layernorm", "LayerNormalization", model=models.layernorm),
-        Case("embedding", "Embedding", data="tokens", model=models.sequence),
-        Case("lstm", "LSTM", data="tokens", model=lambda data: models.sequence(data, rnn="lstm")),
-        Case("gru", "GRU", data="tokens", model=lambda data: models.sequence(data, rnn="gru")),
-    ]
-
-
-def _preprocessing_cases() -> list[Case]:
-    return [
-        Case("normalization", "Normalization (adapted) in the model", model=models.normalization),
-        Case("string_lookup", "StringLookup (adapted) in the model", data="words",
-             model=models.string_lookup),
-        Case("integer_lookup", "IntegerLookup (adapted) in the model", data="ints",
-             model=models.integer_lookup),
-        Case("text_vectorization", "TextVectorization (adapted) in the model", data="strings",
-             model=models.text_vectorization),
-        Case("lookup_in_pipeline", "TextVectorization (multi-hot lookup) in the tf.data pipeline",
-             data="strings", pipeline=models.multi_hot_pipeline, model=lambda data: models.dense()),
-        Case("normalization_in_pipeline", "Normalization in the tf.data pipeline",
-             pipeline=models.normalization_pipeline, model=lambda data: models.dense()),
-    ]
-
-
-def _metric_cases() -> list[Case]:
-    return [
-        Case("metrics_mean", "mean metrics (accuracy, crossentropy, top-k)",
-             compile=lambda: sgd_compile(metrics=("accuracy", "sparse_top_k_categorical_accuracy"))),
-        Case("metrics_confusion", "AUC, Precision, Recall, PrecisionAtRecall", data="binary",
-             model=lambda data: models.dense(out=1, activation="sigmoid"),
-             compile=lambda: sgd_compile(loss="binary_crossentropy",
-                                         metrics=_confusion_metrics())),
-        Case("metrics_confusion_uneven", "AUC, Precision, Recall on 60 examples (partial last "
-             "batch, uneven shards)", data="binary", eval_examples=60, drop_remainder=False,
-             model=lambda data: models.dense(out=1, activation="sigmoid"),
-             compile=lambda: sgd_compile(loss="binary_crossentropy",
-                                         metrics=_confusion_metrics())),
-        Case("metrics_f1", "F1Score", data="binary",
-             model=lambda data: models.dense(out=1, activation="sigmoid"),
-             compile=lambda: sgd_compile(loss="binary_crossentropy", metrics=_f1_metrics())),
-        Case("metrics_custom", "custom keras.metrics.Metric subclass", data="regression",
-             model=lambda data: models.dense(out=1),
-             compile=lambda: sgd_compile(loss="mse", metrics=[models.custom_metric()])),
-        Case("sample_weight", "sample_weight", weighted=True),
-        Case("class_weight", "class_weight", fit_kwargs={"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}}),
-    ]
-
-
-def _optimizer_cases() -> list[Case]:
-    import functools
-
-    opt = functools.partial
-    return [
-        _opt_case("sgd_momentum_nesterov", "SGD momentum + nesterov",
-                  opt(_optimizer, momentum=0.9, nesterov=True)),
-        _opt_case("adam", "Adam", opt(_optimizer, "adam")),
-        _opt_case("adamw", "AdamW", opt(_optimizer, "adamw", weight_decay=0.05)),
-        _opt_case("clipnorm", "clipnorm", opt(_optimizer, clipnorm=0.1)),
-        _opt_case("clipvalue", "clipvalue", opt(_optimizer, clipvalue=0.01)),
-        _opt_case("global_clipnorm", "global_clipnorm", opt(_optimizer, global_clipnorm=0.1)),
-        _opt_case("use_ema", "use_ema", opt(_optimizer, "adam", use_ema=True,
-                                            ema_overwrite_frequency=3)),
-        _opt_case("gradient_accumulation", "gradient_accumulation_steps=2",
-                  opt(_optimizer, momentum=0.9, gradient_accumulation_steps=2)),
-        _opt_case("loss_scale_optimizer", "LossScaleOptimizer", _loss_scale),
-        _opt_case("lr_schedule", "learning-rate schedule (ExponentialDecay)", _lr_schedule),
-    ]
-
-
-def _added_loss_and_layer_cases() -> list[Case]:
-    """Losses added by layers and regularizers, a frozen sub-model, masking, attention,
-    augmentation layers, a ``PyDataset`` input and a KerasHub backbone."""
-    return [
-        Case("add_loss", "add_loss in a layer's call", model=models.add_loss_layer),
-        Case("kernel_regularizer", "kernel_regularizer (L2)",
-             model=lambda data: models.add_loss_regularized(data, penalty=False)),
-        Case("activity_regularizer", "activity_regularizer (L1)",
-             model=lambda data: models.add_loss_regularized(data, activity=True),
-             per_replica="Keras 3 adds an activity regularizer's penalty summed over the "
-                         "examples a replica sees (not divided by the batch size), so each "
-                         "replica adds the sum over its part of the batch"),
-        Case("frozen_submodel_batchnorm", "frozen sub-model with BatchNormalization",
-             model=models.frozen_submodel),
-        Case("masking_lstm", "masking (Embedding mask_zero=True + LSTM)", data="padded",
-             model=models.masked_lstm),
-        Case("multi_head_attention", "MultiHeadAttention", data="tokens", model=models.attention),
-        Case("augmentation", "data augmentation layers (RandomFlip, RandomTranslation)",
-             data="images", model=models.augmented,
-             per_replica="each replica draws its own random flips and shifts for its part of the "
-                         "batch"),
-        Case("pydataset", "fit from a keras.utils.PyDataset (640 examples, reshuffled each "
-             "epoch, full epochs)", input="pydataset", examples=640, steps_per_epoch=None),
-        Case("kerashub_bert", "KerasHub BertBackbone (from its config, untrained)", data="bert",
-             model=models.kerashub_bert),
-    ]
-
-
 def _sum_loss():
     import keras
 
@@ -186,48 +66,6 @@ def _weighted_mean_loss():
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                       reduction="mean_with_sample_weight")
     return sgd_compile(loss=loss, steps_per_execution=2)
-
-
-def _input_cases() -> list[Case]:
-    return [
-        Case("input_numpy", "fit/evaluate/predict from NumPy", input="numpy"),
-        Case("input_dataset_fn", "fit/evaluate/predict from a dataset_fn", input="dataset_fn"),
-        Case("input_full_epochs", "1,000 examples, seeded shuffle, full epochs with a partial last "
-             "batch (63 steps an epoch)", examples=1000, steps_per_epoch=None,
-             drop_remainder=False),
-        Case("input_unshuffled", "unshuffled dataset, drop_remainder, repeat() + steps_per_epoch",
-             shuffle_seed=None, drop_remainder=True),
-        Case("metrics_outside_scope", "AUC/Precision/Recall built outside the scope, 2,048 "
-             "shuffled examples, repeat() + steps_per_epoch", data="binary",
-             compile=lambda: sgd_compile(metrics=_confusion_metrics(), loss="binary_crossentropy"),
-             model=lambda data: models.dense(out=1, activation="sigmoid"), examples=2048,
-             drop_remainder=True, steps_per_epoch=16, metrics_outside_scope=True),
-        Case("steps_per_execution", "compile(steps_per_execution=4), 1,000 examples, full epochs "
-             "(a partial last group)", examples=1000, steps_per_epoch=None,
-             compile=lambda: sgd_compile(steps_per_execution=4)),
-        Case("loss_sum", "loss reduction=\"sum\", 200 examples, full epochs (a partial last "
-             "batch)", examples=200, steps_per_epoch=None, drop_remainder=False,
-             compile=_sum_loss),
-        Case("loss_weighted_mean", "loss reduction=\"mean_with_sample_weight\" with uneven "
-             "sample weights, steps_per_execution=2, 200 examples, full epochs (a partial last "
-             "batch)", weighted=True, examples=200, steps_per_epoch=None, drop_remainder=False,
-             compile=_weighted_mean_loss),
-    ]
-
-
-def _saving_cases() -> list[Case]:
-    from kerasdist.conformance import saving
-
-    return [
-        Case("save_keras_load", "model.save (.keras) + load_model", after=saving.save_keras,
-             check=saving.check_keras),
-        Case("export", "model.export (SavedModel)", after=saving.export,
-             check=saving.check_export),
-        Case("save_every_worker", "model.save + save_weights called by every worker on one path",
-             after=saving.save_every_worker, check=saving.check_every_worker),
-        Case("mixed_bfloat16", "mixed_bfloat16 policy", precision="mixed_bfloat16",
-             tolerance=(2e-2, 2e-2)),
-    ]
 
 
 # (case suffix, shown name, keras.optimizers class name, keyword arguments)
@@ -259,68 +97,173 @@ def _loss_compile(loss_name: str, **kwargs):
     return sgd_compile(loss=getattr(keras.losses, loss_name)(**kwargs), metrics=())
 
 
-def _swap_ema(workdir, record: dict):
-    import keras
-
-    return [keras.callbacks.SwapEMAWeights(swap_on_epoch=True)]
-
-
-def _sparse_cases() -> list[Case]:
-    """Sparse gradients under every Keras optimizer that takes them: ``Embedding(200, 8)`` on
-    token ids drawn from 200 (``wide_tokens``). A global batch of 16 x 6 ids touches at most 96
-    of the 200 rows, so the ``IndexedSlices`` gradient path (rows a batch did not touch,
-    duplicate ids, the mean over replicas) decides the weights and optimizer state, which are
-    compared with the strategy-free run."""
-    return [_sparse_case(*spec) for spec in SPARSE_OPTIMIZERS]
-
-
-def _own_path_cases() -> list[Case]:
-    from kerasdist.conformance import saving
-
-    return [
-        Case("save_own_path", "model.save + save_weights + export, each task to its own folder",
-             after=saving.save_own_path, check=saving.check_own_path),
-        Case("cb_checkpoint_own_path", "ModelCheckpoint + BackupAndRestore, each task to its "
-             "own folder", callbacks=saving.checkpoint_own, check=saving.check_checkpoint_own),
-    ]
-
-
-def _layer_loss_cases() -> list[Case]:
-    """XLA (``jit_compile=True``), further layers (convolution and pooling, Bidirectional,
-    GroupNormalization, EinsumDense), losses (Huber, focal), the Lamb optimizer and the
-    SwapEMAWeights callback."""
-    return [
-        Case("jit_compile", "compile(jit_compile=True) (XLA)",
-             compile=lambda: sgd_compile(jit_compile=True)),
-        Case("conv_pooling", "Conv2D + MaxPooling2D + GlobalMaxPooling2D", data="images",
-             model=models.conv_pooling),
-        Case("bidirectional_adam", "Bidirectional(LSTM) over Embedding(200, 8) + Adam",
-             data="wide_tokens", model=models.bidirectional,
-             compile=lambda: sgd_compile(optimizer=_optimizer("Adam"))),
-        Case("group_normalization", "GroupNormalization", model=models.group_norm),
-        Case("einsum_dense", "EinsumDense", model=models.einsum_dense),
-        Case("huber_loss", "Huber loss (regression)", data="regression",
-             model=lambda data: models.dense(out=1),
-             compile=lambda: _loss_compile("Huber", delta=0.5)),
-        Case("binary_focal_loss", "BinaryFocalCrossentropy", data="binary",
-             model=lambda data: models.dense(out=1, activation="sigmoid"),
-             compile=lambda: _loss_compile("BinaryFocalCrossentropy", gamma=2.0)),
-        Case("lamb", "Lamb optimizer",
-             compile=lambda: sgd_compile(optimizer=_optimizer("Lamb"))),
-        Case("cb_swap_ema_weights", "SwapEMAWeights callback (Adam use_ema)",
-             callbacks=_swap_ema,
-             compile=lambda: sgd_compile(optimizer=_optimizer("Adam", use_ema=True))),
-    ]
+CASES: tuple[Case, ...] = (
+    # -- models
+    Case("sequential", "Sequential (Dense)"),
+    Case("functional_multi_io", "Functional, 2 inputs / 2 outputs, loss_weights",
+         data="multi", model=models.functional_multi_io,
+         compile=lambda: sgd_compile(loss={"cls": SCCE, "reg": "mse"},
+                                     loss_weights={"cls": 1.0, "reg": 0.5},
+                                     metrics={"cls": ["accuracy"], "reg": ["mae"]})),
+    Case("subclassed", "Subclassed keras.Model", model=models.subclassed),
+    Case("custom_train_test_step", "custom train_step / test_step (guide's pattern)",
+         model=models.custom_step),
+    Case("custom_compute_loss", "custom compute_loss", model=models.custom_compute_loss),
+    # -- layers
+    Case("batchnorm", "BatchNormalization", model=models.batchnorm,
+         per_replica="each replica normalizes with its own batch statistics (Keras's "
+                     "synchronized=False semantics); moving statistics are averaged over "
+                     "replicas"),
+    Case("batchnorm_synchronized", "BatchNormalization(synchronized=True)",
+         model=lambda data: models.batchnorm(data, synchronized=True)),
+    Case("dropout", "Dropout", model=models.dropout,
+         per_replica="each replica draws its own dropout mask for its part of the batch"),
+    Case("layernorm", "LayerNormalization", model=models.layernorm),
+    Case("embedding", "Embedding", data="tokens", model=models.sequence),
+    Case("lstm", "LSTM", data="tokens", model=lambda data: models.sequence(data, rnn="lstm")),
+    Case("gru", "GRU", data="tokens", model=lambda data: models.sequence(data, rnn="gru")),
+    # -- preprocessing
+    Case("normalization", "Normalization (adapted) in the model", model=models.normalization),
+    Case("string_lookup", "StringLookup (adapted) in the model", data="words",
+         model=models.string_lookup),
+    Case("integer_lookup", "IntegerLookup (adapted) in the model", data="ints",
+         model=models.integer_lookup),
+    Case("text_vectorization", "TextVectorization (adapted) in the model", data="strings",
+         model=models.text_vectorization),
+    Case("lookup_in_pipeline", "TextVectorization (multi-hot lookup) in the tf.data pipeline",
+         data="strings", pipeline=models.multi_hot_pipeline, model=lambda data: models.dense()),
+    Case("normalization_in_pipeline", "Normalization in the tf.data pipeline",
+         pipeline=models.normalization_pipeline, model=lambda data: models.dense()),
+    # -- metrics and weights
+    Case("metrics_mean", "mean metrics (accuracy, crossentropy, top-k)",
+         compile=lambda: sgd_compile(metrics=("accuracy", "sparse_top_k_categorical_accuracy"))),
+    Case("metrics_confusion", "AUC, Precision, Recall, PrecisionAtRecall", data="binary",
+         model=lambda data: models.dense(out=1, activation="sigmoid"),
+         compile=lambda: sgd_compile(loss="binary_crossentropy",
+                                     metrics=_confusion_metrics())),
+    Case("metrics_confusion_uneven", "AUC, Precision, Recall on 60 examples (partial last "
+         "batch, uneven shards)", data="binary", eval_examples=60, drop_remainder=False,
+         model=lambda data: models.dense(out=1, activation="sigmoid"),
+         compile=lambda: sgd_compile(loss="binary_crossentropy",
+                                     metrics=_confusion_metrics())),
+    Case("metrics_f1", "F1Score", data="binary",
+         model=lambda data: models.dense(out=1, activation="sigmoid"),
+         compile=lambda: sgd_compile(loss="binary_crossentropy", metrics=_f1_metrics())),
+    Case("metrics_custom", "custom keras.metrics.Metric subclass", data="regression",
+         model=lambda data: models.dense(out=1),
+         compile=lambda: sgd_compile(loss="mse", metrics=[models.custom_metric()])),
+    Case("sample_weight", "sample_weight", weighted=True),
+    Case("class_weight", "class_weight", fit_kwargs={"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}}),
+    # -- optimizers
+    _opt_case("sgd_momentum_nesterov", "SGD momentum + nesterov",
+              partial(_optimizer, momentum=0.9, nesterov=True)),
+    _opt_case("adam", "Adam", partial(_optimizer, "adam")),
+    _opt_case("adamw", "AdamW", partial(_optimizer, "adamw", weight_decay=0.05)),
+    _opt_case("clipnorm", "clipnorm", partial(_optimizer, clipnorm=0.1)),
+    _opt_case("clipvalue", "clipvalue", partial(_optimizer, clipvalue=0.01)),
+    _opt_case("global_clipnorm", "global_clipnorm", partial(_optimizer, global_clipnorm=0.1)),
+    _opt_case("use_ema", "use_ema", partial(_optimizer, "adam", use_ema=True,
+                                        ema_overwrite_frequency=3)),
+    _opt_case("gradient_accumulation", "gradient_accumulation_steps=2",
+              partial(_optimizer, momentum=0.9, gradient_accumulation_steps=2)),
+    _opt_case("loss_scale_optimizer", "LossScaleOptimizer", _loss_scale),
+    _opt_case("lr_schedule", "learning-rate schedule (ExponentialDecay)", _lr_schedule),
+    *callback_cases(),
+    # -- inputs
+    Case("input_numpy", "fit/evaluate/predict from NumPy", input="numpy"),
+    Case("input_dataset_fn", "fit/evaluate/predict from a dataset_fn", input="dataset_fn"),
+    Case("input_full_epochs", "1,000 examples, seeded shuffle, full epochs with a partial last "
+         "batch (63 steps an epoch)", examples=1000, steps_per_epoch=None,
+         drop_remainder=False),
+    Case("input_unshuffled", "unshuffled dataset, drop_remainder, repeat() + steps_per_epoch",
+         shuffle_seed=None, drop_remainder=True),
+    Case("metrics_outside_scope", "AUC/Precision/Recall built outside the scope, 2,048 "
+         "shuffled examples, repeat() + steps_per_epoch", data="binary",
+         compile=lambda: sgd_compile(metrics=_confusion_metrics(), loss="binary_crossentropy"),
+         model=lambda data: models.dense(out=1, activation="sigmoid"), examples=2048,
+         drop_remainder=True, steps_per_epoch=16, metrics_outside_scope=True),
+    Case("steps_per_execution", "compile(steps_per_execution=4), 1,000 examples, full epochs "
+         "(a partial last group)", examples=1000, steps_per_epoch=None,
+         compile=lambda: sgd_compile(steps_per_execution=4)),
+    Case("loss_sum", "loss reduction=\"sum\", 200 examples, full epochs (a partial last "
+         "batch)", examples=200, steps_per_epoch=None, drop_remainder=False,
+         compile=_sum_loss),
+    Case("loss_weighted_mean", "loss reduction=\"mean_with_sample_weight\" with uneven "
+         "sample weights, steps_per_execution=2, 200 examples, full epochs (a partial last "
+         "batch)", weighted=True, examples=200, steps_per_epoch=None, drop_remainder=False,
+         compile=_weighted_mean_loss),
+    # -- losses added by layers and regularizers, a frozen sub-model, masking, attention,
+    # augmentation layers, a PyDataset input and a KerasHub backbone
+    Case("add_loss", "add_loss in a layer's call", model=models.add_loss_layer),
+    Case("kernel_regularizer", "kernel_regularizer (L2)",
+         model=lambda data: models.add_loss_regularized(data, penalty=False)),
+    Case("activity_regularizer", "activity_regularizer (L1)",
+         model=lambda data: models.add_loss_regularized(data, activity=True),
+         per_replica="Keras 3 adds an activity regularizer's penalty summed over the "
+                     "examples a replica sees (not divided by the batch size), so each "
+                     "replica adds the sum over its part of the batch"),
+    Case("frozen_submodel_batchnorm", "frozen sub-model with BatchNormalization",
+         model=models.frozen_submodel),
+    Case("masking_lstm", "masking (Embedding mask_zero=True + LSTM)", data="padded",
+         model=models.masked_lstm),
+    Case("multi_head_attention", "MultiHeadAttention", data="tokens", model=models.attention),
+    Case("augmentation", "data augmentation layers (RandomFlip, RandomTranslation)",
+         data="images", model=models.augmented,
+         per_replica="each replica draws its own random flips and shifts for its part of the "
+                     "batch"),
+    Case("pydataset", "fit from a keras.utils.PyDataset (640 examples, reshuffled each "
+         "epoch, full epochs)", input="pydataset", examples=640, steps_per_epoch=None),
+    Case("kerashub_bert", "KerasHub BertBackbone (from its config, untrained)", data="bert",
+         model=models.kerashub_bert),
+    # -- saving
+    Case("save_keras_load", "model.save (.keras) + load_model", after=saving.save_keras,
+         check=saving.check_keras),
+    Case("export", "model.export (SavedModel)", after=saving.export,
+         check=saving.check_export),
+    Case("save_every_worker", "model.save + save_weights called by every worker on one path",
+         after=saving.save_every_worker, check=saving.check_every_worker),
+    Case("mixed_bfloat16", "mixed_bfloat16 policy", precision="mixed_bfloat16",
+         tolerance=(2e-2, 2e-2)),
+    # -- sparse gradients under every Keras optimizer that takes them: Embedding(200, 8) on token
+    # ids drawn from 200 ("wide_tokens"): a global batch of 16 x 6 ids touches at most 96 of the
+    # rows, so the IndexedSlices path (untouched rows, duplicate ids, the mean over replicas)
+    # decides the weights and optimizer state, compared with the strategy-free run
+    *(_sparse_case(*spec) for spec in SPARSE_OPTIMIZERS),
+    # -- each task saving and checkpointing to its own folder
+    Case("save_own_path", "model.save + save_weights + export, each task to its own folder",
+         after=saving.save_own_path, check=saving.check_own_path),
+    Case("cb_checkpoint_own_path", "ModelCheckpoint + BackupAndRestore, each task to its "
+         "own folder", callbacks=saving.checkpoint_own, check=saving.check_checkpoint_own),
+    # -- XLA, further layers, losses, the Lamb optimizer and the SwapEMAWeights callback
+    Case("jit_compile", "compile(jit_compile=True) (XLA)",
+         compile=lambda: sgd_compile(jit_compile=True)),
+    Case("conv_pooling", "Conv2D + MaxPooling2D + GlobalMaxPooling2D", data="images",
+         model=models.conv_pooling),
+    Case("bidirectional_adam", "Bidirectional(LSTM) over Embedding(200, 8) + Adam",
+         data="wide_tokens", model=models.bidirectional,
+         compile=lambda: sgd_compile(optimizer=_optimizer("Adam"))),
+    Case("group_normalization", "GroupNormalization", model=models.group_norm),
+    Case("einsum_dense", "EinsumDense", model=models.einsum_dense),
+    Case("huber_loss", "Huber loss (regression)", data="regression",
+         model=lambda data: models.dense(out=1),
+         compile=lambda: _loss_compile("Huber", delta=0.5)),
+    Case("binary_focal_loss", "BinaryFocalCrossentropy", data="binary",
+         model=lambda data: models.dense(out=1, activation="sigmoid"),
+         compile=lambda: _loss_compile("BinaryFocalCrossentropy", gamma=2.0)),
+    Case("lamb", "Lamb optimizer",
+         compile=lambda: sgd_compile(optimizer=_optimizer("Lamb"))),
+    Case("cb_swap_ema_weights", "SwapEMAWeights callback (Adam use_ema)",
+         callbacks=one_callback("SwapEMAWeights", swap_on_epoch=True),
+         compile=lambda: sgd_compile(optimizer=_optimizer("Adam", use_ema=True))),
+)
+"""Every case, in matrix order (:func:`all_cases` sets their ``drop_remainder``)."""
 
 
 def all_cases() -> list[Case]:
     """Every case, in matrix order."""
-    cases = (_model_cases() + _layer_cases() + _preprocessing_cases() + _metric_cases()
-             + _optimizer_cases() + callback_cases() + _input_cases() + _added_loss_and_layer_cases()
-             + _saving_cases() + _sparse_cases() + _own_path_cases() + _layer_loss_cases())
     # drop_remainder both ways: every other case, unless the case says
     cases = [c if c.drop_remainder is not None else dataclasses.replace(c, drop_remainder=i % 2 == 0)
-             for i, c in enumerate(cases)]
+             for i, c in enumerate(CASES)]
     names = [c.name for c in cases]
     if len(names) != len(set(names)):
         raise RuntimeError(f"duplicate conformance case names: {names}")

@@ -129,9 +129,8 @@ def _run(args, strategies: list[str], cases: list[str], folder: Path) -> int:
                             parallel=not args.sequential,
                             progress=lambda line: print(f"kerasdist conformance: {line}",
                                                         flush=True))
-        command = "kerasdist conformance" + (
-            f" --strategies {','.join(strategies)}" if args.strategies else "") + (
-            f" --cases {','.join(cases)}" if cases else "")
+        command = (f"kerasdist conformance --strategies {','.join(strategies)}"
+                   + (f" --cases {','.join(cases)}" if cases else ""))
         md, js = report.write(matrix, args.out, command=command)
     finally:
         if args.work_dir is None:

@@ -1,14 +1,11 @@
 """The conformance cases' data: deterministic NumPy sets fed the way users feed them.
 
-Every set has :data:`NUM_EXAMPLES` examples by default (about 190 global batches of
-:data:`GLOBAL_BATCH`: much larger than a batch, with a partial last batch). Cases train
-:data:`EPOCHS` epochs of :data:`STEPS_PER_EPOCH` steps (``repeat()`` + ``steps_per_epoch``) on a
-seeded ``shuffle`` of the whole set (reshuffled each epoch, TensorFlow's default), then
-``evaluate`` on the whole set in global batches of :data:`EVAL_BATCH` (shuffled the same way,
-with or without ``drop_remainder`` as the case says: every other case either way) and
-``predict`` the whole set, unshuffled. Every run -- the strategy-free reference and each
-strategy -- sees the same global batches in the same order: the seeded shuffle gives the same
-permutation in one process and under a strategy (:mod:`kerasdist._compat.keras_20585_symbolic_build`).
+Every set has :data:`NUM_EXAMPLES` examples by default; cases train :data:`EPOCHS` epochs of
+:data:`STEPS_PER_EPOCH` steps on global batches of :data:`GLOBAL_BATCH`, then ``evaluate`` in
+batches of :data:`EVAL_BATCH` and ``predict`` (:data:`kerasdist.conformance.report.ORACLE`).
+Every run -- the strategy-free reference and each strategy -- sees the same global batches in
+the same order: the seeded shuffle gives the same permutation in one process and under a
+strategy (:mod:`kerasdist._compat.keras_20585_symbolic_build`).
 
 Input kinds (``Case.input``):
 
@@ -162,7 +159,6 @@ def dataset_fn(data: dict, *, weighted: bool = False, repeat: bool = False,
         return ds.repeat() if repeat else ds
 
     return fn
-
 
 
 def py_dataset(data: dict, *, weighted: bool = False, seed: int = SHUFFLE_SEED):

@@ -26,6 +26,7 @@ from kerasdist._parent_death import session_ending_with
 from kerasdist.conformance import data as cdata
 from kerasdist.conformance import oracle, runner
 from kerasdist.conformance.cases import Case, select
+from kerasdist.keras.precision import policy_scope
 
 STRATEGIES = ("default", "mirrored", "multi_worker", "parameter_server")
 TASK_SCRIPT = Path(__file__).with_name("task.py")
@@ -141,7 +142,7 @@ def finish_strategy(run: StrategyRun) -> tuple[float, str]:
         run.proc.wait(timeout=max(0.0, run.deadline - time.perf_counter()))
         prefix = ""
     except subprocess.TimeoutExpired:
-        stop_strategy(run)
+        stop_strategies([run])
         prefix = f"timed out after {run.deadline - run.started:.0f} s\n"
     seconds = time.perf_counter() - run.started
     output = run.log.read_bytes()[-20000:].decode("utf-8", "replace")
@@ -151,12 +152,6 @@ def finish_strategy(run: StrategyRun) -> tuple[float, str]:
 STOP_GRACE_S = 30.0
 """Seconds a strategy's processes get after SIGTERM (``kerasdist launch`` stops its tasks)
 before SIGKILL."""
-
-
-def stop_strategy(run: StrategyRun) -> None:
-    """Stop a strategy's processes if they still run (SIGTERM, then SIGKILL after
-    :data:`STOP_GRACE_S`)."""
-    stop_strategies([run])
 
 
 def stop_strategies(runs: list[StrategyRun], grace_s: float = STOP_GRACE_S) -> None:
@@ -188,7 +183,7 @@ def same_weights(case: Case, weights: list) -> tuple[dict, object]:
 
     keras.utils.set_random_seed(runner.SEED)
     data = cdata.make(case.data, examples=case.examples)
-    with runner.dtype_policy(case.precision):
+    with policy_scope(case.precision):
         model = runner.build_model(case, data)
         model.set_weights(weights)
         e_args, e_kwargs = runner.eval_input(case, data)

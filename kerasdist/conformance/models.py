@@ -156,13 +156,7 @@ def _custom_step_class():
     class CustomStep(keras.Sequential):
         """The pattern of Keras's "Customizing what happens in fit()" guide (TensorFlow)."""
 
-        def train_step(self, data):
-            x, y = data[:2]
-            with tf.GradientTape() as tape:
-                y_pred = self(x, training=True)
-                loss = self.compute_loss(y=y, y_pred=y_pred)
-            grads = tape.gradient(loss, self.trainable_variables)
-            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+        def _update_metrics(self, loss, y, y_pred):
             for metric in self.metrics:
                 if metric.name == "loss":
                     metric.update_state(loss)
@@ -170,16 +164,19 @@ def _custom_step_class():
                     metric.update_state(y, y_pred)
             return {m.name: m.result() for m in self.metrics}
 
+        def train_step(self, data):
+            x, y = data[:2]
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables, strict=True))
+            return self._update_metrics(loss, y, y_pred)
+
         def test_step(self, data):
             x, y = data[:2]
             y_pred = self(x, training=False)
-            loss = self.compute_loss(y=y, y_pred=y_pred)
-            for metric in self.metrics:
-                if metric.name == "loss":
-                    metric.update_state(loss)
-                else:
-                    metric.update_state(y, y_pred)
-            return {m.name: m.result() for m in self.metrics}
+            return self._update_metrics(self.compute_loss(y=y, y_pred=y_pred), y, y_pred)
 
     return CustomStep
 

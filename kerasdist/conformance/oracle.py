@@ -1,26 +1,12 @@
 """The oracle of each matrix cell: what a strategy run must equal, and the verdict.
 
-Synchronous strategies (``default``, ``mirrored``, ``multi_worker``):
-
-1. every variable (weights, non-trainable weights such as BatchNormalization's moving statistics,
-   optimizer variables: iterations, learning rate, slots, accumulators, EMA) is **bit-for-bit
-   identical** on every replica (each local replica, and ``worker-0`` vs ``worker-1``);
-2. it is allclose (``Case.tolerance``: rtol 2e-4, atol 2e-5 for float32) to the strategy-free run
-   fed the same global batches from the same initial weights, and so is every epoch's History
-   entry -- except where Keras defines per-replica semantics (``Case.per_replica``: BatchNormalization
-   with ``synchronized=False`` normalizes with each replica's own batch statistics; Dropout draws
-   a mask per replica): there the loss must fall instead;
-3. ``evaluate`` (every metric) and ``predict`` equal a strategy-free ``evaluate``/``predict`` of the
-   same trained weights on the same data (same tolerance);
-4. the run stops at the same epoch as the reference (EarlyStopping, TerminateOnNaN) and the case's
-   own check of what it wrote (checkpoints, logs, saved models) finds nothing wrong.
-
-Parameter server (asynchronous: no strategy-free run gives the same weights): training finishes,
-the loss falls (strategy-free evaluation of the trained weights below that of the initial ones),
-points 3 and 4 as above.
-
-A cell is ``pass``, ``refused`` (kerasdist raised :class:`~kerasdist.errors.UnsupportedFeatureError`
-before training, naming the feature, the strategy and why), ``FAIL`` (anything else) or ``not run``.
+:func:`judge` applies the oracle stated in :data:`kerasdist.conformance.report.ORACLE` (the text
+of ``docs/conformance.md``): synchronous strategies (:data:`SYNC`) must hold bit-for-bit identical
+variables on every replica and match the strategy-free run within ``Case.tolerance`` (except
+where ``Case.per_replica`` says Keras defines per-replica semantics: there, and under parameter
+server, the loss must fall instead); every strategy's ``evaluate``/``predict`` must equal a
+strategy-free evaluation of its trained weights, it must stop at the reference's epoch, and the
+case's own check must find nothing wrong.
 """
 
 from __future__ import annotations

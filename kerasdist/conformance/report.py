@@ -41,14 +41,12 @@ different sizes) and `predict`. The seeded shuffle gives every run the same glob
 """
 
 
+CELLS = {"pass": "pass", "refused": "refused (see below)", "fail": "**FAIL** (see below)"}
+"""A verdict's status -> its table cell (any other status: ``not run``)."""
+
+
 def _cell(verdict) -> str:
-    if verdict is None:
-        return "–"
-    if verdict.status == "pass":
-        return "pass"
-    if verdict.status == "refused":
-        return "refused (see below)"
-    return "**FAIL** (see below)" if verdict.status == "fail" else "not run"
+    return "–" if verdict is None else CELLS.get(verdict.status, "not run")
 
 
 def _versions() -> str:

@@ -24,21 +24,10 @@ import numpy as np
 
 from kerasdist.conformance import data as cdata
 from kerasdist.conformance.cases import Case, compile_model
+from kerasdist.keras.precision import policy_scope
 
 SEED = 1234
 ARRAY_KEYS = ("weights", "optimizer", "predict", "initial_weights")
-
-
-@contextlib.contextmanager
-def dtype_policy(name: str):
-    import keras
-
-    before = keras.config.dtype_policy().name
-    keras.config.set_dtype_policy(name)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(before)
 
 
 def plain(array) -> np.ndarray:
@@ -163,7 +152,7 @@ def run_case(case: Case, strategy=None, *, workdir: Path, initial=None, is_chief
     data = cdata.make(case.data, examples=case.examples)
     workdir.mkdir(parents=True, exist_ok=True)
     record: dict = {}
-    with dtype_policy(case.precision):
+    with policy_scope(case.precision):
         model = build_model(case, data, strategy)
         if initial is not None:
             model.set_weights(initial)

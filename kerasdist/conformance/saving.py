@@ -14,31 +14,37 @@ from pathlib import Path
 
 import numpy as np
 
+from kerasdist.conformance.callback_cases import _weights_match
 from kerasdist.conformance.case import task_name
 
 
-def _target(workdir: Path, name: str, is_chief: bool) -> tuple[Path, str | None]:
+def _save_on_chief(workdir: Path, name: str, is_chief: bool, save) -> None:
+    """``save(path)`` to ``workdir/name`` on the chief, else to a private temporary folder,
+    removed afterwards."""
     if is_chief:
-        return workdir / name, None
+        save(workdir / name)
+        return
     temp = tempfile.mkdtemp(prefix="kerasdist-conformance-")
-    return Path(temp) / name, temp
+    save(Path(temp) / name)
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def save_keras(model, workdir: Path, is_chief: bool) -> None:
-    path, temp = _target(workdir, "model.keras", is_chief)
-    model.save(path)
-    if temp:
-        shutil.rmtree(temp, ignore_errors=True)
+    _save_on_chief(workdir, "model.keras", is_chief, model.save)
 
 
 def export(model, workdir: Path, is_chief: bool) -> None:
-    path, temp = _target(workdir, "export", is_chief)
-    model.export(str(path), verbose=False)
-    if temp:
-        shutil.rmtree(temp, ignore_errors=True)
+    _save_on_chief(workdir, "export", is_chief, lambda path: model.export(str(path), verbose=False))
 
 
-def _same_as_predict(outputs, result: dict, what: str) -> list[str]:
+def _same_as_predict(model_or_outputs, result: dict, what: str) -> list[str]:
+    """Problems when a model's (or its outputs') predictions of the ``dense`` set differ from
+    the trained model's ``predict``."""
+    from kerasdist.conformance.data import make
+
+    outputs = model_or_outputs
+    if hasattr(model_or_outputs, "predict"):
+        outputs = model_or_outputs.predict(make("dense")["x"], verbose=0)
     expected = result["predict"][0]
     got = np.asarray(outputs)
     if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
@@ -50,13 +56,10 @@ def _same_as_predict(outputs, result: dict, what: str) -> list[str]:
 def check_keras(workdir: Path, result: dict, build) -> list[str]:
     import keras
 
-    from kerasdist.conformance.data import make
-
     path = workdir / "model.keras"
     if not path.is_file():
         return ["model.save wrote no model.keras"]
-    loaded = keras.saving.load_model(path)
-    return _same_as_predict(loaded.predict(make("dense")["x"], verbose=0), result, "load_model")
+    return _same_as_predict(keras.saving.load_model(path), result, "load_model")
 
 
 def check_export(workdir: Path, result: dict, build) -> list[str]:
@@ -81,28 +84,19 @@ def save_every_worker(model, workdir: Path, is_chief: bool) -> None:
 def check_every_worker(workdir: Path, result: dict, build) -> list[str]:
     import keras
 
-    from kerasdist.conformance.data import make
-
-    problems = []
     names = sorted(p.name for p in workdir.iterdir() if p.name.startswith(("every", ".kerasdist")))
     if names != ["every.keras", "every.weights.h5"]:
         return [f"the shared folder holds {names}, not one every.keras and one every.weights.h5"]
-    loaded = keras.saving.load_model(workdir / "every.keras")
-    problems += _same_as_predict(loaded.predict(make("dense")["x"], verbose=0), result, "load_model")
+    problems = _same_as_predict(keras.saving.load_model(workdir / "every.keras"), result,
+                                "load_model")
     rebuilt = build()
     rebuilt.load_weights(workdir / "every.weights.h5")
-    problems += _same_as_predict(rebuilt.predict(make("dense")["x"], verbose=0), result,
-                                 "load_weights")
-    return problems
-
-
-def _task() -> str:
-    return task_name()[0]
+    return problems + _same_as_predict(rebuilt, result, "load_weights")
 
 
 def _own(workdir: Path) -> Path:
     """This task's own folder (as a worker's local disk would be): ``own/<task>``."""
-    folder = workdir / "own" / _task()
+    folder = workdir / "own" / task_name()[0]
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -110,18 +104,6 @@ def _own(workdir: Path) -> Path:
 def _owned(workdir: Path) -> list[Path]:
     root = workdir / "own"
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-
-
-def _predicts_like(model_or_outputs, result: dict, what: str) -> list[str]:
-    from kerasdist.conformance.data import make
-
-    outputs = model_or_outputs
-    if hasattr(model_or_outputs, "predict"):
-        outputs = model_or_outputs.predict(make("dense")["x"], verbose=0)
-    got, expected = np.asarray(outputs), result["predict"][0]
-    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
-        return [f"{what}: outputs differ from the trained model's predict"]
-    return []
 
 
 def save_own_path(model, workdir: Path, is_chief: bool) -> None:
@@ -150,14 +132,14 @@ def check_own_path(workdir: Path, result: dict, build) -> list[str]:
             problems.append(f"own/{folder.name} holds {names}, not export, model.keras and "
                             "model.weights.h5")
             continue
-        problems += _predicts_like(keras.saving.load_model(folder / "model.keras"), result,
-                                   f"own/{folder.name}/model.keras")
+        problems += _same_as_predict(keras.saving.load_model(folder / "model.keras"), result,
+                                     f"own/{folder.name}/model.keras")
         rebuilt = build()
         rebuilt.load_weights(folder / "model.weights.h5")
-        problems += _predicts_like(rebuilt, result, f"own/{folder.name}/model.weights.h5")
+        problems += _same_as_predict(rebuilt, result, f"own/{folder.name}/model.weights.h5")
         restored = tf.saved_model.load(str(folder / "export"))  # held: serve reads its variables
-        problems += _predicts_like(restored.serve(tf.constant(make("dense")["x"])), result,
-                                   f"own/{folder.name}/export")
+        problems += _same_as_predict(restored.serve(tf.constant(make("dense")["x"])), result,
+                                     f"own/{folder.name}/export")
     return problems
 
 
@@ -172,14 +154,6 @@ def checkpoint_own(workdir: Path, record: dict):
                                             save_weights_only=True),
             keras.callbacks.BackupAndRestore(str(folder / "backup"), save_freq=2,
                                              delete_checkpoint=False)]
-
-
-def _weights_equal(weights: list, result: dict, what: str) -> list[str]:
-    final = result["weights"]
-    if len(weights) != len(final) or not all(
-            np.allclose(a, b, rtol=1e-6, atol=1e-7) for a, b in zip(weights, final, strict=True)):
-        return [f"{what}: weights differ from the trained model's"]
-    return []
 
 
 def check_checkpoint_own(workdir: Path, result: dict, build) -> list[str]:
@@ -197,17 +171,17 @@ def check_checkpoint_own(workdir: Path, result: dict, build) -> list[str]:
             problems.append(f"{where}: ModelCheckpoint wrote {sorted(p.name for p in folder.iterdir())}")
             continue
         loaded = keras.saving.load_model(folder / "last.keras", compile=False)
-        problems += _weights_equal(loaded.get_weights(), result, f"{where}/last.keras")
+        problems += _weights_match(loaded.get_weights(), result, f"{where}/last.keras")
         rebuilt = build()
         rebuilt.load_weights(folder / "last.weights.h5")
-        problems += _weights_equal(rebuilt.get_weights(), result, f"{where}/last.weights.h5")
+        problems += _weights_match(rebuilt.get_weights(), result, f"{where}/last.weights.h5")
         backups = sorted((folder / "backup").glob("*.weights.h5"))
         if not backups:
             problems.append(f"{where}: BackupAndRestore(save_freq=2) left no weights file")
             continue
         rebuilt = build()
         rebuilt.load_weights(backups[0])
-        problems += _weights_equal(rebuilt.get_weights(), result, f"{where}/backup")
+        problems += _weights_match(rebuilt.get_weights(), result, f"{where}/backup")
     for folder in folders:
         shutil.rmtree(folder / "backup", ignore_errors=True)
     return problems

@@ -25,61 +25,40 @@ LOGICAL_CPUS = 2
 COLLECTIVE_TIMEOUT_S = 60
 
 
-SPLIT_CPU_COLUMNS = frozenset({"mirrored"})  # columns whose replicas are logical CPUs
-
-
 def _configure(kind: str) -> None:
     import tensorflow as tf
 
     tf.config.threading.set_inter_op_parallelism_threads(4)
-    if kind in SPLIT_CPU_COLUMNS:
+    if kind == "mirrored":  # its replicas are logical CPUs
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
 
 
-def _one_device():
-    import tensorflow as tf
-
-    return tf.distribute.OneDeviceStrategy("/cpu:0")
-
-
-def _mirrored():
-    import tensorflow as tf
-
-    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(LOGICAL_CPUS)])
-
-
-def _multi_worker():
-    import tensorflow as tf
-
-    options = tf.distribute.experimental.CommunicationOptions(
-        timeout_seconds=COLLECTIVE_TIMEOUT_S)
-    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-
-
-def _parameter_server():
-    import tensorflow as tf
-
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.ParameterServerStrategy(resolver)
-
-
-# Each matrix column: the plain ``tf.distribute`` strategy a user would build for that kind
-# (not kerasdist's own builders: the matrix tests Keras 3 itself under kerasdist.enable()).
-COLUMNS = {"reference": lambda: None, "default": _one_device, "mirrored": _mirrored,
-           "multi_worker": _multi_worker, "parameter_server": _parameter_server}
-
-
 def build_strategy(kind: str):
-    """The ``tf.distribute`` strategy of a matrix column (None for the reference).
+    """The plain ``tf.distribute`` strategy a user would build for a matrix column (not
+    kerasdist's own builders: the matrix tests Keras 3 itself under ``kerasdist.enable()``);
+    None for the reference.
 
     Raises:
-        ValueError: ``kind`` is not a column of :data:`COLUMNS`.
+        ValueError: ``kind`` is not a column (``reference`` or a :data:`driver.STRATEGIES` name).
     """
-    if kind not in COLUMNS:
-        raise ValueError(f"unknown conformance strategy. Received: {kind!r}")
-    return COLUMNS[kind]()
+    if kind == "reference":
+        return None
+    import tensorflow as tf
+
+    if kind == "default":
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(LOGICAL_CPUS)])
+    if kind == "multi_worker":
+        options = tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=COLLECTIVE_TIMEOUT_S)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+    if kind == "parameter_server":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.ParameterServerStrategy(resolver)
+    raise ValueError(f"unknown conformance strategy. Received: {kind!r}")
 
 
 def coordinated(kind: str) -> bool:

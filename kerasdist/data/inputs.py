@@ -67,19 +67,17 @@ class StreamInput:
     text), e.g. a csv source's vocabularies (``data/csv-schema.json``)."""
 
     def write_artifacts(self, run_dir) -> None:
-        """Write :attr:`artifacts` under ``run_dir`` atomically (temporary file + ``os.replace``);
-        one already there is kept (a resumed run reads it instead of computing it)."""
-        import os
+        """Write :attr:`artifacts` under ``run_dir`` atomically; one already there is kept (a
+        resumed run reads it instead of computing it)."""
         from pathlib import Path
+
+        from kerasdist._files import write_text_atomic
 
         for name, text in self.artifacts.items():
             path = Path(run_dir) / name
-            if path.exists():
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temp = path.with_name(path.name + ".tmp")
-            temp.write_text(text, encoding="utf-8")
-            os.replace(temp, path)
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(path, text)
 
     def train_dataset(self, strategy, *, start_step: int):
         """Distributed training stream starting at global step ``start_step`` (>= 0).

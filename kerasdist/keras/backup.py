@@ -34,10 +34,11 @@ from pathlib import Path
 import keras
 import numpy as np
 
+from kerasdist._compat.keras_async_checkpoint import cpu_copies
 from kerasdist._compat.tf_frozen_task import eager_save
 from kerasdist._log import get_logger
 from kerasdist._scratch import temp_dir
-from kerasdist.errors import RunDirError
+from kerasdist.errors import Preempted, RunDirError
 from kerasdist.keras import state_digest
 from kerasdist.keras.preemption import PREEMPTION_CHECK_STEPS, PreemptionWatch
 
@@ -54,10 +55,14 @@ class BackupStore:
         task_name: ``worker:1`` etc., used in the temporary folder name and in errors.
         max_to_keep: checkpoints kept by the chief's ``CheckpointManager``.
         steps_per_epoch: stored, and checked on restore.
+        asynchronous: the chief writes in a background thread
+            (``tf.train.CheckpointOptions(enable_async=True)``): :meth:`save` returns once the
+            values are copied; the pointer file names a checkpoint only once its files are
+            written; :meth:`close` waits for the last write.
     """
 
     def __init__(self, *, model, directory: Path, is_chief: bool, task_name: str,
-                 max_to_keep: int, steps_per_epoch: int):
+                 max_to_keep: int, steps_per_epoch: int, asynchronous: bool = False):
         import tensorflow as tf
 
         self.directory, self.is_chief, self.task_name = Path(directory), is_chief, task_name
@@ -72,6 +77,8 @@ class BackupStore:
         self.restore_verified = False
         self._max_to_keep = max_to_keep
         self._tmp: Path | None = None
+        self._options = tf.train.CheckpointOptions(enable_async=True) if asynchronous else None
+        self._written: str | None = None  # the chief's last save (asynchronous: maybe pending)
         if is_chief:
             self._manager = self._new_manager()
         else:
@@ -237,18 +244,35 @@ class BackupStore:
             "no checkpoint was written"))
         if self._manager is not None:
             # the digest first: a kill between the two leaves a digest without a checkpoint
-            # (pruned later), never a complete checkpoint that cannot be verified
+            # (pruned later), never a complete checkpoint that cannot be verified; the previous
+            # write ends first (asynchronous), else its digest would be pruned as files missing
+            self.checkpoint.sync()
             state_digest.record(self.directory, f"ckpt-{step}",
                                 state_digest.state_digest(self.model))
-            with eager_save():  # parameter server: no wait on a worker that does not answer
-                return self._manager.save(checkpoint_number=step)
+            with eager_save(), cpu_copies():  # no wait on a silent ps worker; keras variables
+                self._written = self._manager.save(checkpoint_number=step, options=self._options)
+            return self._written
         self.checkpoint.write(str(self._tmp / "ckpt"))
         for path in self._tmp.iterdir():
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         return None
 
     def close(self) -> None:
-        """Delete the temporary folder of a non-chief worker (idempotent)."""
+        """Wait for the chief's last write; delete the temporary folder of a non-chief worker
+        (idempotent).
+
+        Raises:
+            TrainingError: the last asynchronous write did not complete (its error is in the log).
+        """
+        from kerasdist.errors import TrainingError
+
+        self.checkpoint.sync()
+        if self._written and self._options is not None and \
+                self._manager.latest_checkpoint != self._written:
+            raise TrainingError(f"the checkpoint {self._written} was not written (an asynchronous "
+                                f"write failed; see the log); the resume point is "
+                                f"{self._manager.latest_checkpoint}")
+        self._written = None
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
@@ -256,7 +280,9 @@ class BackupStore:
 
 class StepBackup(keras.callbacks.Callback):
     """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption
-    (SIGTERM or SIGINT, :class:`PreemptionWatch`).
+    (SIGTERM or SIGINT, :class:`PreemptionWatch`): save at the step reached, then raise
+    :class:`~kerasdist.errors.Preempted` mid-epoch (Keras's ``fit`` runs no validation and no
+    ``on_epoch_end`` for the cut epoch) or, at an epoch's last step, let that epoch end.
 
     Args:
         store: the :class:`BackupStore` (None: never save, still stop on preemption).
@@ -283,20 +309,23 @@ class StepBackup(keras.callbacks.Callback):
         self.step += 1
         if self.every_steps and self.step % self.every_steps == 0:
             self._save()
-        if self.step % self.check_every == 0:
-            self._maybe_stop()
+        if self.step % self.check_every == 0 and self._maybe_stop() and \
+                batch + 1 < (self.params.get("steps") or 0):
+            raise Preempted(self.step)  # a cut epoch is no finished one: no validation, no end
 
     def on_epoch_end(self, epoch, logs=None):
         self._save()
         self._maybe_stop()
 
-    def _maybe_stop(self) -> None:
+    def _maybe_stop(self) -> bool:
+        """Save and stop when the workers agree on a stop request; True when this call stopped."""
         if self.preempted or not self.watch.agreed():
-            return
+            return False
         self._save()
         self.preempted = True
         self.model.stop_training = True
         log.info(f"preempted: checkpoint at global step {self.step} saved; stopping")
+        return True
 
     def _save(self) -> None:
         if self.store is not None and self.step != self._saved:
@@ -319,26 +348,19 @@ class EpochEndSave(keras.callbacks.Callback):
     Args:
         store: the :class:`BackupStore`.
         every_steps: save period in global steps under parameter server; None = epoch ends only.
-
-    Attributes:
-        saved: the checkpoint paths written (chief only).
     """
 
     def __init__(self, store, *, every_steps: int | None = None):
         super().__init__()
         self.store = store
         self.every_steps = every_steps
-        self.saved: list[str] = []
         self._saved_step: int | None = None
 
     def save_step(self, step: int) -> None:
         """Save at global step ``step`` (read by the caller after a join); once per step."""
-        if step == self._saved_step:
-            return
-        path = self.store.save(step)
-        self._saved_step = step
-        if path:
-            self.saved.append(path)
+        if step != self._saved_step:
+            self.store.save(step)
+            self._saved_step = step
 
     def on_epoch_end(self, epoch, logs=None):
         self.save_step(int(np.asarray(self.model.optimizer.iterations)))

@@ -4,6 +4,8 @@ weights every worker records at each epoch end (:class:`WeightDigest`)."""
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 
 import keras
 import numpy as np
@@ -25,15 +27,26 @@ class ThroughputMeter(keras.callbacks.Callback):
     loop are timed with the same rule as one step per call. It is the only throughput
     definition of kerasdist (every strategy and ``kerasdist bench`` use it).
 
+    At each epoch end it also records each task's steps (cumulative, this run) and steps/s over
+    the epoch's training (first step included, validation excluded) in ``tasks``
+    (``{"worker-1": {"steps": [...], "steps_per_sec": [...]}}``, one entry per epoch): this
+    task's own; under kerasdist's parameter-server loop each worker's, from the epoch's
+    ``ps_steps_worker_<i>`` logs (workers run no callbacks); with ``gather``, every task's.
+
     Args:
         global_batch_size: examples per step (all replicas together).
+        task: this task's name (``worker-1``).
+        gather: ``fn({task: (steps, seconds)}) -> {task: (steps, seconds)}``, a collective that
+            returns every task's figures of the epoch (multi-worker); None: this task's only.
     """
 
-    def __init__(self, global_batch_size: int):
+    def __init__(self, global_batch_size: int, *, task: str = "chief-0", gather=None):
         super().__init__()
         self.clock = StepClock(global_batch_size)
         self._last_batch = -1
         self._marked = False
+        self.task, self.gather, self.tasks = task, gather, {}
+        self._epoch = [0.0, 0.0, 0]  # begin, last step's end (perf_counter s), steps
 
     def on_train_begin(self, logs=None):
         self.clock.train_begin()
@@ -41,16 +54,26 @@ class ThroughputMeter(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self.clock.epoch_begin()
         self._last_batch = -1
+        self._epoch = [time.perf_counter(), time.perf_counter(), 0]
 
     def on_train_batch_end(self, batch, logs=None):
         if not self._marked:  # the start-up timeline (kerasdist._timeline)
             self._marked = True
             mark("first step")
         self.clock.step_end(max(1, batch - self._last_batch))
+        self._epoch[1:] = time.perf_counter(), self._epoch[2] + max(1, batch - self._last_batch)
         self._last_batch = batch
 
     def on_epoch_end(self, epoch, logs=None):
         self.clock.epoch_end()
+        seconds = self._epoch[1] - self._epoch[0]
+        workers = {f"worker-{k.rsplit('_', 1)[1]}": (float(v), seconds) for k, v in
+                   (logs or {}).items() if k.startswith("ps_steps_worker_")}
+        figures = workers or {self.task: (float(self._epoch[2]), seconds)}
+        for task, (steps, secs) in (self.gather(figures) if self.gather else figures).items():
+            entry = self.tasks.setdefault(task, {"steps": [], "steps_per_sec": []})
+            entry["steps"].append(int(steps) + (entry["steps"][-1] if entry["steps"] else 0))
+            entry["steps_per_sec"].append(steps / secs if secs > 0 else 0.0)
 
     def summary(self) -> dict:
         """The clock's JSON-ready figures (``metrics.json``'s ``throughput``)."""
@@ -165,8 +188,77 @@ class WeightDigest(keras.callbacks.Callback):
         self.step_source, self.records = step_source, records
 
     def on_epoch_end(self, epoch, logs=None):
-        if getattr(self.step_source, "preempted", False):
-            return  # a cut-short epoch: its weights are in the checkpoint, not an epoch's end
         step, digest = self.step_source.step, weights_digest(self.model)
         log.log(RECORD, f"epoch {epoch + 1} step {step} weights sha256 {digest}")
         self.records.append({"epoch": epoch + 1, "step": step, "sha256": digest})
+
+
+class StepProfile(keras.callbacks.Callback):
+    """A TensorBoard profile of global steps ``first`` to ``last`` (1-based, inclusive) of this
+    task into ``<logdir>/profile-<task>`` (``tf.profiler.experimental.start``/``stop``, as Keras's
+    ``TensorBoard(profile_batch=...)`` does). Tasks that run no callbacks (a parameter-server
+    cluster's workers and ps: ``servers``, ``{task: "host:port"}``) are traced through their
+    TensorFlow servers (``tf.profiler.experimental.client.trace``) into ``<logdir>/profile-<task>``
+    for the time the steps should take: ``last - first + 1`` times this task's mean step time
+    before ``first`` (1 s a step when no step ran before it).
+
+    Args:
+        steps: ``(first, last)`` global steps.
+        logdir: the run's TensorBoard folder.
+        task: this task's name (``worker-1``).
+        servers: tasks traced remotely; default none.
+    """
+
+    def __init__(self, steps, logdir, *, task: str, servers=None):
+        super().__init__()
+        (self.first, self.last), self.logdir, self.task = steps, str(logdir), task
+        self.servers, self.threads, self.state = dict(servers or {}), [], "waiting"
+
+    def on_train_begin(self, logs=None):
+        self.step = self.began_step = int(np.asarray(self.model.optimizer.iterations))
+        self.began, self._last = time.perf_counter(), -1
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._last = -1
+
+    def on_train_batch_begin(self, batch, logs=None):
+        import tensorflow as tf
+
+        if self.state == "waiting" and self.first <= self.step + 1 <= self.last:
+            self.state = "profiling"
+            tf.profiler.experimental.start(f"{self.logdir}/profile-{self.task}")
+            done = self.step - self.began_step
+            per_step = (time.perf_counter() - self.began) / done if done else 1.0
+            duration_ms = max(100, int(1000 * per_step * (self.last - self.step)))
+            for task, address in self.servers.items():
+                self.threads.append(threading.Thread(target=_trace, daemon=True, args=(
+                    address, f"{self.logdir}/profile-{task}", duration_ms)))
+                self.threads[-1].start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += max(1, batch - self._last)
+        self._last = batch
+        if self.state == "profiling" and self.step >= self.last:
+            self.on_train_end()
+
+    def on_train_end(self, logs=None):
+        import tensorflow as tf
+
+        if self.state == "profiling":
+            self.state = "done"
+            tf.profiler.experimental.stop()
+            log.info(f"profile of global steps {self.first}-{self.last} written to "
+                     f"{self.logdir}/profile-{self.task}")
+        for thread in self.threads:
+            thread.join()
+        self.threads = []
+
+
+def _trace(address: str, logdir: str, duration_ms: int) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.profiler.experimental.client.trace(f"grpc://{address}", logdir, duration_ms,
+                                              num_tracing_attempts=1)  # bounded: one window
+    except Exception as err:  # noqa: BLE001 - a profile must not end the run
+        log.warning(f"no profile of {logdir}: {type(err).__name__}: {err}")

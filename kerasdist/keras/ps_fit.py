@@ -24,7 +24,7 @@ from typing import Any
 
 from kerasdist._compat import internals, keras_ps_atomic_assign, tf_coordinator_copies
 from kerasdist.keras import ps_input as ps_data
-from kerasdist.keras import ps_loop, ps_steps, ps_sync
+from kerasdist.keras import ps_loop, ps_steps, ps_stop, ps_sync, sync_checks
 from kerasdist.keras.callbacks import MetricsProgbar
 from kerasdist.keras.ps_class_weight import class_weighted
 
@@ -216,10 +216,14 @@ def _split_validation(x, y, sample_weight, validation_split: float, validation_d
 def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validation, freq):
     model, total, training_logs = run.model, ps_loop.PSStats(run.num_workers), None
     train_epoch = ps_loop.train_epoch if run.sync is None else ps_sync.train_epoch
+    asked = ps_stop.stop_probe(callbacks)
     for epoch in range(initial_epoch, epochs):
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         last_logs, stats = train_epoch(run, iterator, steps=steps, callbacks=callbacks)
+        total.merge(stats)
+        if stats.steps < steps and asked():
+            break  # cut by SIGTERM or SIGINT: no finished epoch (no validation, no epoch end)
         epoch_logs = ps_loop.metrics_logs(model, last_logs)
         epoch_logs.update(stats.logs(ps_loop.global_step(model)))
         if validation is not None and _should_validate(epoch, freq) and not run.stuck:
@@ -227,7 +231,6 @@ def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validatio
                                              batches=validation.batches, callbacks=callbacks)
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         callbacks.on_epoch_end(epoch, epoch_logs)
-        total.merge(stats)
         training_logs = epoch_logs
         if model.stop_training:
             break
@@ -266,6 +269,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
         steps_per_epoch: scheduled steps per epoch, summed over workers.
         validation_data: like ``x``, or a tuple ``(x_val, y_val[, sample_weight])`` of arrays.
         validation_steps: batches per validation, summed over workers; None = the whole set.
+            An epoch cut by a stop request (:func:`~kerasdist.keras.ps_stop.stop_probe`) gets
+            no validation and no ``on_epoch_end``.
 
     Returns:
         The ``keras.callbacks.History``; ``history.ps_stats`` holds the run's
@@ -280,6 +285,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
 
     x, y, sample_weight, validation_data = _split_validation(x, y, sample_weight, validation_split,
                                                              validation_data)
+    sync_checks.refuse_single_process_savers(getattr(callbacks, "callbacks", callbacks),
+                                             "parameter_server")
     run = _start(model, training=True)
     steps, train_ds = _train_input(run, x, y, sample_weight=sample_weight, batch_size=batch_size,
                                    shuffle=shuffle, class_weight=class_weight,

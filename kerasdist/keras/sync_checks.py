@@ -21,21 +21,42 @@ def _cpu_only(strategy) -> bool:
     return bool(devices) and all("CPU" in str(device).upper() for device in devices)
 
 
-def check_model(model) -> None:
+def refuse_single_process_savers(callbacks, strategy: str) -> None:
+    """Refuse a single-process saver among ``callbacks`` under the ``strategy`` kind (the rule of
+    a recipe's ``callbacks``: :func:`kerasdist.config.training_configs.single_process_saver_error`).
+
+    Raises:
+        UnsupportedFeatureError: names the callback, the strategy and what to use instead.
+    """
+    from kerasdist.config.training_configs import single_process_saver_error
+
+    for callback in callbacks or ():
+        for cls in type(callback).__mro__:
+            error = single_process_saver_error(cls.__name__, strategy=strategy,
+                                               field="model.fit(callbacks=...)")
+            if error:
+                raise UnsupportedFeatureError(error)
+
+
+def check_model(model, callbacks=None) -> None:
     """Refuse, before the first step, what the model's synchronous strategy cannot run.
 
     Args:
         model: a compiled ``keras.Model`` (any strategy; models under none pass).
+        callbacks: the ``callbacks`` argument of ``fit``/``evaluate``/``predict``, if any.
 
     Raises:
         UnsupportedFeatureError: ``jit_compile=True`` with 2+ replicas (or workers) in sync on
-            CPU devices (names the strategy and what to do instead).
+            CPU devices (names the strategy and what to do instead); a single-process saver
+            (``OrbaxCheckpoint``) under ``MultiWorkerMirroredStrategy``.
     """
-    strategy = getattr(model, "distribute_strategy", None)
-    if strategy is None or getattr(model, "jit_compile", False) is not True:
-        return
     import tensorflow as tf
 
+    strategy = getattr(model, "distribute_strategy", None)
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        refuse_single_process_savers(callbacks, "multi_worker")
+    if strategy is None or getattr(model, "jit_compile", False) is not True:
+        return
     if not isinstance(strategy, (tf.distribute.MirroredStrategy,
                                  tf.distribute.MultiWorkerMirroredStrategy)):
         return

@@ -19,7 +19,7 @@ from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError
 from kerasdist.launch.peers import record_attempts, task_recipe
-from kerasdist.launch.plan import LaunchSpec, TaskPlan
+from kerasdist.launch.plan import RECIPE_CHECKED_ENV, LaunchSpec, TaskPlan
 from kerasdist.launch.supervisor import Supervisor
 from kerasdist.training import RunResult, run_session
 from kerasdist.training.rundir import RunDir
@@ -61,6 +61,7 @@ def launch_spec(recipe: Recipe, *, overwrite: bool = False) -> LaunchSpec:
                       threads_per_task=recipe.intra_op_threads(),
                       start_timeout_s=cluster.start_timeout_s, what="parameter-server training",
                       hang_timeout_s=recipe.strategy.task_timeout_s,
+                      task_env={RECIPE_CHECKED_ENV: "1"},
                       abandon=lambda err: _exit.abandon(_resumable(err, recipe)))
 
 
@@ -96,7 +97,8 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
 
     def session(tf_config) -> RunResult:
         result = run_session(recipe, tf_config=tf_config.for_task("chief", 0),
-                             overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+                             overwrite=overwrite, verbose=verbose, callbacks=callbacks,
+                             entry_checked=True)  # by its launcher, LocalKind.run
         import gc
 
         gc.collect()  # release remote iterators/functions while their servers still answer

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING
 from kerasdist._files import read_json
 from kerasdist._log import get_logger
 from kerasdist.cluster.spec import local_cluster
-from kerasdist.config.cluster_configs import as_kind
 from kerasdist.errors import TaskFailedError
-from kerasdist.launch.plan import LaunchSpec, TaskPlan, clean_scratch
+from kerasdist.launch.plan import RECIPE_CHECKED_ENV, LaunchSpec, TaskPlan, clean_scratch, worker_recipe
 from kerasdist.launch.supervisor import Supervisor
 from kerasdist.training.rundir import RunDir
 
@@ -32,10 +31,7 @@ def task_recipe(recipe: Recipe, workers: int) -> list[str]:
     """Arguments of ``python -m kerasdist`` for a task of a local cluster with ``workers``
     workers: the resolved recipe (``cluster.kind: tf_config``, the resolved thread count, the
     attempt's worker count) written as ``<run_dir>/logs/recipe.json`` (after the preflight)."""
-    data = recipe.model_dump(mode="json")
-    data["cluster"] = as_kind(recipe.cluster, "tf_config", threads_per_task=recipe.intra_op_threads(),
-                              workers=workers).model_dump(mode="json")
-    path = RunDir.of(recipe).write_task_recipe(data)
+    path = RunDir.of(recipe).write_task_recipe(worker_recipe(recipe, workers=workers))
     return ["fit", str(path), "--verbose", "2"]
 
 
@@ -77,7 +73,7 @@ def launch_spec(recipe: Recipe, *, overwrite: bool) -> LaunchSpec:
                       survivor_grace_s=min(10.0, recipe.strategy.timeout_s + 5),
                       check_workers=check_workers(recipe),
                       after_stop=clean_scratch([run_dir.checkpoints]),
-                      what="multi-worker training")
+                      task_env={RECIPE_CHECKED_ENV: "1"}, what="multi-worker training")
 
 
 def run_peers(recipe: Recipe, *, overwrite: bool) -> Supervisor:

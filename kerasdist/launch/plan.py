@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -22,6 +22,10 @@ STOP_GRACE_S = 60.0
 """Seconds the tasks get to save a checkpoint and exit after SIGTERM, before SIGKILL."""
 SURVIVOR_GRACE_S = 10.0
 """Seconds the other tasks get to fail on their own after one failed (so they say why)."""
+RECIPE_CHECKED_ENV = "KERASDIST_RECIPE_CHECKED"
+"""Set (to ``1``) in the environment of a recipe's tasks by the local launcher that made the
+run's entry checks (:meth:`ClusterKind.enter <kerasdist.launch.clusters.base.ClusterKind.enter>`):
+their chief does not repeat them."""
 
 
 class TaskState(str, Enum):
@@ -73,6 +77,7 @@ class LaunchSpec:
             (e.g. the global batch does not divide); called before every attempt.
         after_stop: called with the attempt's tasks once they are all stopped (clean-up).
         echo: copy every task's new log lines to stdout, prefixed ``[worker:1]``.
+        task_env: variables added to every task's environment (besides ``TF_CONFIG``).
         what: the run, in words, for messages (``"multi-worker training"``).
         interrupt_body: a task that ends the run while ``body`` runs interrupts the main thread
             (SIGINT), and :meth:`Supervisor.run` raises :class:`TaskFailedError` naming it.
@@ -95,6 +100,7 @@ class LaunchSpec:
     check_workers: Callable[[int], None] | None = None
     after_stop: Callable[[list[Task]], None] | None = None
     echo: bool = False
+    task_env: dict[str, str] = field(default_factory=dict)
     what: str = "the local cluster"
     interrupt_body: bool = True
     hang_timeout_s: float | None = None
@@ -111,6 +117,18 @@ class LaunchSpec:
     @property
     def fewest(self) -> int:
         return self.workers if self.min_workers is None else self.min_workers
+
+
+def worker_recipe(recipe, **cluster: Any) -> dict:
+    """The recipe a task of a cluster kerasdist starts runs (a Ray worker, a local task): this
+    one as a ``tf_config`` task (its role comes from the ``TF_CONFIG`` it is given), with the
+    resolved thread count and the ``cluster`` fields given."""
+    from kerasdist.config.cluster_configs import as_kind
+
+    data = recipe.model_dump(mode="json")
+    data["cluster"] = as_kind(recipe.cluster, "tf_config", threads_per_task=recipe.intra_op_threads(),
+                              **cluster).model_dump(mode="json")
+    return data
 
 
 @dataclass(frozen=True)
@@ -227,6 +245,6 @@ def parse_worker_range(text: str) -> tuple[int, int]:
     return values
 
 
-__all__ = ["STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure", "LaunchSpec",
-           "TaskPlan", "TaskState", "bad_input_error", "clean_scratch", "parse_worker_range",
-           "stop_line", "tagged", "why"]
+__all__ = ["RECIPE_CHECKED_ENV", "STOP_GRACE_S", "SURVIVOR_GRACE_S", "AttemptRecord", "Failure",
+           "LaunchSpec", "TaskPlan", "TaskState", "bad_input_error", "clean_scratch",
+           "parse_worker_range", "stop_line", "tagged", "why", "worker_recipe"]

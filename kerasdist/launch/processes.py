@@ -38,7 +38,6 @@ class Task:
     process: subprocess.Popen
     log_path: Path
     status_path: Path | None = None
-    replaced: bool = False
 
     @property
     def pid(self) -> int:

@@ -71,6 +71,7 @@ def recipe_loop(config: dict) -> None:
                    json.loads(os.environ.get("TF_CONFIG") or "{}"))
     # --overwrite was done by the driver (it moved the old run aside under its lock): never again
     run_session(recipe, tf_config=tf_config, overwrite=False, verbose=config.get("verbose"),
+                entry_checked=True,  # by the driver (RayKind.run)
                 callbacks=[ray_report(run_dir, is_chief=tf_config.is_chief)])
 
 

@@ -35,28 +35,22 @@ def preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
         RecipeError, DataError, RunDirError, ClusterError: bad input (exit code 2).
         Interrupted: SIGINT/SIGTERM (:func:`kerasdist._signals.startup`).
     """
-    with startup("checking the recipe, its data and its run directory"):
-        return _preflight(recipe, overwrite=overwrite)
-
-
-def _preflight(recipe: Recipe, *, overwrite: bool) -> RunDir:
     from kerasdist.data.inputs import examples_per_worker
     from kerasdist.launch import forking
 
-    strategy = registry.for_recipe(recipe)
-    check_shape(recipe)
-    run_dir = RunDir.of(recipe)
-    run_dir.check_path()
-    # files, feature spec, columns, data.source.function, both splits: checked for every source kind
-    per_worker = examples_per_worker(recipe)
-    if per_worker < recipe.data.batch_size:
-        raise DataError(f"data.train_split '{recipe.data.train_split}' has {per_worker} "
-                        f"examples, fewer than one global batch. Received: "
-                        f"batch_size={recipe.data.batch_size}")
-    run_dir.check(recipe, overwrite=overwrite, checkpoint_schema=strategy.traits.checkpoint_schema)
-    # checks.check_recipe_here, in a child forked from here where that applies (launch.forking)
-    forking.check_recipe(recipe)
-    return run_dir
+    with startup("checking the recipe, its data and its run directory"):
+        check_shape(recipe)
+        run_dir = RunDir.of(recipe)
+        # files, feature spec, columns, data.source.function, both splits: every source kind
+        per_worker = examples_per_worker(recipe)
+        if per_worker < recipe.data.batch_size:
+            raise DataError(f"data.train_split '{recipe.data.train_split}' has {per_worker} "
+                            f"examples, fewer than one global batch. Received: "
+                            f"batch_size={recipe.data.batch_size}")
+        run_dir.check(recipe, overwrite=overwrite,
+                      checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
+        forking.check_recipe(recipe)  # check_recipe_here, in a forked child where that applies
+        return run_dir
 
 
 def check_shape(recipe: Recipe) -> None:

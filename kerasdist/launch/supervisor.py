@@ -1,27 +1,17 @@
 """One supervisor for every local cluster kerasdist starts: recipes, ``kerasdist launch``, the
-parameter-server worker restarts.
-
-Modelled on torchelastic's agent (``SimpleElasticAgent``,
+parameter-server worker restarts. Modelled on torchelastic's agent (``SimpleElasticAgent``,
 https://pytorch.org/docs/stable/elastic/agent.html): one monitor loop over task states, one
-restart budget, one failure channel, each task's status file (:mod:`kerasdist.launch.status`),
-never its log. What to run comes in as a :class:`LaunchSpec`; the supervisor decides nothing
-about strategies.
+restart budget, one failure channel (each task's status file, :mod:`kerasdist.launch.status`,
+never its log); what to run comes in as a :class:`LaunchSpec`.
 
-An **attempt** starts the tasks of :attr:`LaunchSpec.plan` (servers first, then the members) and
-watches them: every *member* exiting 0 succeeds it; a failed member or a dead ps fails it (the
-others get :attr:`LaunchSpec.survivor_grace_s` to fail on their own, then every task is stopped,
-one line each). A dead *server* worker is restarted alone on its address while the budget lasts.
-A coordinator cannot go on without one of its workers (TF's ``ClusterCoordinator`` waits in
-``update_server_def`` until every worker is back: ``WorkerPreemptionHandler`` in
-tensorflow/python/distribute/coordinator/cluster_coordinator.py), so a body's run is then ended:
-interrupted, its tasks stopped after :data:`BODY_STOP_S`, and abandoned after
-:data:`BODY_ABANDON_S` more (:attr:`LaunchSpec.abandon`). SIGINT or SIGTERM asks every task to
-save and stop, then raises ``KeyboardInterrupt``.
-
-After a failed attempt (:func:`kerasdist.launch.retry.next_attempt`): a failure the same input
-repeats ends the run with the task's own message; a lost task restarts the cluster at full size
-while ``max_restarts`` lasts; with ``min_workers`` a worker that cannot be restarted leaves the run
-to go on with the workers left (same global batch, from the last backup at its exact step).
+An **attempt** starts the tasks of :attr:`LaunchSpec.plan` (servers first, then the members):
+every *member* exiting 0 succeeds it; a failed member or a dead ps fails it (the others get
+:attr:`LaunchSpec.survivor_grace_s` to fail on their own, then every task is stopped). A dead
+*server* worker is restarted alone on its address while the budget lasts; a body that cannot go
+on without it (TF's ``ClusterCoordinator`` waits until every worker is back) is interrupted, its
+tasks stopped after :data:`BODY_STOP_S`, and abandoned after :data:`BODY_ABANDON_S` more. SIGINT
+or SIGTERM asks every task to save and stop, then raises ``KeyboardInterrupt``. After a failed
+attempt: :func:`kerasdist.launch.retry.next_attempt` (fail, restart, or go on with fewer workers).
 """
 
 from __future__ import annotations
@@ -166,7 +156,8 @@ class Supervisor:
     def _start(self, plan: TaskPlan) -> Task:
         mark(f"spawn {plan.name}")
         task = self._launcher.start_process(plan.name, list(plan.argv), tf_config=plan.tf_config,
-                                            env={"TF_CONFIG": plan.tf_config.to_json()})
+                                            env={**self.spec.task_env,
+                                                 "TF_CONFIG": plan.tf_config.to_json()})
         self._states[id(task)] = TaskState.RUNNING
         (self._servers if plan.server else self._members).append(task)
         if self._echo is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -111,13 +112,8 @@ def resolve(name: str, loss: str | None = None, metrics: list[str] | None = None
             f"model.name: unknown model '{name}'. Available: {', '.join(available())}, "
             "or an import path 'package.module:function'."
         )
-    return ModelSpec(
-        build=spec.build,
-        loss=loss or spec.loss,
-        metrics=tuple(metrics) if metrics is not None else spec.metrics,
-        task=spec.task,
-        imported=spec.imported,
-    )
+    return dataclasses.replace(spec, loss=loss or spec.loss,
+                               metrics=tuple(metrics) if metrics is not None else spec.metrics)
 
 
 def _not_imported(**_params):

@@ -9,11 +9,11 @@ supplies only what differs between kinds:
   parameter-server coordinator loop), see :mod:`kerasdist.strategies.loops`;
 * the hooks :meth:`preflight` (checks that need no TensorFlow, run before any process starts),
   :meth:`prepare_model`, :meth:`after_restore` and :meth:`explain_failure`;
-* its ``traits`` (:class:`kerasdist.config.schema.StrategyTraits`): topology, cluster kinds,
-  whether it needs ps tasks, which ``data.auto_shard`` values it honours, its checkpoint schema.
+* its ``traits`` (:class:`kerasdist.config.schema.StrategyTraits`): topology, whether it needs
+  ps tasks, which ``data.auto_shard`` values it honours, its checkpoint schema.
 
 A new kind is a subclass registered with :func:`kerasdist.strategies.register`; nothing in the
-lifecycle changes (``tests/integration/test_toy_strategy.py`` registers one from a test module).
+lifecycle changes.
 """
 
 from __future__ import annotations
@@ -80,6 +80,11 @@ class Strategy:
 
     def after_restore(self, tf_strategy, step: int, *, task: str | None, run_dir) -> None:
         """Called on every task after the checkpoint is restored (e.g. agree on the step)."""
+
+    def gather_figures(self, tf_strategy):
+        """A collective ``fn({task: (steps, seconds)})`` returning every task's epoch figures
+        (:class:`~kerasdist.keras.callbacks.ThroughputMeter`), or None: this task's only."""
+        return None
 
     def make_loop(self):
         """The training loop object (:class:`kerasdist.strategies.loops.KerasFitLoop` by default)."""

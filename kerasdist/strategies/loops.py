@@ -93,11 +93,16 @@ class KerasFitLoop:
                     run.start_step, data.steps_per_epoch, recipe.trainer.epochs):
                 if backup.preempted:
                     break
-                hist = run.model.fit(
-                    data.train_dataset(run.tf_strategy, start_step=stream_step),
-                    initial_epoch=first, epochs=last, steps_per_epoch=steps, shuffle=False,
-                    validation_data=eval_ds, validation_steps=recipe.trainer.validation_steps,
-                    callbacks=callbacks, verbose=run.verbose)
+                try:
+                    hist = run.model.fit(
+                        data.train_dataset(run.tf_strategy, start_step=stream_step),
+                        initial_epoch=first, epochs=last, steps_per_epoch=steps, shuffle=False,
+                        validation_data=eval_ds, validation_steps=recipe.trainer.validation_steps,
+                        callbacks=callbacks, verbose=run.verbose)
+                except Preempted:  # mid-epoch (StepBackup): training ends as Keras ends it
+                    for callback in callbacks:
+                        callback.on_train_end()
+                    raise
                 _merge(history, hist.history)
                 if run.model.stop_training and not backup.preempted:
                     log.info("a callback stopped training (e.g. EarlyStopping) at global step "
@@ -124,8 +129,8 @@ class KerasFitLoop:
 def _stop_when_asked(watch):
     """A Keras callback: once SIGTERM or SIGINT was received (``watch``, a
     :class:`~kerasdist.keras.preemption.PreemptionWatch`), set ``model.stop_training``; the
-    parameter-server loop then stops scheduling, joins and ends the epoch (whose end saves a
-    checkpoint)."""
+    parameter-server loop then stops scheduling, joins and ends ``fit`` without ending the cut
+    epoch (:func:`kerasdist.keras.ps_fit.fit`); :class:`CoordinatorLoop` saves the checkpoint."""
     import keras
 
     class StopWhenAsked(keras.callbacks.Callback):
@@ -178,7 +183,7 @@ class CoordinatorLoop:
         history: dict[str, list[float]] = {}
         total = None
         # The coordinator alone decides (no vote): SIGTERM or SIGINT stops the scheduling, the
-        # loop joins the workers, the epoch-end save writes the checkpoint at the step reached.
+        # loop joins the workers, then the checkpoint at the step reached is written below.
         # A stop keeps freed functions registered (tf_frozen_task: removing one waits on every
         # task, a frozen worker too), for good when calls were left on a silent worker.
         watch = PreemptionWatch(run.tf_strategy, on_request=tf_frozen_task.keep_functions,
@@ -204,6 +209,8 @@ class CoordinatorLoop:
                     stuck = stuck or hist.left_in_flight
                     if run.model.stop_training:
                         break
+                if watch.requested and saver:  # the checkpoint at the step reached
+                    saver[0].save_step(global_step(run.model))
         finally:
             if not stuck:
                 tf_frozen_task.release_functions()

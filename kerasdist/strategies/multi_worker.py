@@ -30,10 +30,9 @@ def communication_options(config):
     * ``bytes_per_pack=config.bytes_per_pack`` (bytes; 0 = TF's automatic packing): TF splits a
       batch of gradients into packs of about that size and runs one collective per pack, so a
       larger value means fewer, larger all-reduces.
-    * no ``timeout_seconds``: TF would start a thread per collective that sleeps the whole
-      timeout (hundreds per worker); ``config.timeout_s`` is enforced by one watchdog per process
-      instead (:mod:`kerasdist.keras.collective_watchdog`) and by TF's coordination-service
-      heartbeats (:func:`configure_heartbeat`).
+    * no ``timeout_seconds`` (a TF thread per collective): ``config.timeout_s`` is enforced by
+      one watchdog per process (:mod:`kerasdist.keras.collective_watchdog`) and by TF's
+      coordination-service heartbeats (:func:`configure_heartbeat`).
 
     Raises:
         RecipeError: a value TF refuses (the pydantic model refuses them first; this guards
@@ -94,16 +93,10 @@ def configure_heartbeat(cluster_resolver, timeout_s: float) -> bool:
     """Make TF's coordination service wait ``timeout_s`` seconds (``strategy.timeout_s``) for a
     task's heartbeat before it declares the task lost, instead of TF's fixed 10 s.
 
-    Why: the chief's coordination service declares a worker lost when no heartbeat RPC arrived
-    for the heartbeat timeout, and a heartbeat RPC that takes longer fails with
-    ``DeadlineExceeded``. With TF's 10 s, a heartbeat queued behind the initial broadcast of the
-    variables on a slow link (13 MB float32 at 10 Mbit/s: ~10.5 s) or stalled on CPU-starved
-    hosts failed healthy runs (tests/multiprocess/test_hosts.py). One timeout for both the
-    heartbeats and kerasdist's collective watchdog keeps a single bound, ``timeout_s``, on how
-    long a lost peer goes unnoticed: a task that misses its heartbeats for ``timeout_s`` makes
-    the service abort every other task's collectives (``UnavailableError`` naming it). Only a
-    cluster with chief/worker tasks is configured; a process whose coordination service is
-    already configured is left as it is.
+    One bound, ``timeout_s``, then holds for both the heartbeats and kerasdist's collective
+    watchdog: a task that misses its heartbeats for ``timeout_s`` makes the service abort every
+    other task's collectives (``UnavailableError`` naming it). Only a cluster with at least two
+    chief/worker tasks is configured; a coordination service already configured is left alone.
 
     Returns:
         Whether the service was configured here.
@@ -197,14 +190,9 @@ def boundary_barrier(tf_strategy, timeout_s: float, watchdog=None):
     by ``watchdog``, a :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog`; None:
     unbounded).
 
-    Between two collectives each worker works alone: at an epoch's end it reads its metrics,
-    builds the validation iterator and runs the callbacks; at the next epoch's start the chief
-    alone writes its checkpoint, its logs; a resumed run also ends a ``fit`` call there (its
-    half-done first epoch). A worker that spends longer there than its peer (a loaded host, a
-    pause of the process) makes the peer's next step -- bounded by ``strategy.timeout_s``, set
-    for one step -- time out (docs/guarantees.md). The barrier gives those stretches their own,
-    longer bound (a peer hung right there is found after
-    ``timeout_s`` seconds of this barrier instead of ``strategy.timeout_s``).
+    Epoch boundaries are where workers work alone (callbacks, the chief's checkpoint and logs,
+    building the validation iterator): the barrier gives those stretches their own, longer bound
+    than one step's ``strategy.timeout_s`` (docs/guarantees.md).
 
     Args:
         tf_strategy: the ``MultiWorkerMirroredStrategy``.
@@ -247,15 +235,11 @@ def uneven_eval_fn(eval_fn):
     """``eval_fn`` whose per-worker datasets have no known length, so that evaluation under
     ``MultiWorkerMirroredStrategy`` counts every example once when the shards are uneven.
 
-    A held-out split that does not divide evenly over the workers and the batch gives the workers
-    different numbers of batches (1025 examples, 2 workers, 16 per worker and batch: 33 and 32).
-    Keras takes the number of evaluation steps from the *local* dataset's cardinality, so one
-    worker would run a step more than the other and their collectives would no longer match
-    (``Collective instance N expected ... data_type``). Without a known cardinality Keras steps
-    until the distributed iterator ends, which it does on every worker at once: each step the
-    workers all-reduce whether any of them still has data, and a worker whose shard is exhausted
-    evaluates an empty batch (loss and metrics weighted by 0 examples). The metric variables are
-    sums read across all workers, so the result is the mean over every example once.
+    Keras takes the evaluation steps from the *local* dataset's cardinality, so uneven shards
+    would make one worker run a step more than another (mismatched collectives). Without a known
+    cardinality Keras steps until the distributed iterator ends on every worker at once; an
+    exhausted worker evaluates an empty batch (weight 0), so the result is the mean over every
+    example once.
     """
     import tensorflow as tf
 
@@ -323,6 +307,29 @@ class MultiWorkerStrategy(Strategy):
         from kerasdist.keras.compression import compress_gradients
 
         compress_gradients(model.optimizer, config.gradient_compression)
+
+    def gather_figures(self, tf_strategy):
+        """Every worker's figures of the epoch, gathered (one all-gather, bounded as the
+        restored-step check): the workers step together, so their rates differ only by what
+        each one's clock saw."""
+        import tensorflow as tf
+
+        @tf.function
+        def gather(row):
+            return tf_strategy.gather(tf_strategy.run(lambda r: tf.reshape(r, [1, 4]), args=(row,)),
+                                      axis=0)
+
+        def figures(own: dict) -> dict:
+            (task, (steps, seconds)), = own.items()
+            kind, index = task.rsplit("-", 1)
+            row = [float(kind == "chief"), float(index), steps, seconds]
+            watch = self.watchdog
+            with contextlib.nullcontext() if watch is None else watch.guard(
+                    "the per-task figures", BOUNDARY_TIMEOUT_FACTOR * watch.timeout_s):
+                rows = gather(tf.constant(row, tf.float64)).numpy()
+            return {f"{'chief' if c else 'worker'}-{int(i)}": (n, t) for c, i, n, t in rows}
+
+        return figures
 
     def after_restore(self, tf_strategy, step: int, *, task, run_dir) -> None:
         check_same_step(tf_strategy, step, task=task, run_dir=run_dir, watchdog=self.watchdog)

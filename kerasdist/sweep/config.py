@@ -98,12 +98,9 @@ class SamplerConfig(Frozen):
 
 class PrunerConfig(Frozen):
     """``pruner``: Optuna's pruner by name (``none`` NopPruner, ``median`` MedianPruner,
-    ``percentile`` PercentilePruner, ``hyperband`` HyperbandPruner, ``successive_halving``
-    SuccessiveHalvingPruner, ``threshold`` ThresholdPruner); ``warmup_epochs``: epochs a trial
-    trains before it may be pruned (``n_warmup_steps`` of Optuna's pruners, see
-    :func:`kerasdist.sweep.study.make_pruner`; intermediate values are
-    reported at epoch ends, step = the epoch number, 1-based); ``options`` passed to its
-    constructor."""
+    ``percentile``, ``hyperband``, ``successive_halving``, ``threshold``: the pruners of those
+    names); ``warmup_epochs``: epochs a trial trains before it may be pruned
+    (:func:`kerasdist.sweep.study.make_pruner`); ``options`` passed to its constructor."""
 
     name: Literal["none", "median", "percentile", "hyperband", "successive_halving",
                   "threshold"] = "none"
@@ -124,18 +121,9 @@ class SweepOutput(Frozen):
 
 class SweepConfig(Frozen):
     """A whole sweep (``sweep.yaml``). Every trial is a whole ``kerasdist fit`` of ``recipe``
-    with ``set`` and the trial's parameters applied, in ``<output.dir>/trial-NNNN``.
-
-    ``trials``: trials that must end COMPLETE or PRUNED (a FAIL trial does not count; the sweep
-    stops with exit code 1 once more than ``max_failed_trials`` have failed). ``parallel``:
-    trials at once, at most this machine's CPU cores divided by the cores a trial takes (1 for
-    a one-process recipe, workers + ps + coordinator for a local cluster), at least 1, unless
-    ``allow_oversubscription``. ``trial_timeout_s``: seconds a trial may run (stopped and recorded
-    FAIL past it); ``prune_wait_s``: seconds the tasks of a trial wait at an epoch end for the
-    driver's prune decision before failing. ``backend``: ``local`` (each trial a child process
-    of the driver) or ``ray`` (each trial in a Ray task reserving its cores,
-    :mod:`kerasdist.sweep.ray_backend`); ``ray_address``: None starts a local Ray for the sweep,
-    ``auto`` or ``HOST:PORT`` joins that cluster."""
+    with ``set`` and the trial's parameters applied, in ``<output.dir>/trial-NNNN``; the table
+    of ``docs/sweep.md`` says what each field means. Refused: ``ray_address`` without
+    ``backend: ray``, a path both in ``set`` and ``space``."""
 
     recipe: Path
     set: dict[str, Any] = Field(default_factory=dict)

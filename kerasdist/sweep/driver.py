@@ -11,6 +11,7 @@ is gone) and is resumed: same number, same folder, same parameters, from its own
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import math
@@ -23,14 +24,13 @@ import yaml
 
 from kerasdist._log import get_logger
 from kerasdist.errors import EXIT_FAILED, EXIT_OK, RunDirError
-from kerasdist.sweep import gate
+from kerasdist.sweep import gate, hparams
 from kerasdist.sweep.plan import SweepPlan
 from kerasdist.sweep.storage import HEARTBEAT_S, TrialBook, check_start, mark_driver, unmark_driver
 from kerasdist.sweep.study import require_optuna, run_dir, suggest, trial_dir, trial_recipe
 
 log = get_logger("sweep")
 POLL_S = 0.5
-LOG_TAIL_LINES = 12
 
 
 @dataclass
@@ -83,10 +83,7 @@ def _states():
 
 def counts(study) -> dict[str, int]:
     """Trials by state name (``COMPLETE``, ``PRUNED``, ``FAIL``, ``RUNNING``...)."""
-    out: dict[str, int] = {}
-    for trial in study.get_trials(deepcopy=False):
-        out[trial.state.name] = out.get(trial.state.name, 0) + 1
-    return out
+    return dict(collections.Counter(t.state.name for t in study.get_trials(deepcopy=False)))
 
 
 class Driver:
@@ -140,6 +137,7 @@ class Driver:
             from kerasdist.sweep import tracking
 
             self.tracker = tracking.start(self.plan, self.study)
+            hparams.write_new(self.plan, self.study)  # a trial told just before a kill
             interrupted = [t for t in self.study.get_trials(deepcopy=False)
                            if t.state == _states().RUNNING]
             if interrupted:
@@ -274,6 +272,7 @@ class Driver:
         self.echo(f"kerasdist sweep: trial {trial} {state}{tail}")
         if self.tracker is not None:
             self.tracker.trial_finished(trial, state=state, value=value)
+        hparams.write_new(self.plan, self.study)
 
     def _objective(self, run: Running) -> tuple[float | None, str]:
         """The objective of a finished trial: its last epoch's value (``metrics.json``, else the

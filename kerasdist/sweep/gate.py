@@ -1,28 +1,14 @@
 """The epoch-end gate between a trial's tasks and the sweep driver: how a prune decision stops
-every task of a trial at the same epoch boundary.
+every task of a trial at the same epoch boundary (``docs/sweep.md``, "Pruning at an agreed epoch").
 
-Protocol (files in ``<trial dir>/gate/``, each written whole with ``os.replace``):
-
-1. at the end of epoch ``E`` (1-based) the chief (the coordinator under parameter_server) writes
-   ``epoch-EEEE.value.json``: ``{"epoch": E, "value": <objective metric>, "step": <global step>}``;
-2. the driver, the only process that talks to Optuna, reports the value
-   (``Trial.report(value, E)``), asks the pruner (``Trial.should_prune()``) and writes
-   ``epoch-EEEE.decision``: ``continue`` or ``prune``;
-3. every task (every worker of a multi-worker trial, the coordinator of a parameter-server one)
-   waits for that decision file before it leaves the epoch; on ``prune`` each sets
-   ``model.stop_training``: all of them stop after the same epoch, whose checkpoint the loop then
-   saves as at any epoch end.
-
-A trial being stopped does not wait: once the driver is gone, or has written
-``driver-stopped`` (it stops its trials: Ctrl-C, SIGTERM), the tasks go on (``continue``; a
-decision written before is read first, so every task decides the same) and stop at the loop's
-next agreed step. An epoch cut short by a stop (fewer steps than the epoch has, with
-``model.stop_training`` set: SIGTERM, Ctrl-C) is not a finished epoch: no value is written and
-nobody waits; the resumed run finishes that epoch and reports its whole value.
-
-The callback is a recipe callback (``callbacks`` in the trial's recipe, an import path), so it
-runs on every task, before the loop's checkpoint save. With ``wait: false`` (pruner ``none``) the
-chief only writes the values and nobody waits.
+Files in ``<trial dir>/gate/``, each written whole with ``os.replace``: at the end of epoch ``E``
+(1-based) the chief writes ``epoch-EEEE.value.json`` (``{"epoch": E, "value": <objective
+metric>, "step": <global step>}``); the driver reports it to Optuna and writes
+``epoch-EEEE.decision`` (``continue`` or ``prune``), which every task waits for before it leaves
+the epoch (on ``prune`` each sets ``model.stop_training``). Nobody waits once the driver is gone
+or has written ``driver-stopped`` (a decision written before is still read first), nor with
+``wait: false`` (pruner ``none``); an epoch cut short by a stop is not a finished epoch: no value
+is written for it.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""What a sweep leaves in ``output.dir``: ``trials.csv``, ``best.yaml``, the plots, and the table
-``kerasdist sweep --status`` prints.
-
-* ``trials.csv``: one row per trial: number, state, value, the parameters (one column each),
-  the epochs reported, the epoch a pruned trial stopped at, seconds, folder, why it failed;
-* ``best.yaml``: the base recipe (``set`` applied) with the best COMPLETE trial's parameters and
-  ``output.run_dir: <output.dir>/best``, validated before it is written (``kerasdist fit
-  best.yaml`` trains it);
-* ``optimization_history.png``, ``param_importances.png``, ``parallel_coordinate.png``,
-  ``intermediate_values.png``: Optuna's own matplotlib plots (``optuna.visualization.matplotlib``);
-  a plot Optuna cannot draw yet (importances need 2 COMPLETE trials and a parameter that varies)
-  is left out with a line saying why.
+"""What a sweep leaves in ``output.dir``: ``trials.csv`` (one row per trial), ``best.yaml`` (the
+base recipe with the best COMPLETE trial's parameters, validated before it is written), Optuna's
+own matplotlib plots (:data:`PLOTS`; one Optuna cannot draw yet is left out with a line saying
+why), and the table ``kerasdist sweep --status`` prints; ``docs/sweep.md`` shows them.
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import logging
@@ -137,9 +130,7 @@ def status_table(plan: SweepPlan, study) -> str:
               for i, h in enumerate(header)]
     text = [" ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     text += [" ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines]
-    by_state: dict[str, int] = {}
-    for r in table:
-        by_state[r["state"]] = by_state.get(r["state"], 0) + 1
+    by_state = collections.Counter(r["state"] for r in table)
     done = by_state.get("COMPLETE", 0) + by_state.get("PRUNED", 0)
     text.append(f"{done} of {plan.config.trials} trials finished (" + ", ".join(
         f"{k} {v}" for k, v in sorted(by_state.items())) + ")")

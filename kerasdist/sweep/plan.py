@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from kerasdist.config import Recipe
 from kerasdist.config.loader import parse_yaml, read_recipe_text, validate_recipe
-from kerasdist.errors import RecipeError
+from kerasdist.errors import KerasdistError, RecipeError
 from kerasdist.sweep.config import CategoricalParam, SweepConfig
 
 METRIC_ALIASES = {"acc": "accuracy", "mae": "mean_absolute_error", "mse": "mean_squared_error"}
@@ -184,13 +184,7 @@ def _validated(raw: dict[str, Any], *, what: str) -> Recipe:
         from kerasdist.launch.run import check_shape
 
         check_shape(recipe)
-    except RecipeError as err:
-        raise RecipeError(f"{what} makes the recipe invalid: {err}") from None
-    except Exception as err:  # ClusterError of check_shape (task count, batch vs replicas)
-        from kerasdist.errors import KerasdistError
-
-        if not isinstance(err, KerasdistError):
-            raise
+    except KerasdistError as err:  # RecipeError, or check_shape's ClusterError (task count...)
         raise RecipeError(f"{what} makes the recipe invalid: {err}") from None
     return recipe
 

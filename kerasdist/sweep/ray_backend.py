@@ -2,21 +2,12 @@
 the trial takes (``num_cpus`` = its tasks, :func:`kerasdist.sweep.plan.trial_cores`), so Ray's
 own scheduler places the trials on its resources and holds back a trial that does not fit.
 
-With ``ray_address`` unset the driver starts a local Ray (this machine's cores, or the cores of
-one trial when it has more tasks than that; no dashboard) and
-stops it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster and leaves it running
-(``output.dir`` and the recipe's paths must then be on storage every node reaches). The Ray task
-starts ``kerasdist fit`` as its child with ``PR_SET_PDEATHSIG``: when Ray ends the task (the
-driver gone, or :meth:`RayTrial.stop` cancelling it) the trial gets SIGTERM and saves its
-checkpoint, as on the local backend. Needs ``pip install 'kerasdist[ray]'``.
-
-A SIGKILLed driver takes its local Ray with it by Ray's own fate sharing (the GCS and the raylet
-it started get SIGKILL when it dies, ``PR_SET_PDEATHSIG``), and a Ray worker whose raylet is
-gone exits. By default that worker first SIGKILLs its child processes
-(``RAY_kill_child_processes_on_worker_exit``, Ray's guard against leaked children): the trial
-would end without its save. So on the local Ray it starts the driver sets that variable to
-``false`` (unless it is set already): the trial is ended by the worker's end instead, through its
-``PR_SET_PDEATHSIG`` SIGTERM, and saves first. On a cluster it joins, Ray's own setting holds.
+With ``ray_address`` unset the driver starts a local Ray (no dashboard; :data:`KILL_CHILDREN_ENV`
+``false`` unless set, so a trial is ended by its ``PR_SET_PDEATHSIG`` SIGTERM and saves) and stops
+it at the end; ``auto`` or ``HOST:PORT`` joins a running cluster and leaves it running. The Ray
+task starts ``kerasdist fit`` as its child with ``PR_SET_PDEATHSIG``: when Ray ends the task (the
+driver gone, or :meth:`RayTrial.stop`) the trial gets SIGTERM and saves its checkpoint, as on the
+local backend (``docs/sweep.md`` says why). Needs ``pip install 'kerasdist[ray]'``.
 """
 
 from __future__ import annotations

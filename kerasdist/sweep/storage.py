@@ -243,17 +243,11 @@ def open_study(plan: SweepPlan, *, storage=None):
 
 
 class TrialBook:
-    """The sweep's study and its storage, with trials addressed by their number.
-
-    Optuna's ask-and-tell interface ends a trial by its number (``Study.tell(number, ...)``),
-    but reports an intermediate value or sets an attribute through a ``Trial``, which only
-    ``Study.ask`` hands out: a trial asked by an earlier driver (interrupted, resumed by this
-    one) has none. So every trial is written here by number: its storage id from the storage's
-    ``get_trial_id_from_study_id_trial_number`` (the study found by name), its values and
-    attributes with the storage's ``set_trial_intermediate_value`` / ``set_trial_user_attr``,
-    and the prune decision from the study's pruner (``study.pruner.prune(study, trial)``, what
-    ``Trial.should_prune`` asks). The storage is the one the study was created on, so the study
-    reads what is written here (Optuna re-reads unfinished trials from the database).
+    """The sweep's study and its storage, with trials addressed by their number: a trial asked
+    by an earlier driver (interrupted, resumed by this one) has no ``Trial`` object, so its
+    values, attributes and prune decision go through the storage's and the pruner's public
+    interfaces (``docs/sweep.md``, "Resumable"). The storage is the one the study was created
+    on, so the study reads what is written here.
 
     Args:
         study: the sweep's Optuna study.

@@ -1,18 +1,8 @@
 """MLflow for a sweep whose base recipe tracks (``output.tracking: {kind: mlflow}``): one parent
-run for the sweep, and each trial's own run (created by its ``kerasdist fit``, as any tracked
-run) made its child.
-
-* the parent run (named after ``output.study``, in the recipe's experiment) holds the sweep's
-  definition as params (``space.<path>``, ``objective.metric``, ``sampler.name``...), the metric
-  ``best_value`` at step = the trial number after each trial, and the tags
-  ``kerasdist.sweep.best_trial``; its id is kept in the study (user attribute
-  ``kerasdist.mlflow_parent``), so a resumed sweep continues it;
-* a trial's run gets the tags ``mlflow.parentRunId`` (MLflow's own nesting tag: the UI shows it
-  under the parent), ``kerasdist.sweep.trial`` and ``kerasdist.sweep.state``, and the metric
-  ``objective`` when it ended COMPLETE. Its params are the whole resolved recipe (the searched
-  ones among them), logged by the trial itself.
-
-Every trial logs into one store: the recipe's ``output.tracking.uri``, or
+run for the sweep (named after ``output.study``; its id kept in the study's user attribute
+:data:`PARENT_ATTR`, so a resumed sweep continues it), and each trial's own run (created by its
+``kerasdist fit``) made its child; ``docs/sweep.md`` ("Tracking") lists their params, metrics and
+tags. Every trial logs into one store: the recipe's ``output.tracking.uri``, or
 ``sqlite:///<output.dir>/mlflow.db`` when it names none.
 """
 

@@ -19,15 +19,7 @@ runs each test file's such tests together in one child process).
   configured against the 2-core deadlock.
 * ``ps_strategy``: a ``tf.distribute.ParameterServerStrategy`` on that cluster (variables of
   different tests accumulate on the ps for the session; build fresh models per test).
-  TensorFlow's ``ParameterServerStrategy.__init__`` sets the environment variables
-  ``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE`` and ``TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY`` for the
-  process; requesting this fixture makes that happen once, at session setup, so that tests which
-  build further strategies (e.g. through ``fit_recipe``) do not count as leaking them.
-* ``slurm_cluster`` (per test): a real one-node Slurm cluster
-  (:class:`kerasdist.testing.slurm.SlurmCluster`; ``SlurmCluster(num_nodes=3)`` gives three nodes
-  on simulated hosts), skipped with the reason where Slurm is not installed or not root.
-* ``kerasdist_enabled`` (per test): ``kerasdist.enable()`` for the test, undone afterwards when
-  it was not enabled before.
+* ``slurm_cluster`` and ``kerasdist_enabled`` (per test): see their docstrings.
 """
 
 from __future__ import annotations
@@ -48,7 +40,12 @@ def inprocess_ps_cluster():
 
 @pytest.fixture(scope="session")
 def ps_strategy(inprocess_ps_cluster):
-    """``tf.distribute.ParameterServerStrategy`` connected to ``inprocess_ps_cluster``."""
+    """``tf.distribute.ParameterServerStrategy`` connected to ``inprocess_ps_cluster``.
+
+    Its ``__init__`` sets ``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE`` and
+    ``TF_PS_DISABLE_ASYNC_EXECUTOR_GLOBALLY`` for the process: requesting this fixture makes that
+    happen once, at session setup, so tests that build further strategies do not count as
+    leaking them."""
     import tensorflow as tf
 
     return tf.distribute.ParameterServerStrategy(inprocess_ps_cluster.cluster_resolver)
@@ -56,7 +53,8 @@ def ps_strategy(inprocess_ps_cluster):
 
 @pytest.fixture
 def kerasdist_enabled():
-    """Route ``model.fit``/``evaluate`` of ParameterServerStrategy models to kerasdist."""
+    """``kerasdist.enable()`` for the test (``model.fit``/``evaluate`` of ParameterServerStrategy
+    models routed to kerasdist), undone afterwards when it was not enabled before."""
     from kerasdist import keras as kd_keras
 
     was_enabled = kd_keras.is_enabled()

@@ -15,22 +15,19 @@ its own subnet, so the only reachable addresses are those of the hosts of the se
         hosts.link_up(1)
     # here every namespace, link and process of the set is gone, also when the body raised
 
-A bandwidth cap (``rate_mbit``) is a ``tbf`` qdisc (``shaper="htb"``: one htb class) on both ends
-of a host's link. :meth:`HostSet.link_down` sets the host's bridge port to the STP ``disabled``
-state: every frame to and from it is dropped, with no reset, no ICMP error and no carrier change
-on the host; neighbour (ARP) entries are static, so connects time out and open connections
-retransmit. Every namespace and interface name is ``prefix`` (default ``kd``) plus a random
-6-hex-digit suffix (``HostSet.suffix``), so sets of tests running in parallel do not collide; a
-set removes only what it created. ``docs/hosts.md`` says why (no ``netem``, no tc classifiers and
-no ``iptables`` on the kernel this was checked on) and gives the measured figures.
+A bandwidth cap (``rate_mbit``) is a ``tbf`` (or ``htb``) qdisc on both ends of a host's link; a
+partition (:meth:`HostSet.link_down`) is the host's bridge port in the STP ``disabled`` state.
+Names are ``prefix`` plus a random suffix, so sets running in parallel do not collide; a set
+removes only what it created. ``docs/hosts.md`` says how and why, with the measured figures.
 
-Errors: :class:`HostSimulatorError` (a subclass of ``RuntimeError``) when a command of ``ip``,
-``tc`` or ``bridge`` fails (its stderr is in the message), when not run as root, or for an
-unknown host index; ``ValueError`` for bad arguments.
+Errors: :class:`HostSimulatorError` (a ``RuntimeError``) when an ``ip``, ``tc`` or ``bridge``
+command fails (its stderr in the message), when not root, or for an unknown host index;
+``ValueError`` for bad arguments.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -308,21 +305,15 @@ class HostSet:
         other process in its namespace; wait up to ``wait_s`` seconds for them to be gone."""
         for proc in self._processes[host]:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         for pid in self.pids(host):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + wait_s
         for proc in self._processes[host]:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             if proc.stdout is not None:
                 proc.stdout.close()
         while self.pids(host) and time.monotonic() < deadline:

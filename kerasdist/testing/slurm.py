@@ -13,20 +13,12 @@ of the machine's own Slurm or munge configuration is read or changed::
     # here every daemon, job and namespace the cluster started is gone
 
 Nodes: with network namespaces available (root, ``ip netns``), every node is a simulated host of
-:class:`kerasdist.testing.hosts.HostSet` (its own address; ``slurmctld`` runs on node 0) and runs
-its ``slurmd`` in a mount namespace of its own whose ``/etc/hosts`` names every node (so the node
-names Slurm puts in ``SLURM_STEP_NODELIST`` resolve, as on a real cluster); the jobs' processes
-are the ``slurmd``'s children and stay there. Without namespaces one node runs on loopback, named
-as this machine. Settings checked on Slurm 22.05 (Debian 12): ``ProctrackType=proctrack/linuxproc``,
-``TaskPlugin=task/none`` (no cgroups needed), ``SelectType=select/cons_tres`` with ``CR_CPU``,
-``SlurmdParameters=config_overrides`` (a node may declare more CPUs than the machine has: tasks
-of a test job share its cores), ``JobRequeue=1``, ``MinJobAge=3600`` (a finished job stays
-visible to ``scontrol show job``).
-
-Every daemon runs under ``nice -n 19`` (and so do the jobs, their children). :meth:`close`
-cancels every job, then ends every process of the cluster: the namespaces' processes (SIGKILL),
-and the daemons and job processes of a loopback node (found by the ``SLURM_CONF`` path in their
-environment or command line).
+:class:`kerasdist.testing.hosts.HostSet` (``slurmctld`` on node 0) whose ``slurmd`` has a private
+``/etc/hosts`` naming every node, so the node names in ``SLURM_STEP_NODELIST`` resolve; without
+namespaces one node runs on loopback, named as this machine. The ``slurm.conf`` settings (checked
+on Slurm 22.05, Debian 12) need no cgroups and let a node declare more CPUs than the machine has.
+Every daemon, and so every job, runs under ``nice -n 19``; :meth:`close` cancels every job and
+ends every process of the cluster.
 
 Errors: :class:`SlurmUnavailable` (a ``RuntimeError``) says why no cluster can start here
 (a missing program, not root); tests skip with its message (:func:`unavailable_reason`).
@@ -35,6 +27,7 @@ Errors: :class:`SlurmUnavailable` (a ``RuntimeError``) says why no cluster can s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -277,10 +270,8 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             self.command(["scancel", "--full", "--user=root"], check=False, timeout_s=10)
         for proc in reversed(self._daemons):
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         for proc in reversed(self._daemons):
             try:
                 proc.wait(timeout=10)
@@ -291,10 +282,8 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         if self.hosts is not None:
             self.hosts.close()
         for pid in self.stray_pids():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         shutil.rmtree(self.sockets, ignore_errors=True)
 
     def stray_pids(self) -> list[int]:
@@ -343,12 +332,7 @@ PartitionName=kdtest Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         """``scontrol show job -o`` of ``job_id`` as a dict (``JobState``, ``ExitCode``,
         ``Restarts``, ``NodeList``, ...)."""
         text = self.command(["scontrol", "show", "job", "-o", str(job_id)]).stdout
-        fields = {}
-        for item in text.split():
-            key, sep, value = item.partition("=")
-            if sep:
-                fields[key] = value
-        return fields
+        return dict(item.split("=", 1) for item in text.split() if "=" in item)
 
     def wait(self, job_id: int, *, timeout_s: float, states=FINAL_STATES,
              poll_s: float = 1.0) -> dict[str, str]:

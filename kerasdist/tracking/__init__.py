@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kerasdist._timeline import mark
 from kerasdist.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
 
     require_mlflow()
     check_uri(tracking.uri, isolated=isolated)
+    mark("tracking probe")
     why = unreachable(tracking.uri)
     if why is None:
         return recipe
@@ -80,4 +82,18 @@ def check(recipe: Recipe, *, isolated: bool = False) -> Recipe:
     return recipe.model_copy(update={"output": output})
 
 
-__all__ = ["check", "start"]
+def watch_task(recipe: Recipe, task: str):
+    """A context manager that logs this task's system metrics into the run's MLflow run, as
+    node ``task`` with ``:`` as ``-`` (``worker-1``), from when ``<run_dir>/tracking.json``
+    names the run (:class:`~kerasdist.tracking.mlflow_store.TaskMonitor`); a no-op when
+    ``output.tracking`` is unset."""
+    import contextlib
+
+    if recipe.output.tracking is None:
+        return contextlib.nullcontext()
+    from kerasdist.tracking.mlflow_store import TaskMonitor
+
+    return TaskMonitor(recipe.output.run_dir, task.replace(":", "-"))
+
+
+__all__ = ["check", "start", "watch_task"]

@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -145,3 +146,81 @@ def default_uri(run_dir: Path) -> str:
     return path_to_local_sqlite_uri(str(Path(run_dir).absolute() / MLFLOW_DB))
 
 
+
+
+class TaskMonitor(threading.Thread):
+    """MLflow's system metrics of one task (``mlflow.system_metrics``'s ``SystemMetricsMonitor``
+    with ``node_id``: ``system/<node_id>/cpu_utilization_percentage``, ...; the host's figures)
+    plus this process's own: ``process_cpu_utilization_percentage`` (of one core) and
+    ``process_memory_rss_megabytes`` (psutil). Every ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``
+    seconds (MLflow's default 10), once ``<run_dir>/tracking.json`` names the run (looked for
+    every ``poll_s`` seconds; the chief of a scheduled cluster writes it when it starts). A
+    context manager: the exit stops it and logs what was sampled since the last interval.
+
+    Args:
+        run_dir: the run directory.
+        node_id: the task (``worker-1``).
+        poll_s: seconds between looks for ``tracking.json``.
+    """
+
+    def __init__(self, run_dir, node_id: str, poll_s: float = 2.0):
+        super().__init__(daemon=True, name=f"kerasdist-system-metrics-{node_id}")
+        self.path, self.node_id, self.poll_s = Path(run_dir) / TRACKING_FILE, node_id, poll_s
+        self.stopped, self.monitor = threading.Event(), None
+
+    def run(self) -> None:
+        from kerasdist._files import read_json
+
+        record = read_json(self.path)
+        while not (isinstance(record, dict) and record.get("run_id")):
+            if self.stopped.wait(self.poll_s):
+                return
+            record = read_json(self.path)
+        import logging
+
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # off the console
+        try:
+            monitor = SystemMetricsMonitor(record["run_id"], node_id=self.node_id,
+                                           tracking_uri=record["uri"], resume_logging=True)
+            monitor.monitors.append(_process_monitor())
+        except Exception as err:  # noqa: BLE001 - the task trains on without system metrics
+            from kerasdist._log import get_logger
+
+            get_logger("tracking").warning(f"tracking: no system metrics of {self.node_id}: "
+                                           f"{type(err).__name__}: {err}")
+            return
+        self.monitor = monitor
+        monitor.start()
+
+    def __enter__(self) -> TaskMonitor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.join()
+        if self.monitor is not None:
+            self.monitor.finish()
+            last = self.monitor.aggregate_metrics()  # the samples of the last, partial interval
+            if last:
+                self.monitor.publish_metrics(last)
+                self.monitor.mlflow_logger.flush()
+
+
+def _process_monitor():
+    """An MLflow metrics monitor of this process's CPU and resident memory (psutil)."""
+    import psutil
+    from mlflow.system_metrics.metrics.base_metrics_monitor import BaseMetricsMonitor
+
+    class ProcessMonitor(BaseMetricsMonitor):
+        def collect_metrics(self):
+            self._metrics["process_cpu_utilization_percentage"].append(process.cpu_percent())
+            self._metrics["process_memory_rss_megabytes"].append(process.memory_info().rss / 1e6)
+
+        def aggregate_metrics(self):
+            return {k: round(sum(v) / len(v), 1) for k, v in self._metrics.items()}
+
+    process = psutil.Process()
+    return ProcessMonitor()

@@ -22,11 +22,10 @@ import keras
 
 from kerasdist._files import read_json, write_json_atomic
 from kerasdist._log import get_logger
-from kerasdist.tracking.mlflow_store import (  # noqa: F401 - re-exported
+from kerasdist.tracking.mlflow_store import (
     MLFLOW_ARTIFACTS,
     NETWORK_SCHEMES,
     TRACKING_FILE,
-    check_uri,
     client_for,
     default_uri,
     require_mlflow,
@@ -83,13 +82,17 @@ class MlflowTracker(keras.callbacks.Callback):
     Args:
         client: an ``mlflow.MlflowClient``.
         run_id: the MLflow run logged to.
-        global_batch_size: examples per step (``data.batch_size``), for ``examples_per_sec``.
+        global_batch_size: examples per step (``data.batch_size``).
+
+    Attributes:
+        meter: the run's :class:`~kerasdist.keras.callbacks.ThroughputMeter` (placed before this
+            callback), source of ``examples_per_sec`` and the per-task ``tasks/<task>/steps`` and
+            ``tasks/<task>/steps_per_sec``; None: not logged.
     """
 
     def __init__(self, client, run_id: str, *, global_batch_size: int):
         super().__init__()
-        self.client, self.run_id, self.batch = client, run_id, global_batch_size
-        self._epoch_start, self._steps = 0.0, 0
+        self.client, self.run_id, self.batch, self.meter = client, run_id, global_batch_size, None
 
     @classmethod
     def start(cls, recipe: Recipe, *, run_dir: Path, num_replicas: int | None,
@@ -130,21 +133,16 @@ class MlflowTracker(keras.callbacks.Callback):
         return cls(client, run_id, global_batch_size=recipe.data.batch_size)
 
     # ------------------------------------------------------------------------------- callback
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start, self._steps = time.perf_counter(), 0
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps = batch + 1
-
     def on_epoch_end(self, epoch, logs=None):
         from mlflow.entities import Metric
 
         step = _global_step(self.model)
-        seconds = time.perf_counter() - self._epoch_start
         now = int(time.time() * 1000)
         values = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
-        if seconds > 0 and self._steps:
-            values["examples_per_sec"] = self._steps * self.batch / seconds
+        if self.meter is not None:
+            values["examples_per_sec"] = self.meter.clock.epoch_examples_per_sec[-1]
+            for task, figures in self.meter.tasks.items():
+                values.update({f"tasks/{task}/{k}": v[-1] for k, v in figures.items()})
         values["epoch"] = float(epoch + 1)
         metrics = [Metric(key, value, now, step) for key, value in values.items()]
         self.client.log_batch(self.run_id, metrics=metrics)

@@ -132,6 +132,23 @@ def _wall_line(session_s: float, command_s: float | None) -> str:
             "cluster start and stop)")
 
 
+SLOW_FACTOR = 1.5
+"""A task whose mean steps/s is this many times below the median of the tasks' is named."""
+
+
+def slow_tasks(tasks: dict | None) -> list[str]:
+    """One summary line per task of ``metrics.json``'s ``tasks`` whose mean steps/s over the
+    epochs is more than :data:`SLOW_FACTOR` times below the median task's (2 or more tasks)."""
+    import statistics
+
+    rates = {task: statistics.fmean(f["steps_per_sec"]) for task, f in (tasks or {}).items()
+             if f.get("steps_per_sec")}
+    median = statistics.median(rates.values()) if len(rates) > 1 else 0.0
+    return [f"slow task          {task}: {rate:.2f} steps/s, "
+            f"{median / rate if rate else float('inf'):.1f}x below the median task's "
+            f"{median:.2f} steps/s" for task, rate in rates.items() if rate * SLOW_FACTOR < median]
+
+
 def summary_text(result: RunResult, *, tensorboard: bool | None = None,
                  command_s: float | None = None) -> str:
     """The one-screen summary printed at the end of ``kerasdist fit``.
@@ -169,6 +186,7 @@ def summary_text(result: RunResult, *, tensorboard: bool | None = None,
               f"model              {result.model_path or '(not saved)'}",
               f"metrics            {result.metrics_path}",
               f"checkpoints        {run_dir.checkpoints}"]
+    lines += slow_tasks(result.extra.get("tasks"))
     if tensorboard is None:
         tensorboard = run_dir.tensorboard.is_dir()
     if tensorboard:

@@ -119,7 +119,8 @@ def _make_store(s: _Session):
             store = BackupStore(model=s.model, directory=s.run_dir.checkpoints,
                                 is_chief=s.is_chief, task_name=s.task,
                                 steps_per_epoch=s.data.steps_per_epoch,
-                                max_to_keep=s.recipe.trainer.checkpoint.max_to_keep)
+                                max_to_keep=s.recipe.trainer.checkpoint.max_to_keep,
+                                asynchronous=s.recipe.trainer.checkpoint.async_)
     s.strategy.prepare_model(s.model, s.recipe.strategy)
     if store is not None:
         store.remove_stale_temp()
@@ -172,14 +173,20 @@ def _apply_hyperparameters(optimizer, wanted: dict[str, float], *, recipe: Recip
 
 
 def _callbacks(s: _Session, extra: Sequence) -> list:
-    """kerasdist's callbacks (throughput first, TensorBoard on the chief unless the recipe has
-    its own), then ``extra`` (the caller's, the tracker). The recipe's ``callbacks`` travel
-    apart (``RunContext.state_callbacks``): the loops run them before their checkpoint saves."""
-
-    from kerasdist.keras.callbacks import EpochTensorBoard, ThroughputMeter
+    """kerasdist's callbacks (throughput first, ``trainer.profile``'s profiler on every task,
+    TensorBoard on the chief unless the recipe has its own), then ``extra`` (the caller's, the
+    tracker). The recipe's ``callbacks`` travel apart (``RunContext.state_callbacks``): the loops
+    run them before their checkpoint saves."""
+    from kerasdist.keras.callbacks import EpochTensorBoard, StepProfile, ThroughputMeter
     from kerasdist.training.keras_objects import has_tensorboard
 
-    cbs = [ThroughputMeter(s.recipe.data.batch_size)]
+    node, profile, spec = s.task.replace(":", "-"), s.recipe.trainer.profile, s.tf_config
+    cbs = [ThroughputMeter(s.recipe.data.batch_size, task=node,
+                           gather=s.strategy.gather_figures(s.tf_strategy))]
+    if profile is not None:  # a parameter-server cluster's servers run no callbacks: traced
+        servers = {f"{job}-{i}": address for job in ("worker", "ps") for i, address in
+                   enumerate(spec.cluster.get(job, ()))} if s.strategy.traits.needs_ps else {}
+        cbs.append(StepProfile(profile.steps, s.run_dir.tensorboard, task=node, servers=servers))
     if s.recipe.output.tensorboard and s.is_chief and not has_tensorboard(s.recipe.callbacks):
         cbs.append(EpochTensorBoard(log_dir=str(s.run_dir.tensorboard)))
     return cbs + list(extra)
@@ -216,7 +223,7 @@ def _train_and_evaluate(run: RunContext, s: _Session):
                      f"({run.data.steps_per_epoch} steps per epoch)")
             history = loop.train(run)
         else:
-            # said once by the CLI (RunDir.complete_notice), before the cluster starts
+            # said once where the run entered (ClusterKind.enter), before the cluster starts
             log.debug("all epochs already completed by the checkpoint; evaluating only")
             history = {}
         split = run.recipe.data.eval_split
@@ -233,7 +240,7 @@ def _train_and_evaluate(run: RunContext, s: _Session):
 
 
 def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verbose=None,
-                callbacks: Sequence = ()) -> RunResult | None:
+                callbacks: Sequence = (), entry_checked: bool = False) -> RunResult | None:
     """Run this process's part of ``recipe`` (see module docs for the order of work).
 
     Args:
@@ -245,6 +252,9 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         verbose: Keras progress verbosity; default ``recipe.trainer.verbose``.
         callbacks: extra Keras callbacks, after kerasdist's own; on a multi-worker cluster they run
             on every worker (they must not write shared files unless on the chief).
+        entry_checked: the run's entry checks were made (:meth:`ClusterKind.enter
+            <kerasdist.launch.clusters.base.ClusterKind.enter>`, the tracking store's included):
+            not repeated here. False: the chief checks the tracking store first.
 
     Returns:
         :class:`RunResult` in the process that writes the outputs (also in ``metrics.json``), None
@@ -282,11 +292,12 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
         stack.enter_context(terminate_on_sigterm(unless_handled=True))
         with startup("starting: the tracker, the strategy (connecting to the cluster), the "
                      "input, the model"):
-            if is_chief:  # first: a few seconds, no TensorFlow
+            if is_chief and not entry_checked:  # first: a few seconds, no TensorFlow
                 recipe = tracking.check(recipe)  # without it when unreachable and not required
             tf_strategy, mends = _start_runtime(recipe, strategy=strategy, tf_config=tf_config)
             mark("strategy")
             data = strategy.make_input(recipe, tf_strategy)
+            _check_profile(recipe, data.steps_per_epoch)
             mark("input")
             model = _build_model(recipe, strategy=strategy, tf_strategy=tf_strategy)
             mark("model")
@@ -298,7 +309,19 @@ def run_session(recipe: Recipe, *, tf_config=None, overwrite: bool = False, verb
                            tf_strategy=tf_strategy, model=model, data=data, mends=mends,
                            tf_config=tf_config, task=task, is_chief=is_chief,
                            recipe_callbacks=from_recipe, started=start)
+        stack.enter_context(tracking.watch_task(recipe, task))
         return _run(session, resumable=resumable, verbose=verbose, callbacks=callbacks)
+
+
+def _check_profile(recipe: Recipe, steps_per_epoch: int) -> None:
+    """Raises RecipeError when ``trainer.profile.steps`` ends after the run's last step."""
+    from kerasdist.errors import RecipeError
+
+    total, profile = recipe.trainer.epochs * steps_per_epoch, recipe.trainer.profile
+    if profile is not None and profile.steps[1] > total:
+        raise RecipeError(f"trainer.profile.steps ends after the run's {total} steps ("
+                          f"{recipe.trainer.epochs} epochs of {steps_per_epoch}). Received: "
+                          f"steps={list(profile.steps)}")
 
 
 def _run(s: _Session, *, resumable: bool, verbose, callbacks: Sequence) -> RunResult | None:
@@ -324,6 +347,8 @@ def _run(s: _Session, *, resumable: bool, verbose, callbacks: Sequence) -> RunRe
                                                else verbose, is_chief=s.is_chief),
                          task=s.task, is_chief=s.is_chief, state_callbacks=s.recipe_callbacks,
                          logs=s.run_dir.logs)
+        if tracker is not None:
+            tracker.meter = run.callbacks[0]
         log.info(f"training {s.recipe.model.name} with strategy '{s.recipe.strategy.kind}' on "
                  f"{s.strategy.describe(s.tf_strategy)}; global batch {s.recipe.data.batch_size}; "
                  f"mends {s.mends or 'none'}; run dir {s.run_dir.path}")
@@ -370,7 +395,7 @@ def _finish(s: _Session, run: RunContext, *, history: dict, evaluation: dict,
             "epochs_planned": recipe.trainer.epochs, "stopped": stopped,
             "global_steps": steps, "start_step": start_step, "weights_sha256": digest,
             "steps_per_epoch": data.steps_per_epoch, "shard_policy": data.shard_policy,
-            "task": s.task, "mends": s.mends,
+            "task": s.task, "mends": s.mends, "tasks": run.callbacks[0].tasks,
             "restored_state_sha256": getattr(store, "restored_digest", None),
             "restore_verified": bool(getattr(store, "restore_verified", False)), **run.extra})
     write_metrics(result, recipe)

@@ -190,3 +190,21 @@ def test_workers_train_on_disjoint_examples(ps_strategy):
         seen = model.seen.numpy()
         assert seen.sum() == steps * 8, name
         assert not np.any((seen[0] > 0) & (seen[1] > 0)), name  # no example on both workers
+
+
+class _Orbax(keras.callbacks.OrbaxCheckpoint):
+    """An ``OrbaxCheckpoint`` that needs no orbax package (it is refused before any save)."""
+
+    def __init__(self):
+        keras.callbacks.Callback.__init__(self)
+
+
+def test_orbax_checkpoint_is_refused_by_name_before_anything_is_scheduled(ps_strategy):
+    from kerasdist.errors import UnsupportedFeatureError
+
+    model = _mlp(ps_strategy)
+    with pytest.raises(UnsupportedFeatureError, match=(
+            r"model.fit\(callbacks=...\): OrbaxCheckpoint is not accepted under strategy "
+            r"'parameter_server'.*Use trainer.checkpoint .* or ModelCheckpoint")):
+        model.fit(TRAIN_FN, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[_Orbax()])
+    assert int(model.optimizer.iterations.numpy()) == 0

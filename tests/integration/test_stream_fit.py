@@ -69,7 +69,7 @@ def _tfrecords(folder):
 
 def _sliced_tfrecords(folder):
     """The default (MNIST) layout in 2 files, trained and evaluated on slices of one split."""
-    from kerasdist.data.sources import write_tfrecord
+    from kerasdist.data.readers import write_tfrecord
 
     labels = np.arange(384) % 3
     images = np.repeat((80 * labels).astype(np.uint8)[:, None, None], 8, 1).repeat(8, 2)

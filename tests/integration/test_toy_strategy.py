@@ -21,8 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 class ToyConfig(StrategyConfigBase):
-    traits: ClassVar[StrategyTraits] = StrategyTraits(topology="single",
-                                                      cluster_kinds=("this_process",))
+    traits: ClassVar[StrategyTraits] = StrategyTraits(topology="single")
     kind: Literal["toy_one_device"] = "toy_one_device"
     device: str = "/cpu:1"
 

@@ -161,8 +161,13 @@ def test_chief_killed_while_saving_a_backup_resumes_from_the_previous_one(tmp_pa
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_saves_then_next_launch_finishes(tmp_path, reference):
-    recipe = mw.linear_recipe(tmp_path, "term", trainer={"epochs": 3})
+@pytest.mark.parametrize("asynchronous", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["sync", "async"])
+def test_sigterm_saves_then_next_launch_finishes(tmp_path, reference, asynchronous):
+    """Also with ``trainer.checkpoint.async``: the stop's background write is complete before
+    the tasks exit, and the re-run resumes it exactly."""
+    recipe = mw.linear_recipe(tmp_path, "term", trainer={
+        "epochs": 3, "checkpoint": {"every_steps": 10, "async": asynchronous}})
     run_dir = tmp_path / "term"
     process = mw.launch(recipe)
     try:

@@ -96,6 +96,7 @@ def test_a_four_trial_sweep_writes_its_outputs_and_best_yaml_trains(tmp_path):
     rows = (out / "trials.csv").read_text().splitlines()
     assert len(rows) == 5 and rows[0].startswith("number,state,value,")
     assert {"optimizer.learning_rate", "data.batch_size", "dir"} <= set(rows[0].split(","))
+    assert _hparams_runs(out) == [f"trial-{n:04d}" for n in range(4)]
     for plot in ("optimization_history", "param_importances", "parallel_coordinate"):
         assert (out / f"{plot}.png").stat().st_size > 10_000, plot
     best = min(trials, key=lambda t: t.value)
@@ -107,6 +108,13 @@ def test_a_four_trial_sweep_writes_its_outputs_and_best_yaml_trains(tmp_path):
     fit = _kerasdist(tmp_path, "fit", "out/best.yaml", "--quiet", timeout_s=600)
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert (out / "best" / "metrics.json").is_file()
+
+
+def _hparams_runs(out: Path) -> list[str]:
+    """The runs of TensorBoard's HParams view in ``out``, each holding one event file."""
+    runs = sorted((out / "tensorboard").iterdir())
+    assert all(len(list(run.glob("events.out.tfevents.*"))) == 1 for run in runs), runs
+    return [run.name for run in runs]
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
@@ -159,6 +167,7 @@ def test_a_killed_driver_leaves_no_process_and_the_rerun_resumes_the_trial_at_it
     metrics = json.loads((trial0 / "run" / "metrics.json").read_text())
     assert metrics["start_step"] == step and metrics["global_steps"] == 120, metrics
     assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+    assert _hparams_runs(tmp_path / "out") == ["trial-0000", "trial-0001"]  # once each
 
 
 @pytest.mark.slow

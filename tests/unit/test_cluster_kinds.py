@@ -6,7 +6,6 @@ package, as ``test_import_graph.py`` reads it)."""
 from __future__ import annotations
 
 import ast
-import dataclasses
 import textwrap
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -15,8 +14,9 @@ import pytest
 
 import kerasdist
 from kerasdist.config import cluster_configs
-from kerasdist.config.cluster_configs import ClusterConfigBase, register_cluster_config
-from kerasdist.errors import ClusterError
+from kerasdist.config.cluster_configs import ClusterConfigBase, ClusterTraits, register_cluster_config
+from kerasdist.config.strategy_configs import strategy_config_classes
+from kerasdist.errors import ClusterError, RecipeError
 from kerasdist.launch import clusters
 from kerasdist.launch.clusters.base import ClusterKind
 
@@ -27,8 +27,9 @@ ALLOWED = ("launch/clusters/", "config/cluster_configs.py")
 
 # ------------------------------------------------------------------------------- a toy kind
 class ToyClusterConfig(ClusterConfigBase):
-    """The config half: its kind, its (default) traits, its fields."""
+    """The config half: its kind, its traits (it runs one-process strategies), its fields."""
 
+    traits: ClassVar[ClusterTraits] = ClusterTraits(topologies=("single",))
     kind: Literal["toy"] = "toy"
     workers: ClassVar[int] = 1
     ps: ClassVar[int] = 0
@@ -51,20 +52,16 @@ class ToyKind(ClusterKind):
 
 @pytest.fixture
 def toy_kind(monkeypatch):
-    """The toy kind registered (config class and kind object), unregistered afterwards."""
-    from kerasdist.config.strategy_configs import DefaultStrategyConfig
-
-    monkeypatch.setattr(cluster_configs, "_CLUSTER_CONFIGS", dict(cluster_configs._CLUSTER_CONFIGS))
+    """The toy kind registered (config class and kind object), unregistered afterwards; no
+    strategy is touched (they read the cluster kinds' traits)."""
+    monkeypatch.setattr(cluster_configs.CLUSTERS, "_classes", cluster_configs.CLUSTERS.classes())
     monkeypatch.setattr(clusters._KINDS, "_objects", dict(clusters._KINDS._objects))
+    strategies = {kind: cls.traits for kind, cls in strategy_config_classes().items()}
     register_cluster_config(ToyClusterConfig)  # the config class
     clusters.register("toy", ToyKind)  # the registry line
-    # Each strategy lists the cluster kinds it runs on (StrategyTraits.cluster_kinds): a new kind
-    # is named there too, until the strategies read the kind's traits instead.
-    traits = DefaultStrategyConfig.traits
-    monkeypatch.setattr(DefaultStrategyConfig, "traits", dataclasses.replace(
-        traits, cluster_kinds=(*traits.cluster_kinds, "toy")))
     ToyKind.ran.clear()
     yield
+    assert {kind: cls.traits for kind, cls in strategy_config_classes().items()} == strategies
 
 
 def test_a_toy_kind_added_as_documented_runs_a_recipe_through_run_recipe(toy_kind, tmp_path):
@@ -86,6 +83,19 @@ def test_a_toy_kind_added_as_documented_runs_a_recipe_through_run_recipe(toy_kin
     assert ToyKind.ran == ["hi"]  # the toy's own run, found by kind
     assert result.extra["global_steps"] == 128 // 32
     assert (tmp_path / "run" / "metrics.json").is_file()
+
+
+def test_a_toy_kind_runs_the_strategies_its_traits_name_and_no_other(toy_kind):
+    from kerasdist.config import validate_recipe
+
+    assert validate_recipe({"strategy": {"kind": "mirrored"}, "cluster": {"kind": "toy"}})
+    with pytest.raises(RecipeError, match=r"strategy 'multi_worker' needs cluster.kind 'local' or "
+                                          r"'tf_config' or 'slurm' or 'jobset' or 'ray'\. "
+                                          r"Received: kind='toy'"):
+        validate_recipe({"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "toy"}})
+    with pytest.raises(RecipeError, match=r"strategy 'default' needs cluster.kind 'this_process' "
+                                          r"or 'toy'\. Received: kind='local'"):
+        validate_recipe({"strategy": {"kind": "default"}, "cluster": {"kind": "local"}})
 
 
 def test_an_unknown_kind_lists_the_known_ones():

@@ -204,6 +204,42 @@ def test_upstream_tf_still_waits_on_every_task_to_save_and_to_free_a_function():
         "worker without the mend), then remove kerasdist/_compat/tf_frozen_task.py")
 
 
+def test_upstream_keras_variables_still_break_a_second_async_checkpoint_save():
+    from kerasdist._compat import keras_async_checkpoint
+
+    assert keras_async_checkpoint.bug_present(), (
+        "upstream changed keras Variable._copy_trackable_to_cpu (no tf.Variable created per "
+        "call): check that two CheckpointManager saves with CheckpointOptions(enable_async=True) "
+        "of a Keras model pass without the mend, then remove "
+        "kerasdist/_compat/keras_async_checkpoint.py")
+
+
+def test_async_checkpoint_mend_is_reversible_and_saves_twice_with_the_values_at_each_save(
+        tmp_path):
+    import keras
+
+    from kerasdist._compat import keras_async_checkpoint
+
+    variable = keras.Variable([1.0, 2.0])
+    owner = keras_async_checkpoint._variable_class()
+    original = owner.__dict__["_copy_trackable_to_cpu"]
+    checkpoint = tf.train.Checkpoint(v=variable)
+    manager = tf.train.CheckpointManager(checkpoint, str(tmp_path), max_to_keep=2)
+    options = tf.train.CheckpointOptions(enable_async=True)
+    paths = []
+    for value in ([3.0, 4.0], [5.0, 6.0]):  # the second save failed without the mend
+        variable.assign(value)
+        with keras_async_checkpoint.cpu_copies() as patched:
+            assert patched and owner.__dict__["_copy_trackable_to_cpu"] is not original
+            paths.append(manager.save(options=options))
+        variable.assign([0.0, 0.0])  # after the call: not in the checkpoint
+    checkpoint.sync()
+    assert owner.__dict__["_copy_trackable_to_cpu"] is original
+    for path, value in zip(paths, ([3.0, 4.0], [5.0, 6.0]), strict=True):
+        np.testing.assert_array_equal(
+            tf.train.load_variable(path, "v/.ATTRIBUTES/VARIABLE_VALUE"), value)
+
+
 def test_frozen_task_mends_are_reversible_and_the_eager_save_writes_a_readable_checkpoint(
         tmp_path):
     from tensorflow.python.checkpoint import functional_saver

@@ -10,7 +10,7 @@ import pytest
 
 from kerasdist.config import DataConfig
 from kerasdist.data import build_datasets, embedded_dir, load_split, make_dataset_fn, write_tfrecord
-from kerasdist.data.sources import read_idx
+from kerasdist.data.readers import read_idx
 from kerasdist.errors import DataError
 
 

@@ -298,7 +298,7 @@ def test_a_truncated_tfrecord_is_named_with_its_file(tmp_path):
 
 
 def test_a_truncated_tfrecord_of_the_default_layout_is_named_with_its_file(tmp_path):
-    from kerasdist.data.sources import write_tfrecord
+    from kerasdist.data.readers import write_tfrecord
 
     x, y = np.zeros((20, 28, 28), np.uint8), np.arange(20) % 10
     for split in ("train", "test"):

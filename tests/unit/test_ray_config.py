@@ -12,6 +12,7 @@ import pytest
 from kerasdist.config import validate_recipe
 from kerasdist.errors import ClusterError, DataError, RecipeError, RunDirError
 from kerasdist.launch.clusters import ray as ray_kind
+from kerasdist.launch.plan import worker_recipe
 from kerasdist.training import rundir_lock
 
 RAY = {"strategy": {"kind": "multi_worker"}, "cluster": {"kind": "ray", "workers": 2}}
@@ -23,7 +24,7 @@ def test_ray_cluster_fields_and_defaults():
     placement = ray_kind.RayPlacement.of(recipe)
     assert (placement.workers, placement.cpus, placement.gpus, placement.address) == (2, 1.0, 0.5,
                                                                                      "auto")
-    data = ray_kind.worker_recipe(recipe)
+    data = worker_recipe(recipe)
     assert data["cluster"]["kind"] == "tf_config" and "address" not in data["cluster"]
     validate_recipe(data)  # what each worker validates again
 
@@ -180,7 +181,7 @@ def test_an_elastic_ray_recipe_needs_every_worker_count_to_divide_the_global_bat
     assert placement.num_workers == (2, 3) and placement.resize_check_s == 10
     assert ray_kind.RayPlacement.of(ray_recipe(64, workers=2)).num_workers == 2
     assert ray_kind.RayPlacement.of(ray_recipe(64, workers=2, min_workers=2)).num_workers == 2
-    data = ray_kind.worker_recipe(elastic)
+    data = worker_recipe(elastic)
     assert "min_workers" not in data["cluster"]
     validate_recipe(data)  # what each worker validates again (min_workers refused on tf_config)
     ray_kind.check_elastic(ray_recipe(64, workers=3))  # fixed: 3 replicas checked at start-up

@@ -9,7 +9,7 @@ import tensorflow as tf
 from kerasdist.config import validate_recipe
 from kerasdist.data import stream
 from kerasdist.data.inputs import build_streaming, resolve_shard_policy
-from kerasdist.data.sources import write_tfrecord
+from kerasdist.data.readers import write_tfrecord
 from kerasdist.data.sources.memory import memory_units
 from kerasdist.errors import RecipeError
 
@@ -111,13 +111,13 @@ def test_shard_policy_auto_and_errors(tmp_path):
 def test_a_sliced_tfrecord_split_streams_pieces_of_files_and_resumes(tmp_path, monkeypatch):
     """``train[2:10]+test[:25%]`` of the default layout: the records of the slice, never the
     split read into memory; sharded by piece of file and resumed exactly."""
-    import kerasdist.data.sources as sources
+    from kerasdist.data.sources import tfrecord
 
     images = np.zeros((4, 2, 2), np.uint8)
     for part in range(3):  # train: labels 0..11 in 3 files of 4; test: labels 100..103
         write_tfrecord(images, np.arange(4) + 4 * part, tmp_path / f"train-{part}.tfrecord")
     write_tfrecord(images, np.arange(4) + 100, tmp_path / "test-0.tfrecord")
-    monkeypatch.setattr(sources, "load_tfrecord_split", lambda *a: pytest.fail("read whole"))
+    monkeypatch.setattr(tfrecord, "load_tfrecord_split", lambda *a: pytest.fail("read whole"))
     recipe = validate_recipe({"data": {"batch_size": 2,
                                        "source": {"kind": "tfrecord", "path": str(tmp_path)},
                                        "train_split": "train[2:10]+test[:25%]",

@@ -1,44 +1,14 @@
 """Registry of the source kinds (``data.source``), one module per kind behind one protocol
-(:class:`kerasdist.data.sources.base.SourceKind`), as :mod:`kerasdist.strategies` does for
-strategies.
-
-Built-in kinds are registered by module path and imported on first use (listing or validating
-never imports a kind, nor TensorFlow). Each kind's fields and traits (streams or not, path may be
-a pattern, shard units) are declared on its config class in
-:mod:`kerasdist.config.source_configs`, which validation reads. The consumers (launch, training,
-the evaluator, the bench) call the entry points of :mod:`kerasdist.data.inputs`, never a kind
-directly, and compare no ``data.source`` string.
-
-Adding a source: one config class in :mod:`kerasdist.config.source_configs`, one module here with
-one :class:`~kerasdist.data.sources.base.SourceKind` subclass, one line in ``_BUILTIN`` below
-(docs/own-model-and-data.md, "Adding a source"). ``get(kind)`` gives a kind's object; an unknown
-kind is a ``DataError`` listing the ``available()`` ones.
-
-The readers of the in-memory formats are re-exported here under their former names
-(:mod:`kerasdist.data.readers`).
+(:class:`kerasdist.data.sources.base.SourceKind`), built-in kinds imported on first use (listing
+or validating imports no kind, nor TensorFlow). Each kind's fields and traits are on its config
+class (:mod:`kerasdist.config.source_configs`); consumers call :mod:`kerasdist.data.inputs`, never
+a kind. Adding a source: docs/architecture.md, "Adding a data source kind". ``get(kind)`` gives a
+kind's object; an unknown kind is a ``DataError`` listing the ``available()`` ones.
 """
 
 from __future__ import annotations
 
 from kerasdist._registry import LazyRegistry
-from kerasdist.data.readers import (  # noqa: F401 - the former names of kerasdist.data.sources
-    LINEAR_B,
-    LINEAR_W,
-    MNIST_IDX_FILES,
-    as_labels,
-    embedded_dir,
-    load_idx_split,
-    load_npz_split,
-    load_tfrecord_split,
-    parse_square_image,
-    parse_tfrecords,
-    read_idx,
-    sample_tfrecord_split,
-    synthetic_clicks,
-    synthetic_linear,
-    tfrecord_files,
-    write_tfrecord,
-)
 from kerasdist.errors import DataError
 
 _BUILTIN: dict[str, str] = {

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kerasdist import _log
+from kerasdist._signals import startup
+from kerasdist._timeline import mark
 from kerasdist.errors import ClusterError
 
 if TYPE_CHECKING:
@@ -48,6 +51,30 @@ class ClusterKind:
         """
         raise ClusterError(f"cluster.kind '{recipe.cluster.kind}' takes no task role from the "
                            "environment. Received: no TF_CONFIG given")
+
+    def enter(self, recipe: Recipe, *, overwrite: bool, isolated: bool = False) -> Recipe:
+        """The checks made once per run, where it enters (the command that starts the tasks, or
+        the chief task): ``output.run_dir``'s path, one probe of the tracking store
+        (:func:`kerasdist.tracking.check`; ``isolated``: the tasks run in a private network
+        namespace), a warning when the run directory holds a complete run (``overwrite``: none).
+        Reads only. Returns ``recipe``, without ``output.tracking`` when its store cannot be used
+        and is not required.
+
+        Raises:
+            RunDirError, RecipeError: bad input (exit code 2).
+        """
+        from kerasdist import tracking
+        from kerasdist.training.rundir import RunDir
+
+        mark("entry checks")
+        run_dir = RunDir.of(recipe)
+        with startup("checking the run directory and the tracking server"):  # no TensorFlow yet
+            run_dir.check_path()
+            recipe = tracking.check(recipe, isolated=isolated)
+        complete = run_dir.complete_notice(recipe, overwrite=overwrite)
+        if complete:  # one line: a re-run of a finished run trains nothing
+            _log.get_logger("training").warning(complete)
+        return recipe
 
     def run(self, recipe: Recipe, *, overwrite: bool, verbose, callbacks, echo: bool,
             tf_config: TFConfig | None) -> RunResult | None:

@@ -1,9 +1,10 @@
 """``cluster.kind: local``: kerasdist starts the cluster's tasks on this machine; the one door to
 isolation, forking and the supervisor.
 
-The command (or library call) is the launcher: :func:`kerasdist.launch.run.preflight`, then
-whether the cluster runs in a private network namespace (:mod:`kerasdist.launch.isolation`), the
-tracking store, the run directory's lock, and the cluster: in a namespace child (forked where
+The command (or library call) is the launcher: whether the cluster runs in a private network
+namespace (:mod:`kerasdist.launch.isolation`), the run's entry checks (run directory, tracking
+store: its tasks do not repeat them), :func:`kerasdist.launch.run.preflight`, the run
+directory's lock, and the cluster: in a namespace child (forked where
 :mod:`kerasdist.launch.forking` applies) or here when exposed, run by the one supervisor
 (:mod:`kerasdist.launch.supervisor`) as peers (:mod:`kerasdist.launch.peers`) or as ps + worker
 servers with the coordinator in the launcher (:mod:`kerasdist.launch.coordinator`).
@@ -15,7 +16,6 @@ import contextlib
 from pathlib import Path
 
 from kerasdist import _log
-from kerasdist._signals import startup
 from kerasdist._timeline import mark
 from kerasdist.errors import ClusterError
 from kerasdist.launch import isolation
@@ -52,11 +52,10 @@ class LocalKind(ClusterKind):
         from kerasdist.launch.run import preflight, send_callbacks_by_path
 
         recipe, callbacks = send_callbacks_by_path(recipe, callbacks)
+        isolated = self.isolate(recipe, callbacks)  # refuses before anything is written
+        recipe = self.enter(recipe, overwrite=overwrite, isolated=isolated)  # its tasks: not again
         run_dir = preflight(recipe, overwrite=overwrite)
         mark("preflight")
-        isolated = self.isolate(recipe, callbacks)  # refuses before anything is written
-        with startup("checking the tracking server"):
-            recipe = tracking.check(recipe, isolated=isolated)  # untracked when allowed and unreachable
         with contextlib.ExitStack() as held:  # the run dir's lock, for the whole local run
             run_dir.claim(held, recipe, overwrite=overwrite,
                           checkpoint_schema=registry.for_recipe(recipe).traits.checkpoint_schema)
@@ -136,14 +135,10 @@ class LocalKind(ClusterKind):
     def _run_child(recipe, *, overwrite: bool, verbose, isolate: bool) -> RunResult:
         """Run the cluster in a child process (:func:`kerasdist.launch.isolation.run_isolated`).
 
-        A parameter-server coordinator (not elastic) that fails with a lost peer -- a transient
-        TensorFlow RPC error, a crash of the coordinator process itself -- is started again,
-        whole (servers and coordinator, in a fresh process), resuming from the last checkpoint,
-        while ``cluster.max_restarts`` lasts: the child's own supervisor restarts lost workers,
-        but TF's ``ClusterCoordinator`` cannot be rebuilt inside a process whose remote calls
-        failed. Each such restart spends one of ``cluster.max_restarts``; the child gets the
-        restarts left. A multi-worker child restarts its tasks itself (its supervisor), so it is
-        run once here.
+        A parameter-server child (not elastic) that fails with a lost peer is started again,
+        whole, from the last checkpoint while ``cluster.max_restarts`` lasts (TF's
+        ``ClusterCoordinator`` cannot be rebuilt in a process whose remote calls failed); each
+        restart spends one, the child gets the rest. A multi-worker child restarts its own tasks.
         """
         from kerasdist.errors import RETRYABLE, classify
         from kerasdist.launch.coordinator import elastic

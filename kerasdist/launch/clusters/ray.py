@@ -281,17 +281,6 @@ def _own_error(err: BaseException) -> KerasdistError | None:
     return None
 
 
-def worker_recipe(recipe: Recipe) -> dict:
-    """The recipe each Ray worker runs: this one as a ``tf_config`` task (its role comes from the
-    TF_CONFIG Ray writes)."""
-    from kerasdist.config.cluster_configs import as_kind
-
-    data = recipe.model_dump(mode="json")
-    data["cluster"] = as_kind(recipe.cluster, "tf_config",
-                              threads_per_task=recipe.intra_op_threads()).model_dump(mode="json")
-    return data
-
-
 def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
     """Run ``recipe`` (strategy ``multi_worker``) on Ray; called under the run directory's lock
     (whose token the workers receive), after the launcher's preflight.
@@ -306,6 +295,7 @@ def train_on_ray(recipe: Recipe, *, overwrite: bool, verbose) -> RunResult:
         ClusterError: Ray missing or unreachable, or the workers do not fit (exit 2).
         KerasdistError: a worker's own error (same class); TaskFailedError: workers lost.
     """
+    from kerasdist.launch.plan import worker_recipe
     from kerasdist.launch.ray_worker import recipe_loop
     from kerasdist.training import RunResult, rundir, rundir_lock
 

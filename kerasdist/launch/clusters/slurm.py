@@ -1,56 +1,16 @@
 """``cluster.kind: slurm``: every task of one Slurm job step (``srun``) is a kerasdist task, its
 role read from Slurm; a parameter-server job ends when its chief ends; a preempted job is
-requeued.
+requeued (docs/slurm.md: the job script, roles, the job's end, preemption and requeue).
 
-**Roles**, via TensorFlow's ``SlurmClusterResolver``. Run one kerasdist task per Slurm task, e.g.
-two nodes with one worker each::
-
-    srun --nodes=2 --ntasks-per-node=1 kerasdist fit recipe.yaml --set cluster.kind=slurm
-
-Each task reads ``SLURM_PROCID`` (its rank), ``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST`` and
-``SLURM_STEP_TASKS_PER_NODE``; TF's resolver expands the node list, gives the tasks on a node
-consecutive ports from ``cluster.port_base`` and assigns ranks to jobs in sorted job-name order
-(``chief`` < ``ps`` < ``worker``). kerasdist turns the result into a validated
-:class:`~kerasdist.cluster.spec.TFConfig`, so Slurm runs go through exactly the same code as
-``TF_CONFIG`` runs (:class:`SlurmKind` is a :class:`~.tf_config.ScheduledKind`). Source:
-https://www.tensorflow.org/api_docs/python/tf/distribute/cluster_resolver/SlurmClusterResolver
-
-GPUs: kerasdist passes ``auto_set_gpu=False`` (it never writes ``CUDA_VISIBLE_DEVICES`` into its own
-environment); ask Slurm to bind GPUs per task instead (``srun --gpus-per-task=1``).
-
-**The job's end.** Slurm runs every task of a job step until it exits: a step of ``srun`` with a
-chief, ps and worker tasks would stay ``RUNNING`` while the ps and worker servers serve, long
-after the chief (the coordinator) has finished. So under ``cluster.kind: slurm``:
-
-* a **ps or worker** task serves (:func:`serve_until_chief_ends`) and watches the chief's gRPC port
-  (:func:`kerasdist.cluster.probe.probe`, every :data:`PERIOD_S` seconds). It exits **0** when the
-  chief releases it (:data:`RELEASE_SIGNAL`, see below) and **1** (naming ``chief:0``) when the
-  chief's port stops answering, after having answered, for :data:`GONE_AFTER_S` seconds without a
-  release (the chief failed or was killed), or never answers within ``startup_timeout_s``
-  seconds. SIGTERM (Slurm's ``scancel``, a requeue, the time limit) does not end it while the
-  chief runs: the chief may be saving a checkpoint whose variables live on the ps; once the chief
-  is gone the server exits 143 (terminated: the job is being cancelled or requeued, not a
-  failure of its own; Slurm's ``KillWait``, 30 s by default, bounds it otherwise).
-* the **chief**, after a successful run, releases the servers (:func:`release_servers`): it
-  sends :data:`RELEASE_SIGNAL` to every task of its job step (``scancel --signal=USR2
-  JOB.STEP``, ignoring it itself), then waits up to :data:`RELEASE_WAIT_S` seconds for their
-  ports to close before it exits 0. After a failure it releases nothing: the servers see its
-  port close and exit 1, and the step fails.
-
-**Preemption and requeue.** Slurm sends ``--signal=<SIG>@N`` (``cluster.preemption_signal``,
-default USR1) N seconds before the time limit, and SIGTERM when it preempts or requeues a job.
-Either stops training at one agreed step with a checkpoint (exit 130). Then task 0 (the chief)
-asks Slurm to requeue the job (:func:`after_preemption`: ``scontrol requeue $SLURM_JOB_ID``) when
-the job allows it (``sbatch --requeue``), ``SLURM_RESTART_COUNT`` is below
-``cluster.max_restarts`` and neither Slurm's own requeue nor a cancel is ending the job (one line
-says which: :func:`requeue_decision`); the other tasks wait up to :data:`REQUEUE_WAIT_S` seconds for the
-requeue to end them (so that their own exit cannot end the step before task 0 has asked). The
-requeued job runs the same command and resumes at the checkpoint's exact step. ps and worker
-servers ignore the signal (the chief needs them to save).
-
-All tasks must run in one ``srun`` step (``kerasdist export slurm`` writes one); the exported
-script also passes ``--kill-on-bad-exit=1``, so a chief that fails before training (bad input,
-exit 2) ends the step at once.
+* **Roles**: TensorFlow's ``SlurmClusterResolver`` (``auto_set_gpu=False``) read into a validated
+  :class:`~kerasdist.cluster.spec.TFConfig`, so a Slurm task runs the ``TF_CONFIG`` code
+  (:class:`SlurmKind` is a :class:`~.tf_config.ScheduledKind`).
+* **The job's end**: a ps or worker task serves until the chief releases it
+  (:func:`serve_until_chief_ends`, :data:`RELEASE_SIGNAL`) or its port stops answering; the
+  chief releases the servers after a successful run (:func:`release_servers`).
+* **Preemption and requeue**: the preemption signal or SIGTERM stops training at one agreed step
+  with a checkpoint; task 0 then asks Slurm to requeue the job within ``cluster.max_restarts``
+  (:func:`after_preemption`, :func:`requeue_decision`).
 """
 
 from __future__ import annotations
@@ -173,12 +133,8 @@ def log_start(tf_config, max_restarts: int) -> None:
     """Log this task's Slurm job, step and restart count (a requeued job's tasks say so), and
     refuse a run past the requeue cap.
 
-    ``SLURM_RESTART_COUNT`` counts the job's requeues so far. Task 0 asks for a requeue only
-    while it is below ``cluster.max_restarts`` (:func:`after_preemption`), so a run with a count
-    *equal* to the cap is the last one allowed (it trains; a further preemption stops with a
-    checkpoint and is not requeued). A count *above* the cap means someone else requeued the job
-    (``scontrol requeue``, Slurm's own preemption or node-failure requeue) more often than the
-    recipe allows: refused before anything trains.
+    A count *equal* to the cap is the last run allowed; one *above* it (someone else requeued
+    the job) is refused before anything trains (docs/slurm.md, "The requeue cap").
 
     Raises:
         ClusterError: (exit 2) ``SLURM_RESTART_COUNT`` above ``max_restarts`` (both named), or
@@ -210,11 +166,9 @@ def _job_fields(job: str) -> dict[str, str]:
 
 def requeue_decision(fields: dict[str, str], *, count: int, max_restarts: int) -> tuple[bool, str]:
     """Whether task 0 asks Slurm to requeue its job after a preemption stop, and the line saying
-    what happens to the job. Slurm's own requeue (``scontrol requeue``, ``PreemptMode=REQUEUE``)
-    and a cancel both end the job (``JobState`` not ``RUNNING``); the requeue has counted the
-    restart already (``Restarts`` > ``SLURM_RESTART_COUNT``). A signal that leaves the job
-    running (``--signal=<SIG>@N``, ``scancel --signal``) or the time limit (``Reason=TimeLimit``)
-    leaves the requeue to kerasdist: within ``cluster.max_restarts``, for a ``--requeue`` job.
+    what happens to the job (the cases: docs/slurm.md, "Preemption, requeue and the exact
+    step"): Slurm's own requeue and a cancel end the job; a preemption signal or the time limit
+    leave the requeue to kerasdist, within ``cluster.max_restarts``, for a ``--requeue`` job.
 
     Args:
         fields: the job's ``scontrol show job -o`` fields (empty: unknown, taken as running).
@@ -352,9 +306,12 @@ def release_servers(tf_config, *, wait_s: float = RELEASE_WAIT_S) -> list[str]:
 def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
                            start_timeout_s: float = START_TIMEOUT_S,
                            preemption_signal: str = "USR1") -> None:
-    """Serve this ps or worker task until the chief releases it (exit 0) or is gone (exit 1):
-    see the module docs. In a process kerasdist owns (the CLI) the process ends here with that
-    code; in a library call the release returns and a gone chief raises.
+    """Serve this ps or worker task until the chief releases it (:data:`RELEASE_SIGNAL`, exit 0)
+    or is gone (exit 1): its port closed for :data:`GONE_AFTER_S` after it answered, or never
+    answered within ``start_timeout_s``. SIGTERM does not end the task while the chief runs (it
+    may be saving through this task); once the chief is gone the task exits 143. In a process
+    kerasdist owns (the CLI) the process ends here with that code; in a library call the release
+    returns and a gone chief raises.
 
     Args:
         tf_config: this task's role (a ``ps`` or ``worker`` of a cluster with a chief).

@@ -1,7 +1,9 @@
 """``cluster.kind: tf_config``, and the base of the kinds whose tasks someone else starts (a
 scheduler, an operator, Kubernetes): this process is one task of the cluster.
 
-:meth:`ScheduledKind.run`: the task takes its role, then an ``evaluator`` follows the chief's run
+:meth:`ScheduledKind.run`: the task takes its role; the chief makes the run's entry checks
+(:meth:`~kerasdist.launch.clusters.base.ClusterKind.enter`) unless a local launcher made them
+(:data:`~kerasdist.launch.plan.RECIPE_CHECKED_ENV`); an ``evaluator`` follows the chief's run
 directory; under ``parameter_server`` a ps or worker serves and the chief runs the lifecycle, each
 watching the tasks it waits on; under ``multi_worker`` every worker runs it. A subclass adds its
 scheduler's hooks (:mod:`.slurm`).
@@ -13,10 +15,11 @@ import contextlib
 import os
 from pathlib import Path
 
-from kerasdist import _log
+from kerasdist import _log, tracking
 from kerasdist.cluster.spec import TFConfig, parse_tf_config
 from kerasdist.errors import ClusterError, Preempted
 from kerasdist.launch.clusters.base import ClusterKind
+from kerasdist.launch.plan import RECIPE_CHECKED_ENV
 from kerasdist.strategies import registry
 from kerasdist.training import RunResult, run_session
 
@@ -59,13 +62,16 @@ class ScheduledKind(ClusterKind):
             raise ClusterError(f"strategy '{recipe.strategy.kind}': task type "
                                f"'{tf_config.task_type}' has no role here (expected chief, worker "
                                "or ps)")
+        if tf_config.is_chief and not os.environ.get(RECIPE_CHECKED_ENV):  # else: its launcher's
+            recipe = self.enter(recipe, overwrite=overwrite)
         with _task_watch(recipe, tf_config, topology):
             if topology == "coordinator" and tf_config.task_type in ("ps", "worker"):
-                self.serve(recipe, tf_config)
+                with tracking.watch_task(recipe, tf_config.task_name):
+                    self.serve(recipe, tf_config)
                 return None
             try:
                 result = run_session(recipe, tf_config=tf_config, overwrite=overwrite,
-                                     verbose=verbose, callbacks=callbacks)
+                                     verbose=verbose, callbacks=callbacks, entry_checked=True)
             except Preempted:
                 self.on_preempted(recipe)
                 raise

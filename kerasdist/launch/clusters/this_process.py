@@ -11,7 +11,9 @@ class ThisProcessKind(ClusterKind):
     """Runs the lifecycle in this process; no role, no task started."""
 
     def run(self, recipe, *, overwrite, verbose, callbacks, echo, tf_config):
-        return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks)
+        recipe = self.enter(recipe, overwrite=overwrite)
+        return run_session(recipe, overwrite=overwrite, verbose=verbose, callbacks=callbacks,
+                           entry_checked=True)
 
 
 __all__ = ["ThisProcessKind"]

@@ -2,23 +2,14 @@
 to first step). On by default where it applies; ``KERASDIST_FORK_TASKS=0`` turns it off.
 
 The package holds every fork of kerasdist: this module (whether the fork path applies, the recipe
-checked in a forked child, the first attempt's tasks forked), :mod:`.process` (a forked process
-made to stand where a started one would) and :mod:`.netns` (the isolated launcher forked into a
-fresh network namespace). Where it applies, the command:
-
-1. imports ``tensorflow`` and ``keras`` once and initializes no TensorFlow runtime (a
-   ``MultiWorkerMirroredStrategy`` must be the first TF runtime op of its process, and TF's
-   runtime threads would not survive a fork);
-2. runs the checks (:func:`kerasdist.training.checks.check_recipe_here`) in a forked child that
-   reports its verdict on a pipe: bad input still exits 2 and starts nothing;
-3. runs the launcher: forked into a fresh network namespace (:mod:`.netns`), or in the command
-   when the run is exposed;
-4. the launcher forks the first attempt's tasks (:func:`start`), each standing where a started
-   task would and running ``python -m kerasdist <args>``'s entry point, ending with ``os._exit``.
-
-It applies only to a local ``fit`` from kerasdist's own command (not a library call), without
-tracking, ``multi_worker`` or ``parameter_server``; only the first attempt's tasks are forked.
-Once the launcher may have started TensorFlow's runtime, nothing more is forked (:func:`spend`).
+checked in a forked child that reports its verdict on a pipe, the first attempt's tasks forked),
+:mod:`.process` (a forked process made to stand where a started one would) and :mod:`.netns` (the
+isolated launcher forked into a fresh network namespace). The command imports ``tensorflow`` and
+``keras`` but starts no TensorFlow runtime (``MultiWorkerMirroredStrategy`` must be the first
+runtime op of its process, and the runtime's threads would not survive a fork). It applies only
+to a local ``fit`` from kerasdist's own command, without tracking, ``multi_worker`` or
+``parameter_server``; once the launcher may have started TensorFlow's runtime, nothing more is
+forked (:func:`spend`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The recipe reference of ``docs/recipes.md``, rendered from the recipe's JSON Schema: after changing
-a recipe model, ``python -m kerasdist.config.reference docs/recipes.md`` rewrites the block between
+a recipe model, ``python tools/recipe_reference.py docs/recipes.md`` rewrites the block between
 :data:`BEGIN` and :data:`END` (``tests/unit/test_docs_reference.py`` fails while they disagree).
 ``strategy`` and ``cluster`` get one table per built-in kind, from each kind's config class.
 """
@@ -16,7 +16,7 @@ from kerasdist.config.loader import json_schema
 from kerasdist.config.source_configs import source_config_classes
 from kerasdist.config.strategy_configs import strategy_config_classes
 
-BEGIN = "<!-- BEGIN GENERATED: recipe reference; python -m kerasdist.config.reference docs/recipes.md -->"
+BEGIN = "<!-- BEGIN GENERATED: recipe reference; python tools/recipe_reference.py docs/recipes.md -->"
 """The line that opens the generated block."""
 END = "<!-- END GENERATED: recipe reference -->"
 """The line that closes the generated block."""
