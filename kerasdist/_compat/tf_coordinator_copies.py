@@ -17,8 +17,9 @@ closure threads instantiate and run there concurrently, beside the main thread's
 
 Mend: ``_copy_to_local`` copies each eager tensor result to the coordinator's CPU with
 ``EagerTensor._copy_nograd`` (the device-to-device copy ``.numpy()`` uses: a send/receive pair, no
-function); other values take TF's own code. The closure threads then never touch the cluster
-function runtime, whose only user left is the main thread.
+function; a failed copy raises ``UnavailableError``, as TF's own copy does); other values take
+TF's own code. The closure threads then never touch the cluster function runtime, whose only user
+left is the main thread.
 
 Probe: :func:`bug_present` reads TF's header (``function_data_`` still a
 ``std::vector<FunctionData>``; without headers, the source alone) and ``_copy_to_local``'s source.
@@ -82,9 +83,17 @@ def _mended(original):
         flat = tf.nest.flatten(self._values)
         if not all(callable(getattr(v, "_copy_nograd", None)) for v in flat):
             return original(self)  # an iterator, a composite tensor: TF's own copy
-        device = _coordinator_cpu()  # errors come as TF's own (UnavailableError: a lost worker)
-        return tf.nest.pack_sequence_as(
-            self._values, [v._copy_nograd(device_name=device) for v in flat])
+        device = _coordinator_cpu()
+        try:
+            copies = [v._copy_nograd(device_name=device) for v in flat]
+        except RuntimeError as err:
+            # EagerTensor._copy_to_device raises every failed status as a RuntimeError (a worker
+            # lost after its call completed: "recvmsg:Connection reset by peer"), which the
+            # coordinator would take for the call's own error and end the run with; TF's own copy
+            # (an op) raises UnavailableError, the lost worker it recovers from
+            raise tf.errors.UnavailableError(None, None, f"copying a result to the coordinator "
+                                             f"failed: {err}") from None
+        return tf.nest.pack_sequence_as(self._values, copies)
 
     return _copy_to_local
 

@@ -16,6 +16,12 @@ and keys, only the shard writes' parallelism lost. :func:`keep_functions` /
 :func:`release_functions`: meanwhile ``Context.remove_function`` does nothing (memory only); used
 from a stop request on, released after it unless calls were left on a task that does not answer.
 
+:func:`leave_lost_workers`: a worker lost for good (a synchronous run's backup worker) never
+answers the coordinator's recovery thread, which holds the cluster-update lock in a blocking
+``GetStatus`` RPC to it for ever, and ``ClusterCoordinator.__del__``
+(``WorkerPreemptionHandler.stop``) waits for that lock; from the call on, ``stop`` waits at most
+:data:`STOP_LOCK_S` for it (the recovery thread is a daemon: it ends with the process).
+
 Probe: :func:`bug_present` reads ``MultiDeviceSaver.save`` and ``parameter_server_strategy_v2``.
 """
 
@@ -100,6 +106,25 @@ def release_functions() -> None:
     from tensorflow.python.eager import context
 
     context.Context.remove_function = _KEPT.pop("remove_function")
+
+
+STOP_LOCK_S = 2.0
+
+
+def leave_lost_workers() -> None:
+    """From now on, stopping a ``ClusterCoordinator`` does not wait for the recovery of a worker
+    that will not come back (see the module docs). Idempotent."""
+    from tensorflow.python.distribute.coordinator import cluster_coordinator as cc
+
+    def stop(self):
+        self._should_preemption_thread_run = False
+        if self._cluster_update_lock.acquire(timeout=STOP_LOCK_S):
+            try:
+                self._cluster_due_for_update_or_finish.set()
+            finally:
+                self._cluster_update_lock.release()
+
+    cc.WorkerPreemptionHandler.stop = stop
 
 
 def keeping_functions() -> bool:

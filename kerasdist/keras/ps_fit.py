@@ -169,8 +169,12 @@ def _eval_input(run, data, *, steps, batch_size, argument: str, steps_argument: 
         ps_input = ps_data.probe_infinite(ps_input, num_workers=run.num_workers,
                                           replicas=run.strategy.num_replicas_in_sync)
     steps = ps_data.resolve_steps(steps, ps_input, argument=steps_argument, training=False)
-    dataset = ps_data.make_per_worker_dataset(run.coordinator, ps_input,
-                                              num_workers=run.num_workers, repeat=False)
+    if ps_sync.replicas_to_aggregate(run.model) is not None:
+        dataset = ps_data.SentBatches(ps_input, num_workers=run.num_workers,
+                                      replicas=run.strategy.num_replicas_in_sync)
+    else:
+        dataset = ps_data.make_per_worker_dataset(run.coordinator, ps_input,
+                                                  num_workers=run.num_workers, repeat=False)
     return _Eval(dataset, steps, ps_input.batches)
 
 
@@ -303,7 +307,8 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
                 steps_per_execution=int(model.steps_per_execution or 1))
         else:
             run.sync = ps_sync.start(run, ps_loop.global_step(model))
-        run.test_function = ps_steps.make_test_function(model, run.strategy)
+        run.test_function = ps_steps.make_test_function(model, run.strategy,
+                                                        sent=run.sync is not None)
         if not isinstance(callbacks, keras.callbacks.CallbackList):
             callbacks = list(callbacks or [])
             if verbose != 0 and not any(isinstance(c, keras.callbacks.ProgbarLogger)
@@ -348,7 +353,8 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
                              batch_size=batch_size, argument="x", steps_argument="steps")
     _build(run, evaluation.dataset)
     with _atomic_updates(run):
-        run.test_function = ps_steps.make_test_function(model, run.strategy)
+        run.test_function = ps_steps.make_test_function(
+            model, run.strategy, sent=ps_sync.replicas_to_aggregate(model) is not None)
         callbacks = ps_loop.callback_list(model, callbacks, verbose=verbose,
                                           steps=evaluation.steps, batches=evaluation.batches)
         logs = ps_loop.evaluate_loop(run, iter(evaluation.dataset), steps=evaluation.steps,

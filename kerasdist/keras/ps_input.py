@@ -274,6 +274,41 @@ def worker_dataset(ps_input: PSInput, context, *, repeat: bool):
     return ds.repeat() if repeat else ds
 
 
+class SentBatches:
+    """Evaluation batches the coordinator reads and sends with each call (the synchronous mode:
+    no per-worker dataset, so a worker lost for good holds none of them). Every batch once:
+    the shards of the N input pipelines, taken in turn.
+
+    Attributes:
+        element_spec: the batches' ``tf.TypeSpec`` structure.
+    """
+
+    def __init__(self, ps_input: PSInput, *, num_workers: int, replicas: int):
+        import tensorflow as tf
+
+        shards = [ps_input.dataset_fn(tf.distribute.InputContext(num_workers, i, replicas))
+                  for i in range(num_workers)]
+        self._dataset = tf.data.Dataset.choose_from_datasets(
+            shards, tf.data.Dataset.range(num_workers).repeat(), stop_on_empty_dataset=False)
+        self.element_spec = self._dataset.element_spec
+
+    def __iter__(self):
+        return SentIterator(iter(self._dataset))
+
+
+@dataclass
+class SentIterator:
+    """An iterator over :class:`SentBatches`."""
+
+    iterator: Any
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.iterator)
+
+
 def make_per_worker_dataset(coordinator, ps_input: PSInput, *, num_workers: int, repeat: bool):
     """The ``PerWorkerDataset`` of ``ps_input`` (``coordinator.create_per_worker_dataset``), each
     worker's pipeline repeated forever with ``repeat`` (training); ``iter()`` of it gives the

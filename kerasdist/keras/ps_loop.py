@@ -25,6 +25,7 @@ import numpy as np
 
 from kerasdist._log import get_logger
 from kerasdist.keras import ps_stop
+from kerasdist.keras.ps_input import SentIterator
 
 log = get_logger("training")
 
@@ -258,7 +259,13 @@ def _step_saver(callbacks):
 
 
 def _evaluation_call(run: PSRun, iterator, done: int, callbacks, exhausted: set, last: list):
-    stats, logs = run.coordinator.schedule(run.test_function, args=(iterator,)).fetch()
+    arg = iterator
+    if isinstance(iterator, SentIterator):
+        arg = next(iterator, None)
+        if arg is None:
+            exhausted.update(range(run.num_workers))
+            return done
+    stats, logs = run.coordinator.schedule(run.test_function, args=(arg,)).fetch()
     worker, ran, _ = (int(v) for v in stats)
     if not ran:
         exhausted.add(worker)

@@ -150,8 +150,10 @@ def run_if_present(optional, step):
     return tf.cast(optional.has_value(), tf.int64), outputs
 
 
-def make_test_function(model, strategy):
-    """A ``tf.function(iterator) -> (stats, logs)`` running ``test_step`` on the next batch.
+def make_test_function(model, strategy, *, sent: bool = False):
+    """A ``tf.function(iterator) -> (stats, logs)`` running ``test_step`` on the next batch
+    (with ``sent``: ``tf.function(batch)``, the batch sent with the call:
+    :class:`kerasdist.keras.ps_input.SentBatches`).
 
     The per-worker evaluation iterators are finite: a call on a worker whose shard is exhausted
     runs nothing. ``stats`` is int64 ``[worker_index, batches_run (0 or 1), examples]``;
@@ -163,18 +165,20 @@ def make_test_function(model, strategy):
     import tensorflow as tf
 
     def test_function(iterator):
-        optional = iterator.get_next_as_optional()
+        optional = None if sent else iterator.get_next_as_optional()
 
         def replica_step(batch):
             return model.test_step(batch), _batch_examples(batch)
 
         def step():
-            logs, examples = strategy.run(replica_step, args=(optional.get_value(),))
+            batch = iterator if sent else optional.get_value()
+            logs, examples = strategy.run(replica_step, args=(batch,))
             local = strategy.experimental_local_results
             logs = tf.nest.map_structure(lambda v: local(v)[0], logs)
             return logs, tf.add_n(list(local(examples)))
 
-        ran, (logs, examples) = run_if_present(optional, step)
+        ran, (logs, examples) = (tf.constant(1, tf.int64), step()) if sent else \
+            run_if_present(optional, step)
         worker = tf.cast(tf.distribute.coordinator.experimental_get_current_worker_index(),
                          tf.int64)
         return tf.stack([worker, ran, examples]), logs

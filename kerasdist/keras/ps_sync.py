@@ -324,8 +324,11 @@ def _apply_function(model, strategy, state):
 
 def _completed(values, k: int, asked):
     """The logs of the first completed of ``values`` once ``k`` have completed (a failed call's
-    error raised), or None when a stop was asked (``asked()``) and they did not complete within
-    :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` seconds."""
+    error raised; ``{}`` when every completed call's worker was lost before its logs were copied:
+    TF runs those calls again), or None when a stop was asked (``asked()``) and they did not
+    complete within :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` seconds."""
+    import tensorflow as tf
+
     from kerasdist._compat import internals
     from kerasdist.keras.ps_stop import STOP_JOIN_S
 
@@ -338,7 +341,12 @@ def _completed(values, k: int, asked):
             return None
         next(e for i, e in enumerate(events) if i not in order).wait(POLL_S)
         order += [i for i, e in enumerate(events) if i not in order and e.is_set()]
-    return [values[i].fetch() for i in order][0]  # fetch raises a failed call's error
+    for i in order:
+        try:
+            return values[i].fetch()  # raises a failed call's error
+        except tf.errors.UnavailableError:
+            continue  # its worker was lost after the call completed
+    return {}
 
 
 def train_epoch(run, iterator, *, steps: int, callbacks):

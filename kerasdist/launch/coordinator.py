@@ -58,11 +58,22 @@ def launch_spec(recipe: Recipe, *, overwrite: bool = False) -> LaunchSpec:
 
     return LaunchSpec(plan=plan, workers=cluster.workers, min_workers=cluster.min_workers,
                       max_restarts=cluster.max_restarts, log_dir=RunDir.of(recipe).logs,
+                      spare_workers=_backup_workers(recipe),
                       threads_per_task=recipe.intra_op_threads(),
                       start_timeout_s=cluster.start_timeout_s, what="parameter-server training",
                       hang_timeout_s=recipe.strategy.task_timeout_s,
                       task_env={RECIPE_CHECKED_ENV: "1"},
                       abandon=lambda err: _exit.abandon(_resumable(err, recipe)))
+
+
+def _backup_workers(recipe: Recipe) -> int:
+    """``N - K`` of a synchronous run (``strategy.sync``), whose steps need only K workers; 0
+    otherwise (and when elastic: there a lost worker makes the next attempt smaller)."""
+    sync = getattr(recipe.strategy, "sync", None)
+    if sync is None or elastic(recipe):
+        return 0
+    k = sync.replicas_to_aggregate
+    return 0 if k is None else recipe.cluster.workers - k
 
 
 def _resumable(err: BaseException, recipe: Recipe) -> TaskFailedError:
@@ -108,10 +119,11 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
         result = supervisor.run(session)
     except TaskFailedError as err:
         raise _resumable(err, recipe) from None
-    if supervisor.restarted:
+    if supervisor.restarted or supervisor.left:
         from kerasdist.training.result import write_metrics
 
-        result.extra.setdefault("parameter_server", {})["restarted_tasks"] = supervisor.restarted
+        tasks = result.extra.setdefault("parameter_server", {})
+        tasks.update(restarted_tasks=supervisor.restarted, left_tasks=supervisor.left)
         write_metrics(result, recipe)
     return result
 

@@ -58,7 +58,8 @@ class Supervisor:
     """Run a :class:`LaunchSpec` to its end (see the module docs).
 
     Attributes (read after :meth:`run`): ``attempts`` (one :class:`AttemptRecord` each),
-    ``restarted`` (server workers restarted alone, by name), ``restarts_left``.
+    ``restarted`` (server workers restarted alone, by name), ``left`` (server workers the run
+    went on without: :attr:`LaunchSpec.spare_workers`), ``restarts_left``.
     """
 
     def __init__(self, spec: LaunchSpec):
@@ -67,6 +68,7 @@ class Supervisor:
         self.attempts: list[AttemptRecord] = []
         self.restarted: list[str] = []
         self.ended_run: str | None = None  # why the monitor ended the body's run
+        self.left: list[str] = []  # server workers the body went on without, by name
         self._states: dict[int, TaskState] = {}
         self._members: list[Task] = []
         self._servers: list[Task] = []
@@ -214,6 +216,17 @@ class Supervisor:
         self._start(self._plans[task.name])
         return True
 
+    def _spare_left(self, task: Task) -> bool:
+        """A lost server worker the body can go on without (:attr:`LaunchSpec.spare_workers`);
+        counted as lost for good when True."""
+        if task.tf_config.task_type != "worker" or len(self.left) >= self.spec.spare_workers:
+            return False
+        from kerasdist._compat import tf_frozen_task
+
+        tf_frozen_task.leave_lost_workers()
+        self.left.append(task.name)
+        return True
+
     def _run_body(self, body, cluster: TFConfig, record: AttemptRecord):
         """Run ``body`` here while a monitor thread restarts server workers; a dead ps task or a
         worker lost with no restart left ends the body's run (SIGINT to this thread, then its
@@ -269,6 +282,11 @@ class Supervisor:
                     continue
                 self._states[id(task)] = TaskState.FAILED
                 how = why(task, self._hang.hung)[len(f"task {task.name} "):]
+                if self._spare_left(task):
+                    log.warning(f"task {task.name} {how} and no restart is left; the run goes on "
+                                f"without it ({len(self.left)}/{self.spec.spare_workers} backup "
+                                "workers lost)")
+                    continue
                 if task.tf_config.task_type == "worker":
                     self.ended_run = (f"task {task.name} {how} and no "
                                       "restart is left; the coordinator cannot go on without one "

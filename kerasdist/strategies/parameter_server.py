@@ -17,7 +17,7 @@ from __future__ import annotations
 import weakref
 
 from kerasdist.config.schema import ParameterServerStrategyConfig
-from kerasdist.errors import ClusterError
+from kerasdist.errors import ClusterError, RecipeError
 from kerasdist.strategies.base import Strategy
 
 
@@ -110,7 +110,8 @@ class ParameterServerStrategy(Strategy):
 
     def preflight(self, recipe) -> None:
         """Also refuse ``trainer.gradient_accumulation_steps > 1``, and a
-        ``strategy.sync.replicas_to_aggregate`` above the workers of a local cluster.
+        ``strategy.sync.replicas_to_aggregate`` above the workers of a local cluster or above its
+        ``cluster.min_workers`` (an attempt on the fewest workers must still aggregate K).
 
         Raises:
             RecipeError: naming the field and the received value.
@@ -122,7 +123,13 @@ class ParameterServerStrategy(Strategy):
         refuse(recipe, self.kind)
         workers = self.replicas_before_start(recipe)
         if workers:
-            check_replicas(recipe.strategy.sync.replicas_to_aggregate, workers)
+            k = check_replicas(recipe.strategy.sync.replicas_to_aggregate, workers)
+            fewest = getattr(recipe.cluster, "min_workers", None)
+            if fewest is not None and recipe.strategy.sync.replicas_to_aggregate and k > fewest:
+                raise RecipeError("strategy.sync.replicas_to_aggregate must be <= "
+                                  f"cluster.min_workers ({fewest}): an attempt on the fewest "
+                                  "workers must still aggregate K gradients per step. "
+                                  f"Received: replicas_to_aggregate={k}")
 
     def num_input_pipelines(self, tf_strategy) -> int:
         """One input pipeline per worker task."""

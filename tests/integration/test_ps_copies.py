@@ -42,3 +42,19 @@ def test_mended_copies_equal_tensorflows_own(ps_strategy):
         assert our_meta == up_meta
         assert all(device.startswith("/job:chief/") for device, _ in our_meta), our_meta
         tf.nest.map_structure(np.testing.assert_array_equal, our_values, up_values)
+
+
+def test_a_copy_from_a_lost_worker_is_a_worker_failure_tensorflow_recovers_from(monkeypatch):
+    """``EagerTensor._copy_to_device`` raises a failed copy as a RuntimeError; the mended copy
+    raises what TF's own copy raises (``UnavailableError``), which the coordinator's failure
+    handling takes for a lost worker (the call runs again elsewhere) instead of ending the run."""
+    from types import SimpleNamespace
+
+    class _Lost:
+        def _copy_nograd(self, device_name):
+            raise RuntimeError("recvmsg:Connection reset by peer")
+
+    monkeypatch.setattr(mend, "_coordinator_cpu", lambda: "/job:chief/replica:0/task:0/device:CPU:0")
+    copy = mend._mended(lambda self: None)
+    with pytest.raises(tf.errors.UnavailableError, match="Connection reset by peer"):
+        copy(SimpleNamespace(_values=(_Lost(), _Lost())))

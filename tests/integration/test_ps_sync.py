@@ -123,10 +123,17 @@ def test_k_equals_n_gives_the_strategy_free_weights_of_the_seed_cnn(inprocess_ps
 
     x = RNG.random((48, 12, 12, 1)).astype(np.float32)
     y = RNG.integers(0, 10, 48).astype(np.int64)
-    problems, history, _ = _same_as_strategy_free(_strategy(inprocess_ps_cluster), build, x, y,
-                                                  batch=16, epochs=2)
+    problems, history, model = _same_as_strategy_free(_strategy(inprocess_ps_cluster), build, x,
+                                                      y, batch=16, epochs=2)
     assert problems == []
     assert history.ps_stats["global_step"] == 6
+    # evaluation sends each batch with its call (no per-worker shard): every batch once, 7 of 5
+    # examples and 2 of 1 over 2 workers included, the strategy-free loss
+    reference = build()
+    reference.set_weights(model.get_weights())
+    held_out = RNG.random((37, 12, 12, 1)).astype(np.float32), RNG.integers(0, 10, 37)
+    np.testing.assert_allclose(model.evaluate(*held_out, batch_size=5, verbose=0),
+                               reference.evaluate(*held_out, batch_size=5, verbose=0), rtol=1e-5)
     assert history.ps_stats["sync"] == {"replicas_to_aggregate": 2, "num_workers": 2,
                                         "gradients": 12, "aggregated": 12, "dropped": 0}
 

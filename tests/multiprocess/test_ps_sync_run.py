@@ -7,7 +7,9 @@ recipes/linear_ps_sync.yaml on a local cluster (1 ps, workers and the coordinato
   order);
 * with K < N and one worker killed mid-run, the run goes on (the worker is restarted and rejoins)
   and ends at exactly the requested step (only the coordinator applies updates: a call run again
-  cannot apply twice); metrics.json and the summary give K, N and the gradients dropped.
+  cannot apply twice); metrics.json and the summary give K, N and the gradients dropped;
+* with K < N and no restart left, a killed worker is a backup worker lost for good: the run goes
+  on with the other workers' calls and ends at exactly the requested step.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ REPO = Path(__file__).parents[2]
 STEPS = 64  # per epoch
 
 
-def _recipe(tmp_path: Path, name: str, *, workers: int = 2, k: int = 2, batch: int = 32) -> Path:
+def _recipe(tmp_path: Path, name: str, *, workers: int = 2, k: int = 2, batch: int = 32,
+            max_restarts: int = 1) -> Path:
     raw = yaml.safe_load((REPO / "recipes" / "linear_ps_sync.yaml").read_text())
     raw["data"]["source"]["num_examples"] = 8192
     raw["data"]["batch_size"] = batch
     raw["strategy"]["sync"]["replicas_to_aggregate"] = k
-    raw["cluster"].update(workers=workers)
+    raw["cluster"].update(workers=workers, max_restarts=max_restarts)
     raw["trainer"].update(epochs=2, steps_per_epoch=STEPS, checkpoint={"every_steps": 10})
     raw["output"] = {"run_dir": str(tmp_path / name), "tensorboard": False}
     path = tmp_path / f"{name}.yaml"
@@ -115,3 +118,26 @@ def test_k_below_n_goes_on_past_a_killed_worker_and_counts_what_it_dropped(tmp_p
     assert sync["dropped"] == sync["gradients"] - sync["aggregated"] > 0
     assert f"synchronous: 2 of 3 gradients per step, {sync['dropped']} dropped" in text
     assert metrics["evaluation"]["loss"] < 0.2, metrics["evaluation"]  # noise: 0.33^2 = 0.11
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_k_below_n_goes_on_without_a_worker_lost_for_good(tmp_path):
+    recipe = _recipe(tmp_path, "spare", workers=3, k=2, batch=48, max_restarts=0)
+    log = tmp_path / "spare.log"
+    proc = _start(recipe, log)
+    _wait_for(log, r"Epoch 1/2", proc)
+    time.sleep(2.0)
+    worker = mw.task_process(proc.pid, "worker:2")
+    assert worker is not None
+    worker.send_signal(signal.SIGKILL)
+    assert _finish(proc, log) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "task worker:2 was killed by SIGKILL and no restart is left; the run goes on without it" \
+        in text, text[-3000:]
+    metrics = _metrics(tmp_path / "spare")
+    ps = metrics["parameter_server"]
+    assert ps["global_step"] == metrics["global_steps"] == 2 * STEPS
+    assert ps["left_tasks"] == ["worker:2"] and ps["restarted_tasks"] == []
+    assert ps["sync"]["gradients"] == 3 * 2 * STEPS
+    assert metrics["evaluation"]["loss"] < 0.2, metrics["evaluation"]

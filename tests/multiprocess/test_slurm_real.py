@@ -45,9 +45,11 @@ def _export(recipe: Path, tmp_path: Path, *args: str) -> Path:
     return script
 
 
-def _ps_recipe(tmp_path: Path, **trainer) -> Path:
+def _ps_recipe(tmp_path: Path, strategy_sync: dict | None = None, **trainer) -> Path:
     raw = yaml.safe_load((REPO / "recipes" / "mnist_cnn_ps.yaml").read_text())
     raw["cluster"].update(threads_per_task=1, port_base=_port_base())
+    if strategy_sync:
+        raw["strategy"]["sync"] = strategy_sync
     raw["trainer"].update(trainer)
     raw["output"] = {"run_dir": str(tmp_path / "run"), "tensorboard": False}
     path = tmp_path / "mnist_cnn_ps.yaml"
@@ -267,11 +269,14 @@ def test_usr1_saves_requeues_and_resumes_a_multi_worker_job_at_the_exact_step(tm
 @pytest.mark.slow
 @pytest.mark.extended
 @pytest.mark.timeout(2400, method="signal")
+@pytest.mark.parametrize("sync", [None, {"replicas_to_aggregate": 1}], ids=["async", "sync"])
 def test_usr1_saves_requeues_and_resumes_a_parameter_server_job_at_the_exact_step(
-        tmp_path, slurm_cluster):
-    """The same for a parameter-server job: the chief saves at the step the ps hold, requeues;
-    ps and workers ignore SIGUSR1 (the chief saves their variables) and end with the requeue."""
-    recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=300, checkpoint={"every_steps": 20})
+        tmp_path, slurm_cluster, sync):
+    """The same for a parameter-server job, asynchronous and synchronous (``strategy.sync``, one
+    backup worker): the chief saves at the step the ps hold, requeues; ps and workers ignore
+    SIGUSR1 (the chief saves their variables) and end with the requeue."""
+    recipe = _ps_recipe(tmp_path, epochs=1, steps_per_epoch=300, checkpoint={"every_steps": 20},
+                        strategy_sync=sync)
     script = _export(recipe, tmp_path, "--nodes", "1")
     info, out, step = _preempt_and_resume(slurm_cluster, script, tmp_path, total=300,
                                           signal_command=["scancel", "--signal=USR1"],

@@ -44,6 +44,9 @@ def test_sync_is_read_from_the_recipe_and_from_set(write_recipe, tmp_path):
      "gradient_accumulation_steps is not supported by strategy 'parameter_server'"),
     (["strategy.sync.replicas_to_aggregate=2", "data.batch_size=63"], "batch_size"),
     (["strategy.kind=multi_worker", "strategy.sync.replicas_to_aggregate=2"], "strategy.sync"),
+    (["strategy.sync.replicas_to_aggregate=2", "cluster.min_workers=1"],
+     "must be <= cluster.min_workers (1): an attempt on the fewest workers must still aggregate "
+     "K gradients per step. Received: replicas_to_aggregate=2"),
 ])
 def test_bad_sync_input_exits_2_naming_the_field(write_recipe, tmp_path, capsys, sets, needle):
     path = _recipe(write_recipe, tmp_path)
