@@ -1,37 +1,22 @@
-"""Every patch of Keras/TensorFlow internals, one module per problem, each naming its upstream issue
-(or giving a written reproduction), with a probe and a test that fails when upstream changes. The
-table of modules, their upstream issues and what installs each is in ``docs/architecture.md``
-("The mends"); ``internals`` is not a mend but the ``keras.src`` imports and private reads the
-rest of kerasdist needs (ruff TID251 bans them everywhere else).
+"""Every patch of Keras/TensorFlow internals, one module per problem (a mend), each naming its
+upstream issue or giving a written reproduction; ``internals`` is not a mend but the ``keras.src``
+imports and private reads the rest of kerasdist needs (ruff TID251 bans them everywhere else). The
+table of mends, what installs each, and the supported versions: ``docs/architecture.md``.
 
-The modules in :data:`MENDS` are installed by :func:`apply` (process-wide; each changes behaviour
-only under a distribution strategy: multi-worker mode, 2+ replicas in sync, or variables sharded
-by a parameter-server partitioner); the others are used where needed, never by :func:`apply`.
-The conformance matrix (``kerasdist conformance``, ``docs/conformance.md``) checks them.
-
-Each module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a cheap behavioural probe of the
-installed Keras/TF that runs no TensorFlow op, so it is safe before a
-``MultiWorkerMirroredStrategy`` is created), ``install() -> bool``, ``installed() -> bool`` and
-``uninstall()`` (tests only; all three from :func:`kerasdist._compat._patch.functions`). A mend is
-installed only when its probe shows the bug; ``tests/unit/test_compat.py`` fails with "upstream
-fixed ...: remove this mend" once a release fixes it. Single-process training runs the unmodified
-Keras code.
-
-Versions: every mend applies to the whole tested range, :data:`kerasdist._compat.versions.SUPPORTED`
-(``tools/canary.py`` runs every probe on each version); a mend that applies to less states it as
-``APPLIES_TO = {"tensorflow": spec, "keras": spec}``. Where its probe finds the bug fixed
-(``not needed``) or cannot reach its target (``not applicable``), :func:`apply` skips it with one
-INFO line naming the installed versions. Every mend installs and removes its patches through
-:mod:`kerasdist._compat._patch` (one lock, a mark, a record), and each patched symbol's signature is
-probed by ``tests/unit/test_compat.py`` against ``tests/unit/compat_targets.json``.
+:func:`apply` installs the :data:`MENDS` (process-wide; each changes behaviour only under a
+distribution strategy), ``kerasdist.enable()`` adds the :data:`ENABLE_MENDS`; the other modules
+are used where needed. Each mend module has ``NAME``, ``ISSUE``, ``bug_present() -> bool`` (a
+behavioural probe of the installed Keras/TF that runs no TensorFlow op, so it is safe before a
+``MultiWorkerMirroredStrategy`` is created) and ``install``/``installed``/``uninstall`` (tests only)
+from :func:`kerasdist._compat._patch.functions`. A mend is installed only where its probe shows the
+bug; ``tests/unit/test_compat.py`` fails with "upstream fixed ...: remove this mend" once a release
+fixes it. A mend that applies to less than :data:`kerasdist._compat.versions.SUPPORTED` states
+``APPLIES_TO = {"tensorflow": spec, "keras": spec}``.
 
 Example::
 
     import kerasdist
-    kerasdist._compat.apply()
-    # on Keras 3.15 / TF 2.21: ['keras#20585', 'tensorflow#72388', 'keras-bn-replica-stats',
-    #  'keras-optimizer-replica-apply', 'keras-replica-loss', 'keras#20582',
-    #  'keras-sharded-variables', 'keras#19246', 'keras-metric-states', 'keras-replica-add-loss']
+    kerasdist._compat.apply()  # on Keras 3.15 / TF 2.21: ['keras#20585', 'tensorflow#72388', ...]
 """
 
 from __future__ import annotations
@@ -75,13 +60,6 @@ UNKNOWN_VERSION = "unknown version"
 _LOGGED: set = set()
 
 
-def _versions_text() -> str:
-    from kerasdist._compat import versions
-
-    found = versions.installed()
-    return f"keras {found['keras']} / tensorflow {found['tensorflow']}"
-
-
 def _probe(module) -> tuple[str, str]:
     """``(state, detail)`` of one mend module: ACTIVE, NEEDED, NOT_NEEDED or NOT_APPLICABLE (its
     probe could not reach its target: a symbol this Keras/TF does not have; detail says which)."""
@@ -99,27 +77,22 @@ def _log_skip(module, state: str, detail: str) -> None:
     if (module.NAME, state) in _LOGGED:
         return
     _LOGGED.add((module.NAME, state))
+    from kerasdist._compat import versions
     from kerasdist._log import get_logger
 
+    found = versions.installed()
+    needed = ", ".join(f"{key}{value}" for key, value in
+                       getattr(module, "APPLIES_TO", versions.SUPPORTED).items())
     why = "its probe finds the bug fixed upstream" if state == NOT_NEEDED else \
         f"its target is missing ({detail})"
-    get_logger("compat").info(f"mend {module.NAME} skipped on {_versions_text()}: {state}, {why} "
-                              f"(known needed on {_applies_to(module)})")
-
-
-def _applies_to(module) -> str:
-    from kerasdist._compat import versions
-
-    spec = getattr(module, "APPLIES_TO", versions.SUPPORTED)
-    return ", ".join(f"{key}{value}" for key, value in spec.items())
+    get_logger("compat").info(f"mend {module.NAME} skipped on keras {found['keras']} / tensorflow "
+                              f"{found['tensorflow']}: {state}, {why} (known needed on {needed})")
 
 
 def apply() -> list[str]:
-    """Install every mend whose bug the installed Keras/TF have. Idempotent; runs no TF op.
-
-    A mend whose probe finds the bug fixed upstream, or whose target this Keras/TF does not have,
-    is skipped with one INFO line on the ``kerasdist.compat`` logger; an untested TensorFlow or
-    Keras version gets one WARNING line (:func:`kerasdist._compat.versions.warn_if_untested`).
+    """Install every mend whose bug the installed Keras/TF have. Idempotent; runs no TF op. A mend
+    left out (fixed upstream, or its target missing) gets one INFO line on the ``kerasdist.compat``
+    logger, an untested TensorFlow or Keras version one WARNING line.
 
     Returns:
         The names (``'keras#20585'``, ...) of the mends in effect after the call, in a fixed order;
@@ -142,12 +115,9 @@ def apply() -> list[str]:
 
 def status() -> dict[str, str]:
     """``{name: state}`` for every mend of :data:`MENDS` and :data:`ENABLE_MENDS` (``kerasdist
-    env``). A state is ``'active'`` (installed in this process), ``'needed'`` (the probe shows the
-    bug; :func:`apply` or ``kerasdist.enable()`` would install it), ``'not needed'`` (the probe
-    finds the bug fixed upstream) or ``'not applicable'`` (the probe's target is missing from this
-    Keras/TF). On a TensorFlow or Keras version outside
-    :data:`kerasdist._compat.versions.SUPPORTED` each state reads ``'unknown version: <state>'``.
-    Runs no TF op."""
+    env``; runs no TF op): ``'active'`` (installed here), ``'needed'`` (the probe shows the bug),
+    ``'not needed'`` (fixed upstream) or ``'not applicable'`` (the probe's target is missing),
+    prefixed ``'unknown version: '`` outside :data:`kerasdist._compat.versions.SUPPORTED`."""
     from kerasdist._compat import versions
 
     prefix = f"{UNKNOWN_VERSION}: " if versions.untested() else ""

@@ -1,9 +1,8 @@
-"""Stand-ins used by the mends' behavioural probes and by ``is_multi_worker``.
-
-The probes call the *unmodified* upstream functions with a fake multi-worker strategy that records
-what it is asked to reduce, instead of starting a cluster. Nothing here runs a TensorFlow op: the
-probes must be safe before ``MultiWorkerMirroredStrategy`` is created (TF refuses to configure
-collective ops once its runtime is initialised).
+""":func:`is_multi_worker`, and the stand-ins with which the mends' behavioural probes call the
+*unmodified* upstream functions: a fake multi-worker strategy that records what it is asked to
+reduce, instead of a cluster. Nothing here runs a TensorFlow op: the probes must be safe before
+``MultiWorkerMirroredStrategy`` is created (TF refuses to configure collective ops once its
+runtime is initialised).
 """
 
 from __future__ import annotations
@@ -36,18 +35,18 @@ class ReduceCall:
         self.op, self.value, self.axis = op, value, axis
 
 
-def fake_multi_worker_strategy():
-    """A ``MultiWorkerMirroredStrategy`` instance (never initialised) in 'multi-worker mode' whose
-    ``reduce`` records its calls in ``.calls`` and returns the value unchanged."""
+def fake_multi_worker_strategy(task_id: int = 0):
+    """A ``MultiWorkerMirroredStrategy`` instance (never initialised) of a 2-worker cluster, in
+    'multi-worker mode' and seen from ``worker:<task_id>``, whose ``reduce`` records its calls in
+    ``.calls`` and returns the value unchanged."""
     import tensorflow as tf
 
     class _Extended:
         def _in_multi_worker_mode(self):  # what Keras 3.15 asks
             return True
 
-    class _Resolver:
-        def cluster_spec(self):
-            return tf.train.ClusterSpec({"worker": ["fake:1", "fake:2"]})
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": ["fake:1", "fake:2"]}), task_type="worker", task_id=task_id)
 
     class _FakeMWMS(tf.distribute.MultiWorkerMirroredStrategy):
         def __init__(self):  # skip the real constructor: no cluster, no TF runtime
@@ -56,7 +55,7 @@ def fake_multi_worker_strategy():
 
         @property
         def cluster_resolver(self):
-            return _Resolver()
+            return resolver
 
         def reduce(self, reduce_op, value, axis):
             self.calls.append(ReduceCall(reduce_op, value, axis))

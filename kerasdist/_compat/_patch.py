@@ -1,12 +1,9 @@
 """The one way a mend installs and removes its patches: under one lock, marked, recorded.
 
-A mend lists its targets as :class:`Patch` ``(owner, attribute, wrap)``: ``owner`` a class or a
-module, ``wrap(original) -> replacement``. :func:`install` replaces each target once (idempotent,
-thread-safe), marks the replacement with the mend's name and records what it replaced;
-:func:`uninstall` puts back exactly what was there (an attribute the owner only inherited is
-deleted again), whatever order the mends were installed in; :func:`original` gives a probe the
-upstream object even while the mend is in place; :func:`records` lists every patched target
-(``kerasdist env``, the canary). Nothing here imports Keras or TensorFlow.
+A mend lists its targets as :class:`Patch` ``(owner, attribute, wrap)`` (``owner`` a class or a
+module, ``wrap(original) -> replacement``); :func:`uninstall` puts back exactly what was there,
+whatever order the mends were installed in, and :func:`original` gives a probe the upstream object
+even while the mend is in place. Nothing here imports Keras or TensorFlow.
 """
 
 from __future__ import annotations
@@ -134,10 +131,8 @@ def signature(obj) -> str:
 
 def functions(module_name: str):
     """``(installed, install, uninstall)`` for the mend module ``module_name``, which defines
-    ``NAME``, ``bug_present()`` and ``_patches()`` (a list of :class:`Patch`; both looked up at
-    call time). ``install()`` replaces the targets when the probe shows the bug (idempotent,
-    thread-safe) and returns whether the mend is in effect; ``uninstall()`` (tests only) puts back
-    what was replaced."""
+    ``NAME``, ``bug_present()`` and ``_patches()`` (a list of :class:`Patch`), looked up at call
+    time: :func:`installed`, :func:`install` with the probe, :func:`uninstall` (tests only)."""
     import sys
 
     def module():

@@ -1,6 +1,7 @@
 """What the chief-aware save mends share (:mod:`keras_chief_callbacks`, :mod:`keras_chief_saves`):
-staging folders next to a target, atomic moves, and the two-barrier protocol by which a non-chief
-worker tells a folder shared with the chief from a disk of its own."""
+staging folders next to a target, atomic moves, the two-barrier protocol by which a non-chief
+worker tells a folder shared with the chief from a disk of its own, and the thread-local flag by
+which ``Model.save`` runs Keras's own code inside the callbacks (:class:`passthrough`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,27 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
+import types
 
 STAGING_PREFIX = ".kerasdist-staging-"
+_LOCAL = threading.local()
+
+
+def inside() -> bool:
+    """True within a :class:`passthrough` block of this thread."""
+    return getattr(_LOCAL, "inside", False)
+
+
+class passthrough:
+    """``with passthrough():`` saves run Keras's own code (used by the chief-aware callbacks)."""
+
+    def __enter__(self):
+        self.previous = inside()
+        _LOCAL.inside = True
+
+    def __exit__(self, *exc):
+        _LOCAL.inside = self.previous
 
 
 @contextlib.contextmanager
@@ -65,30 +85,22 @@ def chief_turn(model):
     barrier(model.distribute_strategy)
 
 
-class WorkerSave:
-    """One non-chief save in progress: ``folder`` (stage the files here) and, after the block,
-    ``published`` (the targets moved into place: empty on a folder shared with the chief)."""
-
-    def __init__(self, folder: str):
-        self.folder, self.published = folder, []
-
-
 @contextlib.contextmanager
 def worker_save(model, parent: str):
-    """A non-chief worker's side of one save, staged next to the target.
+    """A non-chief worker's side of one save, staged next to the target; yields the save in
+    progress: ``.folder`` (stage the files there) and, after the block, ``.published`` (the
+    targets moved into place: empty on a folder shared with the chief).
 
-    It notes its target folder's files, passes the first barrier (the chief writes only after
-    it), writes into a staging folder (yields a :class:`WorkerSave`), passes the second barrier
-    (the chief's files are in place), then moves into place each staged file whose target did not
-    change: the chief did not write there, so the path is on a disk of this worker's own (as on
-    real hosts). On a folder shared with the chief its copies are dropped: one writer, the chief.
-    Every worker of the strategy runs the same saves in the same order (callbacks and
-    ``Model.save`` run on all).
+    It notes its target folder's files, passes the first barrier (the chief writes only after it),
+    writes into the staging folder, passes the second barrier (the chief's files are in place),
+    then moves into place each staged file whose target did not change (the path is on a disk of
+    this worker's own); on a folder shared with the chief its copies are dropped. Every worker runs
+    the same saves in the same order (callbacks and ``Model.save`` run on all).
     """
     before = _stamps(parent)
     barrier(model.distribute_strategy)
     with folder(parent) as staging:
-        save = WorkerSave(staging)
+        save = types.SimpleNamespace(folder=staging, published=[])
         yield save
         barrier(model.distribute_strategy)
         for name in sorted(os.listdir(staging)):
@@ -96,6 +108,20 @@ def worker_save(model, parent: str):
             if stamp(target) == before.get(name):  # the chief's file did not land here
                 move_into_place(os.path.join(staging, name), target)
                 save.published.append(target)
+
+
+def staged_write(call, target: str) -> object:
+    """The chief's (or a single process's) write: ``call(path)`` writes into a staging folder next
+    to ``target``, then every output of that save is moved into ``target``'s folder atomically
+    (sharded ``.weights.h5`` saves write several files). Returns what ``call`` returned."""
+    parent, base = os.path.dirname(target) or ".", os.path.basename(target)
+    stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
+    with folder(parent) as staging:
+        result = call(os.path.join(staging, base))
+        for name in sorted(os.listdir(staging)):
+            if name == base or (stem is not None and name.startswith(stem)):
+                move_into_place(os.path.join(staging, name), os.path.join(parent, name))
+    return result
 
 
 def move_into_place(staged: str, target: str) -> None:

@@ -21,9 +21,6 @@ from keras.src.backend.tensorflow.trainer import (
     potentially_ragged_concat,  # batch outputs concatenated, ragged ones too
 )
 
-# Undoes Keras's 1/replicas loss scaling (the loss as the user sees it): no public inverse.
-from keras.src.losses.loss import unscale_loss_for_distribution
-
 # class_weight -> per-example weights for arrays; Keras applies it only in its data adapters.
 from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
 
@@ -34,12 +31,12 @@ from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weigh
 from keras.src.utils.python_utils import pythonify_logs
 
 __all__ = [
-    "backing_variable", "backup_initial_epoch", "call_has_training_arg", "class_weight_to_sample_weights",
-    "cluster_resolver", "compute_loss", "compute_output_spec", "configure_coordination_heartbeat",
+    "backing_variable", "backup_initial_epoch", "class_weight_to_sample_weights",
+    "cluster_resolver", "compute_output_spec", "configure_coordination_heartbeat",
     "convert_to_np_if_not_ragged", "direct_merge_calls",
-    "flatten_layers", "flatten_metrics_in_order", "learning_rate_setting", "loss_tracker",
+    "flatten_layers", "flatten_metrics_in_order", "learning_rate_setting",
     "make_class_weight_map_fn", "op_determinism", "potentially_ragged_concat", "pythonify_logs",
-    "remote_value_event", "symbolic_build", "unscale_loss_for_distribution",
+    "remote_value_event", "symbolic_build",
 ]
 
 
@@ -76,23 +73,6 @@ def flatten_metrics_in_order(model, logs: dict) -> list:
     return model._flatten_metrics_in_order(logs)
 
 
-def compute_loss(model, *, x, y, y_pred, sample_weight, training: bool = True):
-    """The model's loss, as Keras's own ``train_step`` computes it (``Trainer._compute_loss``:
-    calls an overridden ``compute_loss`` with or without its ``training`` argument)."""
-    return model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                               training=training)
-
-
-def loss_tracker(model):
-    """The compiled model's ``loss`` mean metric (``Trainer._loss_tracker``), or None."""
-    return getattr(model, "_loss_tracker", None)
-
-
-def call_has_training_arg(model) -> bool:
-    """Whether the model's ``call`` takes ``training`` (``Layer._call_has_training_arg``)."""
-    return bool(getattr(model, "_call_has_training_arg", True))
-
-
 def backup_initial_epoch(model):
     """The epoch ``BackupAndRestore`` restored the model to (``model._initial_epoch``, set by its
     ``on_train_begin``), or None."""
@@ -127,12 +107,10 @@ def learning_rate_setting(optimizer):
 
 def configure_coordination_heartbeat(cluster_spec, *, heartbeat_timeout_s: float) -> bool:
     """Configure TensorFlow's coordination service (the chief/worker heartbeats of
-    ``MultiWorkerMirroredStrategy``) as the strategy itself would, but with a heartbeat timeout
-    of ``heartbeat_timeout_s`` seconds instead of TF's fixed 10 s; call it before the strategy is
-    built (the strategy configures the service only when nobody has:
-    ``CollectiveAllReduceExtended._initialize_multi_worker``). No public API sets the timeout
-    (``tf.config`` has no coordination options; ``context.configure_coordination_service`` is
-    ``tensorflow.python``).
+    ``MultiWorkerMirroredStrategy``) as the strategy itself would
+    (``CollectiveAllReduceExtended._initialize_multi_worker``, which leaves a configured service
+    alone), but with a heartbeat timeout of ``heartbeat_timeout_s`` seconds instead of TF's fixed
+    10 s; call it before the strategy is built. No public API sets the timeout.
 
     Returns:
         False, configuring nothing, when the service is already configured in this process or
@@ -167,11 +145,10 @@ def abort_collective_ops(message: str) -> None:
 
 @contextlib.contextmanager
 def direct_merge_calls():
-    """While open, TF's ``maybe_merge_call`` (``tf.__internal__.distribute.interim``: Keras's TF
-    optimizer calls it and it assumes a replica context) calls its function directly in
-    cross-replica context: for Keras's unmodified optimizer code run inside a mend's own
-    ``merge_call``. Only the thread holding that ``merge_call`` runs meanwhile (the replicas wait
-    for it), so no replica sees the swap; it is undone on exit."""
+    """While open, TF's ``maybe_merge_call`` (``tf.__internal__.distribute.interim``, which Keras's
+    TF optimizer calls assuming a replica context) calls its function directly in cross-replica
+    context: for Keras's unmodified optimizer code run inside a mend's own ``merge_call``, while
+    the replicas wait (no replica sees the swap; undone on exit)."""
     import tensorflow as tf
 
     interim = tf.__internal__.distribute.interim

@@ -1,30 +1,19 @@
 """Mend for keras-team/keras#19246: ``steps_per_execution`` > 1 fails under 2+ replicas.
 
 Upstream: https://github.com/keras-team/keras/issues/19246. Reproduction (Keras 3.15 / TF 2.21): a
-Dense model compiled with
-``steps_per_execution=4`` trains without a strategy and under ``MultiWorkerMirroredStrategy``
-with one worker, but under ``MirroredStrategy`` with 2 logical CPUs and under
-``MultiWorkerMirroredStrategy`` with 2 workers (plain Keras, no kerasdist) the first ``fit`` step
-fails with ``InvalidArgumentError: You must feed a value for placeholder tensor
-'while/body/.../while/cond/Placeholder'``.
+Dense model compiled with ``steps_per_execution=4`` trains without a strategy, but under
+``MirroredStrategy`` with 2 logical CPUs or ``MultiWorkerMirroredStrategy`` with 2 workers the
+first step fails with ``InvalidArgumentError: You must feed a value for placeholder tensor
+'while/body/.../while/cond/Placeholder'``. Cause: Keras's TF trainer runs the steps of one call in
+a ``tf.while_loop`` and wraps each in a ``tf.cond`` (so a last, partial group stops when the
+iterator runs dry), and a replicated step's ``merge_call`` does not work in a conditional branch.
 
-Cause: Keras's TF trainer runs the ``steps_per_execution`` steps of one call in a ``tf.while_loop``
-and wraps each step in a ``tf.cond`` (so that a last, partial group of steps stops when the
-iterator runs dry). A replicated step calls ``merge_call`` (the gradient all-reduce, the
-optimizer's apply) from its replicas, and TensorFlow's cross-replica merge does not work inside a
-conditional branch.
-
-Mend: for a strategy with 2+ replicas in sync only, the loop is rebuilt so that no step sits in a
-``tf.cond``: the loop's own condition asks whether the iterator has a next batch (``has_value``
-of ``get_next_as_optional``) and the body always runs one step on it; only the fetch of the
-following batch is conditional (not fetched after the last step of the group, so no batch is
-consumed and lost). The step itself (``strategy.run`` + Keras's ``reduce_per_replica``), the
-callbacks, the epoch iterator and the logs are Keras's own. With one replica (or no strategy)
-Keras's unmodified function runs.
-
-Probe: :func:`bug_present` reads the source of Keras's ``TensorFlowTrainer._make_function``
-(no TF op): the mend is needed while the step is called from a ``tf.cond`` branch there;
-``tests/unit/test_compat.py`` fails when that changes.
+Mend: with 2+ replicas in sync, the loop's own condition asks whether the iterator has a next
+batch (``get_next_as_optional``) and the body always runs one step on it; only the fetch of the
+following batch is conditional (none after the group's last step, so no batch is lost). The step
+(``strategy.run`` + ``reduce_per_replica``), callbacks, epoch iterator and logs are Keras's own.
+Probe: :func:`bug_present` reads ``TensorFlowTrainer._make_function`` (the step still in a
+``tf.cond``).
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras#19246"
 ISSUE = "https://github.com/keras-team/keras/issues/19246"
-_MARK = "_kerasdist_mend"
 
 
 def _trainer_module():
@@ -47,14 +35,8 @@ def _trainer_module():
 
 def bug_present() -> bool:
     """Whether Keras's multi-step loop still runs the step inside a ``tf.cond`` (source check)."""
-    source = inspect.getsource(_unwrapped(_trainer_module().TensorFlowTrainer._make_function))
+    source = inspect.getsource(_patch.original(_trainer_module().TensorFlowTrainer, "_make_function"))
     return "def has_next" in source and "tf.cond(" in source
-
-
-def _unwrapped(function):
-    while getattr(function, _MARK, None) == NAME:
-        function = function.__wrapped__
-    return function
 
 
 def _replicas(model) -> int:
@@ -135,7 +117,6 @@ def _mended(original):
 
         return run
 
-    setattr(_make_function, _MARK, NAME)
     return _make_function
 
 

@@ -1,45 +1,27 @@
 """Mend: a Keras 3 optimizer's own ``gradient_accumulation_steps=k`` under ``tf.distribute``.
 
 Upstream: keras-team/keras#20582 ("merge_call called while defining a new graph or a
-tf.function"). Cause: ``BaseOptimizer._backend_apply_gradients`` takes the accumulate-or-update
-decision with ``ops.cond`` *inside the replica function*, and both branches of the TensorFlow
-backend call ``merge_call`` (``_backend_update_step``, ``_backend_increment_gradient_accumulators``,
-``_apply_weight_decay``), which ``MirroredStrategy``'s replica context refuses inside a ``cond``.
+tf.function"): ``BaseOptimizer._backend_apply_gradients`` takes the accumulate-or-update decision
+with ``ops.cond`` *inside the replica function*, and both branches of the TensorFlow backend call
+``merge_call``, which ``MirroredStrategy``'s replica context refuses inside a ``cond``: ``model.fit``
+and ``strategy.run`` loops crash under ``MirroredStrategy`` and ``MultiWorkerMirroredStrategy``.
 
-Scope: with ``gradient_accumulation_steps=k``, ``model.fit`` and a ``strategy.run`` loop crash
-under ``MirroredStrategy`` (1 or 2 devices) and ``MultiWorkerMirroredStrategy`` (1 or 2 workers);
-no strategy and ``OneDeviceStrategy`` work unmodified; ``ParameterServerStrategy`` is refused
-(below).
+Mend: ``TFOptimizer.apply`` is wrapped. For an accumulating optimizer called in the replica context
+of a ``MirroredStrategy``/``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the gradients
+are all-reduced there through the optimizer's own ``_all_reduce_sum_gradients`` (so the 16-bit
+hook still applies), divided by the replicas when :mod:`~kerasdist._compat.keras_replica_loss` left
+per-replica mean losses, and Keras's unmodified ``apply`` runs in cross-replica context (one
+``merge_call``), where the ``ops.cond`` is allowed; anything else runs Keras's code. Keras's
+semantics are kept (each ``apply`` is one micro-step; every ``k``-th applies the mean of the ``k``
+accumulated global-batch gradients), equal to a strategy-free run on the same global batches
+(``tests/integration/test_keras_grad_accum.py``). Not covered: variables with
+``overwrite_with_gradient`` (float8) get the all-reduced *sum* of their replicas' values.
 
-Mend (installed by :func:`kerasdist._compat.apply`): ``TFOptimizer.apply`` is wrapped. For an
-accumulating optimizer called in the replica context of a ``MirroredStrategy`` or
-``MultiWorkerMirroredStrategy`` that uses ``merge_call``, the wrapper all-reduces (sums) the
-gradients in replica context through the optimizer's own ``_all_reduce_sum_gradients`` (so the
-16-bit all-reduce hook still applies), divides the sum by the replicas when
-:mod:`~kerasdist._compat.keras_replica_loss` left the losses as per-replica means, then runs
-Keras's unmodified ``apply`` in cross-replica context (one ``merge_call``), where TensorFlow allows
-the ``ops.cond``. Every other optimizer, strategy and context (no strategy, ``OneDeviceStrategy``,
-cross-replica calls, XLA on GPUs) runs Keras's code; an accumulating inner optimizer of a
-``LossScaleOptimizer`` is mended like any other.
+Raises (from the wrapped ``apply``, when the step is traced): ``ValueError`` under
+``ParameterServerStrategy``, whose accumulators on the ps are shared by asynchronous workers.
 
-Semantics kept (Keras's): each ``apply`` is one micro-step and adds 1 to the ``iteration`` variable
-(the ``iterations`` property is that count ``// k``); on micro-steps ``k, 2k, ...`` the mean of the
-``k`` accumulated global-batch gradients is clipped, weight decay applied, the update made (EMA
-as Keras does it) and the accumulators zeroed; other micro-steps only add the all-reduced gradient
-to the accumulators. Every replica holds identical values, equal to a strategy-free run on the
-same global batches (``tests/integration/test_keras_grad_accum.py``). Not covered: variables with
-``overwrite_with_gradient`` (float8 training) get the all-reduced *sum* of their replicas' values.
-
-Raises (from the wrapped ``apply``, when the step is traced, before any variable changes):
-``ValueError`` under ``ParameterServerStrategy``: its accumulators and micro-step counter live on
-the ps and are shared by asynchronous workers, so no strategy-free run gives its numbers (the
-message says why; kerasdist's PS ``fit`` refuses earlier,
-:func:`kerasdist.keras.ps_fit.refuse_unsupported`).
-
-Probe: :func:`bug_present` reads the installed sources (no TF op): needed while the base
-``_backend_apply_gradients`` branches on ``gradient_accumulation_steps`` with ``ops.cond`` and the
-TF optimizer's accumulator increment calls ``merge_call``; ``tests/unit/test_compat.py`` fails
-when that changes.
+Probe: :func:`bug_present` (sources): the base ``_backend_apply_gradients`` still branches on
+``gradient_accumulation_steps`` with ``ops.cond`` and the accumulator increment calls ``merge_call``.
 """
 
 from __future__ import annotations
@@ -51,7 +33,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras#20582"
 ISSUE = "https://github.com/keras-team/keras/issues/20582"
-_MARK = "_kerasdist_mend"
 _ARGUMENT = "gradient_accumulation_steps"
 
 
@@ -146,7 +127,6 @@ def _mended(original):
 
         return context.merge_call(in_cross_replica, args=(reduced,))
 
-    setattr(apply, _MARK, NAME)
     return apply
 
 

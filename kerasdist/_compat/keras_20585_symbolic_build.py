@@ -1,28 +1,18 @@
 """Mend for keras-team/keras#20585: ``_maybe_symbolic_build`` reduces a tuple batch across workers.
 
-Upstream: https://github.com/keras-team/keras/issues/20585.
+Upstream: https://github.com/keras-team/keras/issues/20585. Before training,
+``TensorFlowTrainer._maybe_symbolic_build`` passes the first distributed batch ``(x, y[,
+sample_weight])`` whole to ``strategy.reduce("MEAN", batch, axis=None)`` only to learn its shapes:
+under ``MultiWorkerMirroredStrategy`` with 2+ workers that collective accepts one tensor and
+``model.fit`` fails ("Attempt to convert a value (PerReplica...) ... to a Tensor"); under
+``MirroredStrategy`` it fails for a batch with a string tensor. Under every strategy, drawing that
+batch from a new iterator also gives a seeded, reshuffled ``shuffle``'s first epoch its *second*
+permutation, and makes ``repeat()`` + ``steps_per_epoch`` training start at the second batch.
 
-Bug: before training, ``TensorFlowTrainer._maybe_symbolic_build`` takes the first distributed
-batch ``(x, y[, sample_weight])`` and, when every element is a ``DistributedValues``, passes the
-whole tuple to ``strategy.reduce("MEAN", batch, axis=None)`` only to learn its shapes. Under
-``MultiWorkerMirroredStrategy`` with two or more workers that reduce is a cross-worker collective
-that accepts one tensor, not a structure, and ``model.fit`` fails with "Attempt to convert a value
-(PerReplica...) ... to a Tensor".
-
-The same reduce fails under ``MirroredStrategy`` with 2+ replicas whenever the batch holds a
-string tensor ("Value for attr 'T' of string is not in the list of allowed values").
-
-Under every strategy, taking that first batch also creates an iterator and draws a batch before
-training: a seeded ``shuffle`` (reshuffled each iteration) then gives the first epoch its *second*
-permutation, unlike a strategy-free ``fit``; with ``repeat()`` + ``steps_per_epoch`` training
-starts at the second batch.
-
-Mend: under any distribution strategy, hand the unmodified method the per-replica batch's
-``TypeSpec`` (shapes and dtypes are all the symbolic build reads), read from the epoch iterator's
-distributed dataset's ``element_spec``: no iterator is created, nothing is reduced, no batch is
-drawn. Where no distributed dataset is at hand, this worker's first local replica value of each
-element is used (``strategy.experimental_local_results(v)[0]``, no communication). Without a
-strategy the unmodified path runs.
+Mend: under any distribution strategy, the unmodified method gets the per-replica batch's
+``TypeSpec`` (all the symbolic build reads) from the epoch iterator's distributed dataset's
+``element_spec``: no iterator, no reduce, no batch drawn; without a distributed dataset, this
+worker's first local replica value of each element (no communication).
 """
 
 from __future__ import annotations
@@ -34,7 +24,6 @@ from kerasdist._compat._fakes import fake_multi_worker_strategy, fake_per_replic
 
 NAME = "keras#20585"
 ISSUE = "https://github.com/keras-team/keras/issues/20585"
-_MARK = "_kerasdist_mend"
 
 
 def _trainer_class():
@@ -85,7 +74,6 @@ def _mended(original):
             break
         return original(self, iterator=None, data_batch=data_batch)
 
-    setattr(_maybe_symbolic_build, _MARK, NAME)
     return _maybe_symbolic_build
 
 
@@ -94,11 +82,6 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-def _original():
-    method = _trainer_class()._maybe_symbolic_build
-    return getattr(method, "__wrapped__", method) if installed() else method
 
 
 def bug_present() -> bool:
@@ -118,7 +101,7 @@ def bug_present() -> bool:
     trainer = types.SimpleNamespace(_distribute_strategy=strategy, distribute_strategy=strategy,
                                     _symbolic_build=lambda data_batch: built.append(data_batch))
     try:
-        _original()(trainer, iterator=[(0, 0, iter([batch]))])
+        _patch.original(_trainer_class(), "_maybe_symbolic_build")(trainer, iterator=[(0, 0, iter([batch]))])
     except (AttributeError, TypeError):
         return False
     return any(tf.nest.is_nested(call.value) for call in strategy.calls)

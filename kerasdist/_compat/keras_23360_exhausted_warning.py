@@ -1,23 +1,17 @@
 """Keras's "Your input ran out of data" warning at the normal end of an input of unknown size.
 
 Upstream: https://github.com/keras-team/keras/pull/23360 ("Only warn about running out of data
-when ``steps_per_epoch`` was set"; merged after Keras 3.15.1).
-Reproduction (Keras 3.15.1 / TF 2.21): ``model.evaluate`` of a
-``tf.data.Dataset`` whose cardinality TensorFlow cannot tell (read from files, ``filter``, or
-distributed with ``distribute_datasets_from_function``) reads it to its end, as documented, and
-then warns ``UserWarning: Your input ran out of data; interrupting training. Make sure that your
-dataset or generator can generate at least `steps_per_epoch * epochs` batches``: Keras's
-``EpochIterator.catch_stop_iteration`` warns on every ``StopIteration``, although no
-``steps`` were asked for. kerasdist meets it in every run with a held-out split of unknown size:
-the validation at each epoch end and the final evaluation of a csv, tfrecord, image-folder or
-data-function source, and of any source under ``multi_worker``.
+when ``steps_per_epoch`` was set"; merged after Keras 3.15.1). Reproduction (Keras 3.15.1 / TF
+2.21): ``model.evaluate`` of a ``tf.data.Dataset`` of unknown cardinality (read from files,
+``filter``, ``distribute_datasets_from_function``) reads it to its end, as documented, then warns
+``UserWarning: Your input ran out of data; interrupting training``:
+``EpochIterator.catch_stop_iteration`` warns on every ``StopIteration``, although no ``steps``
+were asked for. kerasdist meets it in every run with a held-out split of unknown size.
 
 Not a patch: :func:`quiet_end_of_input` ignores that one warning while kerasdist's own loop runs
-``fit``/``evaluate`` with no evaluation ``steps`` (kerasdist's training input is endless, repeated,
-with ``steps_per_epoch`` set, so only the finite evaluation input can end there). With
-``trainer.validation_steps`` set, Keras's warning is kept: a split shorter than that is worth the
-warning. Probe: :func:`bug_present` reads the source of ``catch_stop_iteration`` (no TF op);
-``tests/unit/test_quiet_input.py`` fails once upstream's fix is installed: then remove this module.
+``fit``/``evaluate`` with no evaluation ``steps`` (its training input is endless, so only the
+finite evaluation input can end there); with ``trainer.validation_steps`` set it is kept. Probe:
+:func:`bug_present`; ``tests/unit/test_quiet_input.py`` fails once upstream's fix is installed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,16 @@
 """The accumulating ``train_step`` of :mod:`kerasdist.keras.accumulation`
-(``trainer.gradient_accumulation_steps``), behind the wall: a copy of Keras's own TensorFlow
-``train_step`` run on ``k`` micro-batches, so it uses the internals Keras's step uses.
+(``trainer.gradient_accumulation_steps``): a copy of Keras's own TensorFlow ``train_step`` run on
+``k`` micro-batches, so it reads the internals Keras's step reads (``Trainer._compute_loss``,
+``Trainer._loss_tracker``, ``Layer._call_has_training_arg``, ``unscale_loss_for_distribution``).
 
 Not a process-wide patch: :func:`kerasdist.keras.accumulation.accumulate_gradients` binds
-:func:`train_step` to one model instance (Keras 3's documented way to customise ``fit``); it is
-therefore not in :data:`kerasdist._compat.MENDS`. Why not Keras's own optimizer
-``gradient_accumulation_steps``: see :mod:`kerasdist._compat.keras_20582_grad_accum`.
+:func:`train_step` to one model instance (Keras 3's documented way to customise ``fit``). Why not
+Keras's own optimizer ``gradient_accumulation_steps``: :mod:`kerasdist._compat.keras_20582_grad_accum`.
 
-What it reads of Keras (:mod:`kerasdist._compat.internals`): ``Trainer._compute_loss`` (calls an
-overridden ``compute_loss`` with or without ``training``), ``Trainer._loss_tracker`` (the
-``loss`` metric), ``Layer._call_has_training_arg`` and ``unscale_loss_for_distribution``.
-
-Probe: :func:`matches_keras` (a source check of the installed Keras, no TF op): Keras's own
-TensorFlow ``train_step`` still computes, tracks and scales the loss through those same
-internals and applies the gradients with ``apply_gradients``; when a release changes that, this
-step may no longer match ``fit``'s, :func:`kerasdist.keras.accumulation.accumulate_gradients`
-logs a warning and ``tests/unit/test_compat.py`` fails ("Keras's train_step changed").
+Probe: :func:`matches_keras` (source check): Keras's own TF ``train_step`` still computes, tracks
+and scales the loss through those internals and applies the gradients with ``apply_gradients``;
+when a release changes that, ``accumulate_gradients`` logs a warning and
+``tests/unit/test_compat.py`` fails ("Keras's train_step changed").
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ def _keras_step_source() -> str:
 
 def missing_from_keras() -> list[str]:
     """The internals of :data:`_KERAS_STEP_USES` that Keras's TF ``train_step`` no longer uses,
-    and the names :mod:`~kerasdist._compat.internals` reads that Keras no longer has."""
+    and the ``Trainer`` methods :func:`train_step` calls that Keras no longer has."""
     from keras.src.trainers.trainer import Trainer
 
     source = _keras_step_source()
@@ -102,15 +97,14 @@ def train_step(self, data):
     """
     import keras
     import tensorflow as tf
-
-    from kerasdist._compat import internals
+    from keras.src.losses.loss import unscale_loss_for_distribution
 
     steps = getattr(self, STEPS)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     micro = [_split(part, steps) for part in (x, y, sample_weight)]
     variables = list(self.trainable_variables)
-    loss_tracker = internals.loss_tracker(self)
-    with_training = internals.call_has_training_arg(self)
+    loss_tracker = getattr(self, "_loss_tracker", None)
+    with_training = bool(getattr(self, "_call_has_training_arg", True))
     sums = [tf.zeros(v.shape, v.dtype) for v in variables]
     for i in range(steps):
         xi, yi, wi = (part[i] for part in micro)
@@ -118,10 +112,9 @@ def train_step(self, data):
             xi, yi, wi = _after(sums, (xi, yi, wi))
         with tf.GradientTape() as tape:
             y_pred = self(xi, training=True) if with_training else self(xi)
-            loss = internals.compute_loss(self, x=xi, y=yi, y_pred=y_pred, sample_weight=wi,
-                                          training=True)
+            loss = self._compute_loss(x=xi, y=yi, y_pred=y_pred, sample_weight=wi, training=True)
             if loss_tracker is not None:
-                loss_tracker.update_state(internals.unscale_loss_for_distribution(loss),
+                loss_tracker.update_state(unscale_loss_for_distribution(loss),
                                           sample_weight=tf.shape(keras.tree.flatten(xi)[0])[0])
             if self.optimizer is not None:
                 loss = self.optimizer.scale_loss(loss)

@@ -1,28 +1,20 @@
 """Mend: Keras 3 ``BatchNormalization`` moving statistics drift apart across replicas.
 
-Upstream: no Keras issue found; written reproduction (kerasdist, Keras 3.15 / TF 2.21, CPU): a
-Sequential ``Dense -> BatchNormalization -> Dense`` trained with ``model.fit`` under
-``MultiWorkerMirroredStrategy`` with 2 workers ends with every trainable weight equal on both
-workers but ``moving_mean``/``moving_variance`` different (each worker's running average of its
-own half of every batch); under ``MirroredStrategy`` with 2 replicas the two local copies differ
-the same way and a save keeps replica 0's. The saved model depends on which task saves it.
-Cause: ``BatchNormalization.build`` creates the moving statistics with ``add_weight(...,
-trainable=False)`` and the default ``aggregation="none"``; TensorFlow then lets each replica
-``assign`` its own copy of a mirrored variable without any communication.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, CPU): a Sequential ``Dense ->
+BatchNormalization -> Dense`` trained with ``model.fit`` under ``MultiWorkerMirroredStrategy`` with
+2 workers ends with equal trainable weights on both workers but different
+``moving_mean``/``moving_variance`` (each worker's running average of its half of every batch);
+under ``MirroredStrategy`` the local copies differ the same way and a save keeps replica 0's.
+Cause: ``BatchNormalization.build`` creates them with the default ``aggregation="none"``, so each
+replica ``assign``s its own copy without communication.
 
-Mend: while a ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` scope is active,
-``BatchNormalization`` creates its moving statistics (``moving_mean``, ``moving_variance`` and,
-with ``renorm``, ``moving_stddev``/``renorm_mean``/``renorm_stddev``) with
-``aggregation="mean"``. An ``assign`` in replica context then averages the replicas' new values
-(one all-reduce per variable per step) and writes the mean to every copy, as tf_keras's
-``BatchNormalization`` did (its moving statistics aggregated with ``MEAN``). With equal
-per-replica batches the moving mean equals the single-process one on the same global batch; the
-moving variance is the mean of the replicas' variances (it leaves out the spread between the
-replicas' means) unless ``synchronized=True``, which computes global moments.
-
-Probe: :func:`bug_present` reads ``BatchNormalization.build``'s source (no TF op): the mend is
-needed while its ``moving_mean`` ``add_weight`` call passes no ``aggregation``;
-``tests/unit/test_compat.py`` fails when that changes.
+Mend: while a ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` scope is active, the moving
+statistics (:data:`STATISTICS`) are created with ``aggregation="mean"``: an ``assign`` in replica
+context writes the replicas' mean to every copy (one all-reduce per variable per step), as
+tf_keras's ``BatchNormalization`` did. With equal per-replica batches the moving mean equals the
+single-process one; the moving variance is the mean of the replicas' variances unless
+``synchronized=True``. Probe: :func:`bug_present` reads ``BatchNormalization.build`` (its
+``moving_mean`` ``add_weight`` still passes no ``aggregation``).
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ from kerasdist._compat import _patch
 NAME = "keras-bn-replica-stats"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
 STATISTICS = ("moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev")
-_MARK = "_kerasdist_mend"
 
 
 def _layer_class():
@@ -75,7 +66,6 @@ def _mended(original):
             kwargs["aggregation"] = "mean"
         return original(self, *args, **kwargs)
 
-    setattr(add_weight, _MARK, NAME)
     return add_weight
 
 

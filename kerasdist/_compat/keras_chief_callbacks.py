@@ -1,38 +1,27 @@
 """Mend: Keras 3's ``ModelCheckpoint`` and ``BackupAndRestore`` are not multi-worker safe, and
 their saves are not atomic.
 
-Upstream: no Keras 3 issue for the multi-worker part (Keras 3.15 has no chief/worker logic in any
-callback; tf_keras had non-chief workers write temporary copies). Reproduction: run
-``tests/scripts/mwms_backup_restore.py`` (a script that passes ONE shared ``backup_dir`` and ONE
-``ModelCheckpoint`` path, as TensorFlow's multi-worker tutorial does) with ``kerasdist launch
---workers 2`` without this mend: both workers write the same files and one fails with h5py's
-"unable to lock file" (or ``zipfile.BadZipFile: Bad CRC-32``, ``FileExistsError``, a
-``CollectiveBcastRecv`` abort while a worker loads a half-written file), which the launcher classes
-as fatal. The non-atomic write: ``.keras`` and ``.weights.h5`` saves open the target for writing
-(truncating it) before the new content exists, so a crash mid-save loses the previous file;
-keras-team/keras#20463 reports the unreadable backup that follows, closed by #20465 with the opt-in
-``double_checkpoint``, not an atomic write.
+Upstream: no Keras 3 issue for the multi-worker part (no Keras 3.15 callback has chief/worker
+logic; tf_keras had non-chief workers write temporary copies). Reproduction:
+``tests/scripts/mwms_backup_restore.py`` (ONE shared ``backup_dir`` and ``ModelCheckpoint`` path, as
+TensorFlow's multi-worker tutorial) under ``kerasdist launch --workers 2`` without this mend: both
+workers write the same files and one fails (h5py's "unable to lock file", ``BadZipFile``,
+``FileExistsError``, or a ``CollectiveBcastRecv`` abort while loading a half-written file). Not
+atomic: ``.keras`` and ``.weights.h5`` saves truncate the target before the new content exists, so
+a crash mid-save loses the previous file (keras-team/keras#20463, closed by #20465 with the opt-in
+``double_checkpoint``, not an atomic write).
 
-Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``):
-
-* every write of the user's path is atomic: Keras writes into a staging folder created inside the
-  target's own folder (``.kerasdist-staging-*``), then each finished file is moved over the target
-  with ``os.replace`` (weights first, then ``training_metadata.json``); a crash mid-save leaves the
-  previous file intact (and, after a hard kill, a hidden staging folder behind);
-* under a strategy in multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`) the
-  chief writes the user's path: task ``chief`` when the cluster has one, else ``worker`` 0 (from
-  the strategy's ``cluster_resolver``). Every other worker still runs the save (reading distributed
-  values may need collectives) into a staging folder next to the target and, by the protocol of
-  :mod:`kerasdist._compat._worker_saves`, moves it into place only when its path is on a disk of
-  its own (on a folder shared with the chief its copy is dropped);
-* ``BackupAndRestore`` in multi-worker mode: every worker restores from the backup folder at train
-  begin (a complete file, thanks to the atomic writes) and nobody writes there at train begin (the
-  ``double_checkpoint`` fallback loads the ``.bkp`` files instead of copying them back); at a
-  successful train end the chief deletes the shared backup, a worker one of its own.
-
-Outside multi-worker mode the callbacks run Keras's own code, only redirected through the staging
-folder. Remote paths (``gs://``, ``/cns`` ...) are written by Keras in place on the chief (no atomic
-rename there). Subclasses that override ``_save_model`` are not affected.
+Mend (installed by :func:`kerasdist.keras.enable`): every write of the user's path is staged in
+the target's folder (``.kerasdist-staging-*``) and moved over it with ``os.replace`` (weights
+first, then ``training_metadata.json``). In multi-worker mode
+(:func:`kerasdist._compat._fakes.is_multi_worker`) the chief (task ``chief``, else ``worker`` 0)
+writes the user's path; every other worker still runs the save (reading distributed values may
+need collectives) and keeps its copy only on a disk of its own
+(:mod:`kerasdist._compat._worker_saves`). ``BackupAndRestore`` there: every worker restores at
+train begin and nobody writes the backup folder then (the ``double_checkpoint`` fallback loads the
+``.bkp`` files instead of copying them back); at a successful train end the chief deletes the
+shared backup, a worker one of its own. Remote paths (``gs://`` ...) are written in place by the
+chief. Subclasses that override ``_save_model`` are not affected.
 """
 
 from __future__ import annotations
@@ -45,8 +34,10 @@ import tempfile
 
 from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
-from kerasdist._compat._worker_saves import (
+from kerasdist._compat._worker_saves import (  # passthrough: the callbacks stage their own saves
     chief_turn,
+    passthrough,
+    staged_write,
     worker_save,
 )
 from kerasdist._compat._worker_saves import folder as _folder
@@ -55,7 +46,6 @@ NAME = "keras-chief-callbacks"
 ISSUE = ("no upstream issue for the multi-worker race (reproduction: tests/scripts/"
          "mwms_backup_restore.py under `kerasdist launch --workers 2`); the lost file after a "
          "crash mid-save: https://github.com/keras-team/keras/issues/20463")
-_MARK = "_kerasdist_mend"
 _SINGLE, _CHIEF, _OTHER = "single", "chief", "other"
 
 
@@ -101,13 +91,6 @@ def _is_remote(path) -> bool:
     return file_utils.is_remote_path(path)
 
 
-def _own_saves():
-    """The callbacks stage their own saves: ``Model.save`` runs Keras's code inside them."""
-    from kerasdist._compat._save_scope import passthrough
-
-    return passthrough()
-
-
 # --- BackupAndRestore -------------------------------------------------------------------------
 
 
@@ -138,7 +121,6 @@ def _backup_save(original):
             _staged_backup(self, original, folder, publish=True)
         return None
 
-    setattr(_save_model, _MARK, NAME)
     return _save_model
 
 
@@ -150,7 +132,7 @@ def _staged_backup(callback, original, folder: str, *, publish: bool) -> None:
         _keep_previous(callback, folder)
     staged = [os.path.join(folder, os.path.basename(path)) for path in targets]
     with _swapped(callback, backup_dir=folder, _weights_path=staged[0],
-                  _training_metadata_path=staged[1], double_checkpoint=False), _own_saves():
+                  _training_metadata_path=staged[1], double_checkpoint=False), passthrough():
         original(callback)
     if publish:
         for source, target in zip(staged, targets, strict=True):
@@ -182,29 +164,21 @@ def _backup_restore(original):
             _load_previous(self)
         return None
 
-    setattr(on_train_begin, _MARK, NAME)
     return on_train_begin
 
 
 def _backup_cleanup(original):
     @functools.wraps(original)
     def on_train_end(self, logs=None):
-        if role(self.model) == _OTHER and not own_backup(self):
+        if role(self.model) == _OTHER and not getattr(self, "_kerasdist_own", False):
             return None  # the chief deletes the shared backup
         return original(self, logs)
 
-    setattr(on_train_end, _MARK, NAME)
     return on_train_end
 
 
 def _turn(model, kind: str):
     return chief_turn(model) if kind == _CHIEF else contextlib.nullcontext()
-
-
-def own_backup(callback) -> bool:
-    """Whether a non-chief worker's BackupAndRestore wrote a backup of its own (a folder the
-    chief's files did not reach)."""
-    return bool(getattr(callback, "_kerasdist_own", False))
 
 
 # --- ModelCheckpoint ---------------------------------------------------------------------------
@@ -224,13 +198,8 @@ class _StagedSaves:
     def _write(self, method, filepath, args, kwargs):
         if _is_remote(filepath):
             return method(filepath, *args, **kwargs)
-        target = os.path.abspath(os.fspath(filepath))
-        with _folder(os.path.dirname(target)) as folder:
-            staged = os.path.join(folder, os.path.basename(target))
-            result = method(staged, *args, **kwargs)
-            if os.path.exists(staged):
-                os.replace(staged, target)
-        return result
+        return staged_write(lambda path: method(path, *args, **kwargs),
+                            os.path.abspath(os.fspath(filepath)))
 
     def save(self, filepath, *args, **kwargs):
         return self._write(self._kerasdist_model.save, filepath, args, kwargs)
@@ -259,19 +228,18 @@ def _checkpoint_save(original):
             # a worker's staging folder in the same place (FileExistsError)
         if kind != _OTHER:  # remote paths: written in place by the chief, no barrier
             turn = _turn(self.model, kind if parent is not None else _SINGLE)
-            with turn, _swapped(self, _model=_StagedSaves(self._model)), _own_saves():
+            with turn, _swapped(self, _model=_StagedSaves(self._model)), passthrough():
                 return original(self, epoch, batch, logs)
         if _is_remote(self.filepath):
             with _folder() as folder:  # a private folder, dropped
                 private = os.path.join(folder, os.path.basename(self.filepath))
-                with _swapped(self, filepath=private), _own_saves():
+                with _swapped(self, filepath=private), passthrough():
                     return original(self, epoch, batch, logs)
         with worker_save(self.model, parent) as save:
             staged = os.path.join(save.folder, os.path.basename(self.filepath))
-            with _swapped(self, filepath=staged), _own_saves():
+            with _swapped(self, filepath=staged), passthrough():
                 return original(self, epoch, batch, logs)
 
-    setattr(_save_model, _MARK, NAME)
     return _save_model
 
 
@@ -287,29 +255,6 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-def _original(cls, name: str):
-    method = cls.__dict__[name]
-    return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
-
-
-def fake_worker_strategy(task_id: int):
-    """A fake (never initialised) ``MultiWorkerMirroredStrategy`` of a 2-worker cluster, seen from
-    ``worker:<task_id>`` (no TF op; for the probe and tests)."""
-    import tensorflow as tf
-
-    base = type(fake_multi_worker_strategy())
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec({"worker": ["fake:1", "fake:2"]}), task_type="worker",
-        task_id=task_id)
-
-    class _Worker(base):
-        @property
-        def cluster_resolver(self):
-            return resolver
-
-    return _Worker()
 
 
 class _Recorder:
@@ -334,15 +279,15 @@ def bug_present() -> bool:
     the methods are gone or no longer hand over the shared path, i.e. upstream changed them.
     """
     backup_cls, checkpoint_cls = _classes()
-    model = _Recorder(fake_worker_strategy(1))
+    model = _Recorder(fake_multi_worker_strategy(task_id=1))
     with tempfile.TemporaryDirectory() as folder:
         checkpoint = checkpoint_cls(os.path.join(folder, "model.keras"))
         backup = backup_cls(os.path.join(folder, "backup"))
         try:
             for callback in (checkpoint, backup):
                 callback.set_model(model)
-            _original(checkpoint_cls, "_save_model")(checkpoint, epoch=0, batch=None, logs={})
-            _original(backup_cls, "_save_model")(backup)
+            _patch.original(checkpoint_cls, "_save_model")(checkpoint, epoch=0, batch=None, logs={})
+            _patch.original(backup_cls, "_save_model")(backup)
         except (AttributeError, TypeError, KeyError):
             return False
         shared = {checkpoint.filepath, backup._weights_path}

@@ -1,19 +1,14 @@
 """Mend: Keras 3 ``TensorBoard`` and ``CSVLogger`` are written by every multi-worker task.
 
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``MultiWorkerMirroredStrategy``
-with 2 workers, one shared path as TensorFlow's multi-worker tutorial uses):
-``TensorBoard(log_dir)`` leaves two event files in ``log_dir/train`` (one per task, the same curves
-twice in TensorBoard), and ``CSVLogger(path)`` is opened and written by both workers at once. Keras
-3 callbacks have no chief logic (:mod:`kerasdist._compat.keras_chief_callbacks` covers
-``ModelCheckpoint``/``BackupAndRestore``).
+with 2 workers, one shared path as in TensorFlow's multi-worker tutorial): ``TensorBoard(log_dir)``
+leaves two event files in ``log_dir/train`` (the same curves twice), and ``CSVLogger(path)`` is
+written by both workers at once: Keras 3 callbacks have no chief logic.
 
 Mend (installed by ``kerasdist.enable()``): under a multi-worker strategy a non-chief task writes
-its TensorBoard logs and its CSV file into a private temporary folder, removed at train end; the
-chief (task ``chief``, else ``worker`` 0) writes the user's path. Everything else is upstream.
-
-Probe: :func:`bug_present` checks that the installed callbacks still never look at the model's
-strategy (source check, no TF op); ``tests/unit/test_compat.py``-style test in
-``tests/integration/test_chief_callbacks.py`` fails when that changes.
+its TensorBoard logs and CSV file into a private temporary folder, removed at train end; the chief
+(task ``chief``, else ``worker`` 0) writes the user's path. Probe: :func:`bug_present` (neither
+callback's source looks at the strategy).
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ from kerasdist._compat.keras_chief_callbacks import role
 
 NAME = "keras-chief-logs"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _OTHER = "other"
 
 
@@ -58,7 +52,6 @@ def _tensorboard_set_model(original):
             self.log_dir = _private(self)
         return original(self, model)
 
-    setattr(set_model, _MARK, NAME)
     return set_model
 
 
@@ -69,7 +62,6 @@ def _csv_train_begin(original):
             self.filename = os.path.join(_private(self), os.path.basename(self.filename))
         return original(self, logs)
 
-    setattr(on_train_begin, _MARK, NAME)
     return on_train_begin
 
 
@@ -83,16 +75,7 @@ def _cleanup_after(original):
             self._kerasdist_private = None
         return result
 
-    setattr(on_train_end, _MARK, NAME)
     return on_train_end
-
-
-def _patches():
-    tensorboard, csv_logger = _classes()
-    return ((tensorboard, "set_model", _tensorboard_set_model),
-            (tensorboard, "on_train_end", _cleanup_after),
-            (csv_logger, "on_train_begin", _csv_train_begin),
-            (csv_logger, "on_train_end", _cleanup_after))
 
 
 def _patches():

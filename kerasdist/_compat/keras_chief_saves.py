@@ -1,32 +1,21 @@
 """Mend: ``Model.save`` / ``save_weights`` / ``export`` written by every worker corrupt the file.
 
 Upstream: no Keras issue found (Keras 3.15 has no chief/worker logic in saving); reproduction: a
-script that ends with ``model.save("out/model.keras")`` after ``fit``,
-unchanged from its one-process form, run by ``kerasdist launch --workers 2``: both workers write
-the same path at once and a later ``keras.models.load_model`` raises ``BadZipFile: Truncated file
-header``; ``save_weights`` gives the same race on the ``.weights.h5`` file, ``export`` on the
-SavedModel folder.
+script ending with ``model.save("out/model.keras")`` after ``fit``, run unchanged by ``kerasdist
+launch --workers 2``: both workers write the same path at once and a later ``load_model`` raises
+``BadZipFile: Truncated file header``; ``save_weights`` and ``export`` race the same way.
 
-Mend (installed by :func:`kerasdist.keras.enable`, not by ``_compat.apply``): under a strategy in
-multi-worker mode (:func:`kerasdist._compat._fakes.is_multi_worker`):
-
-* the chief (task ``chief``, else ``worker`` 0; :func:`keras_chief_callbacks.role`) writes the
-  user's path, atomically: Keras writes into a staging folder inside the target's folder, then the
-  finished file (or files, or SavedModel folder) replaces the target with ``os.replace``;
-* every other worker runs the same save (reading distributed values may need collectives) into a
-  staging folder of its own inside the target's folder (hidden, removed right after);
-* then every worker waits on one all-reduce (a barrier), which the chief enters only after its
-  file is in place: when any worker's call returns, the file is complete, so a ``load_model``
-  right after never sees a partial file;
-* after the barrier, a worker that does not see the chief's file at its path (the target's
-  inode, size and mtime are as before the save: the path is on a disk of its own, as on real
-  hosts) moves its own staged copy into place atomically; one that sees it (a shared folder)
-  drops its copy. So a shared path gets exactly one complete file, the chief's, and every
-  worker's own path ends with a complete file (a worker's own ``tempfile.mkdtemp()`` path too).
-
-The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode, for remote
-paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own saves:
-:mod:`keras_chief_callbacks`), Keras's own code runs unchanged.
+Mend (installed by :func:`kerasdist.keras.enable`), in multi-worker mode
+(:func:`kerasdist._compat._fakes.is_multi_worker`), by the protocol of
+:mod:`kerasdist._compat._worker_saves`: the chief (task ``chief``, else ``worker`` 0) writes the
+user's path atomically (staged next to it, then ``os.replace``); every other worker runs the same
+save (reading distributed values may need collectives) into a staging folder of its own; every
+worker then passes a barrier the chief enters only after its file is in place (a ``load_model``
+right after any worker's call never sees a partial file); a worker that then does not see the
+chief's file at its path (a disk of its own) moves its copy into place, one that sees it drops
+its copy. The same applies to ``keras.saving.save_model(model, path)``. Outside multi-worker mode,
+for remote paths (``gs://`` ...) and inside the chief-aware callbacks (which stage their own
+saves), Keras's own code runs unchanged.
 """
 
 from __future__ import annotations
@@ -38,11 +27,10 @@ from kerasdist._compat import _patch
 from kerasdist._compat import _worker_saves as saves
 from kerasdist._compat import keras_chief_callbacks as chief
 from kerasdist._compat._fakes import is_multi_worker
-from kerasdist._compat._save_scope import inside, passthrough
+from kerasdist._compat._worker_saves import inside, passthrough
 
 NAME = "keras-chief-saves"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _METHODS = ("save", "save_weights", "export")
 
 
@@ -59,28 +47,11 @@ def _saving_modules():
     return keras.saving, saving_api
 
 
-def _staged_write(call, target: str) -> object:
-    """The chief's write: into a staging folder next to ``target``, then every output moved."""
-    with saves.folder(os.path.dirname(target) or ".") as folder:
-        result = call(os.path.join(folder, os.path.basename(target)))
-        _publish(folder, target)
-    return result
-
-
-def _publish(folder: str, target: str) -> None:
-    """Move the outputs of one save staged in ``folder`` to ``target``'s folder (atomically)."""
-    parent, base = os.path.dirname(target) or ".", os.path.basename(target)
-    stem = base[:-len(".weights.h5")] if base.endswith(".weights.h5") else None
-    for name in sorted(os.listdir(folder)):  # sharded weights write several files
-        if name == base or (stem is not None and name.startswith(stem)):
-            saves.move_into_place(os.path.join(folder, name), os.path.join(parent, name))
-
-
 def _distributed_save(model, call, filepath) -> object:
     target = os.path.abspath(os.fspath(filepath))
     if chief.role(model) == "chief":
         with saves.chief_turn(model):
-            return _staged_write(call, target)
+            return saves.staged_write(call, target)
     parent = os.path.dirname(target) or "."
     with saves.worker_save(model, parent) as save:
         return call(os.path.join(save.folder, os.path.basename(target)))
@@ -93,30 +64,18 @@ def _applies(model, filepath) -> bool:
     return is_multi_worker(strategy) and not chief._is_remote(os.fspath(filepath))
 
 
-def _method(original):
+def _mended(original):
+    """``Model.save``/``save_weights``/``export`` (``model`` is ``self``) and
+    ``keras.saving.save_model(model, filepath, ...)``, distributed as the module docs say."""
     @functools.wraps(original)
-    def method(self, filepath, *args, **kwargs):
-        if not _applies(self, filepath):
-            return original(self, filepath, *args, **kwargs)
-        with passthrough():
-            return _distributed_save(
-                self, lambda path: original(self, path, *args, **kwargs), filepath)
-
-    setattr(method, _MARK, NAME)
-    return method
-
-
-def _function(original):
-    @functools.wraps(original)
-    def save_model(model, filepath, *args, **kwargs):
+    def save(model, filepath, *args, **kwargs):
         if not _applies(model, filepath):
             return original(model, filepath, *args, **kwargs)
         with passthrough():
             return _distributed_save(
                 model, lambda path: original(model, path, *args, **kwargs), filepath)
 
-    setattr(save_model, _MARK, NAME)
-    return save_model
+    return save
 
 
 def bug_present() -> bool:
@@ -124,19 +83,14 @@ def bug_present() -> bool:
     import inspect
 
     model = _model_class()
-    source = "".join(inspect.getsource(_original(model, name)) for name in _METHODS)
+    source = "".join(inspect.getsource(_patch.original(model, name)) for name in _METHODS)
     return "cluster_resolver" not in source and "is_chief" not in source
-
-
-def _original(cls, name: str):
-    method = cls.__dict__[name]
-    return method.__wrapped__ if getattr(method, _MARK, None) == NAME else method
 
 
 def _patches():
     model = _model_class()
-    return ([_patch.Patch(model, name, _method) for name in _METHODS]
-            + [_patch.Patch(module, "save_model", _function) for module in _saving_modules()])
+    return ([_patch.Patch(model, name, _mended) for name in _METHODS]
+            + [_patch.Patch(module, "save_model", _mended) for module in _saving_modules()])
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

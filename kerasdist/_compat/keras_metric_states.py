@@ -1,26 +1,18 @@
 """Mend: metrics created outside ``strategy.scope()`` report each worker's own share.
 
-Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21,
-``kerasdist launch --workers 2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of
-a script, then ``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``;
-``evaluate`` reports different values on each worker, none equal to a strategy-free ``evaluate`` of
-the same weights on the same examples (the loss, whose tracker Keras builds inside the scope,
-agrees). Cause: a Keras metric creates its state variables when it is constructed; built outside the
-scope they are plain per-process variables, not the ``ON_READ`` variables that a cross-worker read
-aggregates, so each worker's ``result()`` is computed from its half of the examples. Metrics built
-inside the scope (or given by name) are aggregated by TensorFlow already.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``kerasdist launch --workers
+2``): ``metrics = [AUC(), Precision(), Recall()]`` built at the top of a script, then
+``compile(metrics=metrics)`` inside ``MultiWorkerMirroredStrategy.scope()``: ``evaluate`` reports
+different values on each worker, none equal to a strategy-free ``evaluate``. Cause: a metric built
+outside the scope has plain per-process state variables, not ``ON_READ`` ones that a cross-worker
+read aggregates (metrics built inside the scope, or given by name, are aggregated by TensorFlow).
 
-Mend: when Keras reads the metric results at the end of an epoch or of ``evaluate``
-(``Trainer.get_metrics_result``) under a multi-worker ``MultiWorkerMirroredStrategy``, the state
-variables of the model's metrics that are not distributed variables are summed over the workers
-(``aggregation="sum"``; ``"mean"`` ones averaged; others left alone) with one all-reduce per
-dtype, ``result()`` is computed from those totals, and each worker's own states are put back. Every
-worker calls it at the same points of ``fit``/``evaluate``, so the collectives pair up. Without a
-multi-worker strategy the unmodified method runs.
-
-Probe: :func:`bug_present` reads the source of Keras's ``Trainer.get_metrics_result`` (no TF
-op): the mend is needed while it reads the metrics with no cross-worker step;
-``tests/unit/test_compat.py`` fails when that changes.
+Mend: when Keras reads the metric results (``Trainer.get_metrics_result``, at the end of an epoch
+or of ``evaluate``) under a multi-worker strategy, the model's non-distributed metric states are
+summed over the workers (``"mean"`` ones averaged) with one all-reduce per dtype, ``result()`` is
+computed from those totals, and each worker's own states are put back; every worker reads at the
+same points, so the collectives pair. Probe: :func:`bug_present` reads
+``Trainer.get_metrics_result`` (still no cross-worker step).
 """
 
 from __future__ import annotations
@@ -33,7 +25,6 @@ from kerasdist._compat._fakes import is_multi_worker
 
 NAME = "keras-metric-states"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _REDUCE = {"sum": "SUM", "mean": "MEAN"}
 
 
@@ -45,14 +36,8 @@ def _trainer_class():
 
 def bug_present() -> bool:
     """Whether Keras's ``get_metrics_result`` reads the metrics with no cross-worker step."""
-    source = inspect.getsource(_unwrapped(_trainer_class().get_metrics_result))
+    source = inspect.getsource(_patch.original(_trainer_class(), "get_metrics_result"))
     return "all_reduce" not in source and "strategy" not in source
-
-
-def _unwrapped(function):
-    while getattr(function, _MARK, None) == NAME:
-        function = function.__wrapped__
-    return function
 
 
 def _local_variables(model) -> list:
@@ -123,7 +108,6 @@ def _mended(original):
             for variable, value in zip(variables, own, strict=True):
                 variable.assign(value)
 
-    setattr(get_metrics_result, _MARK, NAME)
     return get_metrics_result
 
 

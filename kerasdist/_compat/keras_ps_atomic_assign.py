@@ -1,20 +1,15 @@
 """Mend: Keras 3 ``Variable.assign_add``/``assign_sub`` are a read then a write, not one atomic op.
 
-Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): a model compiled
-under ``ParameterServerStrategy`` with 2 workers, 60 scheduled ``train_step`` calls through
-``ClusterCoordinator.schedule``: ``optimizer.iterations`` ends short of 60 (53 once), and the
-metrics' ``count`` variables short by the same amount. Keras's TensorFlow ``Variable`` inherits
-``assign_add(self, value): return self.assign(self + value)`` from
-``keras.src.backend.common.variables.Variable``; when two workers run it on the same ps variable
-at once, one update overwrites the other. ``tf.Variable.assign_add`` is a single
-``AssignAddVariableOp`` on the ps and loses nothing.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, CPU): a model compiled under
+``ParameterServerStrategy`` with 2 workers, 60 ``train_step`` calls scheduled through
+``ClusterCoordinator.schedule``: ``optimizer.iterations`` ends short of 60 (53 once), the metrics'
+``count`` variables short by as much. Keras's ``Variable.assign_add`` is ``self.assign(self +
+value)``: two workers running it on one ps variable at once lose an update, where
+``tf.Variable.assign_add`` is one ``AssignAddVariableOp`` on the ps.
 
-Scope: :func:`atomic_updates` patches only the given variable *objects* (instance attributes;
-the Keras class is untouched), for the duration of a ``with`` block in which kerasdist traces its
-parameter-server steps; the traced graphs keep the atomic ops after the block ends.
-
-Probe: :func:`bug_present` reads the installed Keras's ``assign_add``: the mend is used only while
-it is still the read-then-write form; ``tests/unit/test_compat.py`` fails when it changes.
+:func:`atomic_updates` patches only the given variable *objects* (not the Keras class) during a
+``with`` block in which kerasdist traces its parameter-server steps; the traced graphs keep the
+atomic ops. Probe: :func:`bug_present` (``assign_add`` still reads then writes).
 """
 
 from __future__ import annotations

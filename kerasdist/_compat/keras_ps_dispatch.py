@@ -4,28 +4,15 @@ Upstream: Keras 3 has no parameter-server code (its TensorFlow trainer never cre
 ``ClusterCoordinator``); ``model.fit`` fails with "you need to pass this dataset to
 ClusterCoordinator.create_per_worker_dataset" (Keras 3.15 / TF 2.21; the TF tutorial
 https://www.tensorflow.org/tutorials/distribute/parameter_server_training uses Keras 2's ``fit``).
-Probe: :func:`bug_present` checks that the installed Keras TensorFlow trainer still has no
-``ClusterCoordinator``; ``tests/unit/test_compat.py`` fails when that changes.
+Probe: :func:`bug_present` (the trainer's source still has no ``ClusterCoordinator``).
 
-Installed by ``kerasdist.enable()``: a Keras model built and compiled inside
-``tf.distribute.ParameterServerStrategy.scope()`` then trains, evaluates and predicts with plain
-``model.fit``/``evaluate``/``predict``, routed to kerasdist's coordinator loop
-(:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`). The wrap is on
-``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the base of every ``keras.Model`` on this
-backend: the narrowest scope that reaches plain ``model.fit``); every other model goes straight to
+Installed by ``kerasdist.enable()``: ``TensorFlowTrainer.fit``/``evaluate``/``predict`` (the base
+of every ``keras.Model`` on this backend) route a model built and compiled inside
+``ParameterServerStrategy.scope()`` to kerasdist's coordinator loop
+(:mod:`kerasdist.keras.ps_fit`, :mod:`kerasdist.keras.ps_predict`); every other model goes to
 Keras's own method, and :func:`disable` puts the originals back. Subclasses that override
-``fit``/``evaluate``/``predict`` themselves are not affected.
-
-Example::
-
-    import kerasdist, keras, tensorflow as tf
-    kerasdist.enable()
-    strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)
-    with strategy.scope():
-        model = kerasdist.models.mnist_cnn()
-        model.compile("adam", "sparse_categorical_crossentropy", metrics=["accuracy"])
-    model.fit(dataset_fn, epochs=3, steps_per_epoch=62)   # dataset_fn(input_context)
-    probabilities = model.predict(x_test, batch_size=256)  # rows in input order
+``fit``/``evaluate``/``predict`` are not affected. Example: ``docs/python-api.md`` ("Parameter
+server").
 """
 
 from __future__ import annotations
@@ -37,7 +24,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-ps-fit"
 ISSUE = "Keras 3 has no ParameterServerStrategy support (reproduction in this module's docstring)"
-
 
 
 def _trainer_class():

@@ -1,27 +1,19 @@
 """Mend: under MirroredStrategy the replicas overwrite each other's ``add_loss`` values.
 
-Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21): a
-layer that calls ``self.add_loss(0.5 * mean(x**2))`` followed by
-``BatchNormalization(synchronized=True)``, trained 16 steps under ``MirroredStrategy`` with 2
-replicas, ends 0.022 (max abs) from the strategy-free weights; with the synchronized layer placed
-*before* the ``add_loss`` layer, 6e-8. Cause: ``Layer.add_loss`` appends to ``self._losses``, one
-list per layer object, which MirroredStrategy's replica threads share; each replica's outermost
-call clears it (``Layer._get_call_context``). The replica threads run in turn and switch at a
-cross-replica sync: the first replica adds its value and stops at the synchronized layer's
-all-reduce; the second clears the list and adds its own; the first then reads the second's value
-in ``compute_loss`` (a tensor of the same graph, so nothing fails). Any sync between an
-``add_loss`` and the loss does it.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21): a layer calling
+``self.add_loss(0.5 * mean(x**2))`` followed by ``BatchNormalization(synchronized=True)``, trained
+under ``MirroredStrategy`` with 2 replicas, ends 0.022 (max abs) from the strategy-free weights.
+Cause: ``Layer.add_loss`` appends to ``self._losses``, one list per layer object, which the replica
+threads share and each replica's outermost call clears. The threads switch at a cross-replica
+sync: the first replica adds its value and waits in the synchronized layer's all-reduce, the
+second clears the list and adds its own, and the first then reads the second's value in
+``compute_loss``. Any sync between an ``add_loss`` and the loss does it.
 
-Mend: inside a MirroredStrategy replica thread, the values a layer adds are kept per thread (a
-``threading.local``), read back by ``_get_own_losses`` and cleared by ``_clear_losses`` together
-with Keras's list. Keras's own ``add_loss`` still validates and records the value; the mend moves
-it out of the shared list before anything else runs (no sync point in between). Outside replica
-threads, and in Keras's stateless scope (which collects losses per scope already), Keras's code
-runs unchanged.
-
-Probe: :func:`bug_present` reads the source of ``Layer.add_loss`` (no TF op): the mend is needed
-while it appends to the per-object ``self._losses``; ``tests/unit/test_compat.py`` fails when
-that changes. Proof: ``tests/integration/test_replica_add_loss.py``.
+Mend: inside a MirroredStrategy replica thread (outside Keras's stateless scope), the values a
+layer adds are moved at once to a per-thread store (a ``threading.local``), read back by
+``_get_own_losses`` and cleared by ``_clear_losses`` with Keras's list; Keras's ``add_loss`` still
+validates and records them. Probe: :func:`bug_present` reads ``Layer.add_loss`` (it still appends
+to ``self._losses``). Proof: ``tests/integration/test_replica_add_loss.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +26,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-replica-add-loss"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _LOCAL = threading.local()
 _METHODS = ("add_loss", "_get_own_losses", "_clear_losses")
 
@@ -83,7 +74,6 @@ def _mended(name, original):
                 _own(self).clear()
 
     method = functools.wraps(original)(method)
-    setattr(method, _MARK, NAME)
     return method
 
 

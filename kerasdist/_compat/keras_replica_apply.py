@@ -1,34 +1,26 @@
 """Mend: Keras 3 optimizers clip and keep EMA per replica, before the all-reduce.
 
-Upstream: no issue found; reproduction below (Keras 3.15 / TF 2.21, CPU). The optimizer's own
-``gradient_accumulation_steps`` (keras-team/keras#20582) is mended by
-:mod:`~kerasdist._compat.keras_20582_grad_accum`, which calls ``apply`` in cross-replica context:
-this mend then finds no replica context and steps aside.
+Upstream: no issue found; reproduction (Keras 3.15 / TF 2.21, CPU): on the TensorFlow backend,
+``BaseOptimizer._backend_apply_gradients`` runs in *replica* context and clips (``clipnorm``,
+``clipvalue``, ``global_clipnorm``) each replica's partial gradient; only later, in
+``_backend_update_step``, are the clipped gradients all-reduced. A clipped model under
+``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` with 2 replicas thus ends away from the
+single-process run on the same global batches, and ``use_ema`` with ``ema_overwrite_frequency``
+calls ``merge_call`` in an ``ops.cond`` inside the replica function, which TensorFlow refuses.
 
-Bug: on the TensorFlow backend, ``BaseOptimizer._backend_apply_gradients`` runs in *replica*
-context: it clips (``clipnorm``, ``clipvalue``, ``global_clipnorm``) each replica's partial gradient
-(of its ``1/replicas``-scaled loss), and only later, inside ``_backend_update_step``, all-reduces
-the clipped gradients. Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` with 2
-replicas a clipped model therefore ends with weights different from the single-process run on the
-same global batches, and ``gradient_accumulation_steps`` and ``use_ema`` with
-``ema_overwrite_frequency`` wrap an update that calls ``merge_call`` in ``ops.cond`` inside the
-replica function, which TensorFlow refuses.
+Mend: with 2 or more replicas in sync (mirrored, multi-worker), the gradients are all-reduced in
+replica context (the optimizer's own ``_all_reduce_sum_gradients``: the 16-bit hook still
+applies), then Keras's unmodified ``_backend_apply_gradients`` runs in cross-replica context (one
+``merge_call``): clipping and weight decay see the global-batch gradient, as in one process, and
+``_backend_update_step`` does not reduce again. When
+:mod:`~kerasdist._compat.keras_replica_loss` left a step's losses as per-replica means, the sum is
+divided by the replicas; for a step whose one loss is a ``mean_with_sample_weight`` one, each
+replica's gradient is weighed by its sample-weight sum and the sum divided by the global one.
+Other strategies run Keras's code, and so does a cross-replica ``apply``
+(:mod:`~kerasdist._compat.keras_20582_grad_accum`).
 
-Mend: for a strategy with 2 or more replicas in sync (mirrored, multi-worker), the mended method
-all-reduces the gradients in replica context (the optimizer's own ``_all_reduce_sum_gradients``, so
-the 16-bit all-reduce hook still applies), then runs Keras's unmodified
-``_backend_apply_gradients`` in cross-replica context (one ``merge_call``) on the reduced
-gradients: clipping and weight decay see the whole global-batch gradient, as in one process, and
-every ``ops.cond`` is taken where TensorFlow allows it; ``_backend_update_step`` then finds no
-replica context and does not reduce again. When :mod:`~kerasdist._compat.keras_replica_loss` left
-a Keras ``fit`` step's losses as per-replica means, the reduced sum is divided by the replicas in
-sync; when the step's one loss is a ``mean_with_sample_weight`` one, each replica's gradient is
-weighed by its sample-weight sum and the sum divided by the all-reduced weight sum (exact with
-uneven weights). One process, ``OneDeviceStrategy`` and parameter-server workers run Keras's code.
-
-Probe: :func:`bug_present` reads the installed method's source (no TF op): the mend is needed
-while clipping happens in ``_backend_apply_gradients`` before ``_backend_update_step`` reduces;
-``tests/unit/test_compat.py`` fails when that changes.
+Probe: :func:`bug_present` (sources): clipping still happens in ``_backend_apply_gradients``,
+before ``_backend_update_step`` reduces.
 """
 
 from __future__ import annotations
@@ -40,7 +32,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-optimizer-replica-apply"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 
 
 def _optimizer_class():
@@ -127,7 +118,6 @@ def _mended(original):
 
         return tf.distribute.get_replica_context().merge_call(in_cross_replica, args=(reduced,))
 
-    setattr(_backend_apply_gradients, _MARK, NAME)
     return _backend_apply_gradients
 
 

@@ -1,27 +1,20 @@
 """Mend: under a multi-replica strategy, Keras 3 hands custom steps a loss divided by the replicas.
 
 Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, ``MirroredStrategy`` with 2
-replicas and ``MultiWorkerMirroredStrategy`` with 2 workers): a ``train_step``/``test_step`` written
-as Keras's "customizing fit" guide shows (``loss = self.compute_loss(...)``;
-``metric.update_state(loss)`` for the ``loss`` metric) reports half the loss of the same model in
-one process (evaluate 0.59 vs 1.18), and a model that overrides ``compute_loss`` to add a term of
-its own (``+ 0.01 * mean(y_pred**2)``) ends with weights 1e-3 away from the single-process run.
+replicas or ``MultiWorkerMirroredStrategy`` with 2 workers): a ``train_step``/``test_step`` written
+as Keras's "customizing fit" guide shows reports half the single-process loss, and a model whose
+``compute_loss`` adds a term of its own ends with weights 1e-3 away from the single-process run.
 Cause: Keras divides every loss by ``num_replicas_in_sync`` inside ``compute_loss``
-(``keras.src.losses.loss.scale_loss_for_distribution``) so that the all-reduce *sum* of the
-replicas' gradients is the mean; its own ``train_step`` multiplies the value back before its loss
-tracker sees it, users' steps do not, and a term a user adds is not divided.
+(``scale_loss_for_distribution``) so that the all-reduce *sum* of the gradients is the mean; its
+own ``train_step`` multiplies the value back for its loss tracker, users' steps do not, and a term
+a user adds is not divided.
 
-Mend: during the steps of Keras's own ``fit``/``evaluate`` (the model's ``train_function`` and
-``test_function``; a user's ``strategy.run`` loop is untouched) under a ``MirroredStrategy`` or
-``MultiWorkerMirroredStrategy`` with 2+ replicas, ``scale_loss_for_distribution`` and
+Mend: during the steps of Keras's own ``fit``/``evaluate`` (a user's ``strategy.run`` loop is
+untouched) with 2+ replicas of a mirrored strategy, ``scale_loss_for_distribution`` and
 ``unscale_loss_for_distribution`` are the identity, so every loss a step sees is the per-replica
 mean, as in one process, and the optimizer divides the all-reduced gradient sum by the replicas
-instead (:mod:`kerasdist._compat.keras_replica_apply`): the same update, written where a custom
-step cannot miss it.
-
-Probe: :func:`bug_present` reads the installed ``scale_loss_for_distribution`` (no TF op): the mend
-is needed while it divides by ``num_replicas_in_sync``; ``tests/unit/test_compat.py`` fails when
-that changes.
+instead (:mod:`kerasdist._compat.keras_replica_apply`). Probe: :func:`bug_present` reads
+``scale_loss_for_distribution`` (it still divides by ``num_replicas_in_sync``).
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-replica-loss"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 _STATE = threading.Lock(), {"depth": 0}
 _FUNCTIONS = ("scale_loss_for_distribution", "unscale_loss_for_distribution")
 _REDUCTIONS = ("sum", "sum_over_batch_size", "mean", "mean_with_sample_weight")
@@ -93,7 +85,6 @@ def _identity_in_steps(original):
             return _reported(value) if unscale else value
         return original(value)
 
-    setattr(function, _MARK, NAME)
     return function
 
 
@@ -130,14 +121,11 @@ def _global_sums(note):
 
 
 def take_weight_sums():
-    """``(local, global)`` sample-weight sums when the step this replica thread traces reduced
-    exactly one loss, with ``mean_with_sample_weight``; else None. Forgets the step's notes (the
-    optimizer calls it once a step).
-
-    :mod:`kerasdist._compat.keras_replica_apply` weighs this replica's gradient by the local sum
-    and divides the all-reduced sum by the global one: the gradient of the global batch's
-    weighted mean, as in one process, with no collective inside the loss. Scalar tensors of the
-    loss's dtype."""
+    """``(local, global)`` sample-weight sums (scalar tensors of the loss's dtype) when the step this
+    replica thread traces reduced exactly one loss, with ``mean_with_sample_weight``; else None.
+    Forgets the step's notes (:mod:`kerasdist._compat.keras_replica_apply` calls it once a step, to
+    weigh this replica's gradient by the local sum and divide the all-reduced sum by the global
+    one: the global batch's weighted mean, as in one process)."""
     note = _weighted_mean_note()
     sums = None if note is None else (note["weights"], _global_sums(note)[0])
     _REPLICA.notes = None
@@ -161,13 +149,10 @@ def _reported(value):
 def _exact_reduce(original):
     """Keras's ``reduce_values``; in a replicated Keras step, ``"sum"`` is scaled by the replicas.
 
-    The optimizer divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`),
-    right for the mean reductions (each replica's loss is its own mean) but half the step for a
-    summed loss: a replica's ``"sum"`` loss becomes ``replicas * (its sum)``, so the update is the
-    strategy-free one. ``mean_with_sample_weight`` returns the replica's weighted mean and notes its
-    weight sum and examples: when it is the step's only loss, the loss trackers record this
-    replica's share of the global weighted mean and the optimizer weighs each replica's gradient
-    by its share of the global weight sum (:func:`take_weight_sums`), exact for uneven weights.
+    The optimizer divides the all-reduced gradient sum by the replicas (:mod:`keras_replica_apply`):
+    right for the mean reductions, so a replica's ``"sum"`` loss becomes ``replicas * (its sum)``.
+    ``mean_with_sample_weight`` returns the replica's weighted mean and notes its weight sum and
+    examples, for :func:`_reported` and :func:`take_weight_sums` (exact for uneven weights).
     """
 
     @functools.wraps(original)
@@ -191,7 +176,6 @@ def _exact_reduce(original):
         total = tf.reduce_sum(values)
         return total * tf.cast(context.num_replicas_in_sync, total.dtype)
 
-    setattr(reduce_values, _MARK, NAME)
     return reduce_values
 
 
@@ -211,7 +195,7 @@ def _counted(step_function):
     return run
 
 
-def _wrap_maker(original, attribute: str):
+def _wrap_maker(attribute: str, original):
     @functools.wraps(original)
     def make(self, *args, **kwargs):
         returned = original(self, *args, **kwargs)  # Keras 3.15 sets the attribute, returns None
@@ -220,7 +204,6 @@ def _wrap_maker(original, attribute: str):
             setattr(self, attribute, _counted(function))
         return getattr(self, attribute) if returned is not None else returned
 
-    setattr(make, _MARK, NAME)
     return make
 
 
@@ -228,13 +211,9 @@ def _patches():
     module, trainer = _loss_module(), _trainer_class()
     return ([_patch.Patch(module, name, _identity_in_steps) for name in _FUNCTIONS]
             + [_patch.Patch(module, "reduce_values", _exact_reduce)]
-            + [_patch.Patch(trainer, maker, functools.partial(_maker, attribute))
+            + [_patch.Patch(trainer, maker, functools.partial(_wrap_maker, attribute))
                for maker, attribute in (("make_train_function", "train_function"),
                                         ("make_test_function", "test_function"))])
-
-
-def _maker(attribute, original):
-    return _wrap_maker(original, attribute)
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions

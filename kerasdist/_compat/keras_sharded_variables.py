@@ -1,54 +1,34 @@
 """Mend: Keras 3 variables cannot be sharded by a ``ParameterServerStrategy`` partitioner.
 
-Upstream: no Keras issue found; written reproduction (Keras 3.15 / TF 2.21, CPU): an
-in-process cluster with 2 workers and 2 ps, ``tf.distribute.ParameterServerStrategy(resolver,
-variable_partitioner=FixedShardsPartitioner(2))``, a ``Sequential`` of two ``Dense`` layers built
-and compiled in its scope, then one scheduled ``train_step`` (``model.fit`` under kerasdist, or
-TensorFlow's parameter-server tutorial's own loop):
-``AttributeError: 'ShardedVariable' object has no attribute 'handle'``, raised by Keras's
-TensorFlow ``Variable.handle`` inside ``tape.gradient``.
-
-Cause: under a partitioner, the ``tf.Variable`` that Keras creates inside its own ``Variable``
-becomes a ``tf.distribute.experimental.ShardedVariable`` (a container of 2 or more resource
-variables, one per ps task, split along axis 0). Keras's ``Variable`` declares itself a resource
-variable, so ``GradientTape.gradient`` asks it for one ``handle``; a sharded container has one per
-shard.
+Upstream: no Keras issue found; reproduction (Keras 3.15 / TF 2.21, CPU): 2 workers and 2 ps,
+``ParameterServerStrategy(resolver, variable_partitioner=FixedShardsPartitioner(2))``, two
+``Dense`` layers compiled in its scope, one scheduled ``train_step``: ``AttributeError:
+'ShardedVariable' object has no attribute 'handle'`` inside ``tape.gradient``. Cause: under a
+partitioner the ``tf.Variable`` inside a Keras ``Variable`` becomes a ``ShardedVariable`` (one
+resource variable per ps task, split along axis 0), but Keras's ``Variable`` declares itself a
+resource variable, so ``GradientTape.gradient`` asks it for one ``handle``.
 
 Mend (every patch is inert unless a Keras variable holds a ``ShardedVariable``):
 
-* ``tape.gradient`` differentiates such a variable through its shards and returns one gradient of
-  the variable's full shape: the shards' dense gradients concatenated along axis 0, or, when every
-  shard's gradient is an ``IndexedSlices`` (embedding lookups), one ``IndexedSlices`` whose indices
-  are shifted by each shard's row offset; a shard that the loss does not reach counts as zeros.
-  The optimizer's own ``update_step`` then runs once per shard, on that shard's ps, with the
-  shard, its slots' shards and its slice of the gradient (:func:`_update_step_by_shard`). Other
-  uses of ``extended.update`` on the container (AdamW's weight decay) run the function on the
-  container, which TF's colocation cannot take.
-* optimizer slots (momentum, Adam's moments) of a sharded variable are created without
-  colocation, so the partitioner splits them exactly as the variable (same shape and dtype),
-  shard i on the ps task of the variable's shard i.
-* a Keras variable that receives a ``ShardedVariable`` takes a subclass whose ``numpy()`` /
-  ``np.asarray`` (``model.save``, ``get_weights``) read and concatenate the shards (a
-  ``ShardedVariable`` has neither), and which checkpoints as TensorFlow checkpoints a
-  ``ShardedVariable``: one full-shape tensor written in slices, one per shard, under the same
-  checkpoint key as an unsharded variable, so it restores onto any number of shards (a
-  checkpoint written with N ps restores onto M ps, or onto one unsharded variable). Keras's own
-  ``_serialize_to_tensors`` cannot be used: TensorFlow's ``TrackableSaveable.restore`` keeps one
-  tensor per attribute name, the last slice.
-* ``keras.ops.take(variable, indices, axis=0)`` (what ``Embedding`` calls) on such a variable
-  becomes ``tf.nn.embedding_lookup`` on the shards: each ps gathers its own rows, instead of every
-  step reading the whole table to the worker.
+* ``tape.gradient`` differentiates such a variable through its shards and returns one full-shape
+  gradient (dense shards concatenated, or one ``IndexedSlices`` with each shard's indices shifted
+  by its row offset); the optimizer's ``update_step`` runs once per shard, on its ps
+  (:func:`_update_step_by_shard`).
+* optimizer slots of a sharded variable are created without colocation, so the partitioner splits
+  them as the variable, shard i on the ps task of the variable's shard i.
+* the variable takes a subclass whose ``numpy()`` concatenates the shards and which checkpoints as
+  TensorFlow checkpoints a ``ShardedVariable`` (one full-shape tensor in slices under the unsharded
+  key: N ps restore onto M ps or one variable).
+* ``keras.ops.take(variable, indices, axis=0)`` (``Embedding``) becomes ``tf.nn.embedding_lookup``
+  on the shards: each ps gathers its own rows.
 
-Probe: :func:`bug_present` reads Keras's ``Variable.handle`` source (no TF op): the mend is needed
-while it returns ``self.value.handle`` unconditionally; ``tests/unit/test_compat.py`` fails when
-that changes.
-
-Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/partitioners and
-``tf.distribute.experimental.ShardedVariable`` (TF API docs).
+Probe: :func:`bug_present` reads Keras's ``Variable.handle`` (still ``self.value.handle``).
+Source: ``tf.distribute.experimental.partitioners`` and ``ShardedVariable`` (TF API docs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -56,7 +36,6 @@ from kerasdist._compat import _patch
 
 NAME = "keras-sharded-variables"
 ISSUE = "no upstream issue found; reproduction in this module's docstring"
-_MARK = "_kerasdist_mend"
 
 
 def bug_present() -> bool:
@@ -282,7 +261,7 @@ def _gradient_slice(grad, start, shard):
 def _initialize(original):
     def initialize(self, value):
         original(self, value)
-        if sharded_value(self) is not None and not getattr(self, _MARK, False):
+        if sharded_value(self) is not None and not getattr(self, _patch.MARK, False):
             self.__class__ = _sharded_class(type(self))
 
     return initialize
@@ -314,30 +293,22 @@ def _sharded_class(base):
     return ShardedKerasVariable
 
 
-class _same_ps_tasks:
+@contextlib.contextmanager
+def _same_ps_tasks(strategy, sharded):
     """Within the block, a ``ParameterServerStrategy`` places new variables' shards round-robin
     from the ps task that holds ``sharded``'s first shard, so a slot's shard i sits beside the
     variable's shard i (TF places shards of one variable on consecutive ps tasks). Restores the
     strategy's placement counter on exit; a no-op for other strategies."""
+    import tensorflow as tf
 
-    def __init__(self, strategy, sharded):
-        self.extended = getattr(strategy, "extended", None)
-        self.sharded = sharded
-        self.saved = None
-
-    def __enter__(self):
-        import tensorflow as tf
-
-        count = getattr(self.extended, "_variable_count", None)
-        if count is None:
-            return self
-        device = tf.DeviceSpec.from_string(self.sharded.variables[0].device or "")
-        if device.job == "ps" and device.task is not None:
-            self.saved = count
-            self.extended._variable_count = device.task
-        return self
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            self.extended._variable_count = self.saved
-        return False
+    extended = getattr(strategy, "extended", None)
+    count = getattr(extended, "_variable_count", None)
+    device = tf.DeviceSpec.from_string(sharded.variables[0].device or "") if count is not None else None
+    if device is None or device.job != "ps" or device.task is None:
+        yield
+        return
+    extended._variable_count = device.task
+    try:
+        yield
+    finally:
+        extended._variable_count = count

@@ -1,32 +1,27 @@
 """Mend for tensorflow/tensorflow#72388: ``strategy.reduce("MEAN", v, axis=0)`` on scalar logs.
 
-Upstream: https://github.com/tensorflow/tensorflow/issues/72388.
+Upstream: https://github.com/tensorflow/tensorflow/issues/72388. After every train/test step,
+Keras's ``reduce_per_replica`` averages the step's logs across the workers of a multi-worker
+``MultiWorkerMirroredStrategy`` with ``strategy.reduce("MEAN", value, axis=0)``; the logs are
+scalars, and ``Strategy.reduce`` first sums along the axis: "Invalid reduction dimension 0 for
+input with 0 dimensions".
 
-Bug: after every train/test step Keras's ``reduce_per_replica`` (in
-``keras/src/backend/tensorflow/trainer.py``) averages the step's logs across workers with
-``strategy.reduce("MEAN", value, axis=0)`` when the strategy is a multi-worker
-``MultiWorkerMirroredStrategy``. The logs (loss, accuracy) are scalars, and ``Strategy.reduce``
-with an ``axis`` first sums the value along that axis, which a rank-0 tensor does not have:
-"Invalid reduction dimension 0 for input with 0 dimensions".
-
-Mend: a wrapper around ``reduce_per_replica`` that, for a multi-worker strategy and the ``"auto"``
-or ``"mean"`` reduction only, averages every scalar log across all replicas with ``axis=None``
-(one all-reduce per step for all scalars together, packed into one vector) and leaves values of
-rank >= 1 to the unmodified function. Effect: every worker logs the same, global mean value.
-For ``predict`` (reduction ``"concat"``) of a mixed_bfloat16 model, bfloat16 outputs are gathered
-as float32 and cast back (TF's all-gather has no bfloat16 kernel).
+Mend: for a multi-worker strategy and the ``"auto"``/``"mean"`` reduction, every scalar log is
+averaged with ``axis=None`` (one all-reduce per step, the scalars packed into one vector); values
+of rank >= 1 go to the unmodified function. For ``predict`` (``"concat"``) of a mixed_bfloat16
+model, bfloat16 outputs are gathered as float32 and cast back (no bfloat16 all-gather kernel).
 """
 
 from __future__ import annotations
 
 import functools
+import types
 
 from kerasdist._compat import _patch
 from kerasdist._compat._fakes import fake_multi_worker_strategy, is_multi_worker
 
 NAME = "tensorflow#72388"
 ISSUE = "https://github.com/tensorflow/tensorflow/issues/72388"
-_MARK = "_kerasdist_mend"
 
 
 def _trainer_module():
@@ -94,7 +89,6 @@ def _mended(original):
             return _concat_via_float32(values, strategy, original, reduction)
         return original(values, strategy, reduction)
 
-    setattr(reduce_per_replica, _MARK, NAME)
     return reduce_per_replica
 
 
@@ -103,18 +97,6 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-def _original():
-    function = _trainer_module().reduce_per_replica
-    return function.__wrapped__ if installed() else function
-
-
-class _Scalar:
-    """A stand-in rank-0 log value (no TF op): what the probe hands to Keras."""
-
-    class shape:  # noqa: N801 - mimics TensorShape
-        rank = 0
 
 
 def bug_present() -> bool:
@@ -126,8 +108,9 @@ def bug_present() -> bool:
     checked by ``tests/unit/test_compat.py``, where running TF ops is allowed.
     """
     strategy = fake_multi_worker_strategy()
+    scalar = types.SimpleNamespace(shape=types.SimpleNamespace(rank=0))  # a rank-0 log, no TF op
     try:
-        _original()({"loss": _Scalar()}, strategy, "auto")
+        _patch.original(_trainer_module(), "reduce_per_replica")({"loss": scalar}, strategy, "auto")
     except (AttributeError, TypeError):
         return False
     return any(c.axis == 0 and getattr(getattr(c.value, "shape", None), "rank", None) == 0

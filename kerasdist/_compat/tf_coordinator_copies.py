@@ -1,39 +1,28 @@
 """Mend: a parameter-server coordinator's closure threads race inside TF's cluster function runtime.
 
-Upstream: no TensorFlow issue found; the race is in TF's own C++ source (read at TF 2.21).
+Upstream: no TensorFlow issue found; the race is in TF's C++ (read at TF 2.21).
 ``EagerClusterFunctionLibraryRuntime`` keeps one ``FunctionData`` (target task, eager client,
-operation) per function it instantiated on a remote task, in a ``std::vector`` (``function_data_``,
-declared in ``tensorflow/core/distributed_runtime/eager/cluster_function_library_runtime.h``).
-``Instantiate`` appends to it (``emplace_back``, which moves the elements to new storage and frees
-the old when the vector grows); ``Run`` takes ``&function_data_[handle]`` under the lock, releases
-the lock, then reads the element's eager client, operation and ``target``. A ``Run`` whose element
-moves meanwhile reads a moved-from client or operation (null: ``INTERNAL: Could not find eager
-client`` or a SIGSEGV) or a freed ``target`` string: the ``RunComponentFunction`` request then
-carries garbage in ``tensorflow.eager.Operation.device`` (protobuf: "String field
-'tensorflow.eager.Operation.device' contains invalid UTF-8 data when serializing") and the task
-that receives it answers ``INTERNAL: Unable to parse request``, and the run dies.
+operation) per remote function in a ``std::vector`` (``function_data_``,
+``tensorflow/core/distributed_runtime/eager/cluster_function_library_runtime.h``). ``Instantiate``
+appends to it (``emplace_back`` moves the elements when the vector grows); ``Run`` takes
+``&function_data_[handle]`` under the lock, releases it, then reads the element, which may have
+moved meanwhile: ``INTERNAL: Could not find eager client``, a SIGSEGV, or garbage in the request's
+``Operation.device`` that the receiving task answers with ``INTERNAL: Unable to parse request``.
 
-Where kerasdist meets it: an eager op on the coordinator whose input lives on another task runs as
-a multi-device function, instantiated (once per op, dtype and task) and run through that runtime.
-``ClusterCoordinator`` copies every scheduled call's outputs to the coordinator in the closure
-thread of the worker that ran it (``RemoteValueImpl._copy_to_local``: an ``array_ops.identity``),
-so closure threads instantiate and run there concurrently (the first copy from each worker, every
-new output dtype, every restarted worker), beside the main thread's eager ops on ps values
+Where kerasdist meets it: ``ClusterCoordinator`` copies every scheduled call's outputs to the
+coordinator in the closure thread of the worker that ran it (``RemoteValueImpl._copy_to_local``, an
+``array_ops.identity``: a multi-device function instantiated once per op, dtype and task), so
+closure threads instantiate and run there concurrently, beside the main thread's eager ops
 (``tests/multiprocess/test_ps_coordinator_copies.py`` counts the instantiations).
 
-Mend: :func:`install` replaces ``RemoteValueImpl._copy_to_local``: each eager tensor result is
-copied to the coordinator's CPU with ``EagerTensor._copy_nograd`` (TF's device-to-device copy,
-the one ``.numpy()`` uses for a remote tensor: a send/receive pair, no function, no cluster
-function runtime; a failed copy raises ``UnavailableError``, as TF's own copy does); other
-values (a ``DistributedIterator``, composite tensors) go through TF's own code unchanged. Same
-values, dtypes and device (``/job:<coordinator>/replica:0/task:<i>/device:CPU:0``); the closure
-threads then never touch the cluster function runtime, and its only user left is the
-main thread (one thread cannot race with itself).
+Mend: ``_copy_to_local`` copies each eager tensor result to the coordinator's CPU with
+``EagerTensor._copy_nograd`` (the device-to-device copy ``.numpy()`` uses: a send/receive pair, no
+function; a failed copy raises ``UnavailableError``, as TF's own copy does); other values take
+TF's own code. The closure threads then never touch the cluster function runtime, whose only user
+left is the main thread.
 
-Probe: :func:`bug_present` reads the installed TF's header (``function_data_`` still a
-``std::vector<FunctionData>``) and ``RemoteValueImpl._copy_to_local``'s source (still an
-``array_ops.identity``); ``tests/unit/test_compat.py`` fails when either changes. Without the
-header (a TF wheel without ``include/``), the probe goes by the source alone.
+Probe: :func:`bug_present` reads TF's header (``function_data_`` still a
+``std::vector<FunctionData>``; without headers, the source alone) and ``_copy_to_local``'s source.
 """
 
 from __future__ import annotations
@@ -114,7 +103,3 @@ def _patches():
 
 
 installed, install, uninstall = _patch.functions(__name__)  # see _patch.functions
-
-
-__all__ = ["ISSUE", "NAME", "bug_present", "header_has_vector", "install", "installed",
-           "uninstall"]

@@ -1,41 +1,28 @@
 """Mends: a parameter-server coordinator waits on every task of the cluster, a frozen worker too.
 
-Upstream: no TensorFlow issue found; written reproduction (TF 2.21, CPU): a parameter-server run
-(3 workers), worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the coordinator goes on
-without the frozen worker's calls in flight, then blocks for good, first in
-``Context.add_c_function`` under ``MultiDeviceSaver.save`` (the checkpoint save), then in
-``Context.remove_function`` under ``AtomicFunction.__del__`` (a traced function freed as ``fit``
-returns). The coordinator's eager context registers every function it adds on every remote task
-and removes every function it frees from every remote task; ``ParameterServerStrategy`` turns
-streaming enqueue off (``TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE=False``), which makes each a
-blocking RPC that a task that does not answer holds for ever. And when the saved tensors lie on
-more than one task (the ps and the coordinator's ``save_counter``), an eager
-``MultiDeviceSaver.save`` traces a new ``tf.function`` on *every* save.
+Upstream: no TensorFlow issue found; reproduction (TF 2.21, CPU): a parameter-server run with 3
+workers, worker:2 frozen with SIGSTOP, then SIGTERM to the launcher: the coordinator goes on
+without the frozen worker's calls, then blocks for good in ``Context.add_c_function`` under
+``MultiDeviceSaver.save`` (the checkpoint), then in ``Context.remove_function`` under
+``AtomicFunction.__del__`` (a function freed as ``fit`` returns). The coordinator's eager context
+registers every function it adds on every remote task and removes every function it frees there,
+and ``ParameterServerStrategy`` turns streaming enqueue off, which makes each a blocking RPC that a
+task that does not answer holds for ever. And an eager ``MultiDeviceSaver.save`` whose tensors lie
+on several tasks traces a new ``tf.function`` on *every* save.
 
-Mends:
+Mends: :func:`eager_save` (a ``with`` block) makes ``MultiDeviceSaver.save`` run the same save ops
+one by one (each only on the task that holds its tensors) instead of a traced function: same files
+and keys, only the shard writes' parallelism lost. :func:`keep_functions` /
+:func:`release_functions`: meanwhile ``Context.remove_function`` does nothing (memory only); used
+from a stop request on, released after it unless calls were left on a task that does not answer.
 
-* :func:`eager_save` (a ``with`` block, restored after it): ``MultiDeviceSaver.save`` runs the
-  same save ops one by one (each op goes only to the task that holds its tensors: the ps writes
-  its shard, the merge runs where TF places it) instead of through a traced function. Same files,
-  same keys (TF's own save ops); only the shard writes' parallelism across tasks is lost. Saves
-  whose tensors lie on one task (one process, MirroredStrategy, MultiWorkerMirroredStrategy)
-  already take this path in TF: the block changes nothing for them.
-* :func:`keep_functions` / :func:`release_functions`: while installed, ``Context.remove_function``
-  does nothing (a freed function stays registered, locally and on the tasks: memory only). Used
-  from a stop request (SIGTERM, Ctrl-C) on, since a stopping coordinator has nothing to gain from
-  removing functions; released after the stop unless calls were left in flight on a task that
-  does not answer (that task would hold any later removal, also at interpreter exit).
+:func:`leave_lost_workers`: a worker lost for good (a synchronous run's backup worker) never
+answers the coordinator's recovery thread, which holds the cluster-update lock in a blocking
+``GetStatus`` RPC to it for ever, and ``ClusterCoordinator.__del__``
+(``WorkerPreemptionHandler.stop``) waits for that lock; from the call on, ``stop`` waits at most
+:data:`STOP_LOCK_S` for it (the recovery thread is a daemon: it ends with the process).
 
-* :func:`leave_lost_workers`: a worker lost for good (a synchronous run's backup worker) never
-  answers the coordinator's recovery thread, which holds the cluster-update lock in a blocking
-  ``GetStatus`` RPC to it for ever; ``ClusterCoordinator.__del__`` (``WorkerPreemptionHandler.
-  stop``) waits for that lock, so the run would hang after it finished. From the call on, ``stop``
-  waits at most :data:`STOP_LOCK_S` for the lock (the recovery thread is a daemon: it ends with
-  the process).
-
-Probe: :func:`bug_present` reads ``MultiDeviceSaver.save``'s source (it still traces a function
-for multi-task eager saves) and ``parameter_server_strategy_v2``'s (it still turns streaming
-enqueue off); ``tests/unit/test_compat.py`` fails when either changes.
+Probe: :func:`bug_present` reads ``MultiDeviceSaver.save`` and ``parameter_server_strategy_v2``.
 """
 
 from __future__ import annotations
@@ -143,7 +130,3 @@ def leave_lost_workers() -> None:
 def keeping_functions() -> bool:
     """Whether :func:`keep_functions` is in effect."""
     return bool(_KEPT)
-
-
-__all__ = ["ISSUE", "NAME", "bug_present", "eager_save", "keep_functions", "keeping_functions",
-           "leave_lost_workers", "release_functions"]

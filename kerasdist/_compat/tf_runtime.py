@@ -19,6 +19,3 @@ def started() -> bool:
 
     ctx = context.context_safe()
     return ctx is not None and getattr(ctx, "_context_handle", None) is not None
-
-
-__all__ = ["started"]

@@ -1,11 +1,7 @@
-"""The TensorFlow and Keras versions kerasdist is tested with, and the one-line warning for any
-other version.
-
-:data:`SUPPORTED` is the range that CI tests (``.ci/run`` the newest pair in full,
-``.ci/other-versions`` the fast subset and the core conformance matrix on the older pairs);
-``pyproject.toml``'s pins say the same (``tests/unit/test_compat.py`` checks that they agree). A
-version outside it is not refused: the mends still install by their probes, and
-:func:`warn_if_untested` logs one warning line. Reads package metadata only (no TensorFlow import).
+"""The TensorFlow and Keras versions kerasdist is tested with (:data:`SUPPORTED`, the same range as
+``pyproject.toml``'s pins: ``tests/unit/test_compat.py`` checks; what CI runs on it:
+``docs/architecture.md``), and the one-line warning for any other version, which is not refused:
+the mends still install by their probes. Reads package metadata only (no TensorFlow import).
 """
 
 from __future__ import annotations

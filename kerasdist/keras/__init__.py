@@ -1,29 +1,19 @@
-"""Keras-level pieces usable without recipes: the one-line opt-in, the parameter-server ``fit``,
-checkpoint/backup callbacks, gradient compression, throughput timing.
-
-* :func:`enable` / :func:`disable`: plain ``model.fit``/``evaluate`` under
-  ``ParameterServerStrategy`` (and Keras 3's multi-worker mends);
-* :mod:`kerasdist.keras.ps_fit`: ``fit``/``evaluate`` for parameter-server models;
-* :mod:`kerasdist.keras.backup`: :class:`BackupStore`, :class:`StepBackup`,
-  :class:`EpochEndSave` (chief-aware, step-exact); :mod:`kerasdist.keras.preemption`:
-  :class:`PreemptionWatch` (SIGTERM/SIGINT -> a step every worker agrees on);
-* :mod:`kerasdist.keras.compression`: 16-bit gradient all-reduce;
-* :mod:`kerasdist.keras.callbacks` / :mod:`kerasdist.keras.timing`: the one throughput rule.
-
-Importing this package is light; each module imports Keras/TensorFlow when used.
+"""Keras-level pieces usable without recipes: the one-line opt-in (:func:`enable`), the
+parameter-server ``fit`` (:mod:`~kerasdist.keras.ps_fit`), chief-aware step-exact backups
+(:mod:`~kerasdist.keras.backup`), the preemption vote (:mod:`~kerasdist.keras.preemption`),
+16-bit gradient all-reduce (:mod:`~kerasdist.keras.compression`) and the one throughput rule
+(:mod:`~kerasdist.keras.callbacks`, :mod:`~kerasdist.keras.timing`). Importing this package is
+light; each module imports Keras/TensorFlow when used.
 """
 
 from __future__ import annotations
 
 
 def enable() -> list[str]:
-    """Opt in, one line: route ``model.fit``/``evaluate`` of models built under
+    """Opt in, one line: route ``model.fit``/``evaluate``/``predict`` of models built under
     ``ParameterServerStrategy`` to :mod:`kerasdist.keras.ps_fit`, install every
-    :mod:`kerasdist._compat` mend the installed Keras/TF need, and make Keras's own
-    ``ModelCheckpoint``/``BackupAndRestore`` chief-aware with atomic writes
-    (:mod:`kerasdist._compat.keras_chief_callbacks`; TensorBoard and CSVLogger:
-    :mod:`kerasdist._compat.keras_chief_logs`; ``Model.save``/``save_weights``/``export``:
-    :mod:`kerasdist._compat.keras_chief_saves`). Idempotent and thread-safe.
+    :mod:`kerasdist._compat` mend the installed Keras/TF need and the ``ENABLE_MENDS`` (Keras's
+    own callbacks and saves chief-aware, with atomic writes). Idempotent and thread-safe.
 
     Returns:
         The names of the mends in effect (e.g. ``['keras#20585', 'tensorflow#72388']``).

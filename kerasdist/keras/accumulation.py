@@ -1,31 +1,21 @@
 """Gradient accumulation (``trainer.gradient_accumulation_steps``): one optimizer update, and so one
 gradient all-reduce, per ``k`` micro-batches.
 
-What a step is: one Keras ``fit`` step is still one optimizer update on one global batch of
-``data.batch_size`` examples (so ``optimizer.iterations`` is the global step, ``steps_per_epoch``
-counts updates, and checkpoints, resumption, preemption and throughput are unchanged). With
-accumulation each replica runs forward and backward on its share of that batch in ``k``
-sequential micro-batches of ``batch_size / (replicas * k)`` examples, sums the micro-batch
-gradients locally (averaged: ``1/k`` each) and hands them to the optimizer once, which all-reduces
-them once. Activation memory is that of one micro-batch; a run that trained with batch ``b`` can
-train with ``data.batch_size: k*b`` and ``gradient_accumulation_steps: k`` at the same memory and
-``1/k`` of the all-reduces per example. Since a checkpoint can only be taken between Keras steps, no
-half-accumulated gradient ever needs saving.
+One Keras ``fit`` step is still one optimizer update on one global batch of ``data.batch_size``
+examples (``optimizer.iterations`` is the global step; checkpoints, resumption, preemption and
+throughput are unchanged). Each replica runs forward and backward on its share of that batch in
+``k`` sequential micro-batches of ``batch_size / (replicas * k)`` examples, averages their
+gradients locally and hands them to the optimizer once: activation memory is one micro-batch's,
+so ``data.batch_size: k*b`` with ``k`` steps trains at batch ``b``'s memory with ``1/k`` of the
+all-reduces per example. With the losses' ``sum_over_batch_size`` reduction the update equals the
+unaccumulated one up to float rounding; layers whose training output depends on the whole batch
+(BatchNormalization statistics) see micro-batches instead.
 
-Exactness: the losses' ``sum_over_batch_size`` reduction makes the mean of ``k`` equal-sized
-micro-batch losses the full-batch loss, so the update equals the unaccumulated one on the same
-global batch up to float rounding. Layers whose training output depends on the whole batch
-(BatchNormalization statistics) see micro-batches instead, as with any accumulation.
-
-Why not Keras 3's ``optimizer.gradient_accumulation_steps``: it applies a conditional update inside
-the replica function and is reported broken under ``tf.distribute`` (keras-team/keras#20582).
-Here the update is unconditional, so nothing changes for the distribution strategy.
-
-Mechanism: :func:`accumulate_gradients` replaces ``train_step`` on one model instance (Keras 3's
-documented way to customise ``fit``) with :func:`kerasdist._compat.keras_accumulation_step.train_step`
-(behind the wall of Keras internals, with its probe); the class, saving and loading are unchanged. The ``k``
-micro-batches are unrolled in the traced step (tracing takes ``k`` times longer), each waiting for
-the previous one's gradients, so only one micro-batch's activations are alive at a time.
+Mechanism: :func:`accumulate_gradients` binds
+:func:`kerasdist._compat.keras_accumulation_step.train_step` (a copy of Keras's own, with its probe;
+why not Keras's optimizer ``gradient_accumulation_steps`` is said there) to one model instance; the
+class, saving and loading are unchanged. The ``k`` micro-batches are unrolled in the traced step
+(tracing takes ``k`` times longer), each waiting for the previous one's gradients.
 """
 
 from __future__ import annotations

@@ -151,20 +151,12 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 
 
 class MetricsProgbar(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar showing the loss and metrics only: keys starting with one of
-    ``hidden_prefixes`` (the parameter-server figures ``ps_*``) stay in the logs that History,
-    TensorBoard and ``metrics.json`` receive, but not on the bar.
-
-    Args:
-        hidden_prefixes: log-key prefixes left off the bar; default ``("ps_",)``.
-    """
-
-    def __init__(self, hidden_prefixes: tuple[str, ...] = ("ps_",)):
-        super().__init__()
-        self.hidden_prefixes = hidden_prefixes
+    """Keras's progress bar showing the loss and metrics only: the parameter-server figures
+    (``ps_*``) stay in the logs that History, TensorBoard and ``metrics.json`` receive, but not on
+    the bar."""
 
     def _shown(self, logs):
-        return {k: v for k, v in (logs or {}).items() if not k.startswith(self.hidden_prefixes)}
+        return {k: v for k, v in (logs or {}).items() if not k.startswith("ps_")}
 
     def on_train_batch_end(self, batch, logs=None):
         super().on_train_batch_end(batch, self._shown(logs))

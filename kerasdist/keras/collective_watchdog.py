@@ -1,24 +1,19 @@
 """One watchdog per multi-worker process bounds how long a worker waits in the cluster's
-collectives (``strategy.timeout_s``), in place of TensorFlow's per-collective timeout.
-
-Why not ``CommunicationOptions(timeout_seconds=...)``: for every collective op given a timeout,
-TensorFlow starts a thread that sleeps the whole timeout, even when the collective finished at
-once (``BaseCollectiveExecutor::CompleteParamsAsync`` and ``ExecuteAsync`` call
-``SchedNonBlockingClosureAfter``, a new detached thread per call on Linux: two per collective), so
+collectives (``strategy.timeout_s``), in place of TensorFlow's per-collective timeout, which
+starts a thread per collective op that sleeps the whole timeout even when the op finished at once
+(``BaseCollectiveExecutor::CompleteParamsAsync``/``ExecuteAsync`` call
+``SchedNonBlockingClosureAfter``: a new detached thread per call on Linux, two per collective), so
 a worker's thread count grows with ``timeout_s`` (figures in ``docs/hosts.md``).
 
-Here a single thread holds a single deadline: armed when a training or validation step starts
-(:func:`step_guard`, a Keras callback) or around a barrier (:meth:`CollectiveWatchdog.guard`),
-cleared when it ends. When the deadline passes, the watchdog aborts this process's collective
-ops (``context.abort_collective_ops``, which TensorFlow's own check-health thread calls on a lost
-peer): the collective the worker waits in raises ``DeadlineExceededError``, and kerasdist's
-failure path (:func:`kerasdist.strategies.multi_worker.peer_error`) names the lost task. Only a
-new process can run collectives again: the worker exits 1 and the cluster restarts.
-
-A dead, frozen (SIGSTOP) or partitioned peer stops sending heartbeats to TensorFlow's
-coordination service, which then aborts the collectives of every other worker after
-``strategy.timeout_s`` too (:func:`kerasdist.strategies.multi_worker.configure_heartbeat`); the
-watchdog also bounds a peer that is alive but does not come to the collective.
+Here one thread holds one deadline, armed when a training or validation step starts
+(:func:`step_guard`) or around a barrier (:meth:`CollectiveWatchdog.guard`) and cleared when it
+ends. When it passes, the watchdog aborts this process's collective ops (as TensorFlow's own
+check-health thread does on a lost peer): the waiting collective raises ``DeadlineExceededError``,
+:func:`kerasdist.strategies.multi_worker.peer_error` names the lost task, and the worker exits 1
+(only a new process can run collectives again). A dead, frozen or partitioned peer is also caught
+by TensorFlow's coordination-service heartbeats
+(:func:`kerasdist.strategies.multi_worker.configure_heartbeat`); the watchdog bounds a peer that is
+alive but does not come to the collective.
 """
 
 from __future__ import annotations
@@ -140,19 +135,12 @@ def step_guard(watchdog: CollectiveWatchdog, *, first_step_factor: float = 1.0):
         def on_train_batch_begin(self, batch, logs=None):
             watchdog.arm(f"training step {batch + 1} of the epoch", limit(batch))
 
-        def on_train_batch_end(self, batch, logs=None):
-            watchdog.disarm()
-
         def on_test_batch_begin(self, batch, logs=None):
             watchdog.arm(f"validation step {batch + 1}", limit(batch))
 
-        def on_test_batch_end(self, batch, logs=None):
+        def disarm(self, *args, **kwargs):  # a step, a training or an evaluation ended
             watchdog.disarm()
 
-        def on_train_end(self, logs=None):
-            watchdog.disarm()
-
-        def on_test_end(self, logs=None):
-            watchdog.disarm()
+        on_train_batch_end = on_test_batch_end = on_train_end = on_test_end = disarm
 
     return CollectiveStepGuard()

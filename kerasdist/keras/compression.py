@@ -6,12 +6,9 @@ and serialises every byte, which can cost more than the step's forward/backward 
 variable dtype after it halves those bytes, as Horovod's ``Compression.fp16`` does
 (https://horovod.readthedocs.io/en/stable/api.html). The cost is precision: each worker's gradient
 and their sum are rounded to 8 (``bf16``) or 11 (``fp16``) significant bits before the optimizer
-(which still keeps float32 weights and moments) uses them. ``bf16`` keeps float32's range; ``fp16``
-is more precise but flushes gradients below ~6e-8 to zero.
-
-Mechanism: Keras 3's TensorFlow optimizer all-reduces gradients in a private method; the patch of
-that method on *one optimizer instance* lives in :mod:`kerasdist._compat.keras_allreduce_hook`.
-:func:`compress_gradients` raises instead of silently doing nothing when a Keras release drops it.
+(which keeps float32 weights and moments) uses them; ``bf16`` keeps float32's range, ``fp16``
+flushes gradients below ~6e-8 to zero. The hook on one optimizer instance:
+:mod:`kerasdist._compat.keras_allreduce_hook`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Mixed precision (``trainer.precision``) through Keras 3 dtype policies.
 
 * ``float32``: nothing changes.
-* ``mixed_bfloat16`` / ``mixed_float16``: the model is *built* under the Keras dtype policy of that
-  name, so every layer computes in 16 bits while its variables stay float32 (Keras casts them on
-  read). The global policy is set only while the builder runs (:func:`policy_scope`) and restored
-  afterwards, so nothing else in the process is affected.
-* The output layer of a ``keras.Sequential`` is switched back to float32 (:func:`float32_output`),
-  so logits come out in float32; for other models the loss still computes in float32 (a Keras 3
-  loss casts its inputs to its own dtype, ``floatx()``).
+* ``mixed_bfloat16`` / ``mixed_float16``: the model is *built* under that Keras dtype policy, so
+  every layer computes in 16 bits while its variables stay float32; the global policy is set only
+  while the builder runs (:func:`policy_scope`). The output layer of a ``keras.Sequential`` is
+  switched back to float32 (:func:`float32_output`); other models' losses still compute in
+  float32 (a Keras 3 loss casts its inputs to ``floatx()``).
 * ``mixed_float16`` wraps the optimizer in ``keras.optimizers.LossScaleOptimizer`` (dynamic loss
-  scaling: float16 gradients would underflow; steps with non-finite gradients are skipped and the
-  scale lowered). ``bfloat16`` has float32's range and needs no scaling.
+  scaling: float16 gradients would underflow); ``bfloat16`` has float32's range.
 
 Source: https://keras.io/api/mixed_precision/policy/ and
 https://keras.io/api/mixed_precision/loss_scale_optimizer/

@@ -43,19 +43,16 @@ def class_weighted(x, y=None, *, sample_weight=None, class_weight, batch_size=No
     """The training input of ``fit(x, y, class_weight=...)``: per-example weights
     ``class_weight[label]`` computed as Keras computes them, on the workers' pipelines.
 
-    Arrays: Keras's array mapping (``data_adapter_utils.class_weight_to_sample_weights``:
-    integer labels, one-hot ``y`` argmax'ed, ``(n, 1)`` ``y`` squeezed and rounded, a class
-    missing from the dict weighs 1.0) gives a float ``sample_weight`` of shape ``(n,)`` that is
-    sharded with the examples. A ``tf.data.Dataset`` or dataset function: Keras's dataset mapping
-    (``tf_dataset_adapter.make_class_weight_map_fn``) is mapped over each worker's pipeline, so
-    its batches become ``(x, y, class_weight[y])``; a label above the largest key fails there
-    as in Keras.
+    Arrays: Keras's array mapping (``class_weight_to_sample_weights``: one-hot ``y`` argmax'ed, a
+    class missing from the dict weighs 1.0) gives a float ``sample_weight`` of shape ``(n,)``,
+    sharded with the examples. A dataset or dataset function: Keras's
+    ``make_class_weight_map_fn`` is mapped over each worker's pipeline (batches become
+    ``(x, y, class_weight[y])``; a label above the largest key fails there, as in Keras).
 
     Raises:
-        ValueError: naming ``class_weight`` (and the received value) when it is not a non-empty
-            dict of int keys >= 0 and float weights, when ``sample_weight`` is given too (Keras 3
-            refuses the pair), or when ``y`` is missing or nested (a multi-output model). For a
-            dataset function these structure checks run when its pipeline is traced.
+        ValueError: naming ``class_weight`` when it is not a non-empty dict of int keys >= 0 and
+            float weights, with ``sample_weight`` too (Keras 3 refuses the pair), or with ``y``
+            missing or nested; for a dataset function when its pipeline is traced.
     """
     import keras
     import tensorflow as tf

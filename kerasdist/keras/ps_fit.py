@@ -1,43 +1,20 @@
 """Keras ``fit``/``evaluate``/``predict`` for models built under
-``tf.distribute.ParameterServerStrategy``.
+``tf.distribute.ParameterServerStrategy``, which Keras 3 does not support (what a user sees:
+``docs/python-api.md``, "Parameter server").
 
-Keras 3 has no parameter-server support. Here the coordinator (this process) schedules small
-``tf.function`` steps (:mod:`~kerasdist.keras.ps_steps`) onto the workers with
-``ClusterCoordinator.schedule`` and owns joins, metrics, callbacks and checkpoints
-(:mod:`~kerasdist.keras.ps_loop`). After ``kerasdist.enable()`` plain ``model.fit``,
-``model.evaluate`` and ``model.predict`` come here for such models.
-
-Keras semantics kept: ``epochs``, ``initial_epoch``, ``steps_per_epoch`` (scheduled steps per
-epoch **summed over all workers**; required unless the input is a finite ``tf.data.Dataset`` or
-arrays, whose one pass is the default), ``validation_data``/``validation_steps``/
-``validation_freq``, ``callbacks`` (History, ProgbarLogger, ModelCheckpoint, TensorBoard,
-EarlyStopping, ...), the returned ``History``, ``model.stop_training`` and ``evaluate``'s
-``return_dict``. Inputs: see :mod:`~kerasdist.keras.ps_input`. The reported logs are picked as
-Keras picks them (:func:`kerasdist.keras.ps_loop.metrics_logs`): the model's metrics, or the
-last step's logs of a custom ``train_step``/``test_step`` that returns other keys; nested logs
-(``{m.name: m.result() for m in self.metrics}``) are flattened with Keras's ``pythonify_logs``.
-
-Validation and ``evaluate`` run as scheduled steps on the workers, one call in flight at a time,
-over Keras's own batches (arrays batched in input order by ``batch_size``; with ``steps``, the
-first ``steps`` batches of arrays or a dataset) dealt out to the workers: each batch once, so
-every metric -- confusion-matrix metrics, ``F1Score``, a custom ``keras.metrics.Metric`` even one
-that depends on the batching -- equals a strategy-free ``evaluate`` of the same weights up to
-float summation order (``tests/integration/test_ps_vs_keras.py``). Metric variables live on
-the ps and are read after ``join``. Each epoch's logs (so ``History``) also hold the
-parameter-server figures (``ps_global_step``, ``ps_steps``, ``ps_steps_worker_<i>``,
-``ps_staleness_mean``, ``ps_staleness_max``; see
-:class:`~kerasdist.keras.ps_loop.PSStats`), and ``history.ps_stats`` their totals for the run.
-
-``class_weight`` becomes per-example weights on the workers' pipelines with Keras's own mappings
-(:func:`kerasdist.keras.ps_class_weight.class_weighted`), refused as Keras 3 refuses it: together
-with ``sample_weight``, or for a model with several outputs. ``predict`` is
-:func:`kerasdist.keras.ps_predict.predict` (rows in input order).
-
-``validation_split`` holds out the last fraction of NumPy inputs, as Keras does. Refused before
-anything is scheduled (:class:`~kerasdist.errors.UnsupportedFeatureError`, naming the feature and
-why; :func:`refuse_unsupported`): an optimizer with ``gradient_accumulation_steps`` or ``use_ema``,
-Keras lookup layers (``StringLookup``, ``IntegerLookup``, ``TextVectorization``) in the model, and
-Adamax on a model with an ``Embedding`` with 2 or more workers.
+The coordinator (this process) schedules small ``tf.function`` steps
+(:mod:`~kerasdist.keras.ps_steps`) onto the workers with ``ClusterCoordinator.schedule`` and owns
+joins, metrics, callbacks and checkpoints (:mod:`~kerasdist.keras.ps_loop`); after
+``kerasdist.enable()`` plain ``model.fit``/``evaluate``/``predict`` come here for such models.
+Keras's arguments and semantics are kept (``steps_per_epoch`` counts scheduled steps **summed over
+all workers**; inputs: :mod:`~kerasdist.keras.ps_input`; logs picked as Keras picks them:
+:func:`~kerasdist.keras.ps_loop.metrics_logs`). Validation and ``evaluate`` deal Keras's own
+batches out to the workers, one call in flight at a time and each batch once, so every metric
+equals a strategy-free ``evaluate`` of the same weights up to float summation order
+(``tests/integration/test_ps_vs_keras.py``). Each epoch's logs also hold the parameter-server
+figures (:class:`~kerasdist.keras.ps_loop.PSStats`), ``history.ps_stats`` their totals.
+``class_weight``: :func:`kerasdist.keras.ps_class_weight.class_weighted`; ``predict``:
+:func:`kerasdist.keras.ps_predict.predict`; what is refused up front: :func:`refuse_unsupported`.
 """
 
 from __future__ import annotations
@@ -51,14 +28,7 @@ from kerasdist.keras import ps_loop, ps_steps, ps_stop, ps_sync, sync_checks
 from kerasdist.keras.callbacks import MetricsProgbar
 from kerasdist.keras.ps_class_weight import class_weighted
 
-__all__ = ["cluster_spec", "evaluate", "fit", "is_parameter_server", "refuse_unsupported"]
-
-
-def is_parameter_server(strategy) -> bool:
-    """Whether ``strategy`` is a ``tf.distribute.ParameterServerStrategy``."""
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+__all__ = ["cluster_spec", "evaluate", "fit", "refuse_unsupported"]
 
 
 def cluster_spec(strategy):
@@ -113,14 +83,10 @@ def refuse_unsupported(model, *, training: bool = True, workers: int = 2) -> Non
     run correctly.
 
     Raises:
-        UnsupportedFeatureError: ``gradient_accumulation_steps`` (every worker would add its
-            micro-steps to the same accumulators on the ps and at-least-once re-runs would count
-            twice: no update equals k steps of one replica); ``use_ema`` (the moving average and
-            its periodic overwrite of the weights are read-modify-writes of every ps variable,
-            racing with the other workers' updates); a Keras lookup layer (its TensorFlow lookup
-            table lives on the coordinator, and Keras 3 does not create it as a per-worker
-            resource: the workers fail at ``.../Lookup/Placeholder``); Adamax on a model with an
-            ``Embedding`` when ``workers`` >= 2 (:func:`_refuse_sparse_adamax`).
+        UnsupportedFeatureError: the optimizer's ``gradient_accumulation_steps`` or ``use_ema``
+            (when ``training``), a Keras lookup layer in the model, Adamax on a model with an
+            ``Embedding`` when ``workers`` >= 2 (:func:`_refuse_sparse_adamax`); the message
+            says why each cannot run.
     """
     from kerasdist.errors import UnsupportedFeatureError
 
@@ -154,7 +120,7 @@ def _start(model, *, training: bool = False, compiled: bool = True) -> ps_loop.P
     import tensorflow as tf
 
     strategy = model.distribute_strategy
-    if not is_parameter_server(strategy):
+    if not isinstance(strategy, tf.distribute.ParameterServerStrategy):
         raise ValueError("kerasdist.keras.ps_fit needs a model built and compiled inside "
                          "ParameterServerStrategy.scope(). Received: distribute_strategy="
                          f"{type(strategy).__name__}")
@@ -382,8 +348,6 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
     Raises:
         ValueError: as :func:`fit`; ``steps`` is None for an infinite input.
     """
-    import keras
-
     run = _start(model)
     evaluation = _eval_input(run, (x, y, sample_weight) if y is not None else x, steps=steps,
                              batch_size=batch_size, argument="x", steps_argument="steps")
@@ -391,11 +355,8 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
     with _atomic_updates(run):
         run.test_function = ps_steps.make_test_function(
             model, run.strategy, sent=ps_sync.replicas_to_aggregate(model) is not None)
-        if not isinstance(callbacks, keras.callbacks.CallbackList):
-            callbacks = keras.callbacks.CallbackList(
-                callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
-                steps=evaluation.steps or (evaluation.batches if evaluation.batches > 0 else None),
-                model=model)
+        callbacks = ps_loop.callback_list(model, callbacks, verbose=verbose,
+                                          steps=evaluation.steps, batches=evaluation.batches)
         logs = ps_loop.evaluate_loop(run, iter(evaluation.dataset), steps=evaluation.steps,
                                      batches=evaluation.batches, callbacks=callbacks)
     if return_dict:

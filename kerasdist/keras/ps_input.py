@@ -1,33 +1,22 @@
-"""Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker.
+"""Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker
+(``ClusterCoordinator.create_per_worker_dataset``); a scheduled step calls ``next()`` on the
+iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
 
-``ParameterServerStrategy`` never sends batches from the coordinator: each worker runs its own
-input pipeline, created with ``ClusterCoordinator.create_per_worker_dataset``, and a scheduled step
-calls ``next()`` on the iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
+* **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (e.g.
+  :func:`kerasdist.data.make_dataset_fn`), called on each worker with ``num_input_pipelines`` =
+  the number of workers and ``input_pipeline_id`` = the worker index (an int64 scalar tensor); it
+  must shard or seed by that id and batch with ``get_per_replica_batch_size(global_batch)``.
+* **a ``tf.data.Dataset``**: serialized once and rebuilt on each worker, where worker ``i`` of
+  ``N`` keeps elements ``i, i+N, ...``; every worker runs the whole pipeline, so prefer a dataset
+  function when preprocessing is expensive, or when the dataset cannot be serialized
+  (``from_generator``, Python functions).
+* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32; a list or
+  tuple ``x`` is several model inputs): for training worker ``i`` keeps examples ``i, i+N, ...``,
+  shuffled each pass when ``shuffle``; evaluation and prediction deal out Keras's own batches
+  (:func:`to_eval_input`).
 
-* **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (kerasdist convention,
-  e.g. :func:`kerasdist.data.make_dataset_fn`). It is called on each worker with a
-  ``tf.distribute.InputContext`` whose ``num_input_pipelines`` is the number of workers and whose
-  ``input_pipeline_id`` is the worker index (an int64 scalar tensor). It must shard or seed by
-  that id so that workers see different batches, and batch with
-  ``input_context.get_per_replica_batch_size(global_batch)``.
-* **a ``tf.data.Dataset``** (usually batched). Its graph is serialized once and rebuilt on each
-  worker, where worker ``i`` of ``N`` keeps elements ``i, i+N, i+2N, ...`` (``Dataset.shard`` on
-  the dataset's elements, i.e. on whole batches when it is batched). With a deterministic order
-  (no shuffle, or a seeded one; ``keras.utils.set_random_seed`` seeds unseeded shuffles) the
-  workers read disjoint batches. Every worker still runs the whole pipeline and drops the
-  batches of the others, so prefer a dataset function when preprocessing is expensive.
-  Datasets that cannot be serialized (``from_generator``, Python functions) need a dataset
-  function.
-* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32); a list
-  or tuple ``x`` is several model inputs, as in Keras. Training: worker ``i`` keeps examples
-  ``i, i+N, ...``, shuffles them each pass when ``shuffle`` and batches them. Evaluation and
-  prediction (:func:`to_eval_input`): the arrays are batched in input order first, as Keras
-  batches them, and worker ``i`` takes batches ``i, i+N, ...``.
-
-Training pipelines are repeated forever on the workers, so an epoch is ``steps_per_epoch``
-scheduled steps summed over all workers; evaluation pipelines are not repeated. ``class_weight``
-becomes per-example weights on the workers' pipelines
-(:func:`kerasdist.keras.ps_class_weight.class_weighted`).
+Training pipelines repeat forever (an epoch is ``steps_per_epoch`` scheduled steps summed over all
+workers); evaluation pipelines do not.
 """
 
 from __future__ import annotations
@@ -140,13 +129,10 @@ def to_eval_input(x, y=None, *, sample_weight=None, batch_size: int | None = Non
                   steps: int | None = None, num_workers: int, argument: str = "x") -> PSInput:
     """An evaluation/prediction input whose batches are Keras's own, dealt out to the workers.
 
-    Arrays are batched first (``batch_size``, default 32, in input order) and a
-    ``tf.data.Dataset`` is kept as it is; then worker ``i`` of ``N`` takes batches ``i, i+N, ...``.
-    The batches are therefore exactly those of a strategy-free ``model.evaluate``/``predict``,
-    so metrics that depend on the batching (a custom metric averaging per-batch values) agree.
-    With ``steps``, only the first ``steps`` batches are kept (as Keras takes them).
-    A dataset function is passed through (:func:`to_ps_input`): its ``steps`` stay a count
-    summed over workers.
+    Arrays are batched first (``batch_size``, default 32, in input order), a ``tf.data.Dataset``
+    is kept as it is, and with ``steps`` only the first ``steps`` batches are kept; then worker
+    ``i`` of ``N`` takes batches ``i, i+N, ...``, so metrics that depend on the batching agree
+    with a strategy-free ``evaluate``. A dataset function is passed through (:func:`to_ps_input`).
 
     Raises:
         ValueError: as :func:`to_ps_input`.
@@ -187,6 +173,7 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         UnsupportedFeatureError: a ``keras.utils.PyDataset``, or a dataset that reads a lookup
             table.
     """
+    import keras
     import tensorflow as tf
 
     is_dataset = isinstance(x, tf.data.Dataset)
@@ -203,7 +190,7 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
     if is_arrays(x):
         return _from_arrays(pack_arrays(x, y, sample_weight), batch_size=batch_size or 32,
                             shuffle=shuffle, num_workers=num_workers)
-    if _is_py_dataset(x):
+    if isinstance(x, keras.utils.PyDataset):
         from kerasdist.errors import UnsupportedFeatureError
 
         raise UnsupportedFeatureError(
@@ -217,12 +204,6 @@ def to_ps_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
         f"Received: {argument}={type(x).__name__}")
 
 
-def _is_py_dataset(x) -> bool:
-    import keras
-
-    return isinstance(x, keras.utils.PyDataset)
-
-
 def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) -> int | None:
     """Steps per epoch (training) or per evaluation, summed over all workers.
 
@@ -230,9 +211,8 @@ def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) ->
         steps: the user's value, or None.
         ps_input: the normalised input.
         argument: its name in messages (``steps_per_epoch``, ``validation_steps``, ``steps``).
-        training: training pipelines repeat forever, so ``steps`` defaults to one pass over a
-            finite input of known size and is required otherwise. Evaluation with None runs
-            every worker's shard to its end.
+        training: None then means one pass over a finite input of known size (required
+            otherwise: training pipelines repeat forever); in evaluation, every shard to its end.
 
     Returns:
         A positive int, or None (evaluation until the data ends).
@@ -330,19 +310,9 @@ class SentIterator:
 
 
 def make_per_worker_dataset(coordinator, ps_input: PSInput, *, num_workers: int, repeat: bool):
-    """Create the per-worker datasets of ``ps_input`` on every worker.
-
-    Args:
-        coordinator: the ``tf.distribute.coordinator.ClusterCoordinator``.
-        ps_input: the normalised input.
-        num_workers: number of workers.
-        repeat: repeat each worker's pipeline forever (training).
-
-    Returns:
-        The ``PerWorkerDataset``; ``iter()`` of it gives per-worker iterators to pass to
-        ``coordinator.schedule``. Source:
-        https://www.tensorflow.org/api_docs/python/tf/distribute/coordinator/ClusterCoordinator#create_per_worker_dataset
-    """
+    """The ``PerWorkerDataset`` of ``ps_input`` (``coordinator.create_per_worker_dataset``), each
+    worker's pipeline repeated forever with ``repeat`` (training); ``iter()`` of it gives the
+    per-worker iterators to pass to ``coordinator.schedule``."""
     import tensorflow as tf
 
     strategy = coordinator.strategy

@@ -1,24 +1,18 @@
 """The coordinator's loops for parameter-server training: schedule steps, join, call callbacks.
 
 The loop owns everything around the step (:mod:`kerasdist.keras.ps_steps`): it schedules up to
-``MAX_PENDING_PER_WORKER * num_workers`` calls ahead, waits for each call in order as it
-completes (so Keras callbacks and the progress bar advance while the workers run), joins the
-coordinator at the end of every epoch and only then reads metrics and the per-worker counters,
-writes checkpoints and calls ``on_epoch_end``.
+``MAX_PENDING_PER_WORKER * num_workers`` calls ahead, reports each call in order as it completes
+(so callbacks and the progress bar advance while the workers run), joins the coordinator at the end
+of every epoch and only then reads metrics and the per-worker counters, writes checkpoints and
+calls ``on_epoch_end``. Per call it fetches only the ``train_step`` logs (a few scalars); the calls
+count their steps, examples and staleness in a small variable on a ps
+(:func:`kerasdist.keras.ps_steps.make_counters`), read once per epoch.
 
-Per call, the coordinator fetches only the ``train_step`` logs (a few scalars, for the batch
-callbacks and the progress bar): the calls count their steps, examples and staleness in a small
-variable on a ps (:func:`kerasdist.keras.ps_steps.make_counters`), read once per epoch.
-
-Steps are **at-least-once**. TF's ``ClusterCoordinator`` runs one scheduled function at a time per
-worker (one closure-processing thread each); when a worker is lost, the function it was running
-is put back in the queue and runs again elsewhere, re-applying the steps it had already applied.
-A lost worker therefore repeats at most one scheduled call, ``steps_per_execution`` steps, on top
-of the requested ones (:func:`repeated_steps_bound`); without a lost worker the global step
-(``optimizer.iterations``) is exactly the number of steps scheduled. Larger calls widen the bound
-in proportion (``steps_per_execution`` 4: up to 4 repeated steps per lost worker). The workers'
-counters follow the steps (a re-run call counts again); the loop's own ``ps_steps`` counts each
-scheduled step once.
+Steps are **at-least-once**: ``ClusterCoordinator`` runs one scheduled function at a time per
+worker and puts a lost worker's function back in the queue, so a lost worker repeats at most one
+call, ``steps_per_execution`` steps (:func:`repeated_steps_bound`); without a lost worker the global
+step (``optimizer.iterations``) is exactly the number of steps scheduled. The workers' counters
+count a re-run call again; the loop's own ``ps_steps`` counts each scheduled step once.
 """
 
 from __future__ import annotations
@@ -47,19 +41,13 @@ def repeated_steps_bound(lost_workers: int, steps_per_execution: int = 1) -> int
 
 
 class PSStats:
-    """Per-worker step counts, examples and staleness of parameter-server steps, and the
-    whole-epoch time.
-
-    Throughput over timed steps (the one definition every path uses) is measured by the
-    :class:`~kerasdist.keras.callbacks.ThroughputMeter` callback; here only the *whole-epoch*
-    figure is kept (first scheduled call included, validation excluded: the only timing
-    tf_keras's own PS ``fit`` allows), as ``whole_epoch_examples_per_sec``. Units: steps =
-    optimizer updates; seconds; examples/s.
-
-    ``steps`` are the steps the loop scheduled and saw complete (exact). ``steps_per_worker``,
-    ``examples`` and the staleness figures come from the workers' counters, which are
-    at-least-once like the steps themselves: after a lost worker their sum may exceed ``steps``
-    by at most :func:`repeated_steps_bound`.
+    """Per-worker step counts, examples and staleness of parameter-server steps (steps = optimizer
+    updates), and whole-epoch seconds and examples (first call included, validation excluded: the
+    timing tf_keras's PS ``fit`` allows; throughput over timed steps is
+    :class:`~kerasdist.keras.callbacks.ThroughputMeter`'s). ``steps`` are the steps the loop
+    scheduled and saw complete (exact); the other figures come from the workers' counters,
+    at-least-once like the steps: after a lost worker they may exceed ``steps`` by at most
+    :func:`repeated_steps_bound`.
     """
 
     def __init__(self, num_workers: int):
@@ -68,8 +56,6 @@ class PSStats:
         self.examples = 0
         self.staleness_sum = 0
         self.staleness_max = 0
-        # Whole-epoch figures (first call included, validation excluded), one entry per epoch:
-        # the timing tf_keras's own PS fit allows, used by ``kerasdist bench`` to compare.
         self.epoch_seconds: list[float] = []
         self.epoch_examples: list[int] = []
         self.sync: dict | None = None  # synchronous mode: K, N, gradients, aggregated, dropped
@@ -168,21 +154,28 @@ class PSRun:
         return MAX_PENDING_PER_WORKER * self.num_workers
 
 
+def callback_list(model, callbacks, *, verbose, steps: int | None, batches: int):
+    """``callbacks`` as the ``CallbackList`` of one ``evaluate``/``predict`` pass (with Keras's
+    progress bar unless ``verbose`` is 0), its length ``steps``, else ``batches`` when known (> 0)."""
+    import keras
+
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return callbacks
+    return keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+                                        steps=steps or (batches if batches > 0 else None), model=model)
+
+
 def global_step(model) -> int:
     """``model.optimizer.iterations`` read from the ps (0 without an optimizer)."""
     return int(np.asarray(model.optimizer.iterations)) if model.optimizer is not None else 0
 
 
 def metrics_logs(model, last_logs=None) -> dict[str, Any]:
-    """The logs Keras's ``fit``/``evaluate`` report, as Keras picks them (call after ``join``).
-
-    Keras (``Trainer._get_metrics_result_or_logs``) reports the model's metric results when the
-    last step's logs carry the same keys, and the last step's logs otherwise (a custom
-    ``train_step``/``test_step`` returning other keys). Here the keys are compared once both are
-    flattened with Keras's own ``pythonify_logs`` (a custom step returning
-    ``{m.name: m.result() for m in self.metrics}`` gives ``compile_metrics: {...}``, a nested
-    dict): the results are then read from the ps variables after every worker's update, the
-    value Keras's last logs hold in one process. Custom logs are the last *completed* call's.
+    """The logs Keras's ``fit``/``evaluate`` report, as Keras picks them (call after ``join``):
+    the model's metric results (read from the ps variables) when the last step's logs carry the
+    same keys once both are flattened with Keras's ``pythonify_logs``, else the last *completed*
+    call's logs (a custom ``train_step``/``test_step`` returning other keys), as
+    ``Trainer._get_metrics_result_or_logs`` does.
 
     Args:
         model: the compiled model.
@@ -205,13 +198,11 @@ def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, P
     """Schedule ``steps`` training steps (summed over workers); return (last logs, stats).
 
     Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` with its
-    logs when it has completed; stops scheduling once ``model.stop_training`` is set. The
-    counters are reset first and read after ``join``. When ``callbacks`` hold a step saver
-    (a callback with ``every_steps`` and ``save_step(step)``: kerasdist's
-    :class:`~kerasdist.keras.backup.EpochEndSave`), each time the scheduled steps pass a
-    multiple of ``every_steps`` (global steps) before the epoch's end, the loop joins the
-    coordinator, completes every pending call and calls ``save_step`` with the global step
-    read from the ps.
+    logs when it has completed; stops scheduling once ``model.stop_training`` is set. With a step
+    saver among ``callbacks`` (``every_steps`` and ``save_step(step)``:
+    :class:`~kerasdist.keras.backup.EpochEndSave`), each time the scheduled steps pass a multiple
+    of ``every_steps`` global steps before the epoch's end, the loop joins the coordinator,
+    completes every pending call and calls ``save_step`` with the global step read from the ps.
     """
     import tensorflow as tf
 
@@ -288,12 +279,10 @@ def _evaluation_call(run: PSRun, iterator, done: int, callbacks, exhausted: set,
 def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, callbacks) -> dict:
     """Run ``test_step`` over the per-worker evaluation shards; return the metric results.
 
-    Scheduled steps go to whichever worker is free, so one worker may run out of its shard
-    while another still has batches: the loop schedules calls until ``steps`` batches ran or
-    every worker has reported its shard exhausted, which makes a pass without ``steps`` exact
-    (each batch evaluated once). One call is in flight at a time, so metric updates that are a
-    read then a write (``F1Score``) never interleave across workers. Metrics are reset first and
-    read after ``join``.
+    Calls are scheduled until ``steps`` batches ran or every worker has reported its shard
+    exhausted, so a pass without ``steps`` evaluates each batch once. One call is in flight at a
+    time: Keras metrics that update with ``assign(self + delta)`` (``F1Score``) would lose updates
+    to two workers running test steps at once. Metrics are reset first and read after ``join``.
 
     Args:
         run: the :class:`PSRun`.
@@ -313,9 +302,6 @@ def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, call
     exhausted: set = set()
     done, last = 0, [{}]
     while (steps is None or done < steps) and len(exhausted) < run.num_workers:
-        # One call in flight at a time: Keras metrics such as F1Score update their variables with
-        # ``assign(self + delta)``, a read-then-write that two workers running test steps at once
-        # lose updates through.
         done = _evaluation_call(run, iterator, done, callbacks, exhausted, last)
     run.coordinator.join()
     logs = metrics_logs(model, last[0])

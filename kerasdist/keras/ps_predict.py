@@ -1,22 +1,18 @@
 """``model.predict`` under ``tf.distribute.ParameterServerStrategy``.
 
 The workers run the model's own ``predict_step`` as scheduled calls over disjoint shards of the
-input, each batch once; the coordinator fetches every call's outputs and reassembles them with
-Keras's own concatenation (``potentially_ragged_concat``), so any output structure (one array, a
-list, a dict of outputs) comes back as Keras returns it.
-
-Order of the returned rows: **input order** for NumPy arrays and a ``tf.data.Dataset``. Their
-batches are Keras's own (arrays batched by ``batch_size`` in input order; with ``steps``, the
-first ``steps`` batches), each tagged with its index before the batches are dealt out to the
-workers (worker ``i`` of ``N`` takes batches ``i, i+N, ...``), and the coordinator sorts by
-that index. For a dataset function ``fn(input_context)``, which builds each worker's own
-pipeline, rows come **by worker index, then batch order within that worker's pipeline**, and
-``steps`` counts batches summed over workers (which worker runs them is not fixed).
+input, each batch once; the coordinator fetches every call's outputs and joins them with Keras's
+own concatenation (``potentially_ragged_concat``), so any output structure comes back as Keras
+returns it. Rows come in **input order** for NumPy arrays and a ``tf.data.Dataset`` (Keras's own
+batches, each tagged with its index before they are dealt out to the workers, sorted back by that
+index); for a dataset function, which builds each worker's own pipeline, **by worker index, then
+batch order** within that worker's pipeline.
 """
 
 from __future__ import annotations
 
 from kerasdist.keras import ps_input as ps_data
+from kerasdist.keras import ps_loop
 
 
 def _predict_function(model, strategy):
@@ -108,35 +104,21 @@ def _concat(results: list, *, ordered_by_index: bool):
     return keras.tree.map_structure(internals.convert_to_np_if_not_ragged, outputs)
 
 
-def _callbacks(model, callbacks, *, verbose, steps):
-    import keras
-
-    if isinstance(callbacks, keras.callbacks.CallbackList):
-        return callbacks
-    return keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose,
-                                        epochs=1, steps=steps, model=model)
-
-
 def predict(model, x, *, batch_size=None, verbose="auto", steps=None, callbacks=None):
     """``model.predict`` under ``ParameterServerStrategy`` (arguments as Keras's; module docs).
 
     Args:
-        model: built inside ``ParameterServerStrategy.scope()``; compiling is not needed (as in
-            Keras); an unbuilt model is built on the coordinator from the input's spec.
-        x: NumPy array(s) (a list/tuple is several inputs, a dict named inputs; batched by
-            ``batch_size``, default 32), a ``tf.data.Dataset`` of batches (of ``x`` or
-            ``(x, ...)``), or a dataset function ``fn(input_context)``.
-        batch_size: for arrays only (None otherwise).
-        verbose: ``"auto"``, 0, 1 or 2: the progress bar, as Keras.
+        model: built inside ``ParameterServerStrategy.scope()`` (compiling is not needed; an
+            unbuilt model is built on the coordinator from the input's spec).
+        x: NumPy array(s) (batched by ``batch_size``, default 32), a ``tf.data.Dataset`` of
+            batches (of ``x`` or ``(x, ...)``), or a dataset function ``fn(input_context)``.
         steps: batches to predict (the first ``steps`` of arrays and datasets; summed over
             workers for a dataset function); None = every batch once.
-        callbacks: Keras callbacks or a ``CallbackList``; ``on_predict_batch_end`` gets
-            ``{"outputs": batch outputs}`` as each call completes (completion order; ``batch``
-            counts completed calls). ``model.stop_predicting = True`` stops scheduling.
+        callbacks: ``on_predict_batch_end`` gets ``{"outputs": ...}`` as each call completes
+            (completion order); ``model.stop_predicting = True`` stops scheduling.
 
     Returns:
-        NumPy arrays in the structure of the model's outputs (dtype as the model's), rows in the
-        order the module docs give.
+        NumPy arrays in the structure of the model's outputs, rows in the module docs' order.
 
     Raises:
         ValueError: ``batch_size`` with a dataset or function; an input of another type; no
@@ -154,8 +136,8 @@ def predict(model, x, *, batch_size=None, verbose="auto", steps=None, callbacks=
                                               num_workers=run.num_workers, repeat=False)
     function = _predict_function(model, run.strategy)
     limit = None if tagged.kind != "dataset_fn" else steps  # arrays/datasets: already taken
-    callbacks = _callbacks(model, callbacks, verbose=verbose,
-                           steps=steps or (tagged.batches if tagged.batches > 0 else None))
+    callbacks = ps_loop.callback_list(model, callbacks, verbose=verbose, steps=steps,
+                                      batches=tagged.batches)
     model.stop_predicting = False
     callbacks.on_predict_begin()
     results, exhausted, iterator = [], set(), iter(dataset)

@@ -1,23 +1,18 @@
 """The small ``tf.function`` steps that the coordinator schedules onto parameter-server workers.
 
-Each scheduled call runs the model's own ``train_step``/``test_step`` (so subclassed models with a
-custom step keep working) inside ``strategy.run``. A training call adds its statistics to a small
-int64 *counters* variable on a ps (:func:`make_counters`), one row per worker:
+Each call runs the model's own ``train_step``/``test_step`` inside ``strategy.run``. A training call
+adds its figures to its worker's row of a small int64 *counters* variable on a ps
+(:func:`make_counters`), read by the coordinator once per epoch after ``join``, and returns only
+the last step's ``train_step`` logs (a few scalars, for the batch callbacks).
 
-``[steps_run, staleness_sum, examples, staleness_max]``
+**Staleness** of one step, in optimizer updates: ``after - before - 1``, where the step reads
+``optimizer.iterations`` before it reads any weight and again right after its own update: the
+updates other workers applied while it computed its gradient (0 in synchronous training; an upper
+bound, since an update landing between this step's apply and its second read counts too).
 
-so that the coordinator reads them once per epoch, after ``join``; a call returns only the last
-step's ``train_step`` logs (a few scalars, for the batch callbacks).
-
-**Staleness** of one step, in optimizer updates: the step reads ``optimizer.iterations`` (the
-global version of the ps variables) before it reads any weight, and again right after its own
-update; ``staleness = after - before - 1`` is the number of updates by *other* workers applied
-while this step computed its gradient. Synchronous training always gives 0. It is an upper bound:
-an update that lands between this step's apply and its second read is counted too.
-
-Keras 3's ``assign_add``/``assign_sub`` are not atomic; the steps are traced with kerasdist's mend
-(:mod:`kerasdist._compat.keras_ps_atomic_assign`) in force on the model's variables. The counters
-are updated with ``scatter_nd_add``/``scatter_nd_max``, which hold the variable's lock.
+The steps are traced with :mod:`kerasdist._compat.keras_ps_atomic_assign` in force on the model's
+variables (Keras 3's ``assign_add`` is not atomic); the counters are updated with
+``scatter_nd_add``/``scatter_nd_max``, which hold the variable's lock.
 """
 
 from __future__ import annotations
@@ -98,15 +93,12 @@ def make_train_function(model, strategy, *, counters, steps_per_execution: int =
     Args:
         model: a compiled Keras model whose variables were created under ``strategy.scope()``.
         strategy: the ``ParameterServerStrategy``.
-        counters: the variable of :func:`make_counters`; each call adds its steps, staleness
-            and examples to the running worker's row.
-        steps_per_execution: with 1, one step per call (``num_steps`` is ignored); above 1, each
-            call runs ``num_steps`` (an int32 scalar tensor, 1 <= num_steps) steps in a
-            ``tf.while_loop`` on the worker, saving dispatch round trips.
+        counters: the variable of :func:`make_counters` (each call adds to its worker's row).
+        steps_per_execution: with 1, one step per call (``num_steps`` ignored); above 1, each
+            call runs ``num_steps`` (an int32 scalar tensor, >= 1) steps in a ``tf.while_loop``.
 
     Returns:
-        The function. ``logs`` is the last step's ``train_step`` output (metric results read
-        on the worker after its update, once the call's counts are added).
+        The function; ``logs`` is the last step's ``train_step`` output.
     """
     import tensorflow as tf
 

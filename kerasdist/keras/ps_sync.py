@@ -1,36 +1,18 @@
 """Synchronous parameter-server training with backup workers: each step applies once the mean of
-the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`).
+the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`). The
+flow beside ``SyncReplicasOptimizer``'s, its guarantees and limits: ``docs/parameter-server-sync.md``.
 
-Global step ``s`` of ``model.fit`` under ``ParameterServerStrategy`` with N workers:
-
-1. The coordinator reads global batch ``s`` and cuts it into N slices (:class:`SyncInput`); slice
-   ``i`` travels with call ``i`` whichever worker runs it, so the workers' speeds never change a
-   step's batch. In this mode the coordinator reads the data.
-2. N calls (``ClusterCoordinator.schedule``) run the model's own ``train_step`` on their slices
-   from the same weights; its optimizer ``apply`` pushes each gradient, weighted by the slice's
-   share ``n_i * N' / B`` (1.0 for equal slices), into a ``ResourceConditionalAccumulator`` on its
-   variable's ps (one per shard), tagged ``local_step = s``. A call that starts after step ``s``
-   was applied computes nothing.
-3. Once K calls completed, one coordinator function takes each accumulator's mean
-   (``ResourceAccumulatorTakeGradient(num_required=K)``, on its ps) and applies it with the Keras
-   optimizer (each update on its variable's ps; ``optimizer.iterations``, the global step, +1).
-   Taking advances the accumulator's step: a gradient of step ``s`` that comes later is dropped,
-   atomically.
-
-K = N: every update is the gradient of the whole global batch, the weights of a strategy-free run
-on the same global batches (up to float summation order), also when a lost worker's call runs
-again elsewhere. K < N: the slowest N - K calls of each step are dropped (backup workers: Chen et
-al., "Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981); ``dropped = calls -
-aggregated``, counted by a one-hot of each call's slot pushed into one more accumulator.
-
-Limits (docs/parameter-server-sync.md): with K < N each accumulator takes the first K gradients it
-receives, so two variables may average different calls (as ``SyncReplicasOptimizer`` did);
-``IndexedSlices`` gradients are made dense (a call sends a table-sized gradient; Keras's Adam
-then sees a repeated id's summed gradient); what a step writes besides gradients (metrics,
-BatchNormalization's moving statistics) is written by every call that computes.
-
-Source: ``tf.raw_ops.ResourceConditionalAccumulator`` and its ops (TF API docs), the kernels of
-``tf.compat.v1.train.SyncReplicasOptimizer``.
+Global step ``s``: the coordinator cuts global batch ``s`` into N slices (:class:`SyncInput`),
+slice ``i`` travelling with call ``i``. Each call runs the model's own ``train_step`` from the same
+weights; its optimizer ``apply`` pushes each gradient, weighted by the slice's share, into a
+``ResourceConditionalAccumulator`` on its variable's ps (one per shard) tagged ``local_step = s``
+(a call that starts after step ``s`` was applied computes nothing). Once K calls completed, one
+coordinator function takes each accumulator's mean (``ResourceAccumulatorTakeGradient``,
+``num_required=K``) and applies it with the Keras optimizer; taking advances the accumulator's
+step, so later gradients of step ``s`` are dropped (counted by a one-hot of each call's slot
+pushed into one more accumulator). K < N makes the slowest calls backup workers (Chen et al.,
+"Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981). Source: the kernels of
+``tf.raw_ops.ResourceConditionalAccumulator`` and ``tf.compat.v1.train.SyncReplicasOptimizer``.
 """
 
 from __future__ import annotations

@@ -12,23 +12,13 @@ check it here first (:mod:`kerasdist._compat.keras_ps_dispatch` calls :func:`che
 
 from __future__ import annotations
 
+from kerasdist._compat._fakes import is_multi_worker
 from kerasdist.errors import UnsupportedFeatureError
 
 
 def _cpu_only(strategy) -> bool:
     devices = getattr(strategy.extended, "worker_devices", ()) or ()
     return bool(devices) and all("CPU" in str(device).upper() for device in devices)
-
-
-def _replicated(strategy) -> bool:
-    import tensorflow as tf
-
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        resolver = getattr(strategy, "cluster_resolver", None)
-        spec = resolver.cluster_spec().as_dict() if resolver is not None else {}
-        workers = sum(len(tasks) for job, tasks in spec.items() if job in ("chief", "worker"))
-        return workers > 1 or strategy.num_replicas_in_sync > 1
-    return strategy.num_replicas_in_sync > 1
 
 
 def refuse_single_process_savers(callbacks, strategy: str) -> None:
@@ -70,7 +60,7 @@ def check_model(model, callbacks=None) -> None:
     if not isinstance(strategy, (tf.distribute.MirroredStrategy,
                                  tf.distribute.MultiWorkerMirroredStrategy)):
         return
-    if not (_replicated(strategy) and _cpu_only(strategy)):
+    if not ((is_multi_worker(strategy) or strategy.num_replicas_in_sync > 1) and _cpu_only(strategy)):
         return
     raise UnsupportedFeatureError(
         f"`jit_compile=True` is not supported under {type(strategy).__name__} on CPU devices: "

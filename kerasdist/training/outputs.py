@@ -37,7 +37,7 @@ def save_model_atomic(model, path: str | Path) -> Path:
 
     Called by the chief alone (the recipe path), so the every-worker save of
     :mod:`kerasdist._compat.keras_chief_saves`, whose barrier needs every worker, is bypassed."""
-    from kerasdist._compat._save_scope import passthrough
+    from kerasdist._compat._worker_saves import passthrough
 
     with passthrough():
         return write_atomic(path, model.save, suffix=".keras")  # Keras requires the suffix

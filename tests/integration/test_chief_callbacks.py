@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import pytest
 
+from kerasdist._compat import _fakes
 from kerasdist._compat import keras_chief_callbacks as mend
 
 
@@ -103,7 +104,7 @@ def _model(task_id=None):
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer="sgd", loss="mse")
     if task_id is not None:  # worker:<task_id> of a 2-worker cluster
-        model._distribute_strategy = mend.fake_worker_strategy(task_id)
+        model._distribute_strategy = _fakes.fake_multi_worker_strategy(task_id)
     return model
 
 

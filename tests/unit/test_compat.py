@@ -314,14 +314,14 @@ def test_chief_logs_mend_sends_a_non_chief_csv_to_a_private_folder(tmp_path):
 
     from keras.callbacks import CSVLogger
 
-    from kerasdist._compat import keras_chief_callbacks, keras_chief_logs
+    from kerasdist._compat import keras_chief_logs
 
     keras_chief_logs.install()
     path = tmp_path / "log.csv"
     for task, private in ((0, False), (1, True)):
         logger = CSVLogger(str(path))
         logger.set_model(types.SimpleNamespace(
-            distribute_strategy=keras_chief_callbacks.fake_worker_strategy(task)))
+            distribute_strategy=_fakes.fake_multi_worker_strategy(task)))
         logger.on_train_begin()
         logger.on_epoch_end(0, {"loss": 1.0})
         written = logger.filename
