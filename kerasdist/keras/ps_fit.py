@@ -232,7 +232,7 @@ def _epochs(run, iterator, callbacks, *, epochs, initial_epoch, steps, validatio
         epoch_logs.update(stats.logs(ps_loop.global_step(model)))
         if validation is not None and _should_validate(epoch, freq) and not run.stuck:
             val_logs = ps_loop.evaluate_loop(run, iter(validation.dataset), steps=validation.steps,
-                                             batches=validation.batches, callbacks=callbacks)
+                                             callbacks=callbacks)
             epoch_logs.update({f"val_{k}": v for k, v in val_logs.items()})
         callbacks.on_epoch_end(epoch, epoch_logs)
         training_logs = epoch_logs
@@ -358,7 +358,7 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
         callbacks = ps_loop.callback_list(model, callbacks, verbose=verbose,
                                           steps=evaluation.steps, batches=evaluation.batches)
         logs = ps_loop.evaluate_loop(run, iter(evaluation.dataset), steps=evaluation.steps,
-                                     batches=evaluation.batches, callbacks=callbacks)
+                                     callbacks=callbacks)
     if return_dict:
         return logs
     return internals.flatten_metrics_in_order(model, logs)  # Keras's order: metrics_names

@@ -276,7 +276,7 @@ def _evaluation_call(run: PSRun, iterator, done: int, callbacks, exhausted: set,
     return done + 1
 
 
-def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, callbacks) -> dict:
+def evaluate_loop(run: PSRun, iterator, *, steps: int | None, callbacks) -> dict:
     """Run ``test_step`` over the per-worker evaluation shards; return the metric results.
 
     Calls are scheduled until ``steps`` batches ran or every worker has reported its shard
@@ -288,7 +288,6 @@ def evaluate_loop(run: PSRun, iterator, *, steps: int | None, batches: int, call
         run: the :class:`PSRun`.
         iterator: per-worker iterators over finite evaluation pipelines.
         steps: batches to evaluate (summed over workers), or None for all of them.
-        batches: batches in the whole pass if known (> 0); kept for callers (one call at a time).
         callbacks: a Keras ``CallbackList``; ``on_test_batch_end`` gets the call's
             ``test_step`` logs, as in Keras.
 
