@@ -19,8 +19,6 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, the shell's code for an interrupted command; also a preempted (SIGTERM) run."""
-EXIT_TERMINATED = 143
-"""128 + SIGTERM: SIGTERM during start-up, before training (:class:`Interrupted`)."""
 
 BAD_INPUT, PEER_LOST, FATAL, PREEMPTED = "bad_input", "peer_lost", "fatal", "preempted"
 RETRYABLE = frozenset({PEER_LOST, PREEMPTED})

@@ -1,20 +1,12 @@
-"""Local clusters in a private network namespace: their task servers are unreachable from the network.
+"""Local clusters in a private network namespace: their task servers are unreachable from the network
+(docs/guarantees.md, "Local clusters are isolated").
 
-TensorFlow's task servers listen on every interface and accept any client unauthenticated, so a
-``cluster.kind: local`` run (and a local Ray) runs its whole cluster in one fresh Linux network
-namespace holding only a loopback interface (docs/guarantees.md, "Security"). The launching process
-checks everything first (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
-``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or forks it:
+The launching process checks everything first (:func:`kerasdist.launch.run.preflight`), then starts
+ONE child, ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or forks it:
 :mod:`kerasdist.launch.forking.netns`), which brings ``lo`` up and runs the local launcher there
-(:func:`serve`). :func:`run_isolated` lets the child write to the console, forwards SIGINT and
-SIGTERM to it and maps its result back: the :class:`RunResult` of ``<run_dir>/metrics.json``, or
-the child's exception class and message, so the API raises (and the CLI exits with) the same as
-without the namespace.
-
-Where no namespace can be made, a local cluster is refused (exit 2) unless
-``cluster.allow_network_exposure: true``; ``KERASDIST_NO_NETNS=1`` acts as if none could be made.
-Isolated tasks reach nothing but each other; extra Python ``callbacks`` travel only as recipe
-callbacks (:func:`kerasdist.launch.run.send_callbacks_by_path`).
+(:func:`serve`). :func:`run_isolated` forwards SIGINT and SIGTERM to the child and maps its result
+back: the :class:`RunResult` of ``<run_dir>/metrics.json``, or the child's exception class and
+message.
 """
 
 from __future__ import annotations

@@ -109,13 +109,12 @@ class RunDirLock:
     Args:
         run_dir: the run directory (created if missing, when the lock is taken).
         create: False: lock only an existing lock file (nothing is created; a missing directory
-            or lock file leaves this object unlocked, ``locked`` False).
+            or lock file leaves this object unlocked).
 
     Attributes:
         inherited: True when an ancestor process (the local launcher), or the launcher whose token
             is in :data:`LOCK_TOKEN_ENV`, holds the lock, so this process runs under it without
             taking it.
-        locked: True while this object holds the lock itself.
         token: the holder's random token (hex), which the holder passes to its remote tasks.
 
     Raises (on enter):
@@ -133,13 +132,6 @@ class RunDirLock:
         self._created: list[Path] = []
         self._fd: int | None = None
         self._dir_fd: int | None = None
-
-    @property
-    def locked(self) -> bool:
-        return self._fd is not None
-
-    def _read_holder(self) -> dict:
-        return read_holder(self.dir)
 
     def _open_dir(self) -> int | None:
         if self.create:
@@ -205,7 +197,7 @@ class RunDirLock:
         except BlockingIOError:
             os.close(fd)
             os.close(dir_fd)
-            holder = self._read_holder()
+            holder = read_holder(self.dir)
             if _holder_is_ours(holder):
                 self.inherited, self.token = True, holder.get("token")
                 return self
@@ -214,7 +206,7 @@ class RunDirLock:
                 f"{holder.get('pid', '?')} on {holder.get('host', '?')} since "
                 f"{holder.get('since', '?')} ({holder.get('command', '?')}). Wait for it, or "
                 "use another output.run_dir.") from None
-        stale = self._read_holder()
+        stale = read_holder(self.dir)
         if stale.get("pid"):
             log.warning(f"took over the lock on {self.dir} left by pid {stale['pid']} on "
                         f"{stale.get('host', '?')} (since {stale.get('since', '?')}), which no "
