@@ -236,9 +236,7 @@ def _read_record(run_dir: Path) -> dict | None:
 def _log_params(client, run_id: str, params: dict[str, str]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(k, v) for k, v in params.items()]
-    for start in range(0, len(items), 100):  # MLflow's most params per log_batch
-        client.log_batch(run_id, params=items[start:start + 100])
+    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])  # MLflow batches
 
 
 def _log_changed_params(client, run_id: str, params: dict[str, str]) -> None:
@@ -250,8 +248,7 @@ def _log_changed_params(client, run_id: str, params: dict[str, str]) -> None:
         _log_params(client, run_id, new)
     changed = [RunTag(f"kerasdist.changed.{k}", f"{logged[k]} -> {v}"[:5000])
                for k, v in params.items() if k in logged and logged[k] != v]
-    for start in range(0, len(changed), 100):
-        client.log_batch(run_id, tags=changed[start:start + 100])
+    client.log_batch(run_id, tags=changed)
 
 
 def _is_number(value: Any) -> bool:
