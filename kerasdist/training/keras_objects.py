@@ -340,7 +340,6 @@ def has_tensorboard(specs: Sequence[Any]) -> bool:
     return any((s.class_name if isinstance(s, KerasConfig) else s) == "TensorBoard" for s in specs)
 
 
-# ------------------------------------------------------------------------------------- freezing
 # ---------------------------------------------------------------------------------- the check
 def check_training_config(recipe: Recipe, run_dir: Path | None = None) -> None:
     """Build (and discard) the recipe's optimizer, schedule, loss, metrics and callbacks with
