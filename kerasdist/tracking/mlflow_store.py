@@ -146,8 +146,6 @@ def default_uri(run_dir: Path) -> str:
     return path_to_local_sqlite_uri(str(Path(run_dir).absolute() / MLFLOW_DB))
 
 
-
-
 class TaskMonitor(threading.Thread):
     """MLflow's system metrics of one task (``SystemMetricsMonitor`` with ``node_id``) plus this
     process's own CPU and resident memory (psutil), from when ``<run_dir>/tracking.json`` names the run
