@@ -372,7 +372,6 @@ class RunDir:
         return write_text_atomic(self.task_recipe, json.dumps(data, indent=2))
 
 
-
 def _entries(run_dir: Path) -> list[str]:
     found = lstat_or_none(run_dir)
     if found is None:

@@ -51,7 +51,6 @@ def link_error(path: Path, what: str) -> RunDirError:
                        "link, or name the directory itself in output.run_dir.")
 
 
-
 def _ancestors() -> set[int]:
     pids, pid = {os.getpid()}, os.getpid()
     while pid > 1:
