@@ -12,6 +12,7 @@ message.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -253,11 +254,9 @@ def _supervise(recipe: Recipe, start) -> RunResult:
     killed_after_report = False
     try:
         if payload is not None:
-            try:
+            with contextlib.suppress(BrokenPipeError):  # it ended at once: its report says why
                 child.stdin.write(payload)
                 child.stdin.close()
-            except BrokenPipeError:  # it ended at once: its report says why
-                pass
         with terminate_on_sigterm():
             try:
                 killed_after_report = _wait_for(child, reader)
@@ -277,11 +276,9 @@ def _wait_for(child, reader: threading.Thread) -> bool:
     is known, and a process whose teardown blocks in TensorFlow (a runtime still waiting for a
     lost task) must not hold the command for ever. True when it had to be killed so."""
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=0.5)
             return False
-        except subprocess.TimeoutExpired:
-            pass
         if not reader.is_alive():
             try:
                 child.wait(timeout=REPORTED_EXIT_S)
@@ -312,10 +309,8 @@ def _forward(child, sig: int) -> None:
 
 
 def _kill(child) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)  # its tasks die with it (PR_SET_PDEATHSIG)
-    except (ProcessLookupError, PermissionError):
-        pass
     child.wait()
 
 

@@ -229,12 +229,10 @@ class RunDirLock:
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)  # an empty file: released cleanly, not stale
-        try:
+        with contextlib.suppress(OSError):
             if os.listdir(self._dir_fd) == [LOCK_NAME]:  # the run wrote nothing: leave nothing
                 os.unlink(LOCK_NAME, dir_fd=self._dir_fd)
                 self._remove_created()
-        except OSError:
-            pass
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         os.close(self._dir_fd)
