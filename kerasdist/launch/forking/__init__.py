@@ -107,6 +107,7 @@ def check_recipe(recipe: Recipe) -> None:
     Raises:
         the check's own error (same class and message), e.g. DataError (exit code 2).
     """
+    from kerasdist._log import get_logger
     from kerasdist.training.checks import check_recipe_here
 
     if not applies(recipe):
@@ -114,16 +115,12 @@ def check_recipe(recipe: Recipe) -> None:
         return
     _import_tensorflow()
     if _runtime_started():  # a data check ran a TF op here (a function source, say)
-        from kerasdist._log import get_logger
-
         get_logger("launch").debug("TensorFlow's runtime started in this process during the data "
                                    "checks: checking here; the tasks start as new processes")
         check_recipe_here(recipe)
         return
     verdict = _check_in_child(recipe)
     if verdict is None:  # the child died without a verdict: check here, start tasks as before
-        from kerasdist._log import get_logger
-
         get_logger("launch").warning("the forked recipe check ended without a verdict; "
                                      "checking here (the tasks start as new processes)")
         spend()
