@@ -8,6 +8,7 @@ error here is left for that import to raise where it is handled.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 
@@ -15,11 +16,9 @@ def tensorflow_in_background() -> None:
     """Start importing ``keras`` and ``tensorflow`` in a daemon thread; returns at once."""
 
     def load() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the caller's own import raises it where handled
             import keras  # noqa: F401
             import tensorflow  # noqa: F401
-        except Exception:  # noqa: BLE001 - the caller's own import raises it where it is handled
-            pass
 
     threading.Thread(target=load, name="kerasdist-import", daemon=True).start()
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -138,10 +139,8 @@ class _StartupGuard:
             signal.set_wakeup_fd(self._previous_fd)
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
-        try:
+        with contextlib.suppress(OSError):
             os.write(self._write, b"\0")  # wakes the watcher, which ends
-        except OSError:
-            pass
         if self._thread is not None:
             self._thread.join(timeout=self.grace_s + 1)
         os.close(self._write)

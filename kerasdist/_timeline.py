@@ -18,6 +18,7 @@ sets it and turns the file into the table of docs/benchmarks.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -77,8 +78,6 @@ def mark(name: str) -> None:
         if start is not None:
             lines.append({"task": task, "pid": pid, "mark": "process", "t": start})
     lines.append({"task": task, "pid": pid, "mark": name, "t": time.time()})
-    try:
+    with contextlib.suppress(OSError):
         with open(path, "a") as out:
             out.write("".join(json.dumps(line) + "\n" for line in lines))
-    except OSError:
-        pass

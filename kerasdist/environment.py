@@ -1,18 +1,12 @@
-"""``kerasdist env``: what a bug report needs, and the cluster role this process would take.
+"""``kerasdist env``: what a bug report needs, and the cluster role this process would take
+(docs/launch.md, "Bug reports: kerasdist env").
 
-:func:`collect` returns a JSON-ready mapping:
-
-* ``versions``: kerasdist, tensorflow, keras, tf_keras and ray (None when not installed), python, os;
-* ``environment``: ``KERAS_BACKEND``, ``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``,
-  ``CUDA_VISIBLE_DEVICES`` as set (None when unset);
-* ``devices``: TensorFlow's physical devices (``CPU:0``, ``GPU:0`` ...);
-* ``mends``: each :mod:`kerasdist._compat` mend and its state on the installed Keras/TF:
-  ``active``, ``needed``, ``not needed`` (fixed upstream) or ``not applicable``, each read as
-  ``unknown version: <state>`` on a TensorFlow/Keras outside the tested range;
-* ``supported``: the tested TensorFlow/Keras ranges, and ``warning``: the untested-version
-  line (None inside the range);
-* ``cluster``: where a role would come from (``flags``, ``TF_CONFIG``, ``slurm`` or ``none``), and
-  either the validated role (task, chief or not, tasks per job) or the error that validation gave.
+:func:`collect` returns a JSON-ready mapping: ``versions``; ``environment`` (``KERAS_BACKEND``,
+``TF_USE_LEGACY_KERAS``, ``TF_CPP_MIN_LOG_LEVEL``, ``CUDA_VISIBLE_DEVICES``; None when unset);
+``devices``; ``mends`` (each :mod:`kerasdist._compat` mend's state: ``active``, ``needed``, ``not
+needed`` or ``not applicable``, ``unknown version: <state>`` outside the tested range);
+``supported`` and ``warning``; ``cluster``: where a role would come from (``flags``,
+``TF_CONFIG``, ``slurm`` or ``none``) and either the validated role or its error.
 """
 
 from __future__ import annotations

@@ -19,8 +19,6 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 """128 + SIGINT, the shell's code for an interrupted command; also a preempted (SIGTERM) run."""
-EXIT_TERMINATED = 143
-"""128 + SIGTERM: SIGTERM during start-up, before training (:class:`Interrupted`)."""
 
 BAD_INPUT, PEER_LOST, FATAL, PREEMPTED = "bad_input", "peer_lost", "fatal", "preempted"
 RETRYABLE = frozenset({PEER_LOST, PREEMPTED})
@@ -119,10 +117,10 @@ class Interrupted(KeyboardInterrupt):
         super().__init__(f"{signal.Signals(self.signum).name} received while {during}")
 
 
-def _is_peer_error(err: BaseException) -> bool:
-    """A TensorFlow ``OpError`` of a class that means a peer task is gone (by type, via the MRO
-    names so that this module never imports TensorFlow)."""
-    return any(cls.__name__ in _PEER_ERROR_NAMES and cls.__module__.startswith("tensorflow")
+def _tf_error_of(err: BaseException, names: tuple[str, ...]) -> bool:
+    """``err`` is a TensorFlow error of a class named in ``names`` (by type, via the MRO names so
+    that this module never imports TensorFlow)."""
+    return any(cls.__name__ in names and cls.__module__.startswith("tensorflow")
                for cls in type(err).__mro__)
 
 
@@ -130,8 +128,7 @@ def is_transient_rpc_error(err: BaseException) -> bool:
     """A TensorFlow ``InternalError``/``UnknownError`` that came from the RPC layer between tasks
     (its message holds one of :data:`TRANSIENT_RPC_MARKERS`), e.g. ``INTERNAL: Unable to parse
     request`` from ``/tensorflow.eager.EagerService/RunComponentFunction``."""
-    if not any(cls.__name__ in _RPC_ERROR_NAMES and cls.__module__.startswith("tensorflow")
-               for cls in type(err).__mro__):
+    if not _tf_error_of(err, _RPC_ERROR_NAMES):
         return False
     text = str(err)
     return any(marker in text for marker in TRANSIENT_RPC_MARKERS)
@@ -141,7 +138,8 @@ def classify(err: BaseException) -> str:
     """The failure class of ``err``: ``bad_input``, ``peer_lost``, ``fatal`` or ``preempted``."""
     if isinstance(err, KeyboardInterrupt):
         return PREEMPTED
-    if isinstance(err, TaskFailedError) or _is_peer_error(err) or is_transient_rpc_error(err):
+    if isinstance(err, TaskFailedError) or _tf_error_of(err, _PEER_ERROR_NAMES) or \
+            is_transient_rpc_error(err):
         return PEER_LOST
     if isinstance(err, KerasdistError) and not isinstance(err, TrainingError):
         return BAD_INPUT

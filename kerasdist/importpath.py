@@ -2,18 +2,9 @@
 
 One loader for every recipe field that names user code (``model.name``, ``data.source.function``,
 ``optimizer.name``, a loss, metric or callback ``class_name``), so each gets the same checks and
-the same messages: the field, what went wrong, and the text received.
-
-Where modules are found: as with ``python -m``, the working directory comes first, then the
-recipe file's folder (:func:`user_code_on_path`, entered by the CLI for the duration of a
-command), then ``PYTHONPATH`` and the installed packages. Every task a command starts gets the
-same two folders at the front of ``PYTHONPATH`` in its own environment (:func:`child_pythonpath`).
-
-What runs when: :func:`import_attribute` imports the module (its top-level code runs, as
-``python -m`` would run it) and reads the name; nothing is called. :func:`require_kind` then checks
-the object it found against what the field documents (a ``keras.callbacks.Callback`` subclass, a
-function of two arguments...) and refuses Python built-ins and the standard library, before the
-caller constructs or calls anything.
+the same messages. Where modules are found (:func:`user_code_on_path`, :func:`child_pythonpath`)
+and what runs when (:func:`import_attribute`, then :func:`require_kind`): docs/own-model-and-data.md,
+"Import paths: where they are found and what runs when".
 """
 
 from __future__ import annotations

@@ -173,7 +173,6 @@ def watched_tasks(tf_config, timeout_s: float | None) -> dict[str, str]:
             if f"{job}:{i}" != tf_config.task_name}
 
 
-
 class HangWatch:
     """The supervisor's watch: probe server tasks at most every ``period_s`` seconds; report the
     ones that answered no probe for ``timeout_s`` (only ``hung`` counts; see module docs).

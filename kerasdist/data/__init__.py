@@ -1,13 +1,8 @@
 """A recipe's data: its sources, read as one resumable, sharded ``tf.data`` stream.
 
-Who owns what. ``data/`` owns reading a recipe's ``data`` section. Every consumer (launch,
-training, the strategies, the checks, the evaluator, the bench) reads it through
-:mod:`kerasdist.data.inputs`, never through a kind. Each kind lives whole in its module of
-:mod:`kerasdist.data.sources` behind the protocol of :mod:`kerasdist.data.sources.base` (a new
-source: one module there, one registry line, one config class in
-:mod:`kerasdist.config.source_configs`); the stream is :mod:`kerasdist.data.stream`. The readers,
-writers and conversions (:mod:`.readers`, :mod:`.writers`, :mod:`.convert`) and
-:func:`make_dataset_fn` are leaves anyone may call.
+Every consumer reads a recipe's ``data`` through :mod:`kerasdist.data.inputs`, never through a
+kind (:mod:`kerasdist.data.sources`; docs/architecture.md, "Adding a data source kind"). The
+readers, writers and conversions and :func:`make_dataset_fn` are leaves anyone may call.
 """
 
 from kerasdist.data.pipeline import Datasets, build_datasets, make_dataset_fn

@@ -120,19 +120,6 @@ def load_npz_split(path: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     return x, as_labels(y, f"data.source.path '{path}' y_{split}")
 
 
-def tfrecord_files(folder: Path, split: str) -> list[str]:
-    """The sorted ``<folder>/<split>*.tfrecord*`` files of a split (may be empty)."""
-    return sorted(str(p) for p in Path(folder).glob(f"{split}*.tfrecord*"))
-
-
-def parse_tfrecords(files):
-    """The one TFRecord parser: a dataset of (uint8 image ``(H, W)``, int64 label) from files in
-    the seed schema (``image_raw`` bytes of a square image, ``label`` int64)."""
-    import tensorflow as tf
-
-    return tf.data.TFRecordDataset(files).map(parse_square_image)
-
-
 def _seed_spec() -> dict:
     """``tf.io`` parse spec of the seed schema: ``image_raw`` bytes, ``label`` int64."""
     import tensorflow as tf
@@ -181,35 +168,20 @@ def corrupt_file(path: str, err) -> DataError:
 
 def load_tfrecord_split(folder: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
     """Split from ``<folder>/<split>*.tfrecord*`` in the seed schema, as uint8 ``(N, H, W)`` images
-    and int64 ``(N,)`` labels (read with :func:`parse_tfrecords`).
+    and int64 ``(N,)`` labels (parsed with :func:`parse_square_image`).
 
     Raises:
         DataError: no files, no records, or records that do not parse.
     """
-    return sample_tfrecord_split(folder, split, limit=None)
-
-
-def sample_tfrecord_split(folder: Path, split: str,
-                          limit: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``limit`` records of a tfrecord split (None: all of them), as
-    :func:`load_tfrecord_split` returns them.
-
-    Raises:
-        DataError: no files, or records that do not parse.
-    """
     import tensorflow as tf
 
-    files = tfrecord_files(folder, split)
+    files = sorted(str(p) for p in Path(folder).glob(f"{split}*.tfrecord*"))
     if not files:
         raise DataError(f"data.source.path: '{folder}' has no '{split}*.tfrecord*' files for split '{split}'")
     images, labels = [], []
     for path in files:
-        wanted = None if limit is None else limit - sum(len(y) for y in labels)
-        if wanted is not None and wanted <= 0:
-            break
         try:
-            records = parse_tfrecords([path])
-            for image, label in (records if wanted is None else records.take(wanted)).batch(4096):
+            for image, label in tf.data.TFRecordDataset([path]).map(parse_square_image).batch(4096):
                 images.append(image.numpy())
                 labels.append(label.numpy())
         except tf.errors.DataLossError as err:

@@ -4,19 +4,11 @@ step, decode, batch. A kind (:mod:`kerasdist.data.sources`) describes what it re
 ``eval_fn(input_context)``, whatever the source, and imports TensorFlow only when a dataset is built.
 
 A split is a sequence of **units** read in order into raw records: the files of a file source,
-the example ids of an in-memory source (gathered from the arrays when a batch is decoded), or none
-for a function source (its dataset is the records). Pipeline ``i`` of ``N`` gets its share by
-:attr:`Units.shard`: ``units`` keeps units ``i, i+N, ...``; ``records`` reads every unit in one
-common order and keeps records ``i, i+N, ...``; ``none`` reads everything.
-
-Order: one endless stream per pipeline, a pure function of the recipe. Pass ``p``
-(``Dataset.counter`` + ``flat_map``, never iterator state) permutes the pipeline's units with
-``stateless_shuffle`` seeded ``(shuffle_seed + i, p)`` (``(shuffle_seed, p)`` under ``records``;
-for example ids, only when the buffer covers them all), then shuffles records in a
-``shuffle_buffer`` seeded ``(shuffle_seed + i) * 1_000_003 + p`` unless step one permuted every
-example. A run resumed at global step ``s`` skips ``s * local_replicas`` per-replica batches of raw
-records before any decoding; decoding is ``deterministic=True``, vectorized per batch where the
-source can.
+the example ids of an in-memory source, or none for a function source. Pipeline ``i`` of ``N``
+gets its share by :attr:`Units.shard`: ``units`` keeps units ``i, i+N, ...``; ``records`` reads
+every unit in one common order and keeps records ``i, i+N, ...``; ``none`` reads everything.
+Order and resume (a pure function of the recipe; pass ``p`` seeds ``stateless_shuffle``):
+docs/own-model-and-data.md, "What every streaming source guarantees".
 """
 
 from __future__ import annotations

@@ -1,28 +1,18 @@
 """Chief-aware, step-exact checkpoints and preemption handling, for every strategy's training loop.
 
 One checkpoint schema serves every strategy (``CHECKPOINT_SCHEMA`` in
-:mod:`kerasdist.config.schema`): model + optimizer (``optimizer.iterations`` is the global step,
-as in Orbit) + ``steps_per_epoch``; the epoch is derived as ``step // steps_per_epoch``. A run can
-therefore continue under another strategy at the exact step.
+:mod:`kerasdist.config.schema`): model + optimizer (``optimizer.iterations`` is the global step) +
+``steps_per_epoch``; the epoch is ``step // steps_per_epoch``. Unlike Keras 3.15's
+``BackupAndRestore``, only the chief writes the shared folder, a half-finished epoch resumes at its
+step, and nothing is written in place.
 
-Why not ``keras.callbacks.BackupAndRestore``: in Keras 3.15 it is not chief-aware (every worker
-writes the same files; with a shared folder one crashes on an h5 lock), it restores only the epoch
-(a half-finished epoch is replayed, so the step count overshoots) and it writes in place.
-
-Here:
-
-* :class:`BackupStore` keeps model + optimizer (whose ``iterations`` is the global step) in a
-  ``tf.train.CheckpointManager`` folder written by the chief only: crc-checked data files, the
-  ``checkpoint`` pointer file replaced atomically. Other workers also call save, as TF requires under
-  ``MultiWorkerMirroredStrategy`` (saving may read variables with collectives), but into a per-task
-  temporary folder that is deleted right after each save.
+* :class:`BackupStore`: a ``tf.train.CheckpointManager`` folder written by the chief; other workers
+  save into a per-task temporary folder deleted right after, as TF requires under
+  ``MultiWorkerMirroredStrategy``.
   Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
-* :class:`StepBackup` saves every ``every_steps`` steps and at each epoch end, and stops training
-  cleanly when :class:`PreemptionWatch` reports that any worker received SIGTERM.
-* :class:`EpochEndSave` saves at each epoch end at the global step (parameter-server loop, whose
-  steps are at-least-once, so the step is read from ``optimizer.iterations``).
-* :class:`~kerasdist.keras.preemption.PreemptionWatch` (its own module) turns SIGTERM or SIGINT
-  into a flag all workers agree on at the same step.
+* :class:`StepBackup`: saves every ``every_steps`` steps and at each epoch end; stops cleanly on
+  preemption (:class:`~kerasdist.keras.preemption.PreemptionWatch`).
+* :class:`EpochEndSave`: saves at each epoch end at the global step (parameter-server loop).
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
-"""Local clusters in a private network namespace: their task servers are unreachable from the network.
+"""Local clusters in a private network namespace: their task servers are unreachable from the network
+(docs/guarantees.md, "Local clusters are isolated").
 
-TensorFlow's task servers listen on every interface and accept any client unauthenticated, so a
-``cluster.kind: local`` run (and a local Ray) runs its whole cluster in one fresh Linux network
-namespace holding only a loopback interface (docs/guarantees.md, "Security"). The launching process
-checks everything first (:func:`kerasdist.launch.run.preflight`), then starts ONE child,
-``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or forks it:
+The launching process checks everything first (:func:`kerasdist.launch.run.preflight`), then starts
+ONE child, ``unshare --net [--map-root-user] python -m kerasdist.launch.isolation`` (or forks it:
 :mod:`kerasdist.launch.forking.netns`), which brings ``lo`` up and runs the local launcher there
-(:func:`serve`). :func:`run_isolated` lets the child write to the console, forwards SIGINT and
-SIGTERM to it and maps its result back: the :class:`RunResult` of ``<run_dir>/metrics.json``, or
-the child's exception class and message, so the API raises (and the CLI exits with) the same as
-without the namespace.
-
-Where no namespace can be made, a local cluster is refused (exit 2) unless
-``cluster.allow_network_exposure: true``; ``KERASDIST_NO_NETNS=1`` acts as if none could be made.
-Isolated tasks reach nothing but each other; extra Python ``callbacks`` travel only as recipe
-callbacks (:func:`kerasdist.launch.run.send_callbacks_by_path`).
+(:func:`serve`). :func:`run_isolated` forwards SIGINT and SIGTERM to the child and maps its result
+back: the :class:`RunResult` of ``<run_dir>/metrics.json``, or the child's exception class and
+message.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import json
 import os
@@ -261,11 +254,9 @@ def _supervise(recipe: Recipe, start) -> RunResult:
     killed_after_report = False
     try:
         if payload is not None:
-            try:
+            with contextlib.suppress(BrokenPipeError):  # it ended at once: its report says why
                 child.stdin.write(payload)
                 child.stdin.close()
-            except BrokenPipeError:  # it ended at once: its report says why
-                pass
         with terminate_on_sigterm():
             try:
                 killed_after_report = _wait_for(child, reader)
@@ -285,11 +276,9 @@ def _wait_for(child, reader: threading.Thread) -> bool:
     is known, and a process whose teardown blocks in TensorFlow (a runtime still waiting for a
     lost task) must not hold the command for ever. True when it had to be killed so."""
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=0.5)
             return False
-        except subprocess.TimeoutExpired:
-            pass
         if not reader.is_alive():
             try:
                 child.wait(timeout=REPORTED_EXIT_S)
@@ -320,10 +309,8 @@ def _forward(child, sig: int) -> None:
 
 
 def _kill(child) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, signal.SIGKILL)  # its tasks die with it (PR_SET_PDEATHSIG)
-    except (ProcessLookupError, PermissionError):
-        pass
     child.wait()
 
 

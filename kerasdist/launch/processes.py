@@ -11,6 +11,7 @@ and :func:`terminate_on_sigterm`), and, on Linux, when the launcher process itse
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -216,10 +217,8 @@ class LocalLauncher:
         if task.returncode() is not None:
             return
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(task.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
             try:
                 task.process.wait(timeout=wait)
                 return

@@ -12,6 +12,7 @@ way, over a pipe: :func:`record` on its side, :func:`rebuild` on its launcher's.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -74,11 +75,9 @@ def rebuild(result: dict) -> BaseException:
     attributes) put back where :func:`record` had them."""
     err = _rebuild(result)
     if result.get("task"):
-        try:
+        with contextlib.suppress(AttributeError):  # a class that refuses new attributes
             err.task, err.error = result["task"], result.get("task_error") or ""
             err.detail = result.get("task_detail") or ""
-        except AttributeError:  # a class that refuses new attributes: the message still names it
-            pass
     return err
 
 
@@ -104,8 +103,6 @@ def _rebuild(result: dict) -> BaseException:
         if isinstance(op_error, type) and issubclass(op_error, tf.errors.OpError):
             return op_error(None, None, message)
     if isinstance(found, type) and issubclass(found, Exception):
-        try:
+        with contextlib.suppress(TypeError):
             return found(message)
-        except TypeError:
-            pass
     return TrainingError(f"{name}: {message}")

@@ -1,19 +1,9 @@
 """The strategy object: what one kind of ``tf.distribute`` training contributes to a run.
 
-The run lifecycle (:mod:`kerasdist.training.session`) is the same for every kind. A strategy object
-supplies only what differs between kinds:
-
-* :meth:`Strategy.build`: the ``tf.distribute.Strategy`` for this process;
-* :meth:`Strategy.make_input`: how the recipe's data is distributed (sharded, per worker ...);
-* :meth:`Strategy.make_loop`: how training runs (Keras ``model.fit``, or kerasdist's
-  parameter-server coordinator loop), see :mod:`kerasdist.strategies.loops`;
-* the hooks :meth:`preflight` (checks that need no TensorFlow, run before any process starts),
-  :meth:`prepare_model`, :meth:`after_restore` and :meth:`explain_failure`;
-* its ``traits`` (:class:`kerasdist.config.schema.StrategyTraits`): topology, whether it needs
-  ps tasks, which ``data.auto_shard`` values it honours, its checkpoint schema.
-
-A new kind is a subclass registered with :func:`kerasdist.strategies.register`; nothing in the
-lifecycle changes.
+The run lifecycle (:mod:`kerasdist.training.session`) is the same for every kind; a strategy
+object supplies only what differs (:meth:`Strategy.build`, :meth:`Strategy.make_input`,
+:meth:`Strategy.make_loop`, the hooks and its ``traits``). A new kind is a subclass registered
+with :func:`kerasdist.strategies.register` (docs/architecture.md, "Adding a strategy kind").
 """
 
 from __future__ import annotations

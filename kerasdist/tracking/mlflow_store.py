@@ -146,15 +146,10 @@ def default_uri(run_dir: Path) -> str:
     return path_to_local_sqlite_uri(str(Path(run_dir).absolute() / MLFLOW_DB))
 
 
-
-
 class TaskMonitor(threading.Thread):
-    """MLflow's system metrics of one task (``mlflow.system_metrics``'s ``SystemMetricsMonitor``
-    with ``node_id``: ``system/<node_id>/cpu_utilization_percentage``, ...; the host's figures)
-    plus this process's own: ``process_cpu_utilization_percentage`` (of one core) and
-    ``process_memory_rss_megabytes`` (psutil). Every ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL``
-    seconds (MLflow's default 10), once ``<run_dir>/tracking.json`` names the run (looked for
-    every ``poll_s`` seconds; the chief of a scheduled cluster writes it when it starts). A
+    """MLflow's system metrics of one task (``SystemMetricsMonitor`` with ``node_id``) plus this
+    process's own CPU and resident memory (psutil), from when ``<run_dir>/tracking.json`` names the run
+    (looked for every ``poll_s`` seconds): docs/own-model-and-data.md, "Tracking with MLflow". A
     context manager: the exit stops it and logs what was sampled since the last interval.
 
     Args:

@@ -1,13 +1,6 @@
 """MLflow tracking of a recipe run: one MLflow run per kerasdist run, logged by one task through
-``mlflow.MlflowClient`` (never MLflow's process-wide active run).
-
-Logged: the resolved recipe as params (dotted keys, JSON values cut to MLflow's 6000 characters;
-a value a resumed run changed is the tag ``kerasdist.changed.<key>``, "2 -> 4 at step 8"); every
-numeric Keras log, ``examples_per_sec`` and ``epoch`` at each epoch end, at the global step; tags
-of the strategy, cluster and versions; at the end ``final_<name>`` metrics and the ``model.keras``
-and ``metrics.json`` artifacts, and the run's status. The run's id is kept in
-``<run_dir>/tracking.json`` so a resumed run logs on; the default URI is
-``sqlite:///<run_dir>/mlflow.db`` (docs/own-model-and-data.md, "Tracking with MLflow").
+``mlflow.MlflowClient`` (never MLflow's process-wide active run). What is logged, and where the
+run's id is kept: docs/own-model-and-data.md, "Tracking with MLflow".
 """
 
 from __future__ import annotations
@@ -236,9 +229,7 @@ def _read_record(run_dir: Path) -> dict | None:
 def _log_params(client, run_id: str, params: dict[str, str]) -> None:
     from mlflow.entities import Param
 
-    items = [Param(k, v) for k, v in params.items()]
-    for start in range(0, len(items), 100):  # MLflow's most params per log_batch
-        client.log_batch(run_id, params=items[start:start + 100])
+    client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])  # MLflow batches
 
 
 def _log_changed_params(client, run_id: str, params: dict[str, str]) -> None:
@@ -250,8 +241,7 @@ def _log_changed_params(client, run_id: str, params: dict[str, str]) -> None:
         _log_params(client, run_id, new)
     changed = [RunTag(f"kerasdist.changed.{k}", f"{logged[k]} -> {v}"[:5000])
                for k, v in params.items() if k in logged and logged[k] != v]
-    for start in range(0, len(changed), 100):
-        client.log_batch(run_id, tags=changed[start:start + 100])
+    client.log_batch(run_id, tags=changed)
 
 
 def _is_number(value: Any) -> bool:

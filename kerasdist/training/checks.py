@@ -15,6 +15,7 @@ and the value received.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -106,10 +107,8 @@ def _size_thread_pools_as_training_will(recipe: Recipe) -> None:
 
     threads = recipe.intra_op_threads()
     if threads:
-        try:
+        with contextlib.suppress(RuntimeError):  # TensorFlow already runs here (a notebook)
             tf.config.threading.set_intra_op_parallelism_threads(threads)
-        except RuntimeError:  # this interpreter already runs TensorFlow (a notebook): as it is
-            pass
 
 
 def _loss_name(recipe: Recipe) -> str:

@@ -1,20 +1,10 @@
-"""The sidecar evaluator: evaluate a run's checkpoints from outside the training cluster.
-
-A parameter-server cluster has no in-loop evaluation on real machines (TF's tutorial and Vertex AI
-run a separate ``evaluator`` task that is not part of ``cluster``). ``kerasdist evaluate RUN_DIR``
-is that task: it rebuilds the model from the run's ``run.json`` (the recipe that trained it),
-restores model weights from each checkpoint in ``<run_dir>/checkpoints`` and evaluates them on the
-recipe's held-out split (or ``--split``), in this one process, with no strategy.
-
-* once (default): the newest checkpoint that reads back whole (or ``model.keras`` when the run
-  kept no checkpoints);
-* ``--watch``: every new checkpoint, in global-step order, until the run has finished (its
-  run-directory lock released, see :mod:`kerasdist.training.rundir`), then the last one.
+"""The sidecar evaluator (``kerasdist evaluate RUN_DIR``): evaluate a run's checkpoints from outside
+the training cluster, in this one process, with no strategy (docs/launch.md, "Sidecar evaluation").
 
 Each evaluation is written to ``<run_dir>/eval.json`` (atomically; ``{"split", "evaluations":
-[{"checkpoint", "global_step", "loss", <metrics>...}]}``, one entry per checkpoint, newest last)
-and as TensorBoard scalars (``eval_loss``, ``eval_<metric>`` at the checkpoint's global step) in
-``<run_dir>/tensorboard/sidecar_eval``. Checkpoints are numbered by global step (``ckpt-N``).
+[{"checkpoint", "global_step", "loss", <metrics>...}]}``, newest last) and as TensorBoard
+scalars (``eval_loss``, ``eval_<metric>`` at the checkpoint's global step) in
+``<run_dir>/tensorboard/sidecar_eval``.
 Source of the role: https://www.tensorflow.org/tutorials/distribute/parameter_server_training
 (section "Side-car evaluation").
 """

@@ -1,14 +1,12 @@
 """Keras objects of a recipe built with Keras's own lookups: optimizer, learning-rate schedule,
 loss, metrics and callbacks.
 
-Names and ``{class_name, config}`` go to ``keras.optimizers.get``, ``keras.optimizers.schedules
-.deserialize``, ``keras.losses.get``, ``keras.metrics.get`` and the public ``keras.callbacks``
-namespace; an import path ``pkg.mod:Name`` is imported (:func:`import_object`), checked against
-the kind its field documents (a ``keras.callbacks.Callback`` subclass for a callback...; see
-:data:`KINDS`) before anything is built or called, and only then its class is built as
-``Class.from_config(config)`` when it has that method, else ``Class(**config)``. Every
-failure is a :class:`~kerasdist.errors.RecipeError` (exit code 2) naming the recipe field and what
-was received, raised before anything is written (:func:`check_training_config`).
+Names and ``{class_name, config}`` go to Keras's ``get``/``deserialize`` and the public
+``keras.callbacks`` namespace; an import path ``pkg.mod:Name`` is imported and checked against the
+kind its field documents (:data:`KINDS`) before its class is built (``from_config`` when it has
+one, else ``Class(**config)``). Every failure is a :class:`~kerasdist.errors.RecipeError` (exit
+code 2) naming the recipe field and what was received, raised before anything is written
+(:func:`check_training_config`).
 """
 
 from __future__ import annotations
@@ -340,7 +338,6 @@ def has_tensorboard(specs: Sequence[Any]) -> bool:
     return any((s.class_name if isinstance(s, KerasConfig) else s) == "TensorBoard" for s in specs)
 
 
-# ------------------------------------------------------------------------------------- freezing
 # ---------------------------------------------------------------------------------- the check
 def check_training_config(recipe: Recipe, run_dir: Path | None = None) -> None:
     """Build (and discard) the recipe's optimizer, schedule, loss, metrics and callbacks with

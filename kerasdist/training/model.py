@@ -31,18 +31,6 @@ def make_loss(spec):
     return build(spec)
 
 
-def check_metrics(names) -> None:
-    """Refuse metrics Keras cannot build (Keras itself only finds out at the first training
-    step, after the run directory has been written).
-
-    Raises:
-        RecipeError: naming ``model.metrics.<i>`` and what was received.
-    """
-    from kerasdist.training.keras_objects import make_metrics
-
-    make_metrics(names)
-
-
 def _load_saved(config, precision):
     """``model.from``: the saved ``.keras`` model, uncompiled."""
     import keras

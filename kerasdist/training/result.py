@@ -40,15 +40,15 @@ class RunResult:
         import json
 
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        known = {"history", "evaluation", "throughput", "wall_time_s", "initial_epoch", "epochs",
-                 "num_replicas", "strategy", "model_path", "versions"}
         model_path = Path(data["model_path"]) if data.get("model_path") else None
-        return cls(history=data["history"], evaluation=data["evaluation"],
-                   throughput=data["throughput"], wall_time_s=data["wall_time_s"],
-                   run_dir=Path(path).parent, model_path=model_path, metrics_path=Path(path),
-                   initial_epoch=data["initial_epoch"], epochs=data["epochs"],
-                   num_replicas=data["num_replicas"], strategy=data["strategy"],
-                   extra={k: v for k, v in data.items() if k not in known})
+        return cls(**{k: data[k] for k in _SAVED}, run_dir=Path(path).parent, model_path=model_path,
+                   metrics_path=Path(path), extra={k: v for k, v in data.items()
+                                                   if k not in (*_SAVED, "model_path", "versions")})
+
+
+_SAVED = ("history", "evaluation", "throughput", "wall_time_s", "initial_epoch", "epochs",
+          "num_replicas", "strategy")
+"""The :class:`RunResult` fields ``metrics.json`` holds under their own names, in its order."""
 
 
 def write_metrics(result: RunResult, recipe) -> Path:
@@ -57,14 +57,7 @@ def write_metrics(result: RunResult, recipe) -> Path:
     import tensorflow as tf
 
     data = {
-        "history": result.history,
-        "evaluation": result.evaluation,
-        "throughput": result.throughput,
-        "wall_time_s": result.wall_time_s,
-        "initial_epoch": result.initial_epoch,
-        "epochs": result.epochs,
-        "num_replicas": result.num_replicas,
-        "strategy": result.strategy,
+        **{k: getattr(result, k) for k in _SAVED},
         "model_path": str(result.model_path) if result.model_path else None,
         "versions": {"kerasdist": __version__, "tensorflow": tf.__version__,
                      "keras": keras.__version__, "python": sys.version.split()[0]},

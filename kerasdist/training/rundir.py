@@ -3,32 +3,8 @@
 Every path of a run directory comes from a :class:`RunDir` (``run_info``, ``metrics``, ``model``,
 ``checkpoints``, ``tensorboard``, ``logs``, ``lock``, ...); no other module spells a file name.
 
-Rules (each enforced before anything is written, each with a test in tests/unit/test_rundir.py):
-
-* A directory kerasdist did not write is never written into: a non-empty ``output.run_dir``
-  without kerasdist's ``run.json`` (anything besides the launcher's task logs, Ray's storage and
-  the lock) is refused, and so is the run directory of a different model, even with checkpoints
-  off. A ``logs/`` folder counts as the launcher's only if every file in it is a task log, status
-  file or task recipe kerasdist names that way (a user's ``logs/app.log`` makes the folder foreign).
-* Nothing the user had is lost: a finished run (``model.keras`` or ``metrics.json``) is never
-  replaced by a run that would start from global step 0 (its checkpoints deleted, or checkpoints
-  off) unless ``--overwrite`` is given; a checkpoint written with another optimizer
-  (``optimizer.name``, or momentum slots added/removed) is refused naming the field.
-* ``--overwrite`` deletes nothing: the old run directory is renamed to
-  ``<run_dir>.old-<YYYYmmdd-HHMMSS>`` (files kerasdist never wrote included) and the log says where.
-  A run directory that is the current directory or holds it (``.``, ``..``) is not moved.
-* No symbolic link is followed: ``output.run_dir`` itself, the lock and every name of the layout
-  must not be links (refused with exit 2 naming the link and its target).
-* Every folder of the layout the run will write (the run directory, ``checkpoints/``,
-  ``tensorboard/`` and its subfolders, ``logs/``) must be writable before anything starts.
-* One run per directory at a time: :class:`~kerasdist.training.rundir_lock.RunDirLock` holds an
-  exclusive ``flock`` on ``<run_dir>/.kerasdist.lock`` for the whole run, opened without following
-  links. The kernel drops the lock when its process dies, so a lock left by a dead process is taken
-  over (with a message naming it); a live holder makes the second run fail with exit 2 naming its
-  pid, host and command. Processes started by the holder (the tasks of a local cluster) run under
-  their ancestor's lock. The lock is created only in a folder the run is about to own (missing,
-  empty, or a kerasdist run directory) and removed again, with the folders the run created, when the
-  run wrote nothing.
+The rules it enforces, each before anything is written, are listed in docs/recipes.md ("Run
+directory"), each with a test in tests/unit/test_rundir.py.
 
 The check (:meth:`RunDir.check`, reads only) runs once per process; :meth:`RunDir.claim` takes the
 lock and checks again only if the directory changed since.
@@ -394,7 +370,6 @@ class RunDir:
         """Write ``logs/recipe.json`` (atomically) for a local launcher's tasks."""
         self.logs.mkdir(parents=True, exist_ok=True)
         return write_text_atomic(self.task_recipe, json.dumps(data, indent=2))
-
 
 
 def _entries(run_dir: Path) -> list[str]:

@@ -51,7 +51,6 @@ def link_error(path: Path, what: str) -> RunDirError:
                        "link, or name the directory itself in output.run_dir.")
 
 
-
 def _ancestors() -> set[int]:
     pids, pid = {os.getpid()}, os.getpid()
     while pid > 1:
@@ -109,13 +108,12 @@ class RunDirLock:
     Args:
         run_dir: the run directory (created if missing, when the lock is taken).
         create: False: lock only an existing lock file (nothing is created; a missing directory
-            or lock file leaves this object unlocked, ``locked`` False).
+            or lock file leaves this object unlocked).
 
     Attributes:
         inherited: True when an ancestor process (the local launcher), or the launcher whose token
             is in :data:`LOCK_TOKEN_ENV`, holds the lock, so this process runs under it without
             taking it.
-        locked: True while this object holds the lock itself.
         token: the holder's random token (hex), which the holder passes to its remote tasks.
 
     Raises (on enter):
@@ -133,13 +131,6 @@ class RunDirLock:
         self._created: list[Path] = []
         self._fd: int | None = None
         self._dir_fd: int | None = None
-
-    @property
-    def locked(self) -> bool:
-        return self._fd is not None
-
-    def _read_holder(self) -> dict:
-        return read_holder(self.dir)
 
     def _open_dir(self) -> int | None:
         if self.create:
@@ -205,7 +196,7 @@ class RunDirLock:
         except BlockingIOError:
             os.close(fd)
             os.close(dir_fd)
-            holder = self._read_holder()
+            holder = read_holder(self.dir)
             if _holder_is_ours(holder):
                 self.inherited, self.token = True, holder.get("token")
                 return self
@@ -214,7 +205,7 @@ class RunDirLock:
                 f"{holder.get('pid', '?')} on {holder.get('host', '?')} since "
                 f"{holder.get('since', '?')} ({holder.get('command', '?')}). Wait for it, or "
                 "use another output.run_dir.") from None
-        stale = self._read_holder()
+        stale = read_holder(self.dir)
         if stale.get("pid"):
             log.warning(f"took over the lock on {self.dir} left by pid {stale['pid']} on "
                         f"{stale.get('host', '?')} (since {stale.get('since', '?')}), which no "
@@ -238,12 +229,10 @@ class RunDirLock:
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)  # an empty file: released cleanly, not stale
-        try:
+        with contextlib.suppress(OSError):
             if os.listdir(self._dir_fd) == [LOCK_NAME]:  # the run wrote nothing: leave nothing
                 os.unlink(LOCK_NAME, dir_fd=self._dir_fd)
                 self._remove_created()
-        except OSError:
-            pass
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         os.close(self._dir_fd)

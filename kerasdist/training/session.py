@@ -5,21 +5,14 @@ Every strategy kind runs through :func:`run_session`; a strategy object
 how input is distributed and which training loop runs. Order of work, so that bad input never
 writes anything and a resumed run continues at the exact global step:
 
-1. check the run directory (:class:`~kerasdist.training.rundir.RunDir`, which owns its layout)
-   against the fingerprint (model + checkpoint schema), the optimizer and what it holds: reads
-   only;
+1. check the run directory (:class:`~kerasdist.training.rundir.RunDir`): reads only;
 2. build the strategy first (``MultiWorkerMirroredStrategy`` must exist before any other TF op),
-   install the :mod:`kerasdist._compat` mends, seed, enable op determinism if asked;
-3. build the distributed input (may raise :class:`~kerasdist.errors.DataError` /
-   :class:`~kerasdist.errors.RecipeError`; nothing is written yet);
-4. build and compile the model under ``strategy.scope()``, build the optimizer, restore the latest
-   checkpoint of the one schema (:class:`~kerasdist.keras.backup.BackupStore`): the global step is
-   ``optimizer.iterations``, the epoch is derived from it; the recipe's learning rate replaces the
-   checkpoint's from the resumed step (logged when it changed);
-5. the chief writes ``run.json``; the strategy's loop trains (throughput, TensorBoard on the chief,
-   checkpoints) and evaluates on the held-out split;
-6. the chief saves ``model.keras`` and ``metrics.json`` atomically (never a model with NaN/inf
-   weights or optimizer variables, nor a checkpoint of one); other tasks return None.
+   then the :mod:`kerasdist._compat` mends, seeds and op determinism;
+3. build the distributed input (nothing is written yet);
+4. build and compile the model under ``strategy.scope()`` and restore the latest checkpoint
+   (:class:`~kerasdist.keras.backup.BackupStore`; the global step is ``optimizer.iterations``);
+5. the chief writes ``run.json``; the strategy's loop trains and evaluates;
+6. the chief saves ``model.keras`` and ``metrics.json`` atomically (never a non-finite model).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ A UTF-8 byte order mark is accepted.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -91,11 +92,9 @@ def _label(value: str, *, dtype: str, column: str, path: str, line: int) -> None
             return
         raise DataError(f"data.source.label: column '{column}' of '{path}' line {line} is not a finite "
                         f"number (data.source.label_dtype float32). Received: {value!r}")
-    try:
+    with contextlib.suppress(ValueError):
         int(value.strip())
         return
-    except ValueError:
-        pass
     try:
         float(value)
         hint = ("; a regression target? Set data.source.label_dtype: float32 (class labels are whole "

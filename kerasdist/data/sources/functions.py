@@ -1,19 +1,12 @@
 """What the function kinds (``python``, ``tfds``) share: a function returns a split's
 ``tf.data.Dataset``, and :class:`FunctionKind` streams it as the one stream's
 :class:`~kerasdist.data.stream.Units` (no units: the function's dataset is the records). The
-function is called, checked and counted here, and its errors named; which function it is, is each
-kind's (:mod:`kerasdist.data.sources.python`: the user's ``data.source.function``;
-:mod:`kerasdist.data.sources.tfds`: a prepared TFDS dataset).
+function is called, checked and counted here, and its errors named.
 
-Contract: ``function(split: str, input_context: tf.distribute.InputContext | None = None)
--> tf.data.Dataset`` of **unbatched** ``(features, label)`` examples, the same examples in the same
-order every time it is called (for exact resume: skipping runs the function's pipeline for the
-skipped examples). kerasdist shuffles, batches (``data.batch_size`` is the global batch), repeats
-and resumes it. An endless dataset (``from_generator`` over ``while True``, ``repeat()``) needs
-``trainer.steps_per_epoch``: without it the training split is counted once, at most
-:data:`MAX_COUNTED_EXAMPLES` examples. A function that takes ``input_context`` receives the
-pipeline's context and returns that worker's shard itself (e.g. by file); one that does not is
-sharded by data (``Dataset.shard``).
+Contract (docs/own-model-and-data.md, "python"): ``function(split: str, input_context:
+tf.distribute.InputContext | None = None) -> tf.data.Dataset`` of **unbatched** ``(features,
+label)`` examples, the same examples in the same order every call; an endless dataset needs
+``trainer.steps_per_epoch``, else at most :data:`MAX_COUNTED_EXAMPLES` examples are counted.
 """
 
 from __future__ import annotations

@@ -114,31 +114,24 @@ class TFRecordSource(FileSource):
         return (next(iter(decoded.values())) if len(decoded) == 1 else decoded), y
 
     def decoder(self):
+        return self._decoder(batched=False)
+
+    def batch_decoder(self):
+        return self._decoder(batched=True)
+
+    def _decoder(self, *, batched: bool):
+        """``decode(record) -> (x, y)``, or of a batch of records (``batched``)."""
         import tensorflow as tf
 
         if self.config.source.features is None:  # the seed layout: a square raw image of any side
-            return parse_square_image
+            return parse_square_images if batched else parse_square_image
         specs, parse_spec = self.config.source.feature_specs, self._parse_spec()
-
-        def decode(record):
-            parsed = tf.io.parse_single_example(record, parse_spec)
-            return self._split_label(
-                {name: _decode_feature(parsed[name], spec) for name, spec in specs.items()})
-
-        return decode
-
-    def batch_decoder(self):
-        import tensorflow as tf
-
-        if self.config.source.features is None:
-            return parse_square_images
-        specs, parse_spec = self.config.source.feature_specs, self._parse_spec()
+        parse = tf.io.parse_example if batched else tf.io.parse_single_example
 
         def decode(records):
-            parsed = tf.io.parse_example(records, parse_spec)
-            return self._split_label(
-                {name: _decode_feature(parsed[name], spec, batched=True)
-                 for name, spec in specs.items()})
+            parsed = parse(records, parse_spec)
+            return self._split_label({name: _decode_feature(parsed[name], spec, batched=batched)
+                                      for name, spec in specs.items()})
 
         return decode
 

@@ -1,13 +1,8 @@
 """Registry of the cluster kinds (``cluster.kind``): one module per kind behind one protocol
-(:class:`~kerasdist.launch.clusters.base.ClusterKind`), as :mod:`kerasdist.strategies` and
-:mod:`kerasdist.data.sources` do. Built-in kinds are imported on first use. Each kind's fields and
-traits are on its config class (:mod:`kerasdist.config.cluster_configs`); code outside this
-package and that module reads traits and compares no ``cluster.kind`` string.
-
-Adding a cluster kind: one config class, one module here, one line in ``_BUILTIN`` (or
-``register(kind, obj)``, ``obj`` a ``ClusterKind`` or its class; else a ``ClusterError``):
-docs/architecture.md, "Adding a cluster kind". ``get(kind)`` gives a kind's object; an unknown
-kind is a ``ClusterError`` listing the ``available()`` ones.
+(:class:`~kerasdist.launch.clusters.base.ClusterKind`), imported on first use; each kind's fields
+and traits are on its config class (:mod:`kerasdist.config.cluster_configs`). ``get(kind)`` gives
+a kind's object (an unknown kind is a ``ClusterError`` listing the ``available()`` ones);
+``register(kind, obj)`` adds one (docs/architecture.md, "Adding a cluster kind").
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """``cluster.kind: ray``: run a multi-worker recipe, or a user's script, on Ray: each Ray Train
-worker is one worker task.
+worker is one worker task (docs/ray.md: fields, restarts, elastic scaling, addresses).
 
-``cluster.kind: ray`` (:class:`RayKind`: a local cluster's launcher, with Ray in place of the
-supervisor) and ``kerasdist launch --ray`` hand the worker group to Ray Train's
-``TensorflowTrainer``, which writes a worker-only ``TF_CONFIG`` into each worker and runs
-:mod:`kerasdist.launch.ray_worker` there (worker 0 is the chief). ``cluster.max_restarts`` is
-Ray's ``FailureConfig(max_failures=...)``; ``cluster.min_workers`` is Ray Train V2's elastic
-scaling, ``ScalingConfig(num_workers=(min_workers, workers))``. Without ``cluster.address`` a
-local Ray is started for the run in its private network namespace; with ``auto`` or
-``HOST:PORT`` that cluster is joined and left running. Parameter-server training is refused
-(docs/ray.md). Source:
+:class:`RayKind` (a local cluster's launcher, with Ray in place of the supervisor) and ``kerasdist
+launch --ray`` hand the worker group to Ray Train's ``TensorflowTrainer``, which writes a
+worker-only ``TF_CONFIG`` into each worker and runs :mod:`kerasdist.launch.ray_worker` there
+(worker 0 is the chief). Source:
 https://docs.ray.io/en/latest/train/api/doc/ray.train.tensorflow.TensorflowTrainer.html
 """
 

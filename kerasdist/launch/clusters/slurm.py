@@ -1,16 +1,8 @@
 """``cluster.kind: slurm``: every task of one Slurm job step (``srun``) is a kerasdist task, its
-role read from Slurm; a parameter-server job ends when its chief ends; a preempted job is
-requeued (docs/slurm.md: the job script, roles, the job's end, preemption and requeue).
-
-* **Roles**: TensorFlow's ``SlurmClusterResolver`` (``auto_set_gpu=False``) read into a validated
-  :class:`~kerasdist.cluster.spec.TFConfig`, so a Slurm task runs the ``TF_CONFIG`` code
-  (:class:`SlurmKind` is a :class:`~.tf_config.ScheduledKind`).
-* **The job's end**: a ps or worker task serves until the chief releases it
-  (:func:`serve_until_chief_ends`, :data:`RELEASE_SIGNAL`) or its port stops answering; the
-  chief releases the servers after a successful run (:func:`release_servers`).
-* **Preemption and requeue**: the preemption signal or SIGTERM stops training at one agreed step
-  with a checkpoint; task 0 then asks Slurm to requeue the job within ``cluster.max_restarts``
-  (:func:`after_preemption`, :func:`requeue_decision`).
+role read from Slurm (:func:`tf_config_from_slurm`); a parameter-server job ends when its chief
+ends (:func:`serve_until_chief_ends`, :func:`release_servers`); a preempted job is requeued
+(:func:`after_preemption`, :func:`requeue_decision`). The job script, roles, the job's end,
+preemption and requeue: docs/slurm.md.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ forked (:func:`spend`).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -58,9 +59,7 @@ def ready(argv: Sequence[str]) -> bool:
     """Whether :func:`start` may fork the task ``argv`` now: this process imported TensorFlow
     for it (:func:`check_recipe`), has not spent the fork path, and ``argv`` is
     ``python -m kerasdist ...`` started from the main thread."""
-    return (_STATE["warm"] and not _STATE["spent"] and list(argv[:3]) == [
-        sys.executable, "-m", "kerasdist"] and threading.current_thread() is threading.main_thread()
-        and not _runtime_started())
+    return list(argv[:3]) == [sys.executable, "-m", "kerasdist"] and launcher_ready()
 
 
 def launcher_ready() -> bool:
@@ -108,6 +107,7 @@ def check_recipe(recipe: Recipe) -> None:
     Raises:
         the check's own error (same class and message), e.g. DataError (exit code 2).
     """
+    from kerasdist._log import get_logger
     from kerasdist.training.checks import check_recipe_here
 
     if not applies(recipe):
@@ -115,16 +115,12 @@ def check_recipe(recipe: Recipe) -> None:
         return
     _import_tensorflow()
     if _runtime_started():  # a data check ran a TF op here (a function source, say)
-        from kerasdist._log import get_logger
-
         get_logger("launch").debug("TensorFlow's runtime started in this process during the data "
                                    "checks: checking here; the tasks start as new processes")
         check_recipe_here(recipe)
         return
     verdict = _check_in_child(recipe)
     if verdict is None:  # the child died without a verdict: check here, start tasks as before
-        from kerasdist._log import get_logger
-
         get_logger("launch").warning("the forked recipe check ended without a verdict; "
                                      "checking here (the tasks start as new processes)")
         spend()
@@ -165,24 +161,16 @@ def _check_in_child(recipe: Recipe) -> dict | None:
         with os.fdopen(read_fd, "rb") as pipe:
             data = pipe.read()
     except BaseException:
-        _kill(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
         raise
     finally:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
     try:
         return json.loads(data.decode("utf-8")) if data else None
     except ValueError:
         return None
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def start(argv: Sequence[str], *, env: dict, log_path: Path) -> ForkedTask:

@@ -7,6 +7,7 @@ launcher's handle on it, as much of :class:`subprocess.Popen` as the launcher us
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import os
 import signal
@@ -39,18 +40,14 @@ def name_process(name: str) -> None:
     (``ps -f``) stays the launcher's."""
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)
-    except OSError:
-        pass
 
 
 def flush() -> None:
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
 
 
 class ForkedTask:
@@ -93,10 +90,8 @@ class ForkedTask:
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -212,13 +207,11 @@ def run(parent: int, body: Callable[[], int], *, name: str, env: dict, log_fd: i
         child_state(env)
         code = body()
     except BaseException:  # noqa: BLE001 - report and end; never back to the launcher
-        try:
+        with contextlib.suppress(BaseException):
             import traceback
 
             traceback.print_exc()
             flush()
-        except BaseException:  # noqa: BLE001
-            pass
     finally:
         os._exit(code)
 
