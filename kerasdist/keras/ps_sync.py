@@ -1,18 +1,11 @@
 """Synchronous parameter-server training with backup workers: each step applies once the mean of
-the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`). The
-flow beside ``SyncReplicasOptimizer``'s, its guarantees and limits: ``docs/parameter-server-sync.md``.
+the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`).
 
-Global step ``s``: the coordinator cuts global batch ``s`` into N slices (:class:`SyncInput`),
-slice ``i`` travelling with call ``i``. Each call runs the model's own ``train_step`` from the same
-weights; its optimizer ``apply`` pushes each gradient, weighted by the slice's share, into a
-``ResourceConditionalAccumulator`` on its variable's ps (one per shard) tagged ``local_step = s``
-(a call that starts after step ``s`` was applied computes nothing). Once K calls completed, one
-coordinator function takes each accumulator's mean (``ResourceAccumulatorTakeGradient``,
-``num_required=K``) and applies it with the Keras optimizer; taking advances the accumulator's
-step, so later gradients of step ``s`` are dropped (counted by a one-hot of each call's slot
-pushed into one more accumulator). K < N makes the slowest calls backup workers (Chen et al.,
-"Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981). Source: the kernels of
-``tf.raw_ops.ResourceConditionalAccumulator`` and ``tf.compat.v1.train.SyncReplicasOptimizer``.
+Global step ``s``: the coordinator cuts global batch ``s`` into N slices (:class:`SyncInput`); each
+call runs ``train_step`` on one slice, its optimizer ``apply`` pushing the slice-weighted gradients
+into per-shard ``ResourceConditionalAccumulator``s tagged ``local_step = s``; once K calls completed,
+one function takes the means and applies them. The flow, its guarantees and limits:
+``docs/parameter-server-sync.md``.
 """
 
 from __future__ import annotations
@@ -74,10 +67,9 @@ def replicas_to_aggregate(model) -> int | None:
 
 
 class SyncInput:
-    """An endless ``tf.data`` input read on the coordinator; each element gives one step's
-    ``[(slice, scale)]``: the N elements of a zipped dataset function's pipelines, or a global
-    batch cut along axis 0 into N slices differing by at most one example (empty ones left out).
-    ``element_spec`` is one slice's."""
+    """An endless ``tf.data`` input; each element gives one step's ``[(slice, scale)]``: a zipped
+    dataset function's N elements, or a global batch cut along axis 0 into N slices differing by at
+    most one example (empty ones left out). ``element_spec`` is one slice's."""
 
     def __init__(self, dataset, *, parts: int, zipped: bool):
         self.dataset, self.parts, self.zipped = dataset, parts, zipped
@@ -148,10 +140,9 @@ def train_input(x, y=None, *, sample_weight=None, batch_size=None, shuffle: bool
 
 @dataclass
 class SyncStep:
-    """One synchronous ``fit``: K, N, the accumulators (``accumulators[i]``: ``(handle, rows)``
-    per shard of ``variables[i]``; ``mask``: the ``[N]`` slot accumulator), the variables with a
-    gradient (``used``, known once traced), the next global ``step``, the traced functions, and
-    the calls scheduled and gradients aggregated in this fit."""
+    """One synchronous ``fit``'s state: ``accumulators[i]`` holds ``(handle, rows)`` per shard of
+    ``variables[i]``; ``mask`` is the ``[N]`` slot accumulator (counts aggregated calls); ``used``:
+    the variables with a gradient (known once traced); ``step``: the next global step."""
 
     k: int
     parts: int
@@ -223,8 +214,7 @@ class SyncStep:
 
 
 def start(run, step: int) -> SyncStep:
-    """The accumulators of ``run.model`` (each on its variable's or shard's ps) at global
-    ``step``, and the functions (traced when first called).
+    """The accumulators of ``run.model`` (each on its variable's or shard's ps) at global ``step``.
 
     Raises:
         UnsupportedFeatureError: ``steps_per_execution > 1`` (a step is one round of N calls).
@@ -305,8 +295,8 @@ def _train_function(model, strategy, state, counters):
 
 
 def _apply_function(model, strategy, state):
-    """``fn(k) -> gradients aggregated``: take the means (waiting for ``k``), apply them once with
-    the Keras optimizer in cross-replica context (each update on its variable's ps)."""
+    """``fn(k) -> gradients aggregated``: take the means (waiting for ``k``), apply them once in
+    cross-replica context (each update on its variable's ps)."""
     import tensorflow as tf
 
     from kerasdist._compat import internals
@@ -350,10 +340,9 @@ def _completed(values, k: int, asked):
 
 
 def train_epoch(run, iterator, *, steps: int, callbacks):
-    """Run ``steps`` synchronous steps; return ``(last logs, PSStats)``, as
-    :func:`kerasdist.keras.ps_loop.train_epoch` (batch callbacks per step, ``model.stop_training``
-    ends the epoch, a step saver saves every ``every_steps`` global steps). The stats' ``sync``
-    holds K, N and this epoch's calls (``gradients``), ``aggregated`` and ``dropped``.
+    """Run ``steps`` synchronous steps; return ``(last logs, PSStats)`` as
+    :func:`kerasdist.keras.ps_loop.train_epoch`; the stats' ``sync`` holds K, N and this epoch's
+    calls (``gradients``), ``aggregated`` and ``dropped``.
 
     Raises:
         UnsupportedFeatureError: a ``train_step`` that does not apply the optimizer once.
