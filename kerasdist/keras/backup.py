@@ -38,10 +38,8 @@ class BackupStore:
         task_name: ``worker:1`` etc., used in the temporary folder name and in errors.
         max_to_keep: checkpoints kept by the chief's ``CheckpointManager``.
         steps_per_epoch: stored, and checked on restore.
-        asynchronous: the chief writes in a background thread
-            (``tf.train.CheckpointOptions(enable_async=True)``): :meth:`save` returns once the
-            values are copied; the pointer file names a checkpoint only once its files are
-            written; :meth:`close` waits for the last write.
+        asynchronous: the chief writes in a background thread (``enable_async``): :meth:`save`
+            returns once the values are copied; :meth:`close` waits for the last write.
     """
 
     def __init__(self, *, model, directory: Path, is_chief: bool, task_name: str,
@@ -254,10 +252,9 @@ class BackupStore:
 
 
 class StepBackup(keras.callbacks.Callback):
-    """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption
-    (SIGTERM or SIGINT, :class:`PreemptionWatch`): save at the step reached, then raise
-    :class:`~kerasdist.errors.Preempted` mid-epoch (Keras's ``fit`` runs no validation and no
-    ``on_epoch_end`` for the cut epoch) or, at an epoch's last step, let that epoch end.
+    """Save every ``every_steps`` global steps and at epoch ends; on an agreed preemption
+    (:class:`PreemptionWatch`) save, then raise :class:`~kerasdist.errors.Preempted` mid-epoch
+    (no validation, no ``on_epoch_end``) or, at an epoch's last step, let that epoch end.
 
     Args:
         store: the :class:`BackupStore` (None: never save, still stop on preemption).
@@ -268,8 +265,7 @@ class StepBackup(keras.callbacks.Callback):
 
     Attributes:
         step: global step after the last finished batch.
-        preempted: True once training stopped on an agreed SIGTERM or SIGINT (a checkpoint was
-            saved first, when there is a ``store``).
+        preempted: True once training stopped on an agreed SIGTERM or SIGINT.
     """
 
     def __init__(self, store, *, start_step: int, every_steps: int | None, watch: PreemptionWatch,

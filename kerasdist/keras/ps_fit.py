@@ -259,13 +259,11 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
             (none for an epoch cut by a stop request).
 
     Returns:
-        The ``keras.callbacks.History``; ``history.ps_stats`` holds the run's
-        parameter-server figures (``PSStats.summary``), ``history.ps_totals`` the
-        :class:`~kerasdist.keras.ps_loop.PSStats` they come from.
+        The ``keras.callbacks.History``; ``history.ps_stats``: ``PSStats.summary`` of the run,
+        ``history.ps_totals``: the :class:`~kerasdist.keras.ps_loop.PSStats` themselves.
 
     Raises:
-        ValueError: not a ParameterServerStrategy model, unsupported arguments, a missing
-            ``steps_per_epoch`` (the message names it and the received value), bad inputs.
+        ValueError: not a ParameterServerStrategy model, a missing ``steps_per_epoch``, bad inputs.
     """
     import keras
 

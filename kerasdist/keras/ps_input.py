@@ -195,8 +195,8 @@ def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) ->
         steps: the user's value, or None.
         ps_input: the normalised input.
         argument: its name in messages (``steps_per_epoch``, ``validation_steps``, ``steps``).
-        training: None then means one pass over a finite input of known size (required
-            otherwise: training pipelines repeat forever); in evaluation, every shard to its end.
+        training: None then means one pass over a finite input of known size; in evaluation,
+            every shard to its end.
 
     Returns:
         A positive int, or None (evaluation until the data ends).
@@ -288,9 +288,8 @@ class SentIterator:
 
 
 def make_per_worker_dataset(coordinator, ps_input: PSInput, *, num_workers: int, repeat: bool):
-    """The ``PerWorkerDataset`` of ``ps_input`` (``coordinator.create_per_worker_dataset``), each
-    worker's pipeline repeated forever with ``repeat`` (training); ``iter()`` of it gives the
-    per-worker iterators to pass to ``coordinator.schedule``."""
+    """The ``PerWorkerDataset`` of ``ps_input``, each worker's pipeline repeated forever with
+    ``repeat``; ``iter()`` of it gives the iterators to pass to ``coordinator.schedule``."""
     import tensorflow as tf
 
     strategy = coordinator.strategy

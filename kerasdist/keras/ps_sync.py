@@ -94,12 +94,9 @@ class SyncInput:
 
 def train_input(x, y=None, *, sample_weight=None, batch_size=None, shuffle: bool = False,
                 class_weight=None, steps_per_epoch=None, num_workers: int):
-    """``(steps per epoch, SyncInput)`` of ``fit``'s training input (arguments as Keras's).
-
-    A dataset function is called here once per slice, with ``InputContext`` ``i`` of
-    ``num_workers`` and ``num_replicas_in_sync=num_workers`` (per-replica batches); a
-    ``tf.data.Dataset`` gives global batches; arrays are batched by ``batch_size`` (default 32),
-    shuffled every pass when ``shuffle``. Every input is repeated.
+    """``(steps per epoch, SyncInput)`` of ``fit``'s training input (arguments as Keras's): a dataset
+    function called once per slice (``InputContext`` ``i`` of ``num_workers``, per-replica
+    batches), a ``tf.data.Dataset`` of global batches, or arrays batched by ``batch_size``.
 
     Raises:
         UnsupportedFeatureError: ``class_weight`` (pass ``sample_weight``).
