@@ -26,9 +26,8 @@ CALLS_IN_FLIGHT_PER_WORKER = 1  # ClusterCoordinator: one closure-processing thr
 
 
 def repeated_steps_bound(lost_workers: int, steps_per_execution: int = 1) -> int:
-    """Most steps a run can apply twice (at-least-once) when ``lost_workers`` worker tasks died
-    mid-run: each lost worker's calls in flight are re-run, each at most ``steps_per_execution``
-    steps. Never more than the loop keeps scheduled, ``max_pending + 1`` calls."""
+    """Most steps a run can apply twice when ``lost_workers`` worker tasks died mid-run: each lost
+    worker's call in flight is re-run, at most ``steps_per_execution`` steps."""
     return lost_workers * CALLS_IN_FLIGHT_PER_WORKER * max(1, steps_per_execution)
 
 
@@ -123,8 +122,7 @@ class PSStats:
 
 @dataclass
 class PSRun:
-    """What the loops need: the model, its strategy, the coordinator, the traced functions and
-    the per-worker counters variable (:func:`kerasdist.keras.ps_steps.make_counters`)."""
+    """What the loops need (``counters``: :func:`kerasdist.keras.ps_steps.make_counters`)."""
 
     model: Any
     strategy: Any

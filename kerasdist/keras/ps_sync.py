@@ -269,9 +269,8 @@ def _gradients(model, strategy, state, batch, step, slot, scale):
 
 
 def _train_function(model, strategy, state, counters):
-    """``fn(batch, step, slot, scale) -> logs``, the call of one slice: computes nothing (zeros
-    as logs) once ``step`` was applied; adds 1 and the slice's examples to its worker's row of
-    ``counters`` (``steps``, ``examples``) when it computed."""
+    """``fn(batch, step, slot, scale) -> logs``, one slice's call: zeros once ``step`` was applied,
+    else counts its step and examples in its worker's row of ``counters``."""
     import tensorflow as tf
 
     def call(batch, step, slot, scale):
@@ -310,10 +309,9 @@ def _apply_function(model, strategy, state):
 
 
 def _completed(values, k: int, asked):
-    """The logs of the first completed of ``values`` once ``k`` have completed (a failed call's
-    error raised; ``{}`` when every completed call's worker was lost before its logs were copied:
-    TF runs those calls again), or None when a stop was asked (``asked()``) and they did not
-    complete within :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` seconds."""
+    """The logs of the first completed of ``values`` once ``k`` have (a failed call's error raised;
+    ``{}`` when every such worker was lost before its logs were copied), or None when a stop was
+    asked and they did not complete within :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` s."""
     import tensorflow as tf
 
     from kerasdist._compat import internals
