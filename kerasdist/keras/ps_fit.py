@@ -162,9 +162,7 @@ def _eval_input(run, data, *, steps, batch_size, argument: str, steps_argument: 
 
 
 def _should_validate(epoch: int, freq) -> bool:
-    if isinstance(freq, int):
-        return (epoch + 1) % freq == 0
-    return epoch + 1 in freq
+    return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
 
 
 def _split_validation(x, y, sample_weight, validation_split: float, validation_data):
