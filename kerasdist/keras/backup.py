@@ -5,7 +5,7 @@ One checkpoint schema serves every strategy (``CHECKPOINT_SCHEMA`` in
 ``steps_per_epoch``; the epoch is ``step // steps_per_epoch``. Only the chief writes the shared
 folder (other workers write a per-task temporary one, as TF requires under
 ``MultiWorkerMirroredStrategy``), a half-finished epoch resumes at its step, nothing is written in
-place.
+place. Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
 """
 
 from __future__ import annotations
