@@ -2,17 +2,10 @@
 
 One checkpoint schema serves every strategy (``CHECKPOINT_SCHEMA`` in
 :mod:`kerasdist.config.schema`): model + optimizer (``optimizer.iterations`` is the global step) +
-``steps_per_epoch``; the epoch is ``step // steps_per_epoch``. Unlike Keras 3.15's
-``BackupAndRestore``, only the chief writes the shared folder, a half-finished epoch resumes at its
-step, and nothing is written in place.
-
-* :class:`BackupStore`: a ``tf.train.CheckpointManager`` folder written by the chief; other workers
-  save into a per-task temporary folder deleted right after, as TF requires under
-  ``MultiWorkerMirroredStrategy``.
-  Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
-* :class:`StepBackup`: saves every ``every_steps`` steps and at each epoch end; stops cleanly on
-  preemption (:class:`~kerasdist.keras.preemption.PreemptionWatch`).
-* :class:`EpochEndSave`: saves at each epoch end at the global step (parameter-server loop).
+``steps_per_epoch``; the epoch is ``step // steps_per_epoch``. Only the chief writes the shared
+folder (other workers write a per-task temporary one, as TF requires under
+``MultiWorkerMirroredStrategy``), a half-finished epoch resumes at its step, nothing is written in
+place. Source: https://www.tensorflow.org/tutorials/distribute/multi_worker_with_keras#model_saving_and_loading
 """
 
 from __future__ import annotations
@@ -45,10 +38,8 @@ class BackupStore:
         task_name: ``worker:1`` etc., used in the temporary folder name and in errors.
         max_to_keep: checkpoints kept by the chief's ``CheckpointManager``.
         steps_per_epoch: stored, and checked on restore.
-        asynchronous: the chief writes in a background thread
-            (``tf.train.CheckpointOptions(enable_async=True)``): :meth:`save` returns once the
-            values are copied; the pointer file names a checkpoint only once its files are
-            written; :meth:`close` waits for the last write.
+        asynchronous: the chief writes in a background thread (``enable_async``): :meth:`save`
+            returns once the values are copied; :meth:`close` waits for the last write.
     """
 
     def __init__(self, *, model, directory: Path, is_chief: bool, task_name: str,
@@ -77,9 +68,8 @@ class BackupStore:
             self._tmp.mkdir(parents=True)
 
     def _new_manager(self):
-        """The chief's ``CheckpointManager``; a pointer file it cannot parse is renamed to
-        ``checkpoint.unreadable-<time>`` first (kept for inspection; the checkpoints themselves
-        are found by their file names, see :meth:`restore`)."""
+        """The chief's ``CheckpointManager``; a pointer file it cannot parse is kept as
+        ``checkpoint.unreadable-<time>`` (:meth:`restore` finds checkpoints by file name)."""
         import tensorflow as tf
 
         try:
@@ -135,12 +125,8 @@ class BackupStore:
         return None
 
     def restore(self) -> int:
-        """Restore the newest checkpoint in ``directory`` that reads back whole; return its global
-        step (0 if the folder holds no checkpoint at all).
-
-        Damaged checkpoints (truncated or corrupt data files, a missing index) are skipped with a
-        warning naming each and why; a missing or garbled ``checkpoint`` pointer is worked around
-        by looking for the checkpoint files themselves.
+        """Restore the newest checkpoint in ``directory`` that reads back whole (damaged ones are
+        skipped with a warning naming each and why); return its global step (0 if none at all).
 
         Raises:
             TrainingError: checkpoints exist but none reads back whole (exit code 1; never train
@@ -215,11 +201,8 @@ class BackupStore:
         self._manager = self._new_manager()
 
     def save(self, step: int) -> str | None:
-        """Save at global ``step`` (every worker must call this at the same step).
-
-        Nothing is written when a model weight or optimizer variable is NaN or infinite (every
-        worker holds the same values, so every worker refuses at the same step): the newest
-        checkpoint on disk stays the last good one, the one a re-run resumes.
+        """Save at global ``step`` (every worker must call this at the same step); nothing is
+        written when the state is not finite (every worker refuses at the same step).
 
         Returns:
             The chief's checkpoint path, None on other workers (their copy is already deleted).
@@ -269,10 +252,9 @@ class BackupStore:
 
 
 class StepBackup(keras.callbacks.Callback):
-    """Save every ``every_steps`` global steps and at epoch ends; stop on an agreed preemption
-    (SIGTERM or SIGINT, :class:`PreemptionWatch`): save at the step reached, then raise
-    :class:`~kerasdist.errors.Preempted` mid-epoch (Keras's ``fit`` runs no validation and no
-    ``on_epoch_end`` for the cut epoch) or, at an epoch's last step, let that epoch end.
+    """Save every ``every_steps`` global steps and at epoch ends; on an agreed preemption
+    (:class:`PreemptionWatch`) save, then raise :class:`~kerasdist.errors.Preempted` mid-epoch
+    (no validation, no ``on_epoch_end``) or, at an epoch's last step, let that epoch end.
 
     Args:
         store: the :class:`BackupStore` (None: never save, still stop on preemption).
@@ -283,8 +265,7 @@ class StepBackup(keras.callbacks.Callback):
 
     Attributes:
         step: global step after the last finished batch.
-        preempted: True once training stopped on an agreed SIGTERM or SIGINT (a checkpoint was
-            saved first, when there is a ``store``).
+        preempted: True once training stopped on an agreed SIGTERM or SIGINT.
     """
 
     def __init__(self, store, *, start_step: int, every_steps: int | None, watch: PreemptionWatch,
@@ -325,15 +306,9 @@ class StepBackup(keras.callbacks.Callback):
 
 class EpochEndSave(keras.callbacks.Callback):
     """Save the :class:`BackupStore` at every epoch end, numbered by ``optimizer.iterations``;
-    under parameter server also every ``every_steps`` steps.
-
-    Parameter-server steps run asynchronously on the workers, so a callback cannot save between
-    them by itself: kerasdist's coordinator loop (:func:`kerasdist.keras.ps_loop.train_epoch`)
-    finds this callback, and once the steps it has scheduled pass a multiple of ``every_steps``
-    it joins the coordinator (every scheduled step applied, none in flight) and calls
-    :meth:`save_step`. With ``steps_per_execution`` k > 1 the save happens at the first call
-    boundary at or after the multiple, so a lost ps or coordinator costs at most
-    ``every_steps + k - 1`` steps.
+    under parameter server also every ``every_steps`` steps: the coordinator loop
+    (:func:`kerasdist.keras.ps_loop.train_epoch`) joins and calls :meth:`save_step` (steps run
+    asynchronously, so a callback cannot save between them by itself).
 
     Args:
         store: the :class:`BackupStore`.
@@ -367,8 +342,7 @@ def check_finite_state(model, what: str, *, keeps: str, restoring: bool = False)
         restoring: the state was just restored (the message says "not resumed", else "not saved").
 
     Raises:
-        TrainingError: naming the first non-finite variable, how many values are not finite and
-            ``keeps`` (class ``fatal``, exit code 1).
+        TrainingError: naming the first non-finite variable and ``keeps`` (exit code 1).
     """
     from kerasdist.errors import TrainingError
 

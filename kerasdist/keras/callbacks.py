@@ -20,18 +20,12 @@ log = get_logger("backup")
 class ThroughputMeter(keras.callbacks.Callback):
     """Measure training examples/s over timed steps, excluding compile/trace and validation.
 
-    A Keras callback driving a :class:`~kerasdist.keras.timing.StepClock` (``self.clock``:
-    the timing rule, ``timed_steps``, ``examples_per_sec``, ``epoch_end_s`` ...). The steps of
-    a call are counted from the batch index Keras passes (``on_train_batch_end(batch)`` is the
-    last batch of the call), so ``steps_per_execution`` > 1 and kerasdist's parameter-server
-    loop are timed with the same rule as one step per call. It is the only throughput
-    definition of kerasdist (every strategy and ``kerasdist bench`` use it).
-
-    At each epoch end it also records each task's steps (cumulative, this run) and steps/s over
-    the epoch's training (first step included, validation excluded) in ``tasks``
-    (``{"worker-1": {"steps": [...], "steps_per_sec": [...]}}``, one entry per epoch): this
-    task's own; under kerasdist's parameter-server loop each worker's, from the epoch's
-    ``ps_steps_worker_<i>`` logs (workers run no callbacks); with ``gather``, every task's.
+    Drives a :class:`~kerasdist.keras.timing.StepClock` (``self.clock``), counting a call's steps
+    from the batch index Keras passes, so ``steps_per_execution`` > 1 and the parameter-server loop
+    follow the same rule; kerasdist's only throughput definition. At each epoch end ``tasks``
+    gets each task's cumulative steps and steps/s over the epoch's training
+    (``{"worker-1": {"steps": [...], "steps_per_sec": [...]}}``): this task's, each worker's from
+    the ``ps_steps_worker_<i>`` logs under parameter server, or every task's with ``gather``.
 
     Args:
         global_batch_size: examples per step (all replicas together).
@@ -83,14 +77,10 @@ class ThroughputMeter(keras.callbacks.Callback):
 class EpochTensorBoard(keras.callbacks.TensorBoard):
     """Keras's ``TensorBoard``, without its per-step Python when nothing is written per step.
 
-    Keras 3.15's ``TensorBoard.on_train_batch_end`` calls ``summary.scalar`` for every log entry of
-    every step even with ``update_freq='epoch'``, when no summary writer is set and nothing is
-    written (``TensorBoard._push_writer`` returns early for ``'epoch'``), a CPU cost per step
-    (``docs/benchmarks.md``, ``tools/callback_step_cost.py``). This subclass skips the step hooks in
-    that case, after the first step of the run (which writes the model's graph when
-    ``write_graph``); with a ``profile_batch``, a number ``update_freq`` or
-    ``write_steps_per_second`` it is Keras's ``TensorBoard`` unchanged. Same arguments and files as
-    ``keras.callbacks.TensorBoard``.
+    Keras's ``on_train_batch_end`` calls ``summary.scalar`` for every log entry of every step even
+    with ``update_freq='epoch'``, where nothing is written (``docs/benchmarks.md``). The step hooks
+    are skipped then, after the run's first step (it writes the graph); with a ``profile_batch``, a
+    number ``update_freq`` or ``write_steps_per_second`` it is Keras's ``TensorBoard`` unchanged.
     """
 
     def __init__(self, *args, **kwargs):
@@ -124,14 +114,11 @@ def _no_profile(profile_batch) -> bool:
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stop training with an error at the first step whose loss is NaN or infinite.
 
-    Keras's ``TerminateOnNaN`` only sets ``stop_training``, after which a caller would save the
-    non-finite weights as if training had ended well; this raises instead, before any later
-    callback of the same step (put it first), so the last checkpoint and model on disk stay the
-    last good ones. Source of the semantics: ``keras.callbacks.TerminateOnNaN``.
+    Unlike Keras's ``TerminateOnNaN`` (which only sets ``stop_training``, so a caller would save
+    the non-finite weights), this raises before any later callback of the step (put it first).
 
     Raises:
-        kerasdist.errors.TrainingError: from ``on_train_batch_end`` (class ``fatal``, exit code
-            1), naming the batch and the loss value.
+        kerasdist.errors.TrainingError: naming the batch and the loss value (exit code 1).
     """
 
     def on_train_batch_end(self, batch, logs=None):
@@ -151,9 +138,7 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 
 
 class MetricsProgbar(keras.callbacks.ProgbarLogger):
-    """Keras's progress bar showing the loss and metrics only: the parameter-server figures
-    (``ps_*``) stay in the logs that History, TensorBoard and ``metrics.json`` receive, but not on
-    the bar."""
+    """Keras's progress bar without the parameter-server figures (``ps_*``; they stay in the logs)."""
 
     def _shown(self, logs):
         return {k: v for k, v in (logs or {}).items() if not k.startswith("ps_")}
@@ -195,18 +180,16 @@ class WeightDigest(keras.callbacks.Callback):
 
 class StepProfile(keras.callbacks.Callback):
     """A TensorBoard profile of global steps ``first`` to ``last`` (1-based, inclusive) of this
-    task into ``<logdir>/profile-<task>`` (``tf.profiler.experimental.start``/``stop``, as Keras's
-    ``TensorBoard(profile_batch=...)`` does). Tasks that run no callbacks (a parameter-server
-    cluster's workers and ps: ``servers``, ``{task: "host:port"}``) are traced through their
-    TensorFlow servers (``tf.profiler.experimental.client.trace``) into ``<logdir>/profile-<task>``
-    for the time the steps should take: ``last - first + 1`` times this task's mean step time
-    before ``first`` (1 s a step when no step ran before it).
+    task into ``<logdir>/profile-<task>``, as Keras's ``TensorBoard(profile_batch=...)``. Tasks that
+    run no callbacks (``servers``: a parameter-server cluster's workers and ps) are traced through
+    their TensorFlow servers for ``last - first + 1`` times this task's mean step time so far (1 s
+    a step when none ran).
 
     Args:
         steps: ``(first, last)`` global steps.
         logdir: the run's TensorBoard folder.
         task: this task's name (``worker-1``).
-        servers: tasks traced remotely; default none.
+        servers: ``{task: "host:port"}`` traced remotely; default none.
     """
 
     def __init__(self, steps, logdir, *, task: str, servers=None):

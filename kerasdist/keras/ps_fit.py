@@ -1,20 +1,10 @@
 """Keras ``fit``/``evaluate``/``predict`` for models built under
 ``tf.distribute.ParameterServerStrategy``, which Keras 3 does not support (what a user sees:
-``docs/python-api.md``, "Parameter server").
-
-The coordinator (this process) schedules small ``tf.function`` steps
-(:mod:`~kerasdist.keras.ps_steps`) onto the workers with ``ClusterCoordinator.schedule`` and owns
-joins, metrics, callbacks and checkpoints (:mod:`~kerasdist.keras.ps_loop`); after
-``kerasdist.enable()`` plain ``model.fit``/``evaluate``/``predict`` come here for such models.
-Keras's arguments and semantics are kept (``steps_per_epoch`` counts scheduled steps **summed over
-all workers**; inputs: :mod:`~kerasdist.keras.ps_input`; logs picked as Keras picks them:
-:func:`~kerasdist.keras.ps_loop.metrics_logs`). Validation and ``evaluate`` deal Keras's own
-batches out to the workers, one call in flight at a time and each batch once, so every metric
-equals a strategy-free ``evaluate`` of the same weights up to float summation order
-(``tests/integration/test_ps_vs_keras.py``). Each epoch's logs also hold the parameter-server
-figures (:class:`~kerasdist.keras.ps_loop.PSStats`), ``history.ps_stats`` their totals.
-``class_weight``: :func:`kerasdist.keras.ps_class_weight.class_weighted`; ``predict``:
-:func:`kerasdist.keras.ps_predict.predict`; what is refused up front: :func:`refuse_unsupported`.
+``docs/python-api.md``, "Parameter server"); after ``kerasdist.enable()`` plain ``model.fit``/
+``evaluate`` come here for such models. Steps: :mod:`~kerasdist.keras.ps_steps`; the coordinator's
+loop: :mod:`~kerasdist.keras.ps_loop`; inputs: :mod:`~kerasdist.keras.ps_input`. Validation and
+``evaluate`` deal Keras's own batches out, each once, so every metric equals a strategy-free
+``evaluate`` up to float summation order (``tests/integration/test_ps_vs_keras.py``).
 """
 
 from __future__ import annotations
@@ -49,13 +39,9 @@ LOOKUP_LAYERS = ("IndexLookup", "StringLookup", "IntegerLookup", "TextVectorizat
 
 
 def _refuse_sparse_adamax(model, inner, workers: int) -> None:
-    """Refuse Adamax on a model with an ``Embedding`` when ``workers`` >= 2.
-
-    Adamax rewrites its whole infinity-norm slot (``u.assign(maximum(beta_2 * u, |g|))``), a
-    read-modify-write of the ps variable. With sparse gradients two workers touch different rows:
-    one worker's write puts back the rows the other had just raised, often to 0, while the first
-    moment's atomic add keeps them, and those rows then step by ``lr * m / epsilon`` (training
-    diverges; with 1 worker the losses are the strategy-free ones).
+    """Refuse Adamax on a model with an ``Embedding`` when ``workers`` >= 2: its whole
+    infinity-norm slot is rewritten by each worker (a read-modify-write), so with sparse gradients
+    one worker puts back rows the other raised, and they step by ``lr * m / epsilon`` (diverges).
 
     Raises:
         UnsupportedFeatureError: naming the optimizer, the sparse layers and ``workers``.
@@ -84,9 +70,8 @@ def refuse_unsupported(model, *, training: bool = True, workers: int = 2) -> Non
 
     Raises:
         UnsupportedFeatureError: the optimizer's ``gradient_accumulation_steps`` or ``use_ema``
-            (when ``training``), a Keras lookup layer in the model, Adamax on a model with an
-            ``Embedding`` when ``workers`` >= 2 (:func:`_refuse_sparse_adamax`); the message
-            says why each cannot run.
+            (when ``training``), a Keras lookup layer in the model, sparse Adamax
+            (:func:`_refuse_sparse_adamax`); the message says why.
     """
     from kerasdist.errors import UnsupportedFeatureError
 
@@ -151,10 +136,8 @@ class _Eval:
 
 
 def _eval_input(run, data, *, steps, batch_size, argument: str, steps_argument: str) -> _Eval:
-    """Evaluation input (Keras's batches, dealt out to the workers: ``ps_input.to_eval_input``).
-
-    ``steps`` is first checked; for arrays and datasets the first ``steps`` batches are taken
-    before sharding, so the loop runs them all (``_Eval.steps`` None); a dataset function's
+    """Evaluation input (``ps_input.to_eval_input``); for arrays and datasets the first ``steps``
+    batches are taken before sharding (``_Eval.steps`` None: run them all), a dataset function's
     ``steps`` stay a count summed over workers."""
     x, y, weights = data, None, None
     if isinstance(data, (tuple, list)) and 2 <= len(data) <= 3 and not callable(data[0]):
@@ -179,9 +162,7 @@ def _eval_input(run, data, *, steps, batch_size, argument: str, steps_argument: 
 
 
 def _should_validate(epoch: int, freq) -> bool:
-    if isinstance(freq, int):
-        return (epoch + 1) % freq == 0
-    return epoch + 1 in freq
+    return (epoch + 1) % freq == 0 if isinstance(freq, int) else epoch + 1 in freq
 
 
 def _split_validation(x, y, sample_weight, validation_split: float, validation_data):
@@ -272,18 +253,15 @@ def fit(model, x=None, y=None, *, batch_size=None, epochs: int = 1, verbose="aut
         x: dataset function ``fn(input_context)``, ``tf.data.Dataset`` or arrays.
         steps_per_epoch: scheduled steps per epoch, summed over workers.
         validation_data: like ``x``, or a tuple ``(x_val, y_val[, sample_weight])`` of arrays.
-        validation_steps: batches per validation, summed over workers; None = the whole set.
-            An epoch cut by a stop request (:func:`~kerasdist.keras.ps_stop.stop_probe`) gets
-            no validation and no ``on_epoch_end``.
+        validation_steps: batches per validation, summed over workers; None = the whole set
+            (none for an epoch cut by a stop request).
 
     Returns:
-        The ``keras.callbacks.History``; ``history.ps_stats`` holds the run's
-        parameter-server figures (``PSStats.summary``), ``history.ps_totals`` the
-        :class:`~kerasdist.keras.ps_loop.PSStats` they come from.
+        The ``keras.callbacks.History``; ``history.ps_stats``: ``PSStats.summary`` of the run,
+        ``history.ps_totals``: the :class:`~kerasdist.keras.ps_loop.PSStats` themselves.
 
     Raises:
-        ValueError: not a ParameterServerStrategy model, unsupported arguments, a missing
-            ``steps_per_epoch`` (the message names it and the received value), bad inputs.
+        ValueError: not a ParameterServerStrategy model, a missing ``steps_per_epoch``, bad inputs.
     """
     import keras
 
@@ -338,8 +316,7 @@ def evaluate(model, x=None, y=None, *, batch_size=None, verbose="auto", sample_w
              steps=None, callbacks=None, return_dict: bool = False):
     """``model.evaluate`` under ``ParameterServerStrategy`` (arguments as Keras's).
 
-    Runs ``test_step`` as scheduled steps over disjoint per-worker shards of ``x`` (see module
-    docs); ``steps`` counts batches summed over workers, None = every batch once.
+    ``steps`` counts batches summed over workers, None = every batch once.
 
     Returns:
         The scalar loss/metrics as Keras returns them (a list, a float, or a dict with

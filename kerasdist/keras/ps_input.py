@@ -1,22 +1,10 @@
 """Inputs for parameter-server training: one tf.data pipeline per worker, built on the worker
-(``ClusterCoordinator.create_per_worker_dataset``); a scheduled step calls ``next()`` on the
-iterator of whichever worker runs it. What ``model.fit(x=...)`` accepts:
-
-* **a dataset function** ``dataset_fn(input_context) -> tf.data.Dataset`` (e.g.
-  :func:`kerasdist.data.make_dataset_fn`), called on each worker with ``num_input_pipelines`` =
-  the number of workers and ``input_pipeline_id`` = the worker index (an int64 scalar tensor); it
-  must shard or seed by that id and batch with ``get_per_replica_batch_size(global_batch)``.
-* **a ``tf.data.Dataset``**: serialized once and rebuilt on each worker, where worker ``i`` of
-  ``N`` keeps elements ``i, i+N, ...``; every worker runs the whole pipeline, so prefer a dataset
-  function when preprocessing is expensive, or when the dataset cannot be serialized
-  (``from_generator``, Python functions).
-* **NumPy arrays** ``x``, ``y`` (and ``sample_weight``) with ``batch_size`` (default 32; a list or
-  tuple ``x`` is several model inputs): for training worker ``i`` keeps examples ``i, i+N, ...``,
-  shuffled each pass when ``shuffle``; evaluation and prediction deal out Keras's own batches
-  (:func:`to_eval_input`).
-
-Training pipelines repeat forever (an epoch is ``steps_per_epoch`` scheduled steps summed over all
-workers); evaluation pipelines do not.
+(``ClusterCoordinator.create_per_worker_dataset``). What ``model.fit(x=...)`` accepts
+(``docs/python-api.md``, "Parameter server"): a dataset function ``fn(input_context)`` called on
+each worker (``input_pipeline_id``: the worker index, a tensor); a ``tf.data.Dataset``, serialized
+and rebuilt on each worker, where worker ``i`` of ``N`` keeps elements ``i, i+N, ...`` (every worker
+runs the whole pipeline); NumPy arrays, sharded by example for training, while evaluation and
+prediction deal out Keras's own batches (:func:`to_eval_input`). Training pipelines repeat forever.
 """
 
 from __future__ import annotations
@@ -72,9 +60,7 @@ def _from_dataset(dataset, num_workers: int) -> PSInput:
 
 
 def _refuse_lookup_tables(graph_def) -> None:
-    """Refuse a dataset whose graph reads a lookup table (a Keras ``StringLookup``/
-    ``TextVectorization`` mapped over it): the table lives on the coordinator and the workers'
-    copies of the pipeline cannot read it.
+    """Refuse a dataset whose graph reads a lookup table (the workers cannot read it).
 
     Raises:
         UnsupportedFeatureError: naming the table ops found.
@@ -127,12 +113,10 @@ def pack_arrays(x, y=None, sample_weight=None) -> tuple:
 
 def to_eval_input(x, y=None, *, sample_weight=None, batch_size: int | None = None,
                   steps: int | None = None, num_workers: int, argument: str = "x") -> PSInput:
-    """An evaluation/prediction input whose batches are Keras's own, dealt out to the workers.
-
-    Arrays are batched first (``batch_size``, default 32, in input order), a ``tf.data.Dataset``
-    is kept as it is, and with ``steps`` only the first ``steps`` batches are kept; then worker
-    ``i`` of ``N`` takes batches ``i, i+N, ...``, so metrics that depend on the batching agree
-    with a strategy-free ``evaluate``. A dataset function is passed through (:func:`to_ps_input`).
+    """An evaluation/prediction input whose batches are Keras's own (arrays batched by
+    ``batch_size``, default 32; the first ``steps`` only), worker ``i`` of ``N`` taking batches
+    ``i, i+N, ...``, so batch-dependent metrics agree with a strategy-free ``evaluate``. A dataset
+    function is passed through (:func:`to_ps_input`).
 
     Raises:
         ValueError: as :func:`to_ps_input`.
@@ -211,8 +195,8 @@ def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) ->
         steps: the user's value, or None.
         ps_input: the normalised input.
         argument: its name in messages (``steps_per_epoch``, ``validation_steps``, ``steps``).
-        training: None then means one pass over a finite input of known size (required
-            otherwise: training pipelines repeat forever); in evaluation, every shard to its end.
+        training: None then means one pass over a finite input of known size; in evaluation,
+            every shard to its end.
 
     Returns:
         A positive int, or None (evaluation until the data ends).
@@ -237,11 +221,8 @@ def resolve_steps(steps, ps_input: PSInput, *, argument: str, training: bool) ->
 
 
 def probe_infinite(ps_input: PSInput, *, num_workers: int, replicas: int) -> PSInput:
-    """Mark a dataset function whose pipeline never ends as ``INFINITE``.
-
-    Builds worker 0's pipeline once on the coordinator (cheap for in-memory data) and reads its
-    ``cardinality()``, so that evaluation without ``steps`` fails fast instead of running forever.
-    Other inputs are returned unchanged.
+    """Mark a dataset function whose pipeline never ends as ``INFINITE`` (worker 0's pipeline is
+    built on the coordinator), so evaluation without ``steps`` fails fast; other inputs unchanged.
     """
     import dataclasses
 
@@ -259,11 +240,9 @@ def probe_infinite(ps_input: PSInput, *, num_workers: int, replicas: int) -> PSI
 def worker_dataset(ps_input: PSInput, context, *, repeat: bool):
     """Call ``ps_input.dataset_fn(context)`` while tracing a per-worker dataset function.
 
-    ``context.input_pipeline_id`` is the worker index, a tensor. TensorFlow's
-    ``random_seed.get_seed`` compares ``(graph_seed, op_seed) == (0, 0)`` in Python, so with the
-    global seed 0 (``keras.utils.set_random_seed(0)``) a shuffle seeded by ``seed +
-    input_pipeline_id`` cannot be traced. A graph seed of 0 is therefore replaced by 1 in this
-    function's graph only (runs stay reproducible: the streams are those of seed 1).
+    TensorFlow's ``random_seed.get_seed`` compares ``(graph_seed, op_seed) == (0, 0)`` in Python,
+    so with global seed 0 a shuffle seeded by ``seed + input_pipeline_id`` (a tensor) cannot be
+    traced: a graph seed of 0 becomes 1 in this function's graph only (still reproducible).
     """
     import tensorflow as tf
 
@@ -275,9 +254,8 @@ def worker_dataset(ps_input: PSInput, context, *, repeat: bool):
 
 
 class SentBatches:
-    """Evaluation batches the coordinator reads and sends with each call (the synchronous mode:
-    no per-worker dataset, so a worker lost for good holds none of them). Every batch once:
-    the shards of the N input pipelines, taken in turn.
+    """Evaluation batches the coordinator reads and sends with each call (synchronous mode: a
+    worker lost for good holds none of them); every batch once, the N pipelines' shards in turn.
 
     Attributes:
         element_spec: the batches' ``tf.TypeSpec`` structure.
@@ -310,9 +288,8 @@ class SentIterator:
 
 
 def make_per_worker_dataset(coordinator, ps_input: PSInput, *, num_workers: int, repeat: bool):
-    """The ``PerWorkerDataset`` of ``ps_input`` (``coordinator.create_per_worker_dataset``), each
-    worker's pipeline repeated forever with ``repeat`` (training); ``iter()`` of it gives the
-    per-worker iterators to pass to ``coordinator.schedule``."""
+    """The ``PerWorkerDataset`` of ``ps_input``, each worker's pipeline repeated forever with
+    ``repeat``; ``iter()`` of it gives the iterators to pass to ``coordinator.schedule``."""
     import tensorflow as tf
 
     strategy = coordinator.strategy

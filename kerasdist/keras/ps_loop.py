@@ -1,18 +1,10 @@
 """The coordinator's loops for parameter-server training: schedule steps, join, call callbacks.
 
-The loop owns everything around the step (:mod:`kerasdist.keras.ps_steps`): it schedules up to
-``MAX_PENDING_PER_WORKER * num_workers`` calls ahead, reports each call in order as it completes
-(so callbacks and the progress bar advance while the workers run), joins the coordinator at the end
-of every epoch and only then reads metrics and the per-worker counters, writes checkpoints and
-calls ``on_epoch_end``. Per call it fetches only the ``train_step`` logs (a few scalars); the calls
-count their steps, examples and staleness in a small variable on a ps
-(:func:`kerasdist.keras.ps_steps.make_counters`), read once per epoch.
-
-Steps are **at-least-once**: ``ClusterCoordinator`` runs one scheduled function at a time per
-worker and puts a lost worker's function back in the queue, so a lost worker repeats at most one
-call, ``steps_per_execution`` steps (:func:`repeated_steps_bound`); without a lost worker the global
-step (``optimizer.iterations``) is exactly the number of steps scheduled. The workers' counters
-count a re-run call again; the loop's own ``ps_steps`` counts each scheduled step once.
+The loop schedules up to ``MAX_PENDING_PER_WORKER * num_workers`` calls
+(:mod:`kerasdist.keras.ps_steps`) ahead, reports each in order as it completes, and joins at each
+epoch's end before reading metrics and the per-worker counters (one small variable on a ps). Steps
+are at-least-once (``docs/python-api.md``): a lost worker repeats at most its call in flight
+(:func:`repeated_steps_bound`).
 """
 
 from __future__ import annotations
@@ -34,20 +26,16 @@ CALLS_IN_FLIGHT_PER_WORKER = 1  # ClusterCoordinator: one closure-processing thr
 
 
 def repeated_steps_bound(lost_workers: int, steps_per_execution: int = 1) -> int:
-    """Most steps a run can apply twice (at-least-once) when ``lost_workers`` worker tasks died
-    mid-run: each lost worker's calls in flight are re-run, each at most ``steps_per_execution``
-    steps. Never more than the loop keeps scheduled, ``max_pending + 1`` calls."""
+    """Most steps a run can apply twice when ``lost_workers`` worker tasks died mid-run: each lost
+    worker's call in flight is re-run, at most ``steps_per_execution`` steps."""
     return lost_workers * CALLS_IN_FLIGHT_PER_WORKER * max(1, steps_per_execution)
 
 
 class PSStats:
-    """Per-worker step counts, examples and staleness of parameter-server steps (steps = optimizer
-    updates), and whole-epoch seconds and examples (first call included, validation excluded: the
-    timing tf_keras's PS ``fit`` allows; throughput over timed steps is
-    :class:`~kerasdist.keras.callbacks.ThroughputMeter`'s). ``steps`` are the steps the loop
-    scheduled and saw complete (exact); the other figures come from the workers' counters,
-    at-least-once like the steps: after a lost worker they may exceed ``steps`` by at most
-    :func:`repeated_steps_bound`.
+    """Per-worker step counts, examples and staleness of parameter-server steps, and whole-epoch
+    seconds and examples (first call included, validation excluded). ``steps`` are the steps the
+    loop scheduled and saw complete (exact); the other figures come from the workers' counters
+    and may exceed them after a lost worker by at most :func:`repeated_steps_bound`.
     """
 
     def __init__(self, num_workers: int):
@@ -63,9 +51,7 @@ class PSStats:
     @property
     def steps(self) -> int:
         """Steps scheduled and completed (the counters' sum where the loop set none)."""
-        if self.completed_steps is None:
-            return self.counted_steps
-        return self.completed_steps
+        return self.counted_steps if self.completed_steps is None else self.completed_steps
 
     @property
     def counted_steps(self) -> int:
@@ -136,8 +122,7 @@ class PSStats:
 
 @dataclass
 class PSRun:
-    """What the loops need: the model, its strategy, the coordinator, the traced functions and
-    the per-worker counters variable (:func:`kerasdist.keras.ps_steps.make_counters`)."""
+    """What the loops need (``counters``: :func:`kerasdist.keras.ps_steps.make_counters`)."""
 
     model: Any
     strategy: Any
@@ -171,11 +156,9 @@ def global_step(model) -> int:
 
 
 def metrics_logs(model, last_logs=None) -> dict[str, Any]:
-    """The logs Keras's ``fit``/``evaluate`` report, as Keras picks them (call after ``join``):
-    the model's metric results (read from the ps variables) when the last step's logs carry the
-    same keys once both are flattened with Keras's ``pythonify_logs``, else the last *completed*
-    call's logs (a custom ``train_step``/``test_step`` returning other keys), as
-    ``Trainer._get_metrics_result_or_logs`` does.
+    """The logs Keras's ``fit``/``evaluate`` report (call after ``join``), picked as
+    ``Trainer._get_metrics_result_or_logs`` does: the model's metric results when the last step's
+    logs carry the same keys (both flattened by ``pythonify_logs``), else the last completed call's.
 
     Args:
         model: the compiled model.
@@ -197,12 +180,9 @@ def metrics_logs(model, last_logs=None) -> dict[str, Any]:
 def train_epoch(run: PSRun, iterator, *, steps: int, callbacks) -> tuple[dict, PSStats]:
     """Schedule ``steps`` training steps (summed over workers); return (last logs, stats).
 
-    Calls ``on_train_batch_begin`` when a call is scheduled and ``on_train_batch_end`` with its
-    logs when it has completed; stops scheduling once ``model.stop_training`` is set. With a step
-    saver among ``callbacks`` (``every_steps`` and ``save_step(step)``:
-    :class:`~kerasdist.keras.backup.EpochEndSave`), each time the scheduled steps pass a multiple
-    of ``every_steps`` global steps before the epoch's end, the loop joins the coordinator,
-    completes every pending call and calls ``save_step`` with the global step read from the ps.
+    Batch callbacks as calls are scheduled and complete; stops once ``model.stop_training`` is
+    set. A step saver (:func:`_step_saver`) is called, after a join, each time the scheduled steps
+    pass a multiple of its ``every_steps`` before the epoch's end.
     """
     import tensorflow as tf
 
@@ -279,17 +259,15 @@ def _evaluation_call(run: PSRun, iterator, done: int, callbacks, exhausted: set,
 def evaluate_loop(run: PSRun, iterator, *, steps: int | None, callbacks) -> dict:
     """Run ``test_step`` over the per-worker evaluation shards; return the metric results.
 
-    Calls are scheduled until ``steps`` batches ran or every worker has reported its shard
-    exhausted, so a pass without ``steps`` evaluates each batch once. One call is in flight at a
-    time: Keras metrics that update with ``assign(self + delta)`` (``F1Score``) would lose updates
-    to two workers running test steps at once. Metrics are reset first and read after ``join``.
+    Until ``steps`` batches ran or every worker reported its shard exhausted. One call is in
+    flight at a time: metrics updating with ``assign(self + delta)`` (``F1Score``) would lose
+    updates to two workers at once.
 
     Args:
         run: the :class:`PSRun`.
         iterator: per-worker iterators over finite evaluation pipelines.
         steps: batches to evaluate (summed over workers), or None for all of them.
-        callbacks: a Keras ``CallbackList``; ``on_test_batch_end`` gets the call's
-            ``test_step`` logs, as in Keras.
+        callbacks: a Keras ``CallbackList``.
 
     Returns:
         ``{metric name: float}`` as Keras picks it (:func:`metrics_logs`; the last call's

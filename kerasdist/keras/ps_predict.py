@@ -1,12 +1,9 @@
 """``model.predict`` under ``tf.distribute.ParameterServerStrategy``.
 
-The workers run the model's own ``predict_step`` as scheduled calls over disjoint shards of the
-input, each batch once; the coordinator fetches every call's outputs and joins them with Keras's
-own concatenation (``potentially_ragged_concat``), so any output structure comes back as Keras
-returns it. Rows come in **input order** for NumPy arrays and a ``tf.data.Dataset`` (Keras's own
-batches, each tagged with its index before they are dealt out to the workers, sorted back by that
-index); for a dataset function, which builds each worker's own pipeline, **by worker index, then
-batch order** within that worker's pipeline.
+The workers run ``predict_step`` over disjoint shards, each batch once; the outputs are joined
+with Keras's own ``potentially_ragged_concat``. Rows come in input order for NumPy arrays and a
+``tf.data.Dataset`` (batches tagged with their index, sorted back); for a dataset function by
+worker index, then batch order.
 """
 
 from __future__ import annotations

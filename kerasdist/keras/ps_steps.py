@@ -1,18 +1,11 @@
 """The small ``tf.function`` steps that the coordinator schedules onto parameter-server workers.
 
-Each call runs the model's own ``train_step``/``test_step`` inside ``strategy.run``. A training call
-adds its figures to its worker's row of a small int64 *counters* variable on a ps
-(:func:`make_counters`), read by the coordinator once per epoch after ``join``, and returns only
-the last step's ``train_step`` logs (a few scalars, for the batch callbacks).
+Each call runs the model's own ``train_step``/``test_step`` inside ``strategy.run``; a training
+call adds its figures to its worker's row of :func:`make_counters` (``scatter_nd_*``: atomic).
 
-**Staleness** of one step, in optimizer updates: ``after - before - 1``, where the step reads
-``optimizer.iterations`` before it reads any weight and again right after its own update: the
-updates other workers applied while it computed its gradient (0 in synchronous training; an upper
-bound, since an update landing between this step's apply and its second read counts too).
-
-The steps are traced with :mod:`kerasdist._compat.keras_ps_atomic_assign` in force on the model's
-variables (Keras 3's ``assign_add`` is not atomic); the counters are updated with
-``scatter_nd_add``/``scatter_nd_max``, which hold the variable's lock.
+**Staleness** of one step, in optimizer updates: ``after - before - 1``, ``optimizer.iterations``
+read before any weight and right after its own update (an upper bound: an update landing between
+this step's apply and its second read counts too).
 """
 
 from __future__ import annotations
@@ -58,10 +51,8 @@ COUNTER_COLUMNS = ("steps", "staleness_sum", "examples", "staleness_max")
 
 def make_counters(model, strategy, num_workers: int):
     """The per-worker statistics variable: int64 ``[num_workers, 4]`` of zeros, columns
-    :data:`COUNTER_COLUMNS`, on the ps that holds ``optimizer.iterations`` (never partitioned).
-
-    It is not tracked by the model, so it is neither checkpointed nor digested; the loop
-    resets it at the start of every epoch.
+    :data:`COUNTER_COLUMNS`, on the ps that holds ``optimizer.iterations``; not tracked by the
+    model (neither checkpointed nor digested).
     """
     import contextlib
 
@@ -134,9 +125,8 @@ def _zeros_like_spec(value):
 def run_if_present(optional, step):
     """``step()`` when ``optional`` holds an element, else zeros of ``step``'s output structure.
 
-    For finite per-worker iterators: ``step`` (no arguments; it reads ``optional.get_value()``)
-    is traced once as a nested ``tf.function`` to learn its output structure, so the branch
-    without data runs nothing (no ``test_step`` on an empty batch, whose mean loss would be NaN).
+    ``step`` (reading ``optional.get_value()``) is traced once to learn its output structure, so
+    the branch without data runs nothing (a ``test_step`` on an empty batch would give NaN).
 
     Returns:
         ``(present, outputs)``: ``present`` an int64 scalar (1 or 0).
@@ -155,12 +145,8 @@ def make_test_function(model, strategy, *, sent: bool = False):
     (with ``sent``: ``tf.function(batch)``, the batch sent with the call:
     :class:`kerasdist.keras.ps_input.SentBatches`).
 
-    The per-worker evaluation iterators are finite: a call on a worker whose shard is exhausted
-    runs nothing. ``stats`` is int64 ``[worker_index, batches_run (0 or 1), examples]``;
-    ``logs`` is the ``test_step`` output (zeros when nothing ran), what Keras hands to
-    ``on_test_batch_end`` and, for a custom ``test_step`` whose keys are not the model's metrics,
-    returns from ``evaluate``. Metric results are read from the ps variables after
-    ``coordinator.join()``.
+    ``stats`` is int64 ``[worker_index, batches_run (0 or 1), examples]``; ``logs`` the
+    ``test_step`` output (zeros when the worker's shard is exhausted and nothing ran).
     """
     import tensorflow as tf
 

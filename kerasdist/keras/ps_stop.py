@@ -48,17 +48,14 @@ class Calls:
         return True
 
 
-STOP_JOIN_S = 15.0
-"""Seconds a stopping coordinator (``model.stop_training``: SIGTERM, Ctrl-C, a callback) waits
-for the calls in flight before it goes on without them: a frozen worker's call never ends, and
-``ClusterCoordinator.join`` has no timeout, so the save that follows would wait for ever."""
+STOP_JOIN_S = 15.0  # seconds a stopping coordinator waits for the calls in flight (module docs)
 
 
 def joined(coordinator, stopping, timeout_s: float | None = None) -> bool:
     """Join every scheduled call (True; their errors raised as ``join`` raises them), unless a
     stop is asked (``stopping()``) and they have not ended ``timeout_s`` (default
-    :data:`STOP_JOIN_S`) later (False). ``ClusterCoordinator.join`` has no timeout and is not
-    woken by a signal, so this polls ``ClusterCoordinator.done``, which does not block."""
+    :data:`STOP_JOIN_S`) later (False). Polls ``ClusterCoordinator.done`` (``join`` is not woken
+    by a signal)."""
     timeout_s = STOP_JOIN_S if timeout_s is None else timeout_s
     deadline = None
     while not coordinator.done():
@@ -95,11 +92,9 @@ STUCK = object()  # fetched: the copy did not come
 
 def fetched(value, asked):
     """``value.fetch()`` (a call's logs, copied from the worker that ran it), or ``STUCK`` when
-    a stop is asked (``asked()``) and the copy has not come :data:`STOP_JOIN_S` seconds later.
-
-    A call's outputs stay on its worker until fetched: a worker frozen after its call ended
-    holds the copy -- and a ``fetch`` in this thread -- for ever. The copy runs in a daemon
-    thread, left behind when it does not come (it holds nothing the stop needs)."""
+    a stop is asked (``asked()``) and the copy has not come :data:`STOP_JOIN_S` seconds later (a
+    worker frozen after its call ended holds it for ever: the copy runs in a daemon thread, left
+    behind then)."""
     box: dict = {}
 
     def run():
@@ -135,9 +130,8 @@ def stop_probe(callbacks):
 
 def ready(value, asked) -> bool:
     """Wait for a scheduled call's result; once ``asked()`` (a stop) give it :data:`STOP_JOIN_S`
-    more seconds. False when it did not come: its worker does not answer, and ``fetch`` would
-    wait for ever. (TF's ``RemoteValue`` has no timeout; its implementation's event is used when
-    present, else this waits as ``fetch`` does.)"""
+    more seconds. False when it did not come (its worker does not answer); without the
+    ``RemoteValue``'s internal event, True at once (``fetch`` then waits)."""
     from kerasdist._compat import internals
 
     event = internals.remote_value_event(value)

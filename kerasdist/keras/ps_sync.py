@@ -1,18 +1,11 @@
 """Synchronous parameter-server training with backup workers: each step applies once the mean of
-the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`). The
-flow beside ``SyncReplicasOptimizer``'s, its guarantees and limits: ``docs/parameter-server-sync.md``.
+the first K of N gradients (``strategy.sync.replicas_to_aggregate``; :func:`sync_replicas`).
 
-Global step ``s``: the coordinator cuts global batch ``s`` into N slices (:class:`SyncInput`),
-slice ``i`` travelling with call ``i``. Each call runs the model's own ``train_step`` from the same
-weights; its optimizer ``apply`` pushes each gradient, weighted by the slice's share, into a
-``ResourceConditionalAccumulator`` on its variable's ps (one per shard) tagged ``local_step = s``
-(a call that starts after step ``s`` was applied computes nothing). Once K calls completed, one
-coordinator function takes each accumulator's mean (``ResourceAccumulatorTakeGradient``,
-``num_required=K``) and applies it with the Keras optimizer; taking advances the accumulator's
-step, so later gradients of step ``s`` are dropped (counted by a one-hot of each call's slot
-pushed into one more accumulator). K < N makes the slowest calls backup workers (Chen et al.,
-"Revisiting Distributed Synchronous SGD", 2016, arXiv:1604.00981). Source: the kernels of
-``tf.raw_ops.ResourceConditionalAccumulator`` and ``tf.compat.v1.train.SyncReplicasOptimizer``.
+Global step ``s``: the coordinator cuts global batch ``s`` into N slices (:class:`SyncInput`); each
+call runs ``train_step`` on one slice, its optimizer ``apply`` pushing the slice-weighted gradients
+into per-shard ``ResourceConditionalAccumulator``s tagged ``local_step = s``; once K calls completed,
+one function takes the means and applies them. The flow, its guarantees and limits:
+``docs/parameter-server-sync.md``.
 """
 
 from __future__ import annotations
@@ -74,10 +67,9 @@ def replicas_to_aggregate(model) -> int | None:
 
 
 class SyncInput:
-    """An endless ``tf.data`` input read on the coordinator; each element gives one step's
-    ``[(slice, scale)]``: the N elements of a zipped dataset function's pipelines, or a global
-    batch cut along axis 0 into N slices differing by at most one example (empty ones left out).
-    ``element_spec`` is one slice's."""
+    """An endless ``tf.data`` input; each element gives one step's ``[(slice, scale)]``: a zipped
+    dataset function's N elements, or a global batch cut along axis 0 into N slices differing by at
+    most one example (empty ones left out). ``element_spec`` is one slice's."""
 
     def __init__(self, dataset, *, parts: int, zipped: bool):
         self.dataset, self.parts, self.zipped = dataset, parts, zipped
@@ -102,12 +94,9 @@ class SyncInput:
 
 def train_input(x, y=None, *, sample_weight=None, batch_size=None, shuffle: bool = False,
                 class_weight=None, steps_per_epoch=None, num_workers: int):
-    """``(steps per epoch, SyncInput)`` of ``fit``'s training input (arguments as Keras's).
-
-    A dataset function is called here once per slice, with ``InputContext`` ``i`` of
-    ``num_workers`` and ``num_replicas_in_sync=num_workers`` (per-replica batches); a
-    ``tf.data.Dataset`` gives global batches; arrays are batched by ``batch_size`` (default 32),
-    shuffled every pass when ``shuffle``. Every input is repeated.
+    """``(steps per epoch, SyncInput)`` of ``fit``'s training input (arguments as Keras's): a dataset
+    function called once per slice (``InputContext`` ``i`` of ``num_workers``, per-replica
+    batches), a ``tf.data.Dataset`` of global batches, or arrays batched by ``batch_size``.
 
     Raises:
         UnsupportedFeatureError: ``class_weight`` (pass ``sample_weight``).
@@ -148,10 +137,9 @@ def train_input(x, y=None, *, sample_weight=None, batch_size=None, shuffle: bool
 
 @dataclass
 class SyncStep:
-    """One synchronous ``fit``: K, N, the accumulators (``accumulators[i]``: ``(handle, rows)``
-    per shard of ``variables[i]``; ``mask``: the ``[N]`` slot accumulator), the variables with a
-    gradient (``used``, known once traced), the next global ``step``, the traced functions, and
-    the calls scheduled and gradients aggregated in this fit."""
+    """One synchronous ``fit``'s state: ``accumulators[i]`` holds ``(handle, rows)`` per shard of
+    ``variables[i]``; ``mask`` is the ``[N]`` slot accumulator (counts aggregated calls); ``used``:
+    the variables with a gradient (known once traced); ``step``: the next global step."""
 
     k: int
     parts: int
@@ -223,8 +211,7 @@ class SyncStep:
 
 
 def start(run, step: int) -> SyncStep:
-    """The accumulators of ``run.model`` (each on its variable's or shard's ps) at global
-    ``step``, and the functions (traced when first called).
+    """The accumulators of ``run.model`` (each on its variable's or shard's ps) at global ``step``.
 
     Raises:
         UnsupportedFeatureError: ``steps_per_execution > 1`` (a step is one round of N calls).
@@ -282,9 +269,8 @@ def _gradients(model, strategy, state, batch, step, slot, scale):
 
 
 def _train_function(model, strategy, state, counters):
-    """``fn(batch, step, slot, scale) -> logs``, the call of one slice: computes nothing (zeros
-    as logs) once ``step`` was applied; adds 1 and the slice's examples to its worker's row of
-    ``counters`` (``steps``, ``examples``) when it computed."""
+    """``fn(batch, step, slot, scale) -> logs``, one slice's call: zeros once ``step`` was applied,
+    else counts its step and examples in its worker's row of ``counters``."""
     import tensorflow as tf
 
     def call(batch, step, slot, scale):
@@ -305,8 +291,8 @@ def _train_function(model, strategy, state, counters):
 
 
 def _apply_function(model, strategy, state):
-    """``fn(k) -> gradients aggregated``: take the means (waiting for ``k``), apply them once with
-    the Keras optimizer in cross-replica context (each update on its variable's ps)."""
+    """``fn(k) -> gradients aggregated``: take the means (waiting for ``k``), apply them once in
+    cross-replica context (each update on its variable's ps)."""
     import tensorflow as tf
 
     from kerasdist._compat import internals
@@ -323,10 +309,9 @@ def _apply_function(model, strategy, state):
 
 
 def _completed(values, k: int, asked):
-    """The logs of the first completed of ``values`` once ``k`` have completed (a failed call's
-    error raised; ``{}`` when every completed call's worker was lost before its logs were copied:
-    TF runs those calls again), or None when a stop was asked (``asked()``) and they did not
-    complete within :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` seconds."""
+    """The logs of the first completed of ``values`` once ``k`` have (a failed call's error raised;
+    ``{}`` when every such worker was lost before its logs were copied), or None when a stop was
+    asked and they did not complete within :data:`kerasdist.keras.ps_stop.STOP_JOIN_S` s."""
     import tensorflow as tf
 
     from kerasdist._compat import internals
@@ -350,10 +335,9 @@ def _completed(values, k: int, asked):
 
 
 def train_epoch(run, iterator, *, steps: int, callbacks):
-    """Run ``steps`` synchronous steps; return ``(last logs, PSStats)``, as
-    :func:`kerasdist.keras.ps_loop.train_epoch` (batch callbacks per step, ``model.stop_training``
-    ends the epoch, a step saver saves every ``every_steps`` global steps). The stats' ``sync``
-    holds K, N and this epoch's calls (``gradients``), ``aggregated`` and ``dropped``.
+    """Run ``steps`` synchronous steps; return ``(last logs, PSStats)`` as
+    :func:`kerasdist.keras.ps_loop.train_epoch`; the stats' ``sync`` holds K, N and this epoch's
+    calls (``gradients``), ``aggregated`` and ``dropped``.
 
     Raises:
         UnsupportedFeatureError: a ``train_step`` that does not apply the optimizer once.
