@@ -309,7 +309,6 @@ def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
     """
     from kerasdist import _exit
     from kerasdist.cluster.server import start_server
-
     from kerasdist.keras.preemption import signal_of
 
     released = threading.Event()
