@@ -181,7 +181,6 @@ def import_attribute(path: str, *, field: str, error: type[Exception], received:
     Raises:
         error: the module cannot be imported, its import raised, or it has no such name.
     """
-
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -178,7 +178,6 @@ class HangWatch:
     The tasks are the supervisor's :class:`kerasdist.launch.processes.Task`.
     """
 
-
     def __init__(self, timeout_s: float | None, *, period_s: float | None = None,
                  prober: Callable[..., str] | None = None):
         self.timeout_s = timeout_s

@@ -256,7 +256,6 @@ def as_kind(cluster: ClusterConfigBase, kind: str, **updates: Any) -> ClusterCon
     """``cluster`` as a config of ``kind``: the fields both kinds have carried over, then
     ``updates``, the others at ``kind``'s defaults.
 
-
     Raises:
         KeyError: ``kind`` is not registered; pydantic.ValidationError: a bad update.
     """

@@ -329,7 +329,6 @@ def json_schema() -> dict[str, Any]:
     """JSON Schema (draft 2020-12) of the recipe, for editors (e.g. the YAML language server);
     ``strategy`` and ``cluster`` are each a ``oneOf`` of every registered kind's own schema.
 
-
     Returns:
         The schema as a JSON-ready dict.
     """

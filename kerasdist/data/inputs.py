@@ -143,7 +143,6 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
     check_batch_divisible(config.batch_size, replicas)
     pipeline_batch = config.batch_size if asynchronous else config.batch_size // pipelines
     built = build_streaming(recipe, pipelines=pipelines)
-
     steps = _steps_per_epoch(recipe, examples_per_pipeline=built.per_pipeline,
                              pipeline_batch=pipeline_batch)
     if asynchronous and not recipe.trainer.steps_per_epoch:

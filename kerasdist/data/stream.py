@@ -200,7 +200,6 @@ def sample_records(config, split: str, units: Units, limit: int | None, *, prepr
     """The first ``limit`` examples (None: all) of a split (``units`` read whole, in order) as
     NumPy ``(x, y)``, decoded as training sees them (bad-input checks, reference evaluations).
 
-
     Args:
         config: the ``DataConfig`` (``normalize``; ``kind`` for messages).
         split: the split's name, for messages.

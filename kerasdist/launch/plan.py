@@ -110,7 +110,6 @@ class LaunchSpec:
 
     def __post_init__(self):
         if not 1 <= self.fewest <= self.workers:
-
             raise ClusterError(f"the fewest workers must be between 1 and the workers. Received: "
                                f"min_workers={self.min_workers}, workers={self.workers}")
         if self.max_restarts < 0:

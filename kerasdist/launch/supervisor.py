@@ -56,7 +56,6 @@ class Supervisor:
     """Run a :class:`LaunchSpec` to its end (see the module docs). Read after :meth:`run`:
     ``attempts`` (:class:`AttemptRecord` each), ``restarted``, ``left`` and ``restarts_left``."""
 
-
     def __init__(self, spec: LaunchSpec):
         self.spec = spec
         self.restarts_left = spec.max_restarts
@@ -331,7 +330,6 @@ class Supervisor:
     def _stop_all(self, grace_s: float, hung: list[Task] = ()) -> None:
         """Stop every task, members first (a coordinator task saves through its ps servers), then
         the ``hung`` ones (SIGKILL), then the others; one line per task saying how it ended."""
-
         for task in self._live():
             if task.returncode() is None:
                 self._states[id(task)] = TaskState.STOPPED

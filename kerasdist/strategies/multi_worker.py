@@ -235,7 +235,6 @@ class MultiWorkerStrategy(Strategy):
     ``strategy.timeout_s`` bounds each wait for the other workers through one ``CollectiveWatchdog``
     per process (boundaries and first steps: :data:`BOUNDARY_TIMEOUT_FACTOR` x; docs/guarantees.md)."""
 
-
     kind = "multi_worker"
     config_class = MultiWorkerStrategyConfig
     watchdog = None
@@ -321,4 +320,3 @@ class MultiWorkerStrategy(Strategy):
     def describe(self, tf_strategy) -> str:
         return (f"{num_workers(tf_strategy)} worker(s), "
                 f"{tf_strategy.num_replicas_in_sync} replica(s) in sync")
-

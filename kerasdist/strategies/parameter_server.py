@@ -60,7 +60,6 @@ def build(config, *, cluster_resolver=None, **_):
     Returns:
         The strategy, connected to the running cluster (this process's server started).
 
-
     Raises:
         ClusterError: the cluster has no ``ps`` or no ``worker`` task.
     """

@@ -358,7 +358,6 @@ def as_recipe_callback(callback: Any) -> Any | None:
     Sent: an import path or Keras class name, a ``{class_name, config}`` dict, and an instance of
     an importable class (not from ``__main__``) with its own ``get_config()``, sent as
     ``{class_name: "module:Class", config: get_config()}``.
-
     """
     if isinstance(callback, (str, dict, KerasConfig)):
         return callback.as_keras() if isinstance(callback, KerasConfig) else callback

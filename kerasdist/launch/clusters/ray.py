@@ -349,7 +349,6 @@ def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_
         fit_on_ray(ray, script_loop, config, placement, storage=log_dir / "ray", name="launch", keep=1)
 
 
-
 class RayKind(LocalKind):
     """``cluster.kind: ray``: started as a local cluster is (preflight, isolation of a local Ray,
     tracking, the run directory's lock); Ray Train runs the worker group (:func:`train_on_ray`)."""

@@ -430,4 +430,3 @@ __all__ = ["GONE_AFTER_S", "PERIOD_S", "RELEASE_SIGNAL", "RELEASE_WAIT_S", "REQU
            "SLURM_VARIABLES", "START_TIMEOUT_S", "ScriptPreempted", "SlurmKind", "after_preemption",
            "check_commands", "log_start", "release_servers", "requeue_decision", "restart_count",
            "serve_until_chief_ends", "signal_ends_script", "slurm_jobs", "tf_config_from_slurm"]
-
