@@ -29,10 +29,9 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
         The validated, frozen :class:`Recipe`.
 
     Raises:
-        RecipeError: missing/unreadable/non-UTF-8 file, malformed YAML (with
-            ``file:line:column``), a document over the limits, a key repeated in a mapping (both
-            lines named), a bad override, or a validation error naming the dotted field path and
-            the received value.
+        RecipeError: missing/unreadable/non-UTF-8 file, malformed YAML (``file:line:column``),
+            a document over the limits, a repeated key, a bad override, or a validation error
+            naming the dotted field path and the received value.
     """
     path = Path(path)
     text = read_recipe_text(path)

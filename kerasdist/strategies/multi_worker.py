@@ -116,11 +116,9 @@ def _addresses(tf_config) -> dict[str, str]:
 
 def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedError:
     """The :class:`TaskFailedError` for a failed collective, naming each lost task with its state
-    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): the tasks TF's message names, else
-    (a bare collective timeout) those a liveness probe of the peers finds not alive
-    (:mod:`kerasdist.cluster.probe`: ``dead``, ``hung`` or ``unreachable``). When TF's message
-    names several tasks and the probe finds some of them alive, only the others are named (TF's
-    chained messages also mention tasks that merely relayed the error)."""
+    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): those TF's message names that a
+    liveness probe does not find alive (TF's chained messages also name tasks that merely relayed
+    the error), else every peer the probe finds not alive."""
     from kerasdist.cluster.probe import unresponsive_peers
 
     states = unresponsive_peers(tf_config)
@@ -145,9 +143,8 @@ def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedE
 
 
 def check_same_step(tf_strategy, step: int, *, task: str, run_dir, watchdog=None) -> None:
-    """Collective: every worker restored the same global step, else ClusterError naming them.
-    ``watchdog`` (a :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog`) bounds the
-    wait for the other workers to :data:`BOUNDARY_TIMEOUT_FACTOR` x its ``timeout_s``."""
+    """Collective: every worker restored the same global step, else ClusterError naming them;
+    ``watchdog`` bounds the wait to :data:`BOUNDARY_TIMEOUT_FACTOR` x its ``timeout_s``."""
     import tensorflow as tf
 
     @tf.function

@@ -25,8 +25,7 @@ LOSS_FROM_LOGITS = "sparse_categorical_crossentropy_from_logits"
 COMPILE_ALIASES = frozenset({"accuracy", "acc", "crossentropy", "ce"})
 """Metric names ``model.compile`` resolves itself from the loss and output shapes."""
 CALLABLE_KEYS = ("schedule",)
-"""Callback config keys whose import-path value is imported (``LearningRateScheduler``'s
-``schedule: pkg.mod:fn``)."""
+"""Callback config keys whose import-path value is imported (``LearningRateScheduler.schedule``)."""
 REFUSED_CALLBACKS = {
     "BackupAndRestore": "kerasdist checkpoints and resumes at the exact step itself "
                         "(trainer.checkpoint); a second backup would fight it",
@@ -45,9 +44,8 @@ KINDS = {
     "callback": ("a keras.callbacks.Callback subclass", "keras.callbacks.Callback", None),
     "epoch_function": ("a function (epoch, lr) -> lr", "", (2, 1)),
 }
-"""What an import path may name, per kind of field: ``(what the message says, the Keras base
-class a class must subclass or an object be an instance of, the numbers of positional arguments a
-function may take (None: no function))``."""
+"""What an import path may name, per kind of field: ``(what the message says, the Keras base class
+to subclass or be an instance of, the positional-argument counts a function may take or None)``."""
 
 
 def _shown(value: Any) -> Any:
