@@ -116,9 +116,9 @@ def _addresses(tf_config) -> dict[str, str]:
 
 def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedError:
     """The :class:`TaskFailedError` for a failed collective, naming each lost task with its state
-    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): those TF's message names that a
-    liveness probe does not find alive (TF's chained messages also name tasks that merely relayed
-    the error), else every peer the probe finds not alive."""
+    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): the tasks TF's message names (only
+    those a liveness probe finds not alive, if any: TF's chained messages also name tasks that
+    merely relayed the error), else every peer the probe finds not alive."""
     from kerasdist.cluster.probe import unresponsive_peers
 
     states = unresponsive_peers(tf_config)
