@@ -2,7 +2,8 @@
 
 Every worker holds a full copy of the variables; each step's gradients are all-reduced, so all workers
 stay identical. Create the strategy before any other TensorFlow op runs in the process (TF configures
-its collective ops at startup). Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
+its collective ops at startup).
+Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
 """
 
 from __future__ import annotations
