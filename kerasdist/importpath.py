@@ -1,10 +1,7 @@
 """Import a user's object from a recipe's import path ``package.module:Name``.
 
-One loader for every recipe field that names user code (``model.name``, ``data.source.function``,
-``optimizer.name``, a loss, metric or callback ``class_name``), so each gets the same checks and
-the same messages. Where modules are found (:func:`user_code_on_path`, :func:`child_pythonpath`)
-and what runs when (:func:`import_attribute`, then :func:`require_kind`): docs/own-model-and-data.md,
-"Import paths: where they are found and what runs when".
+One loader for every recipe field that names user code, so each gets the same checks and messages
+(docs/own-model-and-data.md, "Import paths: where they are found and what runs when").
 """
 
 from __future__ import annotations
@@ -33,13 +30,11 @@ def user_folders(recipe: str | os.PathLike | None = None) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def user_code_on_path(recipe: str | os.PathLike | None = None) -> Iterator[tuple[str, ...]]:
-    """Within this block, :func:`user_folders` lead ``sys.path`` (as ``python -m`` puts the
-    working directory first) and :func:`child_pythonpath` hands them to every task started;
-    afterwards ``sys.path`` is as it was (modules already imported stay imported).
+    """Within this block, :func:`user_folders` lead ``sys.path`` and :func:`child_pythonpath`
+    hands them to every task started; afterwards ``sys.path`` is as it was.
 
     Args:
-        recipe: the recipe file, whose folder is searched after the working directory; None:
-            the working directory only.
+        recipe: the recipe file, whose folder is searched after the working directory (None: not).
 
     Yields:
         The folders, first searched first.
@@ -89,12 +84,8 @@ def is_builtin(obj: Any) -> bool:
 
 def is_standard_library(obj: Any, module_name: str = "") -> bool:
     """True when ``obj`` (or the module ``module_name`` it was imported from) belongs to Python's
-    standard library (``subprocess:Popen``, ``os:popen``, ``shutil:rmtree``), which is no recipe's
-    own model, data, loss, metric or callback. A module of the user's that shadows a standard
-    name (a ``test.py`` in the working directory) is not: the loaded module's file must lie in
-    the interpreter's own library folders (``sysconfig`` ``stdlib``/``platstdlib``), or the
-    module be compiled into the interpreter (``sys.stdlib_module_names``).
-    """
+    standard library (``subprocess:Popen``): its file lies in ``sysconfig``'s ``stdlib``/
+    ``platstdlib`` or it has none, so a user's ``test.py`` shadowing a standard name is not."""
     library = {Path(sysconfig.get_paths()[key]).resolve() for key in ("stdlib", "platstdlib")}
     for name in (module_name, getattr(obj, "__module__", None) or ""):
         top = name.partition(".")[0]
@@ -139,12 +130,8 @@ def require_kind(obj: Any, path: str, *, field: str, error: type[Exception], wha
                  classes: tuple[type, ...] = (),
                  function_args: Sequence[int] | None = None) -> Any:
     """Check an imported object against what its recipe field documents, before anything
-    constructs or calls it.
-
-    Accepted: a class that subclasses one of ``classes``; an instance of one of ``classes``;
-    when ``function_args`` is not None, a Python function (or a callable object that is not a
-    class) that can take one of those numbers of positional arguments (any, when empty). Never
-    accepted: a Python built-in or anything of the standard library (:func:`is_standard_library`).
+    constructs or calls it: a subclass or instance of one of ``classes``, or a callable taking
+    ``function_args``; never a built-in or anything of the standard library.
 
     Args:
         obj: what :func:`import_attribute` returned for ``path``.
@@ -192,8 +179,7 @@ def import_attribute(path: str, *, field: str, error: type[Exception], received:
             function``); empty: any attribute.
 
     Raises:
-        error: the module cannot be imported, its import raised, it has no such name, or the
-            name is a Python built-in.
+        error: the module cannot be imported, its import raised, or it has no such name.
     """
     module_name, _, attr = path.partition(":")
     try:

@@ -5,11 +5,9 @@ ever on a task cut off or frozen (docs/guarantees.md, the partition and frozen-t
 
 * :class:`HangWatch`, the local supervisor's over the server tasks it started: only ``hung``
   counts; a lost task is killed (SIGKILL), then handled as any lost task.
-* :class:`TaskWatch`, on clusters kerasdist does not launch (``tf_config``, Slurm, TFJob): a
-  daemon thread of the chief (watching every ps and worker) and of each worker (the ps tasks);
-  ``unreachable`` and ``hung`` count. The process then ends as a blocked process does
-  (:func:`kerasdist._exit.abandon`): a :class:`~kerasdist.errors.TaskFailedError` naming the
-  task, its state and address, exit code 1; the newest complete checkpoint is the resume point.
+* :class:`TaskWatch`, on clusters kerasdist does not launch: a daemon thread of the chief and of
+  each worker; ``unreachable`` and ``hung`` count, and the process ends with a
+  :class:`~kerasdist.errors.TaskFailedError` naming the task (exit 1, :func:`abandon_on_loss`).
 """
 
 from __future__ import annotations
@@ -80,14 +78,10 @@ class TaskWatch:
         timeout_s: seconds (> 0) a task may stay unreachable or hung (``strategy.task_timeout_s``).
         on_lost: called in the watch's thread; default :func:`abandon_on_loss` for ``task``.
         task: this process's task name, for the message (``chief:0``).
-        period_s: seconds between two rounds of probes (default: a quarter of ``timeout_s``,
-            between 1 and 5 s).
-        prober: ``prober(address, timeout_s=...)`` -> a probe state (tests).
-        setting: the name of the bound in the messages (default ``strategy.task_timeout_s``;
-            ``--task-timeout-s`` for ``kerasdist launch``).
+        period_s, prober: as :class:`Silences`.
+        setting: the name of the bound in the messages (default ``strategy.task_timeout_s``).
 
-    Detection takes ``timeout_s`` plus at most ``period_s`` and two probe timeouts per task
-    probed in a round.
+    Detection takes ``timeout_s`` plus at most ``period_s`` and two probe timeouts per task.
     """
 
     def __init__(self, addresses: Mapping[str, str], timeout_s: float, *,
@@ -161,10 +155,9 @@ def abandon_on_loss(task: str, timeout_s: float, name: str, state: str, address:
 
 
 def watched_tasks(tf_config, timeout_s: float | None) -> dict[str, str]:
-    """``{task name: address}`` this parameter-server task watches (see module docs): the chief
-    watches every ps and worker, a worker the ps tasks, a ps nothing. Empty when ``timeout_s``
-    is None, or when kerasdist's own launcher runs this task (it watches every task itself:
-    :class:`HangWatch`)."""
+    """``{task name: address}`` this parameter-server task watches: the chief watches every ps
+    and worker, a worker the ps tasks, a ps nothing. Empty when ``timeout_s`` is None, or when
+    kerasdist's own launcher runs this task (:class:`HangWatch` then watches)."""
     if timeout_s is None or os.environ.get(LAUNCHED_ENV):
         return {}
     jobs = {"chief": ("ps", "worker"), "worker": ("ps",)}.get(tf_config.task_type, ())
@@ -180,12 +173,9 @@ class HangWatch:
     Args:
         timeout_s: seconds without an answer after which a task is lost (the recipe's
             ``strategy.task_timeout_s``); None disables the watch.
-        period_s: seconds between two rounds of probes (default: a quarter of ``timeout_s``,
-            between 1 and 5 s).
-        prober: ``prober(address, timeout_s=...)`` -> ``'alive' | 'hung' | 'dead'`` (tests).
+        period_s, prober: as :class:`Silences`.
 
-    The tasks are the supervisor's (:class:`kerasdist.launch.processes.Task`): ``name``,
-    ``tf_config``, ``returncode()``, ``pid`` and ``process``.
+    The tasks are the supervisor's :class:`kerasdist.launch.processes.Task`.
     """
 
     def __init__(self, timeout_s: float | None, *, period_s: float | None = None,

@@ -1,15 +1,8 @@
 """The ``cluster`` section of a recipe: one frozen model per cluster kind, and their registry.
 
-Each config class holds only its kind's fields and declares its :class:`ClusterTraits` (who
-starts the tasks, where roles come from, elasticity, requeues, the strategy topologies it runs);
-:mod:`kerasdist.launch.clusters` registers the object that runs it. Code outside those two places
-reads traits, never a kind's name. A value a kind does not take from the recipe is a class
-constant (``this_process`` is one worker and no ps), so every kind answers ``workers``, ``ps``,
-``max_restarts`` and ``min_workers``.
-
-Adding a cluster kind: one config class here (or anywhere, registered with
-:func:`register_cluster_config`), one module in :mod:`kerasdist.launch.clusters`, one registry
-line (docs/architecture.md, "Adding a cluster kind").
+Each config class holds only its kind's fields and declares its :class:`ClusterTraits`; a value a
+kind does not take from the recipe is a class constant, so every kind answers ``workers``, ``ps``,
+``max_restarts`` and ``min_workers`` (docs/architecture.md, "Adding a cluster kind").
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ class ClusterTraits:
     """What a cluster kind is, declared once on its config class.
 
     Attributes:
-        starts_tasks: kerasdist starts the task processes itself (local, ray): the command that
-            runs the recipe is the launcher.
+        starts_tasks: kerasdist starts the task processes itself (local, ray).
         roles_from_environment: each task is started by someone else and reads its role from its
             environment (``TF_CONFIG``, Slurm, JobSet).
         elastic: ``min_workers`` (a worker count that may shrink) is supported.
@@ -47,8 +39,7 @@ class ClusterTraits:
             machine (task logs in ``<run_dir>/logs``, forked tasks, restarts).
         topologies: the strategy topologies (:class:`~kerasdist.config.strategy_configs.
             StrategyTraits`) it runs: ``single`` (one process) or ``peers`` and ``coordinator``.
-        refusals: ``(topology, why)`` pairs: the reason given when a recipe asks this kind for a
-            topology it cannot run.
+        refusals: ``(topology, why)`` pairs: why this kind cannot run that topology.
     """
 
     starts_tasks: bool = False
@@ -84,12 +75,8 @@ class ClusterConfigBase(Frozen):
         return False
 
     def cores_here(self, *, coordinator: bool) -> int:
-        """CPU cores one run takes on this machine (a sweep's trial): 1 unless the kind starts
-        its tasks here.
-
-        Args:
-            coordinator: the strategy runs a coordinator task besides the workers and ps.
-        """
+        """CPU cores one run (a sweep's trial) takes on this machine, ``coordinator``: the
+        strategy runs a coordinator task besides the workers and ps."""
         return 1
 
 
@@ -267,8 +254,7 @@ def fields_of_other_kinds(kind: str, keys) -> dict[str, list[str]]:
 
 def as_kind(cluster: ClusterConfigBase, kind: str, **updates: Any) -> ClusterConfigBase:
     """``cluster`` as a config of ``kind``: the fields both kinds have carried over, then
-    ``updates``, the others at ``kind``'s defaults (an export reads a ``local`` recipe as the kind
-    its tasks will run; a local cluster's task runs as ``tf_config``).
+    ``updates``, the others at ``kind``'s defaults.
 
     Raises:
         KeyError: ``kind`` is not registered; pydantic.ValidationError: a bad update.

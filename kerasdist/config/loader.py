@@ -29,16 +29,14 @@ def load_recipe(path: str | Path, overrides: Iterable[str] = ()) -> Recipe:
         The validated, frozen :class:`Recipe`.
 
     Raises:
-        RecipeError: missing/unreadable/non-UTF-8 file, malformed YAML (with
-            ``file:line:column``), a document over the limits, a key repeated in a mapping (both
-            lines named), a bad override, or a validation error naming the dotted field path and
-            the received value.
+        RecipeError: missing/unreadable/non-UTF-8 file, malformed YAML (``file:line:column``),
+            a document over the limits, a repeated key, a bad override, or a validation error
+            naming the dotted field path and the received value.
     """
     path = Path(path)
     text = read_recipe_text(path)
     raw = parse_yaml(text, source=str(path))
-    if raw is None:
-        raw = {}
+    raw = {} if raw is None else raw
     if not isinstance(raw, dict):
         raise RecipeError(f"{path}: a recipe must be a YAML mapping. Received: {type(raw).__name__}")
     raw = apply_overrides(raw, overrides)
@@ -50,9 +48,8 @@ MAX_RECIPE_BYTES = 4 << 20
 MAX_DEPTH = 64
 """Deepest nesting of sequences/mappings a recipe may have (real recipes use about 4)."""
 MAX_NODES = 100_000
-"""Most YAML nodes a recipe may expand to, counting every alias use as a full copy of its
-anchor's subtree (an alias bomb, "billion laughs", expands exponentially and is refused here,
-long before it could be built, copied or validated)."""
+"""Most YAML nodes a recipe may expand to, counting every alias use as a full copy of its anchor's
+subtree (an alias bomb is refused long before it could be built, copied or validated)."""
 
 
 class _LimitExceeded(yaml.MarkedYAMLError):
@@ -69,11 +66,9 @@ class _NotYAML(Exception):
 
 
 class _LimitedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that counts while composing: nesting depth, and the size each node has
-    once its aliases are expanded (a node's size is computed once, from its children's, so the
-    count itself costs one pass over the text whatever the expansion); and refuses a mapping
-    that repeats a key, naming both lines (PyYAML keeps the last value silently). Keys brought in
-    by a merge (``<<: *base``) may be overridden, as YAML intends."""
+    """``yaml.SafeLoader`` that counts nesting depth and each node's expanded size (computed once,
+    from its children's: one pass whatever the expansion) while composing, and refuses a mapping
+    that repeats a key (keys brought in by a merge, ``<<: *base``, may be overridden)."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -285,9 +280,8 @@ def _message(item: dict[str, Any]) -> str:
 
 
 def _clean_loc(loc: tuple) -> tuple:
-    # The strategy section is validated by kind (no union tag in the path). data.source is a
-    # discriminated union: pydantic puts the kind's tag in the path (data.source.csv.path), which
-    # is not a key of the recipe: drop it (data.source.path).
+    # pydantic puts data.source's union tag in the path (data.source.csv.path), which is not a
+    # key of the recipe: drop it (data.source.path).
     from kerasdist.config.source_configs import source_config_classes
 
     loc = tuple(loc)
@@ -331,12 +325,8 @@ def dump_recipe(recipe: Recipe) -> str:
 
 
 def json_schema() -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of the recipe, for editors (e.g. the YAML language server).
-
-    ``strategy`` and ``cluster`` are validated by their ``kind`` (each kind has its own config
-    class), so pydantic's schema of the field knows only ``kind``; here each becomes a ``oneOf`` of
-    every registered kind's own schema, each with ``kind`` fixed, so editors accept e.g.
-    ``strategy.logical_cpus`` under ``kind: mirrored`` and flag it under ``kind: default``.
+    """JSON Schema (draft 2020-12) of the recipe, for editors (e.g. the YAML language server);
+    ``strategy`` and ``cluster`` are each a ``oneOf`` of every registered kind's own schema.
 
     Returns:
         The schema as a JSON-ready dict.

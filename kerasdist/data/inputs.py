@@ -2,15 +2,10 @@
 the checks, the sidecar evaluator and the bench call these and nothing else (each kind's code is
 in :mod:`kerasdist.data.sources`; the stream they ride is :mod:`kerasdist.data.stream`).
 
-``data.batch_size`` is the **global** batch: examples consumed by one optimizer step, summed over
-every replica of every worker; each replica gets ``batch_size / num_replicas_in_sync``
-(``InputContext.get_per_replica_batch_size``). Sharding (``data.auto_shard``: ``data``, ``file``,
-``off``, ``auto``) is applied per input pipeline by kerasdist's ``dataset_fn``, since
-``distribute_datasets_from_function`` leaves it to the function
-(https://www.tensorflow.org/tutorials/distribute/input#sharding). A run resumed at global step
-``s`` starts each pipeline at batch ``s * local_replicas`` (under parameter server, each worker's
-fair share ``ceil(s / workers)``); an "epoch" is ``steps_per_epoch`` steps of that stream. The
-contracts in full: docs/own-model-and-data.md, "What every streaming source guarantees".
+``data.batch_size`` is the **global** batch (one optimizer step, summed over every replica of every
+worker); sharding is applied per input pipeline by kerasdist's ``dataset_fn``; a run resumed at
+global step ``s`` starts each pipeline at batch ``s * local_replicas``. The contracts in full:
+docs/own-model-and-data.md, "What every streaming source guarantees".
 """
 
 from __future__ import annotations
@@ -109,8 +104,7 @@ def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int)
 
     Raises:
         DataError: a pipeline holds fewer examples than one of its batches, with or without
-            ``trainer.steps_per_epoch`` (a batch would repeat examples; a huge ``batch_size`` would
-            otherwise fail inside the first step, after the run directory was written).
+            ``trainer.steps_per_epoch``.
     """
     steps = examples_per_pipeline // pipeline_batch
     if steps < 1:
@@ -121,9 +115,7 @@ def _steps_per_epoch(recipe, *, examples_per_pipeline: int, pipeline_batch: int)
 
 
 def _batch_words(batch_size: int, replicas: int, pipelines: int, asynchronous: bool) -> str:
-    """How the input line names the batch, counting as the run summary does: replicas in sync
-    for synchronous strategies, workers for the parameter server (each step is one worker's
-    whole batch)."""
+    """How the input line names the batch, counting as the run summary does."""
     if asynchronous:
         return (f"global batch {batch_size} per step, each step one worker's (asynchronous); "
                 f"{pipelines} worker(s), one input pipeline each")
@@ -150,7 +142,7 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
     config = recipe.data
     check_batch_divisible(config.batch_size, replicas)
     pipeline_batch = config.batch_size if asynchronous else config.batch_size // pipelines
-    built = sources.of(config).stream(recipe, pipelines)
+    built = build_streaming(recipe, pipelines=pipelines)
     steps = _steps_per_epoch(recipe, examples_per_pipeline=built.per_pipeline,
                              pipeline_batch=pipeline_batch)
     if asynchronous and not recipe.trainer.steps_per_epoch:
@@ -165,8 +157,7 @@ def build_data(recipe: Recipe, *, replicas: int, pipelines: int = 1,
 
 def build_streaming(recipe, *, pipelines: int):
     """The source kind's :class:`~kerasdist.data.stream.Streaming` for ``pipelines`` input
-    pipelines: ``train_fn(ctx, skip_batches)``, ``eval_fn(ctx)``, examples per pipeline, the shard
-    policy and the files the chief writes (csv vocabularies).
+    pipelines.
 
     Raises:
         DataError, RecipeError: as :func:`build_data`.
@@ -209,7 +200,5 @@ def serving_model(config, model, run_dir):
 
 def input_failure(config, err: BaseException, split: str):
     """A :class:`~kerasdist.errors.DataError` naming the source when ``err`` (an error that ended
-    training or evaluation) came from reading ``split`` of the source, e.g. an exception raised by
-    the user's ``data.source.function`` generator mid-training; None otherwise (the error is
-    reported as it is)."""
+    training or evaluation) came from reading ``split`` of the source; None otherwise."""
     return sources.of(config).input_failure(config, err, split)

@@ -3,11 +3,9 @@ step, decode, batch. A kind (:mod:`kerasdist.data.sources`) describes what it re
 :class:`Units`; this module turns that into ``train_fn(input_context, skip_batches)`` and
 ``eval_fn(input_context)``, whatever the source, and imports TensorFlow only when a dataset is built.
 
-A split is a sequence of **units** read in order into raw records: the files of a file source,
-the example ids of an in-memory source, or none for a function source. Pipeline ``i`` of ``N``
-gets its share by :attr:`Units.shard`: ``units`` keeps units ``i, i+N, ...``; ``records`` reads
-every unit in one common order and keeps records ``i, i+N, ...``; ``none`` reads everything.
-Order and resume (a pure function of the recipe; pass ``p`` seeds ``stateless_shuffle``):
+A split is a sequence of **units** read in order into raw records (files, in-memory example ids,
+or none for a function source). Pipeline ``i`` of ``N`` keeps units (``units``) or records
+(``records``) ``i, i+N, ...``, or everything (``none``). Order, sharding and resume:
 docs/own-model-and-data.md, "What every streaming source guarantees".
 """
 
@@ -129,9 +127,7 @@ def train_fn(units: Units, config) -> Callable:
 
         n, i = ctx.num_input_pipelines, ctx.input_pipeline_id
         buffer = config.shuffle_buffer
-        mine = count = None
-        if units.values is not None:
-            mine, count = _my_units(units, n, i)
+        mine, count = (None, None) if units.values is None else _my_units(units, n, i)
         unit_seed = config.shuffle_seed + (0 if units.shard == "records" else i)
         record_seed = config.shuffle_seed + i
         permute = bool(buffer) and mine is not None and (not units.examples or buffer >= count)
@@ -202,8 +198,7 @@ def global_batches(units: Units, config):
 def sample_records(config, split: str, units: Units, limit: int | None, *, preprocessed=True,
                    failure: Callable | None = None):
     """The first ``limit`` examples (None: all) of a split (``units`` read whole, in order) as
-    NumPy ``(x, y)``, decoded as training sees them (for the bad-input checks and reference
-    evaluations in one process). Training never reads a split whole: it streams.
+    NumPy ``(x, y)``, decoded as training sees them (bad-input checks, reference evaluations).
 
     Args:
         config: the ``DataConfig`` (``normalize``; ``kind`` for messages).

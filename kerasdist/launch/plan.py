@@ -23,13 +23,12 @@ STOP_GRACE_S = 60.0
 SURVIVOR_GRACE_S = 10.0
 """Seconds the other tasks get to fail on their own after one failed (so they say why)."""
 RECIPE_CHECKED_ENV = "KERASDIST_RECIPE_CHECKED"
-"""Set (to ``1``) in the environment of a recipe's tasks by the local launcher that made the
-run's entry checks (:meth:`ClusterKind.enter <kerasdist.launch.clusters.base.ClusterKind.enter>`):
-their chief does not repeat them."""
+"""Set (to ``1``) in a recipe's tasks by the local launcher that made the run's entry checks
+(:meth:`~kerasdist.launch.clusters.base.ClusterKind.enter`): their chief does not repeat them."""
 
 
 class TaskState(str, Enum):
-    """Where one task of an attempt stands (torchelastic's ``WorkerState``, per task)."""
+    """Where one task of an attempt stands."""
 
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -110,8 +109,7 @@ class LaunchSpec:
     abandon: Callable[[BaseException], object] = _exit.abandon
 
     def __post_init__(self):
-        low = self.min_workers if self.min_workers is not None else self.workers
-        if not 1 <= low <= self.workers:
+        if not 1 <= self.fewest <= self.workers:
             raise ClusterError(f"the fewest workers must be between 1 and the workers. Received: "
                                f"min_workers={self.min_workers}, workers={self.workers}")
         if self.max_restarts < 0:
@@ -204,9 +202,8 @@ def stop_line(task: Task, state: TaskState) -> str:
 
 
 def tagged(err: BaseException, failure: Failure) -> BaseException:
-    """``err`` with the failed task's name (``err.task``), its own error class name
-    (``err.error``) and message (``err.detail``), read by the CLI's closing paragraph
-    (:mod:`kerasdist.launch.explain`)."""
+    """``err`` with the failed task's name (``err.task``), error class name (``err.error``) and
+    message (``err.detail``), for :mod:`kerasdist.launch.explain`."""
     err.task, err.error, err.detail = failure.task, failure.error, failure.message
     return err
 
@@ -218,9 +215,8 @@ def bad_input_error(name: str) -> type[KerasdistError]:
 
 
 def clean_scratch(folders: Sequence[Path]) -> Callable[[list[Task]], None]:
-    """An ``after_stop`` that deletes each task's scratch folder under ``folders`` (name: the
-    task's name as :func:`kerasdist._scratch.temp_dir` writes it; importing neither TensorFlow
-    nor Keras: the launcher starts its first task seconds sooner)."""
+    """An ``after_stop`` that deletes each task's scratch folder (:func:`kerasdist._scratch.temp_dir`)
+    under ``folders``; it imports neither TensorFlow nor Keras."""
     from kerasdist._scratch import temp_dir
 
     def clean(tasks: list[Task]) -> None:

@@ -1,8 +1,6 @@
-"""One supervisor for every local cluster kerasdist starts: recipes, ``kerasdist launch``, the
-parameter-server worker restarts. Modelled on torchelastic's agent (``SimpleElasticAgent``,
-https://pytorch.org/docs/stable/elastic/agent.html): one monitor loop over task states, one
-restart budget, one failure channel (each task's status file, :mod:`kerasdist.launch.status`,
-never its log); what to run comes in as a :class:`LaunchSpec`.
+"""One supervisor for every local cluster kerasdist starts: one monitor loop over task states, one
+restart budget, one failure channel (each task's status file, :mod:`kerasdist.launch.status`, never
+its log); what to run comes in as a :class:`LaunchSpec`.
 
 An **attempt** starts the tasks of :attr:`LaunchSpec.plan` (servers first, then the members):
 every *member* exiting 0 succeeds it; a failed member or a dead ps fails it (the others get
@@ -55,12 +53,8 @@ BODY_ABANDON_S = 20.0
 
 
 class Supervisor:
-    """Run a :class:`LaunchSpec` to its end (see the module docs).
-
-    Attributes (read after :meth:`run`): ``attempts`` (one :class:`AttemptRecord` each),
-    ``restarted`` (server workers restarted alone, by name), ``left`` (server workers the run
-    went on without: :attr:`LaunchSpec.spare_workers`), ``restarts_left``.
-    """
+    """Run a :class:`LaunchSpec` to its end (see the module docs). Read after :meth:`run`:
+    ``attempts`` (:class:`AttemptRecord` each), ``restarted``, ``left`` and ``restarts_left``."""
 
     def __init__(self, spec: LaunchSpec):
         self.spec = spec
@@ -173,10 +167,8 @@ class Supervisor:
         """The monitor loop of an attempt without a body: None when every member exited 0, else
         the first failed task (one killed by a signal first).
 
-        Each poll reads every task's exit code **once** (:meth:`_poll`) and decides on that one
-        reading: a member that exits 0 between two reads of one poll would otherwise be seen
-        running by the first and down by the second, and a finished cluster counted as failed
-        (``tests/unit/test_supervisor_poll.py``)."""
+        Each poll reads every task's exit code **once** (:meth:`_poll`): a member exiting 0
+        between two reads would otherwise make a finished cluster count as failed."""
         while True:
             self._kill_hung()
             codes = self._poll()
@@ -260,12 +252,8 @@ class Supervisor:
 
     def _hung_before_stop(self) -> list[Task]:
         """Before a stop: the server tasks that do not answer now, killed once the members have
-        stopped (:meth:`_stop_all`; a stopped process would not act on SIGTERM). The coordinator
-        goes on without their calls in flight after :data:`~kerasdist.keras.ps_stop.STOP_JOIN_S`
-        and saves at the step the ps holds: its save and its freed functions no longer wait on
-        every task (:mod:`kerasdist._compat.tf_frozen_task`). Killing the frozen task before the
-        save was tried and did not save (TF's failure handling of the killed worker then held
-        the coordinator)."""
+        stopped (:meth:`_stop_all`), so the coordinator first saves at the step the ps holds
+        without their calls in flight (:mod:`kerasdist._compat.tf_frozen_task`)."""
         if self.spec.hang_timeout_s is None:
             return []
         hung = self._hang.hung_now([t for t in self._live() if t in self._servers])
@@ -341,8 +329,7 @@ class Supervisor:
 
     def _stop_all(self, grace_s: float, hung: list[Task] = ()) -> None:
         """Stop every task, members first (a coordinator task saves through its ps servers), then
-        the ``hung`` ones at once (SIGKILL), then the others; one line per task saying how it
-        ended."""
+        the ``hung`` ones (SIGKILL), then the others; one line per task saying how it ended."""
         for task in self._live():
             if task.returncode() is None:
                 self._states[id(task)] = TaskState.STOPPED

@@ -1,13 +1,9 @@
 """``multi_worker``: synchronous data parallelism over worker processes (``MultiWorkerMirroredStrategy``).
 
-Every worker holds a full copy of the variables (initial values broadcast from worker 0); after each
-step the gradients are all-reduced with collective ops, so all workers apply the same update and stay
-identical. This is the TF2 form of the seed's ``SyncReplicasOptimizer`` training, without parameter
-servers. Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
-
-The strategy must be created before any other TensorFlow op runs in the process (TF configures its
-collective ops when its runtime starts; afterwards it raises "Collective ops must be configured at
-program startup").
+Every worker holds a full copy of the variables; each step's gradients are all-reduced, so all workers
+stay identical. Create the strategy before any other TensorFlow op runs in the process (TF configures
+its collective ops at startup).
+Source: https://www.tensorflow.org/api_docs/python/tf/distribute/MultiWorkerMirroredStrategy
 """
 
 from __future__ import annotations
@@ -25,18 +21,13 @@ IMPLEMENTATIONS = {"auto": "AUTO", "ring": "RING", "nccl": "NCCL"}
 def communication_options(config):
     """``tf.distribute.experimental.CommunicationOptions`` from a ``MultiWorkerStrategyConfig``.
 
-    * ``implementation`` from ``config.communication`` (auto -> ``AUTO``, ring -> ``RING``,
-      nccl -> ``NCCL``).
-    * ``bytes_per_pack=config.bytes_per_pack`` (bytes; 0 = TF's automatic packing): TF splits a
-      batch of gradients into packs of about that size and runs one collective per pack, so a
-      larger value means fewer, larger all-reduces.
-    * no ``timeout_seconds`` (a TF thread per collective): ``config.timeout_s`` is enforced by
-      one watchdog per process (:mod:`kerasdist.keras.collective_watchdog`) and by TF's
-      coordination-service heartbeats (:func:`configure_heartbeat`).
+    ``implementation`` from ``config.communication`` (auto/ring/nccl -> ``AUTO``/``RING``/``NCCL``);
+    ``bytes_per_pack`` (bytes, 0 = automatic): one collective per pack of about that size. No
+    ``timeout_seconds`` (a TF thread per collective): ``config.timeout_s`` is enforced by the
+    process's collective watchdog and the heartbeats (:func:`configure_heartbeat`).
 
     Raises:
-        RecipeError: a value TF refuses (the pydantic model refuses them first; this guards
-            configs built with ``model_construct``), naming the field and the value.
+        RecipeError: a value TF refuses (configs built with ``model_construct``), naming the field.
 
     Source: https://www.tensorflow.org/api_docs/python/tf/distribute/experimental/CommunicationOptions
     """
@@ -59,11 +50,8 @@ def build(config, *, cluster_resolver=None, **_):
     """Return a ``MultiWorkerMirroredStrategy`` for this task.
 
     Args:
-        config: a ``MultiWorkerStrategyConfig`` (``communication``: auto/ring/nccl;
-            ``bytes_per_pack``: all-reduce pack size, bytes, 0 = automatic; ``timeout_s``:
-            seconds, the heartbeat timeout of TF's coordination service, see
-            :func:`configure_heartbeat`; kerasdist's loop also bounds each step's collectives
-            with it, see :class:`MultiWorkerStrategy`); see :func:`communication_options`.
+        config: a ``MultiWorkerStrategyConfig``; see :func:`communication_options` and
+            :func:`configure_heartbeat` (``timeout_s``, seconds).
         cluster_resolver: this task's cluster and role, e.g. ``TFConfig.cluster_resolver()``
             or a ``SlurmClusterResolver``; ``None`` reads ``TF_CONFIG`` (TF's default).
 
@@ -93,10 +81,9 @@ def configure_heartbeat(cluster_resolver, timeout_s: float) -> bool:
     """Make TF's coordination service wait ``timeout_s`` seconds (``strategy.timeout_s``) for a
     task's heartbeat before it declares the task lost, instead of TF's fixed 10 s.
 
-    One bound, ``timeout_s``, then holds for both the heartbeats and kerasdist's collective
-    watchdog: a task that misses its heartbeats for ``timeout_s`` makes the service abort every
-    other task's collectives (``UnavailableError`` naming it). Only a cluster with at least two
-    chief/worker tasks is configured; a coordination service already configured is left alone.
+    A task that misses its heartbeats for ``timeout_s`` makes the service abort the others'
+    collectives (``UnavailableError`` naming it). Only clusters of two or more chief/worker tasks
+    are configured; a coordination service already configured is left alone.
 
     Returns:
         Whether the service was configured here.
@@ -130,11 +117,9 @@ def _addresses(tf_config) -> dict[str, str]:
 
 def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedError:
     """The :class:`TaskFailedError` for a failed collective, naming each lost task with its state
-    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): the tasks TF's message names, else
-    (a bare collective timeout) those a liveness probe of the peers finds not alive
-    (:mod:`kerasdist.cluster.probe`: ``dead``, ``hung`` or ``unreachable``). When TF's message
-    names several tasks and the probe finds some of them alive, only the others are named (TF's
-    chained messages also mention tasks that merely relayed the error)."""
+    and address (``worker:2 (unreachable, 10.77.5.3:4021)``): the tasks TF's message names (only
+    those a liveness probe finds not alive, if any: TF's chained messages also name tasks that
+    merely relayed the error), else every peer the probe finds not alive."""
     from kerasdist.cluster.probe import unresponsive_peers
 
     states = unresponsive_peers(tf_config)
@@ -159,9 +144,8 @@ def peer_error(err, tf_config, start_step: int, timeout_s: float) -> TaskFailedE
 
 
 def check_same_step(tf_strategy, step: int, *, task: str, run_dir, watchdog=None) -> None:
-    """Collective: every worker restored the same global step, else ClusterError naming them.
-    ``watchdog`` (a :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog`) bounds the
-    wait for the other workers to :data:`BOUNDARY_TIMEOUT_FACTOR` x its ``timeout_s``."""
+    """Collective: every worker restored the same global step, else ClusterError naming them;
+    ``watchdog`` bounds the wait to :data:`BOUNDARY_TIMEOUT_FACTOR` x its ``timeout_s``."""
     import tensorflow as tf
 
     @tf.function
@@ -186,19 +170,14 @@ BOUNDARY_TIMEOUT_FACTOR = 3
 
 def boundary_barrier(tf_strategy, timeout_s: float, watchdog=None):
     """A Keras callback: every worker meets the others (one all-reduce of a scalar) before each
-    epoch's first step and before each validation, waiting up to ``timeout_s`` seconds (bounded
-    by ``watchdog``, a :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog`; None:
-    unbounded).
-
-    Epoch boundaries are where workers work alone (callbacks, the chief's checkpoint and logs,
-    building the validation iterator): the barrier gives those stretches their own, longer bound
-    than one step's ``strategy.timeout_s`` (docs/guarantees.md).
+    epoch's first step and before each validation, so the stretches where workers work alone get
+    their own, longer bound than one step's (docs/guarantees.md).
 
     Args:
         tf_strategy: the ``MultiWorkerMirroredStrategy``.
         timeout_s: seconds the barrier waits for every worker (kerasdist passes
             :data:`BOUNDARY_TIMEOUT_FACTOR` x ``strategy.timeout_s``).
-        watchdog: the process's collective watchdog, armed for ``timeout_s`` around the barrier.
+        watchdog: the process's ``CollectiveWatchdog``, armed for ``timeout_s`` (None: unbounded).
 
     Returns:
         A ``keras.callbacks.Callback`` (one traced function, run at ``on_epoch_begin`` and
@@ -235,11 +214,9 @@ def uneven_eval_fn(eval_fn):
     """``eval_fn`` whose per-worker datasets have no known length, so that evaluation under
     ``MultiWorkerMirroredStrategy`` counts every example once when the shards are uneven.
 
-    Keras takes the evaluation steps from the *local* dataset's cardinality, so uneven shards
-    would make one worker run a step more than another (mismatched collectives). Without a known
-    cardinality Keras steps until the distributed iterator ends on every worker at once; an
-    exhausted worker evaluates an empty batch (weight 0), so the result is the mean over every
-    example once.
+    With a known local cardinality uneven shards would make workers run different step counts
+    (mismatched collectives); without it Keras steps until the iterator ends on every worker, an
+    exhausted worker evaluating an empty batch (weight 0).
     """
     import tensorflow as tf
 
@@ -253,11 +230,8 @@ class MultiWorkerStrategy(Strategy):
     """``strategy.kind: multi_worker``: every worker task runs the lifecycle; Keras ``model.fit``
     in lockstep; the chief writes the outputs.
 
-    ``strategy.timeout_s`` bounds each wait for the other workers through one
-    :class:`~kerasdist.keras.collective_watchdog.CollectiveWatchdog` per process: every training
-    and validation step (the first of each epoch or evaluation: :data:`BOUNDARY_TIMEOUT_FACTOR` x),
-    each epoch-boundary barrier and the restored-step check (:data:`BOUNDARY_TIMEOUT_FACTOR` x).
-    Past it, the worker's collectives are aborted and the run fails naming the lost task."""
+    ``strategy.timeout_s`` bounds each wait for the other workers through one ``CollectiveWatchdog``
+    per process (boundaries and first steps: :data:`BOUNDARY_TIMEOUT_FACTOR` x; docs/guarantees.md)."""
 
     kind = "multi_worker"
     config_class = MultiWorkerStrategyConfig
@@ -344,4 +318,3 @@ class MultiWorkerStrategy(Strategy):
     def describe(self, tf_strategy) -> str:
         return (f"{num_workers(tf_strategy)} worker(s), "
                 f"{tf_strategy.num_replicas_in_sync} replica(s) in sync")
-

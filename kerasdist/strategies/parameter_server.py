@@ -1,15 +1,10 @@
 """``parameter_server``: asynchronous training with parameter servers (``ParameterServerStrategy``).
 
-Variables live on the ``ps`` tasks. The process that builds the strategy is the *coordinator*
-(TF_CONFIG task type ``chief``): it creates the variables, schedules training steps onto the
-``worker`` tasks with ``tf.distribute.coordinator.ClusterCoordinator`` and owns checkpoints and
-logging. Each worker applies its gradients to the ps variables without waiting for the others.
-
-Keras 3 ``model.fit`` cannot drive this strategy by itself; kerasdist's coordinator loop
-(:mod:`kerasdist.keras.ps_fit`, reached from plain ``model.fit`` after ``kerasdist.enable()``) does.
-
-Source: https://www.tensorflow.org/api_docs/python/tf/distribute/ParameterServerStrategy and
-https://www.tensorflow.org/tutorials/distribute/parameter_server_training
+Variables live on the ``ps`` tasks. The *coordinator* (task type ``chief``) creates them, schedules
+steps onto the ``worker`` tasks (``ClusterCoordinator``) and owns checkpoints and logs; each worker
+applies its gradients without waiting for the others. Keras 3 ``model.fit`` cannot drive this
+strategy by itself: kerasdist's coordinator loop (:mod:`kerasdist.keras.ps_fit`) does.
+Source: https://www.tensorflow.org/api_docs/python/tf/distribute/ParameterServerStrategy
 """
 
 from __future__ import annotations
@@ -25,16 +20,12 @@ def make_partitioner(config, num_ps: int):
     """The variable partitioner named by ``config.variable_partitioning``, or None.
 
     * ``none``: every variable lives whole on one ps task (round-robin over the ps tasks).
-    * ``min_size``: ``tf.distribute.experimental.partitioners.MinSizePartitioner``: a variable is
-      split along axis 0 into as many shards as keep each shard at least ``min_shard_bytes``
-      bytes, at most ``max_shards`` (default ``num_ps``) shards.
-    * ``fixed`` (also ``max_shards``, its earlier name): ``FixedShardsPartitioner(max_shards or
-      num_ps)``: every variable of rank >= 1 is split along axis 0 into
-      ``min(max_shards, shape[0])`` shards, whatever its size. Chosen over
-      ``MaxSizePartitioner`` because the recipe names a shard count, not a shard size.
+    * ``min_size``: ``MinSizePartitioner``: shards along axis 0 of at least ``min_shard_bytes``
+      bytes, at most ``max_shards`` (default ``num_ps``) of them.
+    * ``fixed`` (or ``max_shards``): ``FixedShardsPartitioner(max_shards or num_ps)``: every
+      variable of rank >= 1 in ``min(max_shards, shape[0])`` shards along axis 0.
 
-    Shards of one variable sit on consecutive ps tasks (TF places them round-robin); Keras 3
-    trains them through :mod:`kerasdist._compat.keras_sharded_variables`.
+    Keras 3 trains the shards through :mod:`kerasdist._compat.keras_sharded_variables`.
 
     Args:
         config: a ``ParameterServerStrategyConfig``.
@@ -67,8 +58,7 @@ def build(config, *, cluster_resolver=None, **_):
             ``TFConfigClusterResolver()`` (reads the ``TF_CONFIG`` environment variable).
 
     Returns:
-        The strategy. Building it connects this process to the cluster (the workers and ps
-        tasks must be running) and starts this process's own server at the chief's address.
+        The strategy, connected to the running cluster (this process's server started).
 
     Raises:
         ClusterError: the cluster has no ``ps`` or no ``worker`` task.

@@ -1,12 +1,9 @@
 """Keras objects of a recipe built with Keras's own lookups: optimizer, learning-rate schedule,
 loss, metrics and callbacks.
 
-Names and ``{class_name, config}`` go to Keras's ``get``/``deserialize`` and the public
-``keras.callbacks`` namespace; an import path ``pkg.mod:Name`` is imported and checked against the
-kind its field documents (:data:`KINDS`) before its class is built (``from_config`` when it has
-one, else ``Class(**config)``). Every failure is a :class:`~kerasdist.errors.RecipeError` (exit
-code 2) naming the recipe field and what was received, raised before anything is written
-(:func:`check_training_config`).
+An import path ``pkg.mod:Name`` is imported and checked against its field's kind (:data:`KINDS`)
+before its class is built (``from_config``, else ``Class(**config)``). Every failure is a
+:class:`~kerasdist.errors.RecipeError` (exit 2) naming the field (:func:`check_training_config`).
 """
 
 from __future__ import annotations
@@ -28,8 +25,7 @@ LOSS_FROM_LOGITS = "sparse_categorical_crossentropy_from_logits"
 COMPILE_ALIASES = frozenset({"accuracy", "acc", "crossentropy", "ce"})
 """Metric names ``model.compile`` resolves itself from the loss and output shapes."""
 CALLABLE_KEYS = ("schedule",)
-"""Callback config keys whose import-path value is imported (``LearningRateScheduler``'s
-``schedule: pkg.mod:fn``)."""
+"""Callback config keys whose import-path value is imported (``LearningRateScheduler.schedule``)."""
 REFUSED_CALLBACKS = {
     "BackupAndRestore": "kerasdist checkpoints and resumes at the exact step itself "
                         "(trainer.checkpoint); a second backup would fight it",
@@ -48,9 +44,8 @@ KINDS = {
     "callback": ("a keras.callbacks.Callback subclass", "keras.callbacks.Callback", None),
     "epoch_function": ("a function (epoch, lr) -> lr", "", (2, 1)),
 }
-"""What an import path may name, per kind of field: ``(what the message says, the Keras base
-class a class must subclass or an object be an instance of, the numbers of positional arguments a
-function may take (None: no function))``."""
+"""What an import path may name, per kind of field: ``(what the message says, the Keras base class
+to subclass or be an instance of, the positional-argument counts a function may take or None)``."""
 
 
 def _shown(value: Any) -> Any:
@@ -246,8 +241,6 @@ def make_metrics(specs: Sequence[Any]) -> list:
         if not callable(metric):
             raise RecipeError(f"{field}: must give a keras.metrics.Metric or a function "
                               f"(y_true, y_pred). Received: {_shown(spec)!r}")
-        # A plain name stays a string: compile then reports it under the name the recipe gave
-        # ("mae", not "mean_absolute_error"), as model.compile(metrics=["mae"]) does.
         metrics.append(spec if isinstance(spec, str) and not imported else metric)
     return metrics
 
@@ -295,10 +288,8 @@ def _keras_callback_class(name: str, *, field: str):
 def make_callback(spec: Any, *, index: int, run_dir: Path):
     """One recipe callback, its relative paths taken inside ``run_dir``.
 
-    A ``TensorBoard`` without ``log_dir`` writes ``<run_dir>/tensorboard`` (kerasdist's own
-    TensorBoard folder; kerasdist then adds no TensorBoard of its own). A ``CSVLogger`` without
-    ``append`` appends (``append=True``, Keras's own option): a resumed run keeps the rows of the
-    epochs before the interrupt (a new run starts a new file, with its header).
+    A ``TensorBoard`` without ``log_dir`` writes ``<run_dir>/tensorboard`` (kerasdist then adds
+    none of its own); a ``CSVLogger`` without ``append`` appends, so a resumed run keeps its rows.
 
     Raises:
         RecipeError: unknown class, a config the class refuses, an import path that fails or
@@ -362,11 +353,9 @@ def as_recipe_callback(callback: Any) -> Any | None:
     (a local or Ray cluster's tasks get the recipe, not Python objects), or None when it cannot
     be sent that way.
 
-    Sent: an import path or Keras class name (``"pkg.mod:Class"``, ``"TerminateOnNaN"``), a
-    ``{class_name, config}`` dict, and an instance of an importable class (not defined in
-    ``__main__``) with a ``get_config()`` of its own, sent as ``{class_name: "module:Class",
-    config: get_config()}`` and rebuilt in each task with ``from_config``/``Class(**config)``.
-    Keras's own callbacks have no ``get_config``: give them as ``{class_name, config}``.
+    Sent: an import path or Keras class name, a ``{class_name, config}`` dict, and an instance of
+    an importable class (not from ``__main__``) with its own ``get_config()``, sent as
+    ``{class_name: "module:Class", config: get_config()}``.
     """
     if isinstance(callback, (str, dict, KerasConfig)):
         return callback.as_keras() if isinstance(callback, KerasConfig) else callback

@@ -1,11 +1,6 @@
 """``cluster.kind: ray``: run a multi-worker recipe, or a user's script, on Ray: each Ray Train
-worker is one worker task (docs/ray.md: fields, restarts, elastic scaling, addresses).
-
-:class:`RayKind` (a local cluster's launcher, with Ray in place of the supervisor) and ``kerasdist
-launch --ray`` hand the worker group to Ray Train's ``TensorflowTrainer``, which writes a
-worker-only ``TF_CONFIG`` into each worker and runs :mod:`kerasdist.launch.ray_worker` there
-(worker 0 is the chief). Source:
-https://docs.ray.io/en/latest/train/api/doc/ray.train.tensorflow.TensorflowTrainer.html
+worker is one worker task, given a worker-only ``TF_CONFIG`` by Ray (worker 0 is the chief) and
+running :mod:`kerasdist.launch.ray_worker` (docs/ray.md: fields, restarts, elastic scaling, addresses).
 """
 
 from __future__ import annotations
@@ -95,9 +90,8 @@ def require_ray():
 
 
 def check_elastic(recipe: Recipe) -> None:
-    """Refuse an elastic Ray group (``cluster.min_workers``) Ray Train cannot run, or whose
-    worker counts (any from ``min_workers`` to ``workers``) the global batch does not divide
-    (times ``trainer.gradient_accumulation_steps``), before anything starts.
+    """Refuse an elastic Ray group (``cluster.min_workers``) Ray Train cannot run, or with a worker
+    count in ``min_workers..workers`` the global batch (x accumulation steps) does not divide.
 
     Raises:
         RecipeError: a count in ``min_workers..workers`` does not divide the global batch (exit 2).
@@ -137,14 +131,11 @@ def check_elastic_v2(placement: RayPlacement, *, flag: str,
     """
     if isinstance(placement.num_workers, int):
         return
-    # Ray's documented switch, read as Ray 2.60 reads it (on unless set to something other than
-    # '1' or 'true'); read here rather than through Ray's private constants module
-    setting = os.environ.get("RAY_TRAIN_V2_ENABLED")
+    setting = os.environ.get("RAY_TRAIN_V2_ENABLED")  # as Ray reads it: on unless not '1'/'true'
     if setting is not None and setting.lower() not in ("1", "true"):
         raise ClusterError(f"{what} on Ray needs Ray Train V2's elastic scaling; "
                            "RAY_TRAIN_V2_ENABLED=0 selects V1, which has none. Received: "
-                           f"RAY_TRAIN_V2_ENABLED={os.environ.get('RAY_TRAIN_V2_ENABLED')!r}, "
-                           f"{flag}")
+                           f"RAY_TRAIN_V2_ENABLED={setting!r}, {flag}")
 
 
 def check_address(address: str | None) -> None:
@@ -205,9 +196,8 @@ def ray_session(placement: RayPlacement):
 
 
 def _quiet(ray):
-    """Ray's own loggers in the job's processes at ERROR: without Ray's dashboard (not in
-    ``ray[train]``) Ray Train's placement-group cleaner cannot use the state API and would log
-    that every second; INFO lines per report are noise beside kerasdist's progress bar."""
+    """Ray's own loggers at ERROR: without Ray's dashboard (not in ``ray[train]``) Ray Train's
+    placement-group cleaner would log every second that it cannot use the state API."""
     return ray.LoggingConfig(log_level="ERROR")
 
 
@@ -355,10 +345,8 @@ def launch_script(script: str, args: list[str], placement: RayPlacement, *, log_
     with ray_session(placement) as ray:
         size = (placement.workers if isinstance(placement.num_workers, int) else
                 f"{placement.fewest} to {placement.workers} (elastic)")
-        log.info(f"Ray: running {script} on {size} workers; Ray storage "
-                 f"{log_dir / 'ray'}")
-        fit_on_ray(ray, script_loop, config, placement, storage=log_dir / "ray", name="launch",
-                   keep=1)
+        log.info(f"Ray: running {script} on {size} workers; Ray storage {log_dir / 'ray'}")
+        fit_on_ray(ray, script_loop, config, placement, storage=log_dir / "ray", name="launch", keep=1)
 
 
 class RayKind(LocalKind):

@@ -122,11 +122,8 @@ def restart_count() -> int:
 
 
 def log_start(tf_config, max_restarts: int) -> None:
-    """Log this task's Slurm job, step and restart count (a requeued job's tasks say so), and
-    refuse a run past the requeue cap.
-
-    A count *equal* to the cap is the last run allowed; one *above* it (someone else requeued
-    the job) is refused before anything trains (docs/slurm.md, "The requeue cap").
+    """Log this task's Slurm job, step and restart count, and refuse a run past the requeue cap
+    (a count equal to the cap is the last run allowed; docs/slurm.md, "The requeue cap").
 
     Raises:
         ClusterError: (exit 2) ``SLURM_RESTART_COUNT`` above ``max_restarts`` (both named), or
@@ -147,8 +144,7 @@ def log_start(tf_config, max_restarts: int) -> None:
 
 
 def _job_fields(job: str) -> dict[str, str]:
-    """``scontrol show job -o JOB`` as a dict (``JobState``, ``Reason``, ``Restarts``,
-    ``Requeue``...); empty when it fails."""
+    """``scontrol show job -o JOB`` as a dict (``JobState``, ``Reason``...); empty when it fails."""
     done = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
                           timeout=60)
     if done.returncode != 0:
@@ -158,9 +154,7 @@ def _job_fields(job: str) -> dict[str, str]:
 
 def requeue_decision(fields: dict[str, str], *, count: int, max_restarts: int) -> tuple[bool, str]:
     """Whether task 0 asks Slurm to requeue its job after a preemption stop, and the line saying
-    what happens to the job (the cases: docs/slurm.md, "Preemption, requeue and the exact
-    step"): Slurm's own requeue and a cancel end the job; a preemption signal or the time limit
-    leave the requeue to kerasdist, within ``cluster.max_restarts``, for a ``--requeue`` job.
+    what happens to the job (the cases: docs/slurm.md, "Preemption, requeue and the exact step").
 
     Args:
         fields: the job's ``scontrol show job -o`` fields (empty: unknown, taken as running).
@@ -223,10 +217,9 @@ class ScriptPreempted(KeyboardInterrupt):
 @contextlib.contextmanager
 def signal_ends_script(signal_name: str):
     """While a user's script runs (``launch --this-task`` in a Slurm job), the preemption signal
-    ``signal_name`` (``'USR1'``, ...) raises :class:`ScriptPreempted` in the main thread. kerasdist
-    cannot save the script's state: a requeued job's script resumes from its own checkpoints
-    (e.g. ``keras.callbacks.BackupAndRestore``). The script may install its own handler, which
-    then wins. Restores the previous handler on exit."""
+    ``signal_name`` (``'USR1'``, ...) raises :class:`ScriptPreempted` in the main thread (the
+    script resumes from its own checkpoints; a handler it installs wins). Restores the previous
+    handler on exit."""
     from kerasdist.keras.preemption import signal_of
 
     signum = signal_of(signal_name)
@@ -299,11 +292,9 @@ def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
                            start_timeout_s: float = START_TIMEOUT_S,
                            preemption_signal: str = "USR1") -> None:
     """Serve this ps or worker task until the chief releases it (:data:`RELEASE_SIGNAL`, exit 0)
-    or is gone (exit 1): its port closed for :data:`GONE_AFTER_S` after it answered, or never
-    answered within ``start_timeout_s``. SIGTERM does not end the task while the chief runs (it
-    may be saving through this task); once the chief is gone the task exits 143. In a process
-    kerasdist owns (the CLI) the process ends here with that code; in a library call the release
-    returns and a gone chief raises.
+    or is gone (exit 1; after SIGTERM, which the task survives while the chief runs, exit 143).
+    In a process kerasdist owns the process ends here with that code; in a library call the
+    release returns and a gone chief raises.
 
     Args:
         tf_config: this task's role (a ``ps`` or ``worker`` of a cluster with a chief).
@@ -318,10 +309,9 @@ def serve_until_chief_ends(tf_config, *, intra_op_threads: int = 0,
     """
     from kerasdist import _exit
     from kerasdist.cluster.server import start_server
-
-    released = threading.Event()
     from kerasdist.keras.preemption import signal_of
 
+    released = threading.Event()
     preempt = signal_of(preemption_signal)
     previous = {sig: signal.getsignal(sig) for sig in (RELEASE_SIGNAL, signal.SIGTERM, preempt)}
     signal.signal(RELEASE_SIGNAL, lambda *_: released.set())
@@ -437,7 +427,6 @@ class SlurmKind(ScheduledKind):
 
 
 __all__ = ["GONE_AFTER_S", "PERIOD_S", "RELEASE_SIGNAL", "RELEASE_WAIT_S", "REQUEUE_WAIT_S",
-           "SLURM_VARIABLES", "START_TIMEOUT_S", "ScriptPreempted", "SlurmKind",
-           "after_preemption", "check_commands", "log_start", "release_servers", "requeue_decision",
-           "restart_count",
+           "SLURM_VARIABLES", "START_TIMEOUT_S", "ScriptPreempted", "SlurmKind", "after_preemption",
+           "check_commands", "log_start", "release_servers", "requeue_decision", "restart_count",
            "serve_until_chief_ends", "signal_ends_script", "slurm_jobs", "tf_config_from_slurm"]
