@@ -30,7 +30,7 @@ def refuse_single_process_savers(callbacks, strategy: str) -> None:
     """
     from kerasdist.config.training_configs import single_process_saver_error
 
-    for callback in callbacks or ():
+    for callback in getattr(callbacks, "callbacks", callbacks) or ():  # a list or a CallbackList
         for cls in type(callback).__mro__:
             error = single_process_saver_error(cls.__name__, strategy=strategy,
                                                field="model.fit(callbacks=...)")

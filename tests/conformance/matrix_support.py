@@ -40,8 +40,7 @@ def start_matrix(tmp_path_factory, cases):
         yield {"folder": folder, "reference": reference, "initial_loss": initial_loss,
                "started": started, "runs": {}}
     finally:
-        for run in started.values():
-            driver.stop_strategy(run)
+        driver.stop_strategies(list(started.values()))
 
 
 def module_matrix(cases):
