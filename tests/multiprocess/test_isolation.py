@@ -166,6 +166,7 @@ def test_local_cluster_is_unreachable_from_the_network(tmp_path, monkeypatch, ki
                 assert _netns(pid) != _netns("self"), f"task {name} runs in this network namespace"
                 checked[name] = ports
             time.sleep(0.05)
+        launchers.update(_inner_launchers(process.pid, timeline))  # every task checked at once
         out = mw.finish(process, timeout_s=300)
     finally:
         mw.kill_tree(process.pid)
