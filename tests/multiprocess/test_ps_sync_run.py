@@ -67,6 +67,19 @@ def _finish(proc: subprocess.Popen, log: Path, timeout_s: float = 300) -> int:
         raise AssertionError(f"run did not end in {timeout_s} s:\n{log.read_text()[-3000:]}") from None
 
 
+def _run_killing_worker_2(recipe: Path, log: Path) -> str:
+    """Run ``recipe``, SIGKILL task worker:2 two seconds into the first epoch, expect exit 0;
+    return the run's console."""
+    proc = _start(recipe, log)
+    _wait_for(log, r"Epoch 1/2", proc)
+    time.sleep(2.0)
+    worker = mw.task_process(proc.pid, "worker:2")
+    assert worker is not None
+    worker.send_signal(signal.SIGKILL)
+    assert _finish(proc, log) == 0, log.read_text()[-3000:]
+    return log.read_text()
+
+
 def _metrics(run_dir: Path) -> dict:
     return json.loads((run_dir / "metrics.json").read_text())
 
@@ -103,14 +116,7 @@ def test_an_interrupted_sync_run_resumes_at_its_saved_step_with_the_uninterrupte
 @pytest.mark.timeout(600)
 def test_k_below_n_goes_on_past_a_killed_worker_and_counts_what_it_dropped(tmp_path):
     recipe, log = _recipe(tmp_path, "backup", workers=3, k=2, batch=48), tmp_path / "backup.log"
-    proc = _start(recipe, log)
-    _wait_for(log, r"Epoch 1/2", proc)
-    time.sleep(2.0)
-    worker = mw.task_process(proc.pid, "worker:2")
-    assert worker is not None
-    worker.send_signal(signal.SIGKILL)
-    assert _finish(proc, log) == 0, log.read_text()[-3000:]
-    text = log.read_text()
+    text = _run_killing_worker_2(recipe, log)
     assert "task worker:2 was killed by SIGKILL; restarting it" in text, text[-3000:]
     metrics = _metrics(tmp_path / "backup")
     ps = metrics["parameter_server"]
@@ -129,14 +135,7 @@ def test_k_below_n_goes_on_past_a_killed_worker_and_counts_what_it_dropped(tmp_p
 def test_k_below_n_goes_on_without_a_worker_lost_for_good(tmp_path):
     recipe = _recipe(tmp_path, "spare", workers=3, k=2, batch=48, max_restarts=0)
     log = tmp_path / "spare.log"
-    proc = _start(recipe, log)
-    _wait_for(log, r"Epoch 1/2", proc)
-    time.sleep(2.0)
-    worker = mw.task_process(proc.pid, "worker:2")
-    assert worker is not None
-    worker.send_signal(signal.SIGKILL)
-    assert _finish(proc, log) == 0, log.read_text()[-3000:]
-    text = log.read_text()
+    text = _run_killing_worker_2(recipe, log)
     assert "task worker:2 was killed by SIGKILL and no restart is left; the run goes on without it" \
         in text, text[-3000:]
     metrics = _metrics(tmp_path / "spare")
