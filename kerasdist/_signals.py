@@ -1,6 +1,8 @@
 """Signals as exceptions, so ``finally`` blocks run (stop children, keep outputs whole).
 
 * :func:`terminate_on_sigterm`: SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``).
+* :func:`stop_requests`: SIGINT and SIGTERM are recorded and raised where a polling loop checks,
+  never lost inside a weakref callback or ``__del__`` (where Python drops an exception).
 * :func:`startup`: SIGINT and SIGTERM during start-up (before training) raise
   :class:`kerasdist.errors.Interrupted` (exit code 130 / 143), also while the main thread is
   blocked in native code, where Python runs no signal handler: TensorFlow iterating a
@@ -61,6 +63,50 @@ def terminate_on_sigterm(*, unless_handled: bool = False) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class StopRequests:
+    """The SIGINT / SIGTERM received within a :func:`stop_requests` block, raised by :meth:`check`."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def _record(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+
+    def check(self) -> None:
+        """Raise for the first signal received, if any.
+
+        Raises:
+            Terminated: SIGTERM was received.
+            KeyboardInterrupt: SIGINT was received.
+        """
+        if self.signum == signal.SIGTERM:
+            raise Terminated()
+        if self.signum is not None:
+            raise KeyboardInterrupt()
+
+
+@contextmanager
+def stop_requests() -> Iterator[StopRequests]:
+    """Within the block, SIGINT and SIGTERM only record themselves; the loop that owns the block
+    calls :meth:`StopRequests.check` where stopping is safe. A handler that raises lands wherever
+    the main thread is, and an exception raised inside a weakref callback or ``__del__`` (an
+    SQLAlchemy session's clean-up) is printed as "Exception ignored" and dropped: the stop would
+    be lost. The previous handlers are restored on exit; off the main thread nothing changes (and
+    nothing is recorded)."""
+    requests = StopRequests()
+    previous: dict[int, object] = {}
+    try:
+        for signum in STARTUP_SIGNALS:
+            previous[signum] = signal.signal(signum, requests._record)
+    except ValueError:  # not in the main thread
+        pass
+    try:
+        yield requests
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 @contextmanager

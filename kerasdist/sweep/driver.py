@@ -105,6 +105,7 @@ class Driver:
         self.study = None
         self.book: TrialBook | None = None
         self.tracker = None
+        self.stops = None
 
     # ------------------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -116,12 +117,12 @@ class Driver:
             RecipeError, RunDirError: the storage, the study or the lock (exit code 2), before
                 any trial starts.
         """
-        from kerasdist._signals import terminate_on_sigterm
+        from kerasdist._signals import stop_requests
 
         check_start(self.plan)  # before the lock: nothing is written on bad input
         with contextlib.ExitStack() as stack:
             stack.enter_context(sweep_lock(self.plan.out))
-            stack.enter_context(terminate_on_sigterm())
+            self.stops = stack.enter_context(stop_requests())
             self.book = TrialBook.open(self.plan)
             self.study = self.book.study
             mark_driver(self.plan, self.study)
@@ -145,6 +146,7 @@ class Driver:
                           f"{', '.join(str(t.number) for t in interrupted)}")
             try:
                 code = self._loop(interrupted)
+                self.stops.check()
             except BaseException:
                 self._stop_all()
                 raise
@@ -159,6 +161,7 @@ class Driver:
         pending = list(interrupted)
         beat = time.monotonic()
         while True:
+            self.stops.check()
             if time.monotonic() - beat >= HEARTBEAT_S:
                 mark_driver(self.plan, self.study)
                 beat = time.monotonic()

@@ -7,12 +7,16 @@ fit`` trials: tests/multiprocess/test_sweep.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import weakref
 from pathlib import Path
 
 import pytest
 import yaml
 from test_sweep_config import write_sweep
 
+from kerasdist._signals import Terminated
 from kerasdist.sweep import gate
 from kerasdist.sweep.driver import Driver
 from kerasdist.sweep.plan import load_sweep
@@ -29,7 +33,7 @@ class FakeTrial:
         self.lr = raw["optimizer"]["learning_rate"]
         self.gate_dir = Path(raw["callbacks"][-1]["config"]["gate_dir"])
         self.run_dir = Path(raw["output"]["run_dir"])
-        self.log, self.value, self.epochs, self.fail, self.wait = log, value, epochs, fail, wait
+        self.log, self.value, self.epochs, self.fail, self.waits = log, value, epochs, fail, wait
         self.epoch, self.code, self.history = self._done_epochs(), None, []
         self.starts = 1
 
@@ -55,7 +59,7 @@ class FakeTrial:
                               json.dumps({"epoch": number, "value": value, "step": number}))
             return None
         decision = gate.decision_path(self.gate_dir, number)
-        if self.wait and not decision.exists():
+        if self.waits and not decision.exists():
             return None
         self.epoch = number
         if number == self.epochs or (decision.exists() and decision.read_text() == gate.PRUNE):
@@ -240,6 +244,43 @@ def test_an_interrupted_trial_is_resumed_with_its_number_and_parameters(tmp_path
     assert trials[1].params != params  # the re-run's sampler does not repeat the first draw
     assert started[0].epoch == 3 and len(started[0].history) == 2  # went on from epoch 2
     assert sorted(trials[0].intermediate_values) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_landing_in_a_weakref_callback_still_stops_the_sweep(tmp_path, monkeypatch,
+                                                                      signum):
+    # the SIGINT lands while Python runs a weakref callback (SQLAlchemy's InstanceState clean-up
+    # in the real run): an exception raised there is printed as "Exception ignored" and dropped,
+    # so a handler that raises lost the stop and the sweep finished its trial (exit 0, not 130)
+    driver, started, lines = _driver(tmp_path, monkeypatch, value=lambda lr, e: lr, trials=1)
+
+    class Dropped:
+        pass
+
+    def signal_inside_a_callback(_ref):
+        os.kill(os.getpid(), signum)
+        for _ in range(1000):  # bytecodes: Python runs the signal's handler here, in the callback
+            pass
+
+    polls = 0
+
+    def poll(trial, original=FakeTrial.poll):
+        nonlocal polls
+        polls += 1
+        if polls == 1:
+            thing = Dropped()
+            ref = weakref.ref(thing, signal_inside_a_callback)  # noqa: F841 - kept alive
+            del thing  # the callback runs now
+        return original(trial)
+
+    monkeypatch.setattr(FakeTrial, "poll", poll)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        driver.run()
+    assert isinstance(raised.value, Terminated) == (signum == signal.SIGTERM)
+    assert [t.code for t in started] == [-15]  # stopped, not finished
+    (trial,) = _study(tmp_path).trials
+    assert trial.state.name == "RUNNING"  # resumed by the next run
+    assert signal.getsignal(signum) is not None and "stopped trial(s) 0" in "\n".join(lines)
 
 
 def test_trials_are_written_by_number_through_optunas_public_interfaces(tmp_path, monkeypatch):
