@@ -8,8 +8,9 @@ even while the mend is in place. Nothing here imports Keras or TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 MARK = "_kerasdist_mend"
@@ -103,6 +104,22 @@ def uninstall(mend: str) -> None:
             else:
                 setattr(owner, attribute, own)
             del _RECORD[key]
+
+
+@contextlib.contextmanager
+def swapped(owner, attribute: str, wrap: Callable[[Any], Any]) -> Iterator[None]:
+    """Within the block only, ``owner.attribute`` is ``wrap(<its own attribute>)`` (a mend that
+    applies to one call, not the process); the attribute is put back on exit, also after an error.
+
+    Raises:
+        KeyError: ``owner`` has no attribute of its own by that name (it inherits it).
+    """
+    own = vars(owner)[attribute]
+    setattr(owner, attribute, wrap(own))
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, own)
 
 
 def records() -> list[dict[str, str]]:

@@ -19,6 +19,8 @@ import contextlib
 import inspect
 from typing import Iterator
 
+from kerasdist._compat import _patch
+
 NAME = "keras-async-checkpoint"
 ISSUE = "no upstream issue; reproduction in this module's docstring"
 
@@ -53,10 +55,6 @@ def cpu_copies() -> Iterator[bool]:
     if not bug_present():
         yield False
         return
-    variable = _variable_class()
-    original = variable.__dict__["_copy_trackable_to_cpu"]
-    variable._copy_trackable_to_cpu = _copy_trackable_to_cpu
-    try:
+    with _patch.swapped(_variable_class(), "_copy_trackable_to_cpu",
+                        lambda _: _copy_trackable_to_cpu):
         yield True
-    finally:
-        variable._copy_trackable_to_cpu = original

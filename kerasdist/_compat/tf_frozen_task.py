@@ -31,6 +31,8 @@ import contextlib
 import inspect
 from typing import Iterator
 
+from kerasdist._compat import _patch
+
 NAME = "tf-frozen-task"
 ISSUE = "no upstream issue; reproduction in this module's docstring"
 
@@ -67,18 +69,16 @@ def eager_save() -> Iterator[bool]:
     if not bug_present():
         yield False
         return
-    saver = _saver_class()
-    original = saver.__dict__["save"]
 
-    def save(self, file_prefix, options=None):
-        self._num_unique_tasks = 1  # this saver object serves one call (TF builds one per save)
-        return original(self, file_prefix, options)
+    def one_task(original):
+        def save(self, file_prefix, options=None):
+            self._num_unique_tasks = 1  # this saver object serves one call (TF builds one per save)
+            return original(self, file_prefix, options)
 
-    saver.save = save
-    try:
+        return save
+
+    with _patch.swapped(_saver_class(), "save", one_task):
         yield True
-    finally:
-        saver.save = original
 
 
 def keep_functions() -> bool:

@@ -25,40 +25,48 @@ LOGICAL_CPUS = 2
 COLLECTIVE_TIMEOUT_S = 60
 
 
-def _configure(kind: str) -> None:
-    import tensorflow as tf
+def _one_device(tf):
+    return tf.distribute.OneDeviceStrategy("/cpu:0")
 
-    tf.config.threading.set_inter_op_parallelism_threads(4)
-    if kind == "mirrored":  # its replicas are logical CPUs
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
+
+def _mirrored(tf):
+    cpu = tf.config.list_physical_devices("CPU")[0]  # its replicas are logical CPUs
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(LOGICAL_CPUS)])
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(LOGICAL_CPUS)])
+
+
+def _multi_worker(tf):
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=COLLECTIVE_TIMEOUT_S)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def _parameter_server(tf):
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return tf.distribute.ParameterServerStrategy(resolver)
+
+
+PLAIN_STRATEGIES = {"reference": None, "default": _one_device, "mirrored": _mirrored,
+                    "multi_worker": _multi_worker, "parameter_server": _parameter_server}
+"""Each matrix column's plain ``tf.distribute`` strategy, as a user would build it (not
+kerasdist's own builders: the matrix tests Keras 3 itself under ``kerasdist.enable()``); the
+reference column has none."""
 
 
 def build_strategy(kind: str):
-    """The plain ``tf.distribute`` strategy a user would build for a matrix column (not
-    kerasdist's own builders: the matrix tests Keras 3 itself under ``kerasdist.enable()``);
+    """The column's strategy (:data:`PLAIN_STRATEGIES`) in this process, its threads set first;
     None for the reference.
 
     Raises:
-        ValueError: ``kind`` is not a column (``reference`` or a :data:`driver.STRATEGIES` name).
+        ValueError: ``kind`` is not a column of :data:`PLAIN_STRATEGIES`.
     """
-    if kind == "reference":
-        return None
+    if kind not in PLAIN_STRATEGIES:
+        raise ValueError(f"unknown conformance strategy. Received: {kind!r}")
     import tensorflow as tf
 
-    if kind == "default":
-        return tf.distribute.OneDeviceStrategy("/cpu:0")
-    if kind == "mirrored":
-        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(LOGICAL_CPUS)])
-    if kind == "multi_worker":
-        options = tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=COLLECTIVE_TIMEOUT_S)
-        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
-    if kind == "parameter_server":
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        return tf.distribute.ParameterServerStrategy(resolver)
-    raise ValueError(f"unknown conformance strategy. Received: {kind!r}")
+    tf.config.threading.set_inter_op_parallelism_threads(4)
+    make = PLAIN_STRATEGIES[kind]
+    return None if make is None else make(tf)
 
 
 def coordinated(kind: str) -> bool:
@@ -76,7 +84,6 @@ def run_plan(plan: dict) -> int:
     from kerasdist.conformance.cases import select
 
     kind = plan["strategy"]
-    _configure(kind)
     kerasdist.enable()
     strategy = build_strategy(kind)
     name, is_chief = task_name()
