@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable
 
 from kerasdist._log import get_logger
-from kerasdist._signals import terminate_on_sigterm
+from kerasdist._signals import StopRequests, stop_requests, terminate_on_sigterm
 from kerasdist._timeline import mark
 from kerasdist.cluster.spec import TFConfig, check_ports_free
 from kerasdist.cluster.watch import HangWatch
@@ -135,7 +135,8 @@ class Supervisor:
             try:
                 if body is not None:
                     return self._run_body(body, plans[0].tf_config, record)
-                first = self._watch()
+                with stop_requests() as stops:
+                    first = self._watch(stops)
             except KeyboardInterrupt:
                 log.warning(f"interrupted: every task saves a checkpoint and stops (up to "
                             f"{spec.stop_grace_s:.0f} s)")
@@ -163,13 +164,15 @@ class Supervisor:
     def _live(self) -> list[Task]:
         return [t for t in self._launcher.tasks if self._states.get(id(t)) is TaskState.RUNNING]
 
-    def _watch(self) -> Task | None:
+    def _watch(self, stops: StopRequests) -> Task | None:
         """The monitor loop of an attempt without a body: None when every member exited 0, else
-        the first failed task (one killed by a signal first).
+        the first failed task (one killed by a signal first). A SIGINT/SIGTERM recorded in
+        ``stops`` is raised at the top of each poll.
 
         Each poll reads every task's exit code **once** (:meth:`_poll`): a member exiting 0
         between two reads would otherwise make a finished cluster count as failed."""
         while True:
+            stops.check()
             self._kill_hung()
             codes = self._poll()
             for task, code in codes:

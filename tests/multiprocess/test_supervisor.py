@@ -13,12 +13,16 @@ their port and wait; members sleep briefly and exit 0. Every start leaves a file
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 
+from kerasdist._signals import Terminated
 from kerasdist.cluster.spec import local_cluster
 from kerasdist.errors import TaskFailedError, TrainingError
 from kerasdist.launch.plan import LaunchSpec, TaskPlan, parse_worker_range
@@ -384,6 +388,37 @@ def test_an_interrupted_cluster_stops_its_coordinator_task_while_its_ps_still_se
         supervisor.run()
     assert (tmp_path / "at-stop").read_text() == "ps reachable"
     assert all(t.returncode() is not None for t in supervisor._launcher.tasks)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_landing_in_a_weakref_callback_still_stops_the_cluster(tmp_path, monkeypatch,
+                                                                        signum):
+    # Python drops an exception raised inside a weakref callback ("Exception ignored"): a handler
+    # that raised there lost the stop, and the members went on to exit 0 (the run "succeeded")
+    class Dropped:
+        pass
+
+    def signal_inside_a_callback(_ref):
+        os.kill(os.getpid(), signum)
+        for _ in range(1000):  # bytecodes: Python runs the signal's handler here, in the callback
+            pass
+
+    polls = []
+
+    def poll(supervisor, original=Supervisor._poll):
+        polls.append(1)
+        if len(polls) == 1:
+            thing = Dropped()
+            ref = weakref.ref(thing, signal_inside_a_callback)  # noqa: F841 - kept alive
+            del thing  # the callback runs now
+        return original(supervisor)
+
+    monkeypatch.setattr(Supervisor, "_poll", poll)
+    supervisor = Supervisor(_spec(tmp_path, {}, workers=2))
+    with pytest.raises(KeyboardInterrupt) as raised:
+        supervisor.run()
+    assert isinstance(raised.value, Terminated) == (signum == signal.SIGTERM)
+    assert supervisor.attempts[-1].ended == "interrupted"
 
 
 def test_a_dead_ps_ends_the_body_s_run_naming_it(tmp_path):
