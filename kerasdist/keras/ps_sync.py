@@ -57,7 +57,12 @@ def sync_replicas(model, replicas_to_aggregate: int | None = None):
         raise ValueError("sync_replicas needs a model built inside ParameterServerStrategy.scope()."
                          f" Received: distribute_strategy={type(strategy).__name__}")
     workers = internals.cluster_resolver(strategy).cluster_spec().num_tasks("worker")
-    setattr(model, _ATTR, check_replicas(replicas_to_aggregate, workers))
+    k = check_replicas(replicas_to_aggregate, workers)
+    if k < workers:  # backup workers: the run may end without one lost for good
+        from kerasdist._compat import tf_frozen_task
+
+        tf_frozen_task.leave_lost_workers()
+    setattr(model, _ATTR, k)
     return model
 
 

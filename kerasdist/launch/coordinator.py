@@ -5,8 +5,9 @@ The :class:`~kerasdist.launch.supervisor.Supervisor` starts the servers and runs
 (:func:`kerasdist.training.run_session`) as its body: a lost worker is restarted on its address
 within ``cluster.max_restarts`` while ``ClusterCoordinator`` re-runs its steps; with
 ``cluster.min_workers`` (:func:`elastic`) the coordinator is member task ``chief:0`` and a lost
-worker makes the next attempt run on the workers left; a lost ps ends the run (exit 1, naming
-it). What each failure costs: docs/guarantees.md.
+worker makes the next attempt run on the workers left; with no restart left, a synchronous run
+goes on without up to N - K lost workers (:attr:`LaunchSpec.spare_workers`), elastic or not; a
+lost ps ends the run (exit 1, naming it). What each failure costs: docs/guarantees.md.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def launch_spec(recipe: Recipe, *, overwrite: bool = False) -> LaunchSpec:
 
 def _backup_workers(recipe: Recipe) -> int:
     """``N - K`` of a synchronous run (``strategy.sync``), whose steps need only K workers; 0
-    otherwise (and when elastic: there a lost worker makes the next attempt smaller)."""
+    otherwise."""
     sync = getattr(recipe.strategy, "sync", None)
-    if sync is None or elastic(recipe):
+    if sync is None:
         return 0
     k = sync.replicas_to_aggregate
     return 0 if k is None else recipe.cluster.workers - k
@@ -130,7 +131,8 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
 
 def _run_elastic(recipe: Recipe, *, overwrite: bool) -> RunResult:
     """The coordinator as task ``chief:0`` of each attempt: a worker lost with no restart left
-    fails the attempt (the coordinator, blocked waiting for it, is stopped with the others), and
+    (beyond a synchronous run's backup workers) fails the attempt (the coordinator, blocked
+    waiting for it, is stopped with the others), and
     the next attempt runs on the workers left, its coordinator resuming from the last checkpoint
     at its exact step. The result is read from the ``metrics.json`` the last coordinator wrote,
     with the attempts under ``supervisor``."""

@@ -93,13 +93,16 @@ def run_peers(recipe: Recipe, *, overwrite: bool) -> Supervisor:
 
 def record_attempts(run_dir: RunDir, supervisor: Supervisor) -> None:
     """Add ``supervisor: {attempts: [{workers, ended}], workers, restarted_tasks}`` to the run's
-    ``metrics.json`` (atomically)."""
+    ``metrics.json`` (atomically), and ``parameter_server.left_tasks``: the backup workers the
+    run went on without."""
     data = read_json(run_dir.metrics)
     if data is None:
         return
     data["supervisor"] = {"attempts": [a.as_dict() for a in supervisor.attempts],
                           "workers": supervisor.attempts[-1].workers,
                           "restarted_tasks": list(supervisor.restarted)}
+    if supervisor.left:
+        data.setdefault("parameter_server", {})["left_tasks"] = list(supervisor.left)
     run_dir.write_json(run_dir.metrics, data)
 
 

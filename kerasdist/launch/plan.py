@@ -67,7 +67,7 @@ class LaunchSpec:
         workers: worker tasks of a full-size attempt (>= 1).
         min_workers: fewest workers the run goes on with (default ``workers``: not elastic).
         max_restarts: the restart budget: cluster restarts plus server-worker restarts (>= 0).
-        spare_workers: server workers the body goes on without once no restart is left for them
+        spare_workers: server workers the coordinator goes on without once no restart is left for them
             (a synchronous parameter-server run's ``N - K`` backup workers; default 0).
         log_dir: task logs and status files (``<type>-<index>.log`` / ``.status.json``).
         threads_per_task: ``TF_NUM_INTRAOP_THREADS`` of each task (0: TensorFlow's default).

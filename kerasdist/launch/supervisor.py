@@ -183,7 +183,8 @@ class Supervisor:
                 return None
             down = [(t, c) for t, c in codes if c is not None
                     and self._states[id(t)] is TaskState.RUNNING]
-            down = [(t, c) for t, c in down if not self._server_worker_down(t)]
+            down = [(t, c) for t, c in down
+                    if not self._server_worker_down(t) and not self._spare_left(t)]
             if down:
                 for task, _ in down:
                     self._states[id(task)] = TaskState.FAILED
@@ -212,14 +213,15 @@ class Supervisor:
         return True
 
     def _spare_left(self, task: Task) -> bool:
-        """A lost server worker the body can go on without (:attr:`LaunchSpec.spare_workers`);
-        counted as lost for good when True."""
-        if task.tf_config.task_type != "worker" or len(self.left) >= self.spec.spare_workers:
+        """A lost server worker the coordinator goes on without (:attr:`LaunchSpec.spare_workers`),
+        no restart being left for it: True after marking it lost for good, one line."""
+        if (task not in self._servers or task.tf_config.task_type != "worker"
+                or len(self.left) >= self.spec.spare_workers):
             return False
-        from kerasdist._compat import tf_frozen_task
-
-        tf_frozen_task.leave_lost_workers()
+        self._states[id(task)] = TaskState.FAILED
         self.left.append(task.name)
+        log.warning(f"{why(task, self._hang.hung)} and no restart is left; the run goes on without "
+                    f"it ({len(self.left)}/{self.spec.spare_workers} backup workers lost)")
         return True
 
     def _run_body(self, body, cluster: TFConfig, record: AttemptRecord):
@@ -271,13 +273,10 @@ class Supervisor:
             for task in self._live():
                 if task.returncode() is None or self._server_worker_down(task):
                     continue
+                if self._spare_left(task):
+                    continue
                 self._states[id(task)] = TaskState.FAILED
                 how = why(task, self._hang.hung)[len(f"task {task.name} "):]
-                if self._spare_left(task):
-                    log.warning(f"task {task.name} {how} and no restart is left; the run goes on "
-                                f"without it ({len(self.left)}/{self.spec.spare_workers} backup "
-                                "workers lost)")
-                    continue
                 if task.tf_config.task_type == "worker":
                     self.ended_run = (f"task {task.name} {how} and no "
                                       "restart is left; the coordinator cannot go on without one "

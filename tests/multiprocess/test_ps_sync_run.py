@@ -32,12 +32,14 @@ STEPS = 64  # per epoch
 
 
 def _recipe(tmp_path: Path, name: str, *, workers: int = 2, k: int = 2, batch: int = 32,
-            max_restarts: int = 1) -> Path:
+            max_restarts: int = 1, min_workers: int | None = None) -> Path:
     raw = yaml.safe_load((REPO / "recipes" / "linear_ps_sync.yaml").read_text())
     raw["data"]["source"]["num_examples"] = 8192
     raw["data"]["batch_size"] = batch
     raw["strategy"]["sync"]["replicas_to_aggregate"] = k
     raw["cluster"].update(workers=workers, max_restarts=max_restarts)
+    if min_workers is not None:  # elastic: the coordinator is task chief:0, a process of its own
+        raw["cluster"]["min_workers"] = min_workers
     raw["trainer"].update(epochs=2, steps_per_epoch=STEPS, checkpoint={"every_steps": 10})
     raw["output"] = {"run_dir": str(tmp_path / name), "tensorboard": False}
     path = tmp_path / f"{name}.yaml"
@@ -132,8 +134,11 @@ def test_k_below_n_goes_on_past_a_killed_worker_and_counts_what_it_dropped(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_k_below_n_goes_on_without_a_worker_lost_for_good(tmp_path):
-    recipe = _recipe(tmp_path, "spare", workers=3, k=2, batch=48, max_restarts=0)
+@pytest.mark.parametrize("min_workers", [None, 2], ids=["coordinator_here", "elastic"])
+def test_k_below_n_goes_on_without_a_worker_lost_for_good(tmp_path, min_workers):
+    # elastic: before, the lost worker failed the attempt and the run restarted on 2 workers
+    recipe = _recipe(tmp_path, "spare", workers=3, k=2, batch=48, max_restarts=0,
+                     min_workers=min_workers)
     log = tmp_path / "spare.log"
     text = _run_killing_worker_2(recipe, log)
     assert "task worker:2 was killed by SIGKILL and no restart is left; the run goes on without it" \
@@ -141,6 +146,8 @@ def test_k_below_n_goes_on_without_a_worker_lost_for_good(tmp_path):
     metrics = _metrics(tmp_path / "spare")
     ps = metrics["parameter_server"]
     assert ps["global_step"] == metrics["global_steps"] == 2 * STEPS
-    assert ps["left_tasks"] == ["worker:2"] and ps["restarted_tasks"] == []
+    assert ps["left_tasks"] == ["worker:2"] and ps.get("restarted_tasks", []) == []
+    if min_workers is not None:
+        assert [a["workers"] for a in metrics["supervisor"]["attempts"]] == [3], metrics["supervisor"]
     assert ps["sync"]["gradients"] == 3 * 2 * STEPS
     assert metrics["evaluation"]["loss"] < 0.2, metrics["evaluation"]
