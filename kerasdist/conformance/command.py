@@ -95,8 +95,9 @@ def _check_writable(path: Path, flag: str) -> None:
 
 def _check_isolation(strategies, allow: bool) -> None:
     from kerasdist.launch import isolation
+    from kerasdist.strategies import get
 
-    clustered = [s for s in strategies if s in ("multi_worker", "parameter_server")]
+    clustered = [s for s in strategies if s != "reference" and get(s).traits.topology != "single"]
     reason = isolation.unavailable_reason() if clustered else None
     if reason and not allow:
         raise ClusterError(f"conformance: the {', '.join(clustered)} column(s) start local clusters "
