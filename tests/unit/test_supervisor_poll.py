@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kerasdist._signals import StopRequests
 from kerasdist.launch.plan import LaunchSpec, TaskState
 from kerasdist.launch.supervisor import Supervisor
 
@@ -47,7 +48,7 @@ def test_a_member_that_exits_0_between_two_reads_is_a_success(tmp_path):
     chief = _Task("worker:0", [None, 0])
     other = _Task("worker:1", [0])
     supervisor = _supervisor(tmp_path, [chief, other])
-    assert supervisor._watch() is None
+    assert supervisor._watch(StopRequests()) is None
     assert supervisor._states[id(chief)] is TaskState.SUCCEEDED
 
 
@@ -55,7 +56,7 @@ def test_a_member_that_fails_is_still_reported(tmp_path):
     ok = _Task("worker:0", [None, 0])
     bad = _Task("worker:1", [None, None, 1])
     supervisor = _supervisor(tmp_path, [ok, bad])
-    assert supervisor._watch() is bad
+    assert supervisor._watch(StopRequests()) is bad
     assert supervisor._states[id(bad)] is TaskState.FAILED
     assert supervisor._states[id(ok)] is TaskState.SUCCEEDED
 
@@ -64,4 +65,4 @@ def test_a_killed_member_is_named_before_one_that_exited_with_an_error(tmp_path)
     first = _Task("worker:0", [None, 1])
     killed = _Task("worker:1", [None, -9])
     supervisor = _supervisor(tmp_path, [first, killed])
-    assert supervisor._watch() is killed
+    assert supervisor._watch(StopRequests()) is killed
