@@ -303,3 +303,27 @@ def _fresh_kerasdist_logger():
         logger.removeHandler(handler)
     logger.setLevel(logging.NOTSET)
     logger.propagate = True
+
+
+@pytest.fixture
+def signal_in_a_weakref_callback():
+    """``send(signum)``: this process gets ``signum`` while Python runs a weakref callback, where
+    an exception a handler raises is printed as "Exception ignored" and dropped (as in
+    SQLAlchemy's ``InstanceState`` clean-up): a stop that relies on raising is lost there."""
+    import weakref
+
+    class Dropped:
+        pass
+
+    def send(signum) -> None:
+        def callback(_ref):
+            os.kill(os.getpid(), signum)
+            for _ in range(1000):  # bytecodes: Python runs the handler here, in the callback
+                pass
+
+        thing = Dropped()
+        ref = weakref.ref(thing, callback)  # noqa: F841 - kept alive until the callback ran
+        del thing  # the callback runs now
+
+    return send
+
