@@ -43,7 +43,9 @@ def sync_replicas(model, replicas_to_aggregate: int | None = None):
         replicas_to_aggregate: K, gradients averaged per step (``1 <= K <=`` workers); None: all.
 
     Returns:
-        ``model``; its ``fit`` (after ``kerasdist.enable()``) trains synchronously.
+        ``model``; its ``fit`` (after ``kerasdist.enable()``) trains synchronously. With K below
+        the workers, this process's ``ClusterCoordinator`` from then on stops without waiting
+        for a worker lost for good (:func:`kerasdist._compat.tf_frozen_task.leave_lost_workers`).
 
     Raises:
         ValueError: not a parameter-server model. RecipeError: a bad ``replicas_to_aggregate``.

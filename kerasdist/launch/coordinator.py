@@ -132,10 +132,9 @@ def run_coordinator(recipe: Recipe, *, overwrite: bool, verbose, callbacks) -> R
 def _run_elastic(recipe: Recipe, *, overwrite: bool) -> RunResult:
     """The coordinator as task ``chief:0`` of each attempt: a worker lost with no restart left
     (beyond a synchronous run's backup workers) fails the attempt (the coordinator, blocked
-    waiting for it, is stopped with the others), and
-    the next attempt runs on the workers left, its coordinator resuming from the last checkpoint
-    at its exact step. The result is read from the ``metrics.json`` the last coordinator wrote,
-    with the attempts under ``supervisor``."""
+    waiting for it, is stopped with the others), and the next attempt runs on the workers left,
+    its coordinator resuming from the last checkpoint at its exact step. The result is read from
+    the ``metrics.json`` the last coordinator wrote, with the attempts under ``supervisor``."""
     supervisor = Supervisor(launch_spec(recipe, overwrite=overwrite))
     try:
         supervisor.run()
