@@ -112,6 +112,7 @@ def test_the_accumulator_kernels_work_across_coordinator_worker_and_ps(ps_strate
     assert count() == 0
 
 
+@pytest.mark.extended  # intermittent: see docs/parameter-server-sync.md, "What it guarantees"
 @pytest.mark.timeout(300)
 def test_k_equals_n_gives_the_strategy_free_weights_of_the_seed_cnn(inprocess_ps_cluster):
     # dropout 0: a dropout mask is drawn per replica (as under multi_worker), not comparable
